@@ -1,0 +1,25 @@
+// Flag parsing shared by the binaries: `--help` lists Summa's own flags (not Abseil's internals),
+// and a bad flag or stray argument ends the program with a message and exit code 2.
+#ifndef SUMMA_COMMON_FLAGS_H_
+#define SUMMA_COMMON_FLAGS_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace summa {
+
+void ParseFlagsOrDie(int argc, char** argv, const char* usage);
+
+// Writes `content` to `path` atomically (temporary file, fsync, rename), so a reader polling for
+// the file never sees half of it.
+absl::Status WriteFileAtomically(const std::string& path, const std::string& content);
+
+// Blocks SIGINT and SIGTERM in this and every thread started later; call before starting threads.
+void BlockTerminationSignals();
+// Waits until SIGINT or SIGTERM arrives and returns its number.
+int WaitForTerminationSignal();
+
+}  // namespace summa
+
+#endif  // SUMMA_COMMON_FLAGS_H_

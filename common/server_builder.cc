@@ -1,0 +1,36 @@
+#include "common/server_builder.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace summa {
+
+absl::StatusOr<RunningServer> StartGrpcServer(const std::string& address,
+                                              const std::vector<grpc::Service*>& services,
+                                              const std::vector<std::string>& service_names) {
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  RunningServer running;
+  running.health = std::make_unique<HealthService>(service_names);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &running.port);
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  for (grpc::Service* service : services) builder.RegisterService(service);
+  builder.RegisterService(running.health.get());
+  running.server = builder.BuildAndStart();
+  if (running.server == nullptr || running.port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", address,
+                                               " (address in use or not a local address?)"));
+  }
+  return running;
+}
+
+grpc::ChannelArguments DefaultChannelArguments() {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  return args;
+}
+
+}  // namespace summa

@@ -1,0 +1,38 @@
+// Starts a gRPC server with Summa's defaults: server reflection, the health service for the
+// given services, message limits that fit a partition, and the port chosen by the OS when the
+// address ends in ":0".
+#ifndef SUMMA_COMMON_SERVER_BUILDER_H_
+#define SUMMA_COMMON_SERVER_BUILDER_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/health_service.h"
+
+namespace summa {
+
+// gRPC's default 4 MB receive limit is too tight for a 4 MB partition plus its envelope.
+inline constexpr int kMaxMessageBytes = 256 << 20;
+
+struct RunningServer {
+  std::unique_ptr<HealthService> health;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+};
+
+// `services` are not owned and must outlive the server. Fails with UNAVAILABLE naming the
+// address when it cannot be bound.
+absl::StatusOr<RunningServer> StartGrpcServer(const std::string& address,
+                                              const std::vector<grpc::Service*>& services,
+                                              const std::vector<std::string>& service_names);
+
+// Channel arguments that match the server's limits.
+grpc::ChannelArguments DefaultChannelArguments();
+
+}  // namespace summa
+
+#endif  // SUMMA_COMMON_SERVER_BUILDER_H_

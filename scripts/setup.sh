@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs every Debian package that Summa's build, tests and default run need.
+# Idempotent: packages already present are not touched, and `apt-get update` runs at most once.
+# Usage: scripts/setup.sh [--bench]   (--bench adds PyTorch and NumPy for bench/)
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config ninja-build
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev libgtest-dev libgmock-dev
+  libopenblas-dev zlib1g-dev
+  dataset-fashion-mnist grpc-proto
+  python3 python3-grpcio python3-protobuf
+)
+if [[ "${1:-}" == "--bench" ]]; then
+  packages+=(python3-torch python3-numpy)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "setup: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+sudo=""
+if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
+echo "setup: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "setup: installed ${#missing[@]} packages"

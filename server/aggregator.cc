@@ -1,0 +1,26 @@
+#include "server/aggregator.h"
+
+#include <cstring>
+
+namespace summa::server {
+
+Aggregator::Aggregator(int64_t length) : sum_(length, 0.0f) {}
+
+void Aggregator::Add(absl::Span<const float> gradient, int64_t num_examples) {
+  if (contributions_ == 0) {
+    std::memcpy(sum_.data(), gradient.data(), sum_.size() * sizeof(float));
+  } else {
+    float* s = sum_.data();
+    const float* g = gradient.data();
+    for (size_t i = 0, n = sum_.size(); i < n; ++i) s[i] += g[i];
+  }
+  num_examples_ += num_examples;
+  ++contributions_;
+}
+
+void Aggregator::Reset() {
+  num_examples_ = 0;
+  contributions_ = 0;
+}
+
+}  // namespace summa::server

@@ -1,0 +1,126 @@
+// ParkedCall: an RPC that waits, without a thread, for a counter (a partition's version, a
+// collective's round) to reach a value. The gRPC edge implements it over a callback reactor;
+// tests implement it over a promise.
+//
+// Protocol, which keeps a cancelled call from being touched after gRPC frees it: whoever wants
+// to answer first calls Claim(); only a successful claimer may then call Fill (under the owner's
+// lock, to copy the result) and Finish (outside every lock).
+#ifndef SUMMA_SERVER_PARKED_CALL_H_
+#define SUMMA_SERVER_PARKED_CALL_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+
+namespace summa::server {
+
+class ParkedCall {
+ public:
+  virtual ~ParkedCall() = default;
+  // True exactly once over the call's life; false when the call was already answered or
+  // cancelled.
+  virtual bool Claim() = 0;
+  // Copies the result; `counter` is the version (or round) the values belong to.
+  virtual void Fill(uint64_t counter, absl::Span<const float> values) = 0;
+  virtual void Finish(absl::Status status) = 0;
+};
+
+// Claimed calls with the status to finish them with, collected under a lock and finished after
+// it is released.
+class CallsToFinish {
+ public:
+  CallsToFinish() = default;
+  CallsToFinish(CallsToFinish&&) = default;
+  CallsToFinish& operator=(CallsToFinish&&) = default;
+  ~CallsToFinish() { FinishAll(); }
+
+  void Add(std::shared_ptr<ParkedCall> call, absl::Status status) {
+    calls_.push_back({std::move(call), std::move(status)});
+  }
+  void Append(CallsToFinish&& other) {
+    for (auto& c : other.calls_) calls_.push_back(std::move(c));
+    other.calls_.clear();
+  }
+  size_t size() const { return calls_.size(); }
+  void FinishAll() {
+    for (auto& [call, status] : calls_) call->Finish(std::move(status));
+    calls_.clear();
+  }
+
+ private:
+  std::vector<std::pair<std::shared_ptr<ParkedCall>, absl::Status>> calls_;
+};
+
+// Calls parked until a counter reaches their target. Not thread-safe: its owner's lock guards it.
+class ParkingLot {
+ public:
+  void Park(std::shared_ptr<ParkedCall> call, uint64_t target, absl::Time deadline) {
+    parked_.push_back({std::move(call), target, deadline});
+  }
+
+  // Claims and fills every call whose target is <= counter; adds them to `out` with OK.
+  void Release(uint64_t counter, absl::Span<const float> values, CallsToFinish& out) {
+    Sweep([&](const Entry& e) { return e.target <= counter; },
+          [&](ParkedCall& call) {
+            call.Fill(counter, values);
+            return absl::OkStatus();
+          },
+          out);
+  }
+
+  // Claims every call whose deadline is at or before `now`; `why` gives each its status.
+  template <typename Why>
+  void Expire(absl::Time now, Why why, CallsToFinish& out) {
+    Sweep([&](const Entry& e) { return e.deadline <= now; },
+          [&](ParkedCall&) { return why(); }, out);
+  }
+
+  // Claims every call, whatever its target; `status` is what each gets.
+  void FailAll(const absl::Status& status, CallsToFinish& out) {
+    Sweep([](const Entry&) { return true; }, [&](ParkedCall&) { return status; }, out);
+  }
+
+  size_t size() const { return parked_.size(); }
+  // The earliest deadline of any parked call (InfiniteFuture when none).
+  absl::Time earliest_deadline() const {
+    absl::Time t = absl::InfiniteFuture();
+    for (const Entry& e : parked_) t = std::min(t, e.deadline);
+    return t;
+  }
+
+ private:
+  struct Entry {
+    std::shared_ptr<ParkedCall> call;
+    uint64_t target;
+    absl::Time deadline;
+  };
+
+  template <typename Pred, typename Answer>
+  void Sweep(Pred pred, Answer answer, CallsToFinish& out) {
+    size_t kept = 0;
+    for (size_t i = 0; i < parked_.size(); ++i) {
+      Entry& e = parked_[i];
+      if (!pred(e)) {
+        if (kept != i) parked_[kept] = std::move(e);
+        ++kept;
+        continue;
+      }
+      // A call that fails to claim was cancelled by its client: drop it silently.
+      if (e.call->Claim()) {
+        absl::Status status = answer(*e.call);
+        out.Add(std::move(e.call), std::move(status));
+      }
+    }
+    parked_.resize(kept);
+  }
+
+  std::vector<Entry> parked_;
+};
+
+}  // namespace summa::server
+
+#endif  // SUMMA_SERVER_PARKED_CALL_H_

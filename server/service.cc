@@ -1,0 +1,258 @@
+#include "server/service.h"
+
+#include <atomic>
+#include <cstring>
+#include <functional>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/logging.h"
+
+namespace summa::server {
+namespace {
+
+namespace pb = ::summa::v1;
+
+// A unary reactor that a ParkedCall can answer later. The claim flag decides between the core
+// answering and the client cancelling; only the winner touches the response and calls Finish.
+class ParkedReactor final : public grpc::ServerUnaryReactor {
+ public:
+  using FillFn = std::function<void(uint64_t, absl::Span<const float>)>;
+
+  class Call final : public ParkedCall {
+   public:
+    Call(ParkedReactor* reactor, FillFn fill) : reactor_(reactor), fill_(std::move(fill)) {}
+    bool Claim() override { return !claimed_.exchange(true); }
+    void Fill(uint64_t counter, absl::Span<const float> values) override { fill_(counter, values); }
+    void Finish(absl::Status status) override { reactor_->Finish(ToGrpcStatus(status)); }
+
+   private:
+    std::atomic<bool> claimed_{false};
+    ParkedReactor* const reactor_;  // Not owned; alive until Finish has been called.
+    const FillFn fill_;
+  };
+
+  explicit ParkedReactor(FillFn fill) : call_(std::make_shared<Call>(this, std::move(fill))) {}
+  std::shared_ptr<Call> call() const { return call_; }
+
+  void OnCancel() override {
+    if (call_->Claim()) Finish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  const std::shared_ptr<Call> call_;
+};
+
+absl::StatusOr<TensorSpec> SpecFrom(const pb::Tensor& t) {
+  if (t.dtype() != pb::DTYPE_FLOAT32) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name(), "' has dtype ",
+                                                   pb::DType_Name(t.dtype()),
+                                                   "; only DTYPE_FLOAT32 is supported"));
+  }
+  TensorSpec spec;
+  spec.name = t.name();
+  spec.shape.assign(t.shape().begin(), t.shape().end());
+  return spec;
+}
+
+void ToProto(const TensorSpec& spec, pb::Tensor* out) {
+  out->set_name(spec.name);
+  out->set_dtype(pb::DTYPE_FLOAT32);
+  for (int64_t d : spec.shape) out->add_shape(d);
+}
+
+PushRequestView PushView(grpc::CallbackServerContext* context, const pb::PushRequest& r) {
+  PushRequestView v;
+  v.rank = r.rank();
+  v.step = r.step();
+  v.partition = r.partition();
+  v.num_examples = r.num_examples();
+  v.dtype_is_float32 = r.dtype() == pb::DTYPE_FLOAT32;
+  v.data = r.data();
+  v.peer = context->peer();
+  return v;
+}
+
+ParkedReactor* PullReactor(pb::PullResponse* response, uint32_t partition) {
+  return new ParkedReactor([response, partition](uint64_t version, absl::Span<const float> w) {
+    response->set_partition(partition);
+    response->set_version(version);
+    response->set_dtype(pb::DTYPE_FLOAT32);
+    response->mutable_data()->assign(reinterpret_cast<const char*>(w.data()), w.size() * 4);
+  });
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* ParameterServerService::Join(grpc::CallbackServerContext* context,
+                                                       const pb::JoinRequest* request,
+                                                       pb::JoinResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  JoinRequestView view;
+  view.rank = request->rank();
+  view.world_size = request->world_size();
+  view.peer = context->peer();
+  view.status_address = request->status_address();
+  for (const pb::Tensor& t : request->params()) {
+    absl::StatusOr<TensorSpec> spec = SpecFrom(t);
+    if (!spec.ok()) {
+      reactor->Finish(ToGrpcStatus(spec.status()));
+      return reactor;
+    }
+    view.params.push_back({*std::move(spec), t.data()});
+  }
+  absl::StatusOr<JoinResult> joined = core_->Join(view);
+  if (!joined.ok()) {
+    reactor->Finish(ToGrpcStatus(joined.status()));
+    return reactor;
+  }
+  response->set_rank(joined->rank);
+  response->set_world_size(core_->options().world_size);
+  response->set_mode(pb::MODE_SYNC);
+  response->set_version(joined->version);
+  response->set_partition_bytes(core_->options().partition_bytes);
+  for (const PartitionRange& p : joined->partitions) {
+    pb::Partition* out = response->add_partitions();
+    out->set_id(p.id);
+    out->set_offset(p.offset);
+    out->set_length(p.length);
+  }
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::Push(grpc::CallbackServerContext* context,
+                                                       const pb::PushRequest* request,
+                                                       pb::PushResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<bool> completed = core_->Push(PushView(context, *request));
+  if (completed.ok()) response->set_completed_step(*completed);
+  reactor->Finish(ToGrpcStatus(completed.status()));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::Pull(grpc::CallbackServerContext* context,
+                                                       const pb::PullRequest* request,
+                                                       pb::PullResponse* response) {
+  ParkedReactor* reactor = PullReactor(response, request->partition());
+  core_->Pull(request->rank(), request->partition(), request->min_version(), context->peer(),
+              reactor->call());
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::PushPull(grpc::CallbackServerContext* context,
+                                                           const pb::PushRequest* request,
+                                                           pb::PullResponse* response) {
+  ParkedReactor* reactor = PullReactor(response, request->partition());
+  core_->PushPull(PushView(context, *request), reactor->call());
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::AllReduce(grpc::CallbackServerContext* context,
+                                                            const pb::AllReduceRequest* request,
+                                                            pb::AllReduceResponse* response) {
+  absl::StatusOr<TensorSpec> spec = SpecFrom(request->tensor());
+  if (!spec.ok()) {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(ToGrpcStatus(spec.status()));
+    return reactor;
+  }
+  ParkedReactor* reactor =
+      new ParkedReactor([response, spec = *spec](uint64_t round, absl::Span<const float> sum) {
+        ToProto(spec, response->mutable_tensor());
+        response->mutable_tensor()->mutable_data()->assign(reinterpret_cast<const char*>(sum.data()),
+                                                           sum.size() * 4);
+        response->set_round(round - 1);
+      });
+  AllReduceContribution c;
+  c.name = request->name();
+  c.group_size = request->group_size();
+  c.rank = request->rank();
+  c.spec = *std::move(spec);
+  c.data = request->tensor().data();
+  hub_->Contribute(c, reactor->call());
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::GetStatus(grpc::CallbackServerContext* context,
+                                                            const pb::GetStatusRequest* request,
+                                                            pb::ServerStatus* response) {
+  const StatusSnapshot s = core_->Status();
+  const absl::Time now = absl::Now();
+  response->set_version(s.version);
+  response->set_mode(pb::MODE_SYNC);
+  response->set_world_size(s.world_size);
+  for (const MemberInfo& m : s.members) {
+    pb::MemberStatus* out = response->add_members();
+    out->set_rank(m.rank);
+    out->set_peer(m.peer);
+    out->set_status_address(m.status_address);
+    out->set_pushes(m.pushes);
+    out->set_examples(m.examples);
+    out->set_last_seen_seconds_ago(absl::ToDoubleSeconds(now - m.last_seen));
+  }
+  response->set_model_defined(s.model_defined);
+  response->set_parameter_count(s.parameter_count);
+  response->set_parameter_bytes(s.parameter_count * 4);
+  response->set_partition_count(s.partition_count);
+  response->set_partition_bytes(s.partition_bytes);
+  response->set_bytes_in(s.bytes_in);
+  response->set_bytes_out(s.bytes_out);
+  response->set_pushes_served(s.pushes_served);
+  response->set_pulls_served(s.pulls_served);
+  response->set_allreduce_rounds(hub_->rounds_completed());
+  response->set_last_step_seconds(absl::ToDoubleSeconds(s.last_step));
+  response->set_uptime_seconds(absl::ToDoubleSeconds(s.uptime));
+  response->set_optimizer(s.optimizer);
+  for (const TensorSpec& spec : s.params) ToProto(spec, response->add_params());
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+SummaServer::SummaServer(ServerOptions options)
+    : core_(options), hub_(options.barrier_deadline), service_(&core_, &hub_) {}
+
+absl::StatusOr<std::unique_ptr<SummaServer>> SummaServer::Start(const std::string& address,
+                                                                ServerOptions options) {
+  absl::Status valid = ValidateOptions(options);
+  if (!valid.ok()) return valid;
+  std::unique_ptr<SummaServer> server(new SummaServer(std::move(options)));
+  absl::StatusOr<RunningServer> running =
+      StartGrpcServer(address, {&server->service_}, {"summa.v1.ParameterServer"});
+  if (!running.ok()) return running.status();
+  server->running_ = *std::move(running);
+  server->expirer_ = std::thread([s = server.get()] { s->ExpireLoop(); });
+  return server;
+}
+
+void SummaServer::ExpireLoop() {
+  absl::MutexLock lock(&mu_);
+  while (!stop_) {
+    mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(100));
+    if (stop_) break;
+    mu_.Unlock();
+    const absl::Time now = absl::Now();
+    core_.ExpireParked(now);
+    hub_.ExpireRounds(now);
+    mu_.Lock();
+  }
+}
+
+void SummaServer::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_) return;
+    stop_ = true;
+  }
+  if (expirer_.joinable()) expirer_.join();
+  if (running_.health) running_.health->SetServing(false);
+  core_.Shutdown();
+  hub_.Shutdown();
+  if (running_.server) running_.server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+}
+
+SummaServer::~SummaServer() { Shutdown(); }
+
+}  // namespace summa::server

@@ -1,0 +1,77 @@
+// The gRPC edge of the daemon: summa.v1.ParameterServer over the callback API, translating
+// messages to the core's views and statuses back to gRPC. Waiting calls are parked reactors, not
+// blocked threads. SummaServer bundles the core, the service, the gRPC server and the thread that
+// expires parked calls at their deadlines.
+#ifndef SUMMA_SERVER_SERVICE_H_
+#define SUMMA_SERVER_SERVICE_H_
+
+#include <memory>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/server_builder.h"
+#include "server/all_reduce.h"
+#include "server/parameter_server.h"
+#include "summa/v1/summa.grpc.pb.h"
+
+namespace summa::server {
+
+class ParameterServerService final : public summa::v1::ParameterServer::CallbackService {
+ public:
+  // Neither is owned; both outlive the service.
+  ParameterServerService(ParameterServer* core, AllReduceHub* hub) : core_(core), hub_(hub) {}
+
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
+                                 const summa::v1::JoinRequest* request,
+                                 summa::v1::JoinResponse* response) override;
+  grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* context,
+                                 const summa::v1::PushRequest* request,
+                                 summa::v1::PushResponse* response) override;
+  grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* context,
+                                 const summa::v1::PullRequest* request,
+                                 summa::v1::PullResponse* response) override;
+  grpc::ServerUnaryReactor* PushPull(grpc::CallbackServerContext* context,
+                                     const summa::v1::PushRequest* request,
+                                     summa::v1::PullResponse* response) override;
+  grpc::ServerUnaryReactor* AllReduce(grpc::CallbackServerContext* context,
+                                      const summa::v1::AllReduceRequest* request,
+                                      summa::v1::AllReduceResponse* response) override;
+  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
+                                      const summa::v1::GetStatusRequest* request,
+                                      summa::v1::ServerStatus* response) override;
+
+ private:
+  ParameterServer* const core_;  // Not owned.
+  AllReduceHub* const hub_;      // Not owned.
+};
+
+// A running daemon. Thread-safe; Shutdown() is idempotent and also run by the destructor.
+class SummaServer {
+ public:
+  // Listens on `address` ("127.0.0.1:0" picks a free port).
+  static absl::StatusOr<std::unique_ptr<SummaServer>> Start(const std::string& address,
+                                                            ServerOptions options);
+  ~SummaServer();
+
+  int port() const { return running_.port; }
+  ParameterServer& core() { return core_; }
+  // Answers every waiting call with UNAVAILABLE, then stops the gRPC server.
+  void Shutdown();
+
+ private:
+  explicit SummaServer(ServerOptions options);
+  void ExpireLoop();
+
+  ParameterServer core_;
+  AllReduceHub hub_;
+  ParameterServerService service_;
+  RunningServer running_;
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread expirer_;
+};
+
+}  // namespace summa::server
+
+#endif  // SUMMA_SERVER_SERVICE_H_

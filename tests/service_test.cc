@@ -1,0 +1,254 @@
+// The daemon in-process on 127.0.0.1:0, driven through real gRPC stubs by client threads.
+#include "server/service.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <string>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "summa/v1/summa.grpc.pb.h"
+
+namespace summa::server {
+namespace {
+
+namespace pb = ::summa::v1;
+
+std::string Bytes(const std::vector<float>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4);
+}
+std::vector<float> Floats(const std::string& b) {
+  std::vector<float> v(b.size() / 4);
+  std::memcpy(v.data(), b.data(), b.size());
+  return v;
+}
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  void StartServer(int workers, int64_t partition_bytes = 4 << 20) {
+    ServerOptions o;
+    o.world_size = workers;
+    o.sgd.learning_rate = 0.5;
+    o.partition_bytes = partition_bytes;
+    o.barrier_deadline = absl::Seconds(20);
+    auto s = SummaServer::Start("127.0.0.1:0", o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = *std::move(s);
+  }
+  std::unique_ptr<pb::ParameterServer::Stub> Stub() {
+    return pb::ParameterServer::NewStub(grpc::CreateChannel(
+        "127.0.0.1:" + std::to_string(server_->port()), grpc::InsecureChannelCredentials()));
+  }
+  static void Deadline(grpc::ClientContext& ctx, int seconds = 20) {
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(seconds));
+  }
+  pb::JoinRequest JoinMsg(int rank, int world, bool values) {
+    pb::JoinRequest j;
+    j.set_rank(rank);
+    j.set_world_size(world);
+    pb::Tensor* t = j.add_params();
+    t->set_name("w");
+    t->set_dtype(pb::DTYPE_FLOAT32);
+    t->add_shape(8);
+    if (values) t->set_data(Bytes({0, 0, 0, 0, 0, 0, 0, 0}));
+    return j;
+  }
+
+  std::unique_ptr<SummaServer> server_;
+};
+
+TEST_F(ServiceTest, WorkersInThreadsTakeSyncStepsThroughPushPull) {
+  constexpr int kWorkers = 3;
+  constexpr int kSteps = 5;
+  StartServer(kWorkers, /*partition_bytes=*/12);  // 8 floats in partitions of 3, 3, 2
+  {
+    auto stub = Stub();
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    pb::JoinResponse r;
+    ASSERT_TRUE(stub->Join(&ctx, JoinMsg(0, kWorkers, true), &r).ok());
+    ASSERT_EQ(r.partitions_size(), 3);
+  }
+  std::vector<std::vector<float>> finals(kWorkers);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kWorkers; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto stub = Stub();
+      pb::JoinResponse joined;
+      {
+        grpc::ClientContext ctx;
+        Deadline(ctx);
+        ASSERT_TRUE(stub->Join(&ctx, JoinMsg(rank, kWorkers, false), &joined).ok());
+      }
+      std::vector<float> w(8, 0);
+      for (int step = 0; step < kSteps; ++step) {
+        for (const pb::Partition& p : joined.partitions()) {
+          // Rank r pushes (r + 1) * (step + 1) for each element over r + 1 examples.
+          pb::PushRequest push;
+          push.set_rank(rank);
+          push.set_step(step);
+          push.set_partition(p.id());
+          push.set_num_examples(rank + 1);
+          push.set_dtype(pb::DTYPE_FLOAT32);
+          push.set_data(Bytes(std::vector<float>(p.length(), float((rank + 1) * (step + 1)))));
+          grpc::ClientContext ctx;
+          Deadline(ctx);
+          pb::PullResponse pulled;
+          grpc::Status s = stub->PushPull(&ctx, push, &pulled);
+          ASSERT_TRUE(s.ok()) << s.error_message();
+          ASSERT_EQ(pulled.version(), uint64_t(step + 1));
+          std::vector<float> v = Floats(pulled.data());
+          std::copy(v.begin(), v.end(), w.begin() + p.offset());
+        }
+      }
+      finals[rank] = w;
+    });
+  }
+  for (auto& t : threads) t.join();
+  // Each step: sum = 6 * (step + 1) over 6 examples, lr 0.5 -> w -= 0.5 * (step + 1).
+  float expected = 0;
+  for (int step = 0; step < kSteps; ++step) expected -= 0.5f * (step + 1);
+  for (int rank = 0; rank < kWorkers; ++rank) {
+    EXPECT_EQ(finals[rank], std::vector<float>(8, expected)) << "rank " << rank;
+  }
+  auto stub = Stub();
+  grpc::ClientContext ctx;
+  Deadline(ctx);
+  pb::ServerStatus status;
+  ASSERT_TRUE(stub->GetStatus(&ctx, pb::GetStatusRequest(), &status).ok());
+  EXPECT_EQ(status.version(), uint64_t(kSteps));
+  EXPECT_EQ(status.members_size(), kWorkers);
+  EXPECT_EQ(status.pushes_served(), uint64_t(kWorkers * kSteps * 3));
+  EXPECT_EQ(status.parameter_count(), 8);
+  EXPECT_EQ(status.bytes_in(), uint64_t(kWorkers * kSteps * 32));
+}
+
+TEST_F(ServiceTest, ConcurrentAllReduceCallersAllReceiveTheSum) {
+  StartServer(1);
+  constexpr int kGroup = 4;
+  constexpr int kRounds = 3;
+  std::vector<std::thread> threads;
+  std::vector<int> ok(kGroup, 0);
+  for (int rank = 0; rank < kGroup; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto stub = Stub();
+      for (int round = 0; round < kRounds; ++round) {
+        pb::AllReduceRequest req;
+        req.set_name("demo");
+        req.set_group_size(kGroup);
+        req.set_rank(rank);
+        req.mutable_tensor()->set_name("x");
+        req.mutable_tensor()->set_dtype(pb::DTYPE_FLOAT32);
+        req.mutable_tensor()->add_shape(2);
+        req.mutable_tensor()->set_data(Bytes({float(rank), float(round)}));
+        grpc::ClientContext ctx;
+        Deadline(ctx);
+        pb::AllReduceResponse resp;
+        grpc::Status s = stub->AllReduce(&ctx, req, &resp);
+        ASSERT_TRUE(s.ok()) << s.error_message();
+        EXPECT_EQ(Floats(resp.tensor().data()), (std::vector<float>{6, float(kGroup * round)}));
+        EXPECT_EQ(resp.round(), uint64_t(round));
+        ++ok[rank];
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok, std::vector<int>(kGroup, kRounds));
+}
+
+TEST_F(ServiceTest, BadInputGetsPreciseStatusesOverTheWire) {
+  StartServer(2);
+  auto stub = Stub();
+  pb::JoinResponse joined;
+  {
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    ASSERT_TRUE(stub->Join(&ctx, JoinMsg(0, 2, true), &joined).ok());
+  }
+  auto push = [&](pb::PushRequest req) {
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    pb::PushResponse resp;
+    return stub->Push(&ctx, req, &resp);
+  };
+  pb::PushRequest good;
+  good.set_rank(0);
+  good.set_partition(0);
+  good.set_num_examples(1);
+  good.set_dtype(pb::DTYPE_FLOAT32);
+  good.set_data(Bytes(std::vector<float>(8, 1)));
+  pb::PushRequest bad_dtype = good;
+  bad_dtype.set_dtype(pb::DTYPE_UNSPECIFIED);
+  pb::PushRequest bad_len = good;
+  bad_len.set_data("abc");
+  pb::PushRequest bad_rank = good;
+  bad_rank.set_rank(9);
+  pb::PushRequest future = good;
+  future.set_step(3);
+  EXPECT_EQ(push(bad_dtype).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(push(bad_len).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(push(bad_rank).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(push(future).error_code(), grpc::StatusCode::OUT_OF_RANGE);
+  EXPECT_TRUE(push(good).ok());
+  EXPECT_EQ(push(good).error_code(), grpc::StatusCode::ALREADY_EXISTS);
+
+  // A join whose model differs.
+  pb::JoinRequest other = JoinMsg(1, 2, false);
+  other.mutable_params(0)->set_shape(0, 9);
+  grpc::ClientContext jctx;
+  Deadline(jctx);
+  grpc::Status js = stub->Join(&jctx, other, &joined);
+  EXPECT_EQ(js.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(js.error_message().find("model mismatch"), std::string::npos) << js.error_message();
+
+  // AllReduce members that disagree on shape.
+  pb::AllReduceRequest a;
+  a.set_name("x");
+  a.set_group_size(2);
+  a.set_rank(0);
+  a.mutable_tensor()->set_dtype(pb::DTYPE_FLOAT32);
+  a.mutable_tensor()->add_shape(1);
+  a.mutable_tensor()->set_data(Bytes({1}));
+  pb::AllReduceRequest b = a;
+  b.set_rank(1);
+  b.mutable_tensor()->set_shape(0, 2);
+  b.mutable_tensor()->set_data(Bytes({1, 2}));
+  grpc::ClientContext actx;
+  Deadline(actx, 2);
+  pb::AllReduceResponse ar;
+  std::thread waiter([&] { stub->AllReduce(&actx, a, &ar); });
+  absl::SleepFor(absl::Milliseconds(200));
+  grpc::ClientContext bctx;
+  Deadline(bctx);
+  EXPECT_EQ(stub->AllReduce(&bctx, b, &ar).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  waiter.join();
+
+  // The weights are untouched: nothing above completed a step.
+  EXPECT_EQ(server_->core().WeightsForTest(), std::vector<float>(8, 0));
+}
+
+TEST_F(ServiceTest, ParkedPullEndsAtTheClientsDeadline) {
+  StartServer(2);
+  auto stub = Stub();
+  pb::JoinResponse joined;
+  grpc::ClientContext jctx;
+  Deadline(jctx);
+  ASSERT_TRUE(stub->Join(&jctx, JoinMsg(0, 2, true), &joined).ok());
+  pb::PullRequest pull;
+  pull.set_rank(0);
+  pull.set_min_version(1);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
+  pb::PullResponse resp;
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(stub->Pull(&ctx, pull, &resp).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  // The server still works after the cancelled call.
+  grpc::ClientContext sctx;
+  Deadline(sctx);
+  pb::ServerStatus status;
+  EXPECT_TRUE(stub->GetStatus(&sctx, pb::GetStatusRequest(), &status).ok());
+}
+
+}  // namespace
+}  // namespace summa::server

@@ -1,0 +1,110 @@
+// Backend: the device math LeNet needs, forward and backward, behind one interface. The CPU
+// implementation runs on OpenBLAS; the CUDA one (cuda_backend) on cuBLAS and kernels. Nothing
+// above this interface knows which device runs.
+//
+// Pointers given to the operations are device pointers from Alloc() (host memory on the CPU).
+// Tensors are row-major float32; images are NCHW. Every operation returns a status: on CUDA a
+// failed launch or call becomes an error naming the operation, never a crash.
+// A Backend is used by one thread at a time.
+#ifndef SUMMA_WORKER_BACKEND_H_
+#define SUMMA_WORKER_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace summa::worker {
+
+// Device memory of `size` floats, freed with the object.
+class DeviceBuffer {
+ public:
+  virtual ~DeviceBuffer() = default;
+  float* data() const { return data_; }
+  int64_t size() const { return size_; }
+
+ protected:
+  DeviceBuffer(float* data, int64_t size) : data_(data), size_(size) {}
+  float* data_;
+  int64_t size_;
+};
+
+// A valid convolution: stride 1, no padding, square kernel.
+struct ConvShape {
+  int batch = 0, in_channels = 0, height = 0, width = 0;
+  int out_channels = 0, kernel = 0;
+  int out_height() const { return height - kernel + 1; }
+  int out_width() const { return width - kernel + 1; }
+  // Floats of the im2col matrix of one image.
+  int64_t col_floats() const {
+    return int64_t{in_channels} * kernel * kernel * out_height() * out_width();
+  }
+  // Floats of scratch space the forward and backward passes need.
+  int64_t workspace_floats() const { return 2 * col_floats(); }
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // "cpu", "cuda:0", ...
+  virtual std::string name() const = 0;
+
+  // Zero-filled device memory, allocated (and touched) once.
+  virtual absl::StatusOr<std::unique_ptr<DeviceBuffer>> Alloc(int64_t floats) = 0;
+  virtual absl::Status Upload(const float* host, int64_t n, float* device) = 0;
+  virtual absl::Status Download(const float* device, int64_t n, float* host) = 0;
+  virtual absl::Status Zero(float* device, int64_t n) = 0;
+  // Waits until every queued operation has finished (a no-op on the CPU).
+  virtual absl::Status Synchronize() = 0;
+
+  // C[M,N] = alpha * op(A) op(B) + beta * C, with op(A) of shape [M,K] and op(B) [K,N].
+  virtual absl::Status Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                            const float* a, const float* b, float beta, float* c) = 0;
+
+  // y[N,O,Ho,Wo] = conv(x[N,C,H,W], w[O,C,k,k]) + bias[O]. `workspace` holds
+  // shape.workspace_floats().
+  virtual absl::Status Conv2dForward(const ConvShape& shape, const float* x, const float* w,
+                                     const float* bias, float* y, float* workspace) = 0;
+  // dw = dL/dw, dbias = dL/dbias (both overwritten), and dx = dL/dx unless dx is null.
+  virtual absl::Status Conv2dBackward(const ConvShape& shape, const float* x, const float* w,
+                                      const float* dy, float* dx, float* dw, float* dbias,
+                                      float* workspace) = 0;
+
+  // y = max(x, 0) elementwise (y may equal x).
+  virtual absl::Status ReluForward(const float* x, float* y, int64_t n) = 0;
+  // dx = dy where y > 0, else 0 (dx may equal dy).
+  virtual absl::Status ReluBackward(const float* y, const float* dy, float* dx, int64_t n) = 0;
+
+  // 2x2 average pooling with stride 2 over `planes` planes of h x w (odd edges dropped).
+  virtual absl::Status AvgPool2Forward(const float* x, float* y, int planes, int h, int w) = 0;
+  virtual absl::Status AvgPool2Backward(const float* dy, float* dx, int planes, int h, int w) = 0;
+
+  // y[N,O] = x[N,I] w[I,O] + bias[O].
+  virtual absl::Status LinearForward(const float* x, const float* w, const float* bias, float* y,
+                                     int batch, int in, int out) = 0;
+  // dw, dbias overwritten; dx unless null.
+  virtual absl::Status LinearBackward(const float* x, const float* w, const float* dy, float* dx,
+                                      float* dw, float* dbias, int batch, int in, int out) = 0;
+
+  // Softmax cross-entropy of logits[N,C] against labels[N] (class indices stored as floats).
+  // Writes dlogits = softmax - onehot (the gradient of the *summed* loss) and returns the summed
+  // loss.
+  virtual absl::StatusOr<double> SoftmaxCrossEntropy(const float* logits, const float* labels,
+                                                     float* dlogits, int batch, int classes) = 0;
+  // How many rows of logits[N,C] have their largest entry at the label.
+  virtual absl::StatusOr<int64_t> CountCorrect(const float* logits, const float* labels, int batch,
+                                               int classes) = 0;
+
+  // y += alpha * x: the SGD update (alpha = -lr / examples) and gradient sums across devices.
+  virtual absl::Status Axpy(float alpha, const float* x, float* y, int64_t n) = 0;
+};
+
+// The OpenBLAS backend; `threads` OpenBLAS threads (process-wide setting).
+std::unique_ptr<Backend> NewCpuBackend(int threads);
+
+}  // namespace summa::worker
+
+#endif  // SUMMA_WORKER_BACKEND_H_

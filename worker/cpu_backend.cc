@@ -1,0 +1,237 @@
+// The CPU backend: convolutions as im2col + cblas_sgemm per image, the rest as plain loops.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "worker/backend.h"
+
+namespace summa::worker {
+namespace {
+
+class HostBuffer final : public DeviceBuffer {
+ public:
+  explicit HostBuffer(int64_t n) : DeviceBuffer(new float[n](), n) {}
+  ~HostBuffer() override { delete[] data_; }
+};
+
+// col[(c*k + ki)*k + kj][oh*Wo + ow] = x[c][oh + ki][ow + kj] for one image.
+void Im2Col(const ConvShape& s, const float* x, float* col) {
+  const int ho = s.out_height(), wo = s.out_width(), k = s.kernel;
+  for (int c = 0; c < s.in_channels; ++c) {
+    for (int ki = 0; ki < k; ++ki) {
+      for (int kj = 0; kj < k; ++kj) {
+        float* out = col + ((int64_t{c} * k + ki) * k + kj) * ho * wo;
+        const float* in = x + (int64_t{c} * s.height + ki) * s.width + kj;
+        for (int oh = 0; oh < ho; ++oh) {
+          std::memcpy(out + oh * wo, in + oh * s.width, wo * sizeof(float));
+        }
+      }
+    }
+  }
+}
+
+// The adjoint of Im2Col: dx[c][oh + ki][ow + kj] += col[...] (dx zeroed by the caller).
+void Col2Im(const ConvShape& s, const float* col, float* dx) {
+  const int ho = s.out_height(), wo = s.out_width(), k = s.kernel;
+  for (int c = 0; c < s.in_channels; ++c) {
+    for (int ki = 0; ki < k; ++ki) {
+      for (int kj = 0; kj < k; ++kj) {
+        const float* in = col + ((int64_t{c} * k + ki) * k + kj) * ho * wo;
+        float* out = dx + (int64_t{c} * s.height + ki) * s.width + kj;
+        for (int oh = 0; oh < ho; ++oh) {
+          for (int ow = 0; ow < wo; ++ow) out[oh * s.width + ow] += in[oh * wo + ow];
+        }
+      }
+    }
+  }
+}
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int threads) { openblas_set_num_threads(std::max(1, threads)); }
+
+  std::string name() const override { return "cpu"; }
+
+  absl::StatusOr<std::unique_ptr<DeviceBuffer>> Alloc(int64_t floats) override {
+    if (floats < 0) return absl::InvalidArgumentError(absl::StrCat("cannot allocate ", floats, " floats"));
+    return std::unique_ptr<DeviceBuffer>(new HostBuffer(std::max<int64_t>(floats, 1)));
+  }
+  absl::Status Upload(const float* host, int64_t n, float* device) override {
+    if (host != device) std::memcpy(device, host, n * sizeof(float));
+    return absl::OkStatus();
+  }
+  absl::Status Download(const float* device, int64_t n, float* host) override {
+    if (host != device) std::memcpy(host, device, n * sizeof(float));
+    return absl::OkStatus();
+  }
+  absl::Status Zero(float* device, int64_t n) override {
+    std::fill_n(device, n, 0.0f);
+    return absl::OkStatus();
+  }
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+
+  absl::Status Gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a,
+                    const float* b, float beta, float* c) override {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m,
+                n, k, alpha, a, ta ? m : k, b, tb ? k : n, beta, c, n);
+    return absl::OkStatus();
+  }
+
+  absl::Status Conv2dForward(const ConvShape& s, const float* x, const float* w, const float* bias,
+                             float* y, float* workspace) override {
+    const int pixels = s.out_height() * s.out_width();
+    const int ckk = s.in_channels * s.kernel * s.kernel;
+    for (int i = 0; i < s.batch; ++i) {
+      const float* xi = x + int64_t{i} * s.in_channels * s.height * s.width;
+      float* yi = y + int64_t{i} * s.out_channels * pixels;
+      Im2Col(s, xi, workspace);
+      for (int o = 0; o < s.out_channels; ++o) std::fill_n(yi + int64_t{o} * pixels, pixels, bias[o]);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s.out_channels, pixels, ckk, 1.0f, w,
+                  ckk, workspace, pixels, 1.0f, yi, pixels);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Conv2dBackward(const ConvShape& s, const float* x, const float* w, const float* dy,
+                              float* dx, float* dw, float* dbias, float* workspace) override {
+    const int pixels = s.out_height() * s.out_width();
+    const int ckk = s.in_channels * s.kernel * s.kernel;
+    const int64_t in_size = int64_t{s.in_channels} * s.height * s.width;
+    float* col = workspace;
+    float* dcol = workspace + s.col_floats();
+    std::fill_n(dw, int64_t{s.out_channels} * ckk, 0.0f);
+    std::fill_n(dbias, s.out_channels, 0.0f);
+    if (dx != nullptr) std::fill_n(dx, s.batch * in_size, 0.0f);
+    for (int i = 0; i < s.batch; ++i) {
+      const float* dyi = dy + int64_t{i} * s.out_channels * pixels;
+      for (int o = 0; o < s.out_channels; ++o) {
+        const float* row = dyi + int64_t{o} * pixels;
+        float sum = 0;
+        for (int p = 0; p < pixels; ++p) sum += row[p];
+        dbias[o] += sum;
+      }
+      Im2Col(s, x + i * in_size, col);
+      // dw[O, CKK] += dy_i[O, P] col[CKK, P]^T
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s.out_channels, ckk, pixels, 1.0f, dyi,
+                  pixels, col, pixels, 1.0f, dw, ckk);
+      if (dx != nullptr) {
+        // dcol[CKK, P] = w[O, CKK]^T dy_i[O, P]
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ckk, pixels, s.out_channels, 1.0f, w,
+                    ckk, dyi, pixels, 0.0f, dcol, pixels);
+        Col2Im(s, dcol, dx + i * in_size);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ReluForward(const float* x, float* y, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0 ? x[i] : 0.0f;
+    return absl::OkStatus();
+  }
+  absl::Status ReluBackward(const float* y, const float* dy, float* dx, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > 0 ? dy[i] : 0.0f;
+    return absl::OkStatus();
+  }
+
+  absl::Status AvgPool2Forward(const float* x, float* y, int planes, int h, int w) override {
+    const int oh = h / 2, ow = w / 2;
+    for (int p = 0; p < planes; ++p) {
+      const float* xp = x + int64_t{p} * h * w;
+      float* yp = y + int64_t{p} * oh * ow;
+      for (int i = 0; i < oh; ++i) {
+        const float* r0 = xp + (2 * i) * w;
+        const float* r1 = r0 + w;
+        for (int j = 0; j < ow; ++j) {
+          yp[i * ow + j] = 0.25f * (r0[2 * j] + r0[2 * j + 1] + r1[2 * j] + r1[2 * j + 1]);
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+  absl::Status AvgPool2Backward(const float* dy, float* dx, int planes, int h, int w) override {
+    const int oh = h / 2, ow = w / 2;
+    if (h % 2 != 0 || w % 2 != 0) std::fill_n(dx, int64_t{planes} * h * w, 0.0f);
+    for (int p = 0; p < planes; ++p) {
+      const float* dyp = dy + int64_t{p} * oh * ow;
+      float* dxp = dx + int64_t{p} * h * w;
+      for (int i = 0; i < oh; ++i) {
+        float* r0 = dxp + (2 * i) * w;
+        float* r1 = r0 + w;
+        for (int j = 0; j < ow; ++j) {
+          const float g = 0.25f * dyp[i * ow + j];
+          r0[2 * j] = r0[2 * j + 1] = r1[2 * j] = r1[2 * j + 1] = g;
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status LinearForward(const float* x, const float* w, const float* bias, float* y, int batch,
+                             int in, int out) override {
+    for (int i = 0; i < batch; ++i) std::memcpy(y + int64_t{i} * out, bias, out * sizeof(float));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, batch, out, in, 1.0f, x, in, w, out,
+                1.0f, y, out);
+    return absl::OkStatus();
+  }
+  absl::Status LinearBackward(const float* x, const float* w, const float* dy, float* dx, float* dw,
+                              float* dbias, int batch, int in, int out) override {
+    // dw[I,O] = x^T dy; dbias = column sums of dy; dx[N,I] = dy w^T.
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, in, out, batch, 1.0f, x, in, dy, out, 0.0f,
+                dw, out);
+    std::fill_n(dbias, out, 0.0f);
+    for (int i = 0; i < batch; ++i) {
+      for (int o = 0; o < out; ++o) dbias[o] += dy[int64_t{i} * out + o];
+    }
+    if (dx != nullptr) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, batch, in, out, 1.0f, dy, out, w, out,
+                  0.0f, dx, in);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<double> SoftmaxCrossEntropy(const float* logits, const float* labels,
+                                             float* dlogits, int batch, int classes) override {
+    double loss = 0;
+    for (int i = 0; i < batch; ++i) {
+      const float* z = logits + int64_t{i} * classes;
+      float* d = dlogits + int64_t{i} * classes;
+      const int label = static_cast<int>(labels[i]);
+      if (label < 0 || label >= classes) {
+        return absl::InvalidArgumentError(absl::StrCat("label ", labels[i], " outside 0..", classes - 1));
+      }
+      const float m = *std::max_element(z, z + classes);
+      double sum = 0;
+      for (int c = 0; c < classes; ++c) sum += std::exp(static_cast<double>(z[c] - m));
+      const double lse = m + std::log(sum);
+      loss += lse - z[label];
+      for (int c = 0; c < classes; ++c) {
+        d[c] = static_cast<float>(std::exp(z[c] - lse)) - (c == label ? 1.0f : 0.0f);
+      }
+    }
+    return loss;
+  }
+
+  absl::StatusOr<int64_t> CountCorrect(const float* logits, const float* labels, int batch,
+                                       int classes) override {
+    int64_t correct = 0;
+    for (int i = 0; i < batch; ++i) {
+      const float* z = logits + int64_t{i} * classes;
+      correct += (std::max_element(z, z + classes) - z) == static_cast<int>(labels[i]);
+    }
+    return correct;
+  }
+
+  absl::Status Axpy(float alpha, const float* x, float* y, int64_t n) override {
+    cblas_saxpy(static_cast<blasint>(n), alpha, x, 1, y, 1);
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> NewCpuBackend(int threads) { return std::make_unique<CpuBackend>(threads); }
+
+}  // namespace summa::worker

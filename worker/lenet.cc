@@ -1,0 +1,152 @@
+#include "worker/lenet.h"
+
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace summa::worker {
+namespace {
+
+enum Tensor { kW1, kB1, kW2, kB2, kW3, kB3, kW4, kB4 };
+constexpr int kC1 = 20, kC2 = 50, kHidden = 128, kFlat = 800;
+
+ConvShape Conv1(int n) { return {n, 1, 28, 28, kC1, 3}; }  // -> 26x26, pool -> 13x13
+ConvShape Conv2(int n) { return {n, kC1, 13, 13, kC2, 5}; }  // -> 9x9, pool -> 4x4
+
+}  // namespace
+
+std::vector<TensorSpec> LeNet::Specs() {
+  return {{"W1", DType::kFloat32, {kC1, 1, 3, 3}},   {"b1", DType::kFloat32, {kC1}},
+          {"W2", DType::kFloat32, {kC2, kC1, 5, 5}}, {"b2", DType::kFloat32, {kC2}},
+          {"W3", DType::kFloat32, {kFlat, kHidden}}, {"b3", DType::kFloat32, {kHidden}},
+          {"W4", DType::kFloat32, {kHidden, kClasses}}, {"b4", DType::kFloat32, {kClasses}}};
+}
+
+int64_t LeNet::NumParams() {
+  int64_t n = 0;
+  for (const TensorSpec& s : Specs()) n += s.num_elements();
+  return n;
+}
+
+std::vector<float> LeNet::InitialWeights(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 0.01f);
+  std::vector<float> flat;
+  flat.reserve(NumParams());
+  for (const TensorSpec& s : Specs()) {
+    const bool bias = s.name[0] == 'b';
+    for (int64_t i = 0; i < s.num_elements(); ++i) flat.push_back(bias ? 0.0f : normal(rng));
+  }
+  return flat;
+}
+
+absl::StatusOr<std::unique_ptr<LeNet>> LeNet::Create(Backend* backend, int max_batch) {
+  if (max_batch < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("batch size must be at least 1, got ", max_batch));
+  }
+  std::unique_ptr<LeNet> net(new LeNet(backend, max_batch));
+  int64_t offset = 0;
+  for (const TensorSpec& s : Specs()) {
+    net->offsets_.push_back(offset);
+    offset += s.num_elements();
+  }
+  const int64_t b = max_batch;
+  const std::pair<std::unique_ptr<DeviceBuffer>*, int64_t> buffers[] = {
+      {&net->params_, NumParams()},
+      {&net->grads_, NumParams()},
+      {&net->x_, b * kImageFloats},
+      {&net->labels_, b},
+      {&net->c1_, b * kC1 * 26 * 26},
+      {&net->p1_, b * kC1 * 13 * 13},
+      {&net->c2_, b * kC2 * 9 * 9},
+      {&net->p2_, b * kFlat},
+      {&net->h3_, b * kHidden},
+      {&net->logits_, b * kClasses},
+      {&net->dlogits_, b * kClasses},
+      {&net->dh3_, b * kHidden},
+      {&net->dp2_, b * kFlat},
+      {&net->dc2_, b * kC2 * 9 * 9},
+      {&net->dp1_, b * kC1 * 13 * 13},
+      {&net->dc1_, b * kC1 * 26 * 26},
+      {&net->workspace_, std::max(Conv1(1).workspace_floats(), Conv2(1).workspace_floats())},
+  };
+  for (const auto& [slot, floats] : buffers) {
+    SUMMA_ASSIGN_OR_RETURN(*slot, backend->Alloc(floats));
+  }
+  return net;
+}
+
+float* LeNet::W(std::unique_ptr<DeviceBuffer>& buf, int tensor) const {
+  return buf->data() + offsets_[tensor];
+}
+
+absl::Status LeNet::SetWeights(const float* host_flat) {
+  return backend_->Upload(host_flat, NumParams(), params_->data());
+}
+
+absl::Status LeNet::GetWeights(float* host_flat) {
+  return backend_->Download(params_->data(), NumParams(), host_flat);
+}
+
+absl::Status LeNet::GetGradients(float* host_flat) {
+  return backend_->Download(grads_->data(), NumParams(), host_flat);
+}
+
+absl::Status LeNet::Forward(const float* images, const float* labels, int n) {
+  if (n < 0 || n > max_batch_) {
+    return absl::InvalidArgumentError(absl::StrCat("batch of ", n, " exceeds the model's ", max_batch_));
+  }
+  Backend& be = *backend_;
+  SUMMA_RETURN_IF_ERROR(be.Upload(images, int64_t{n} * kImageFloats, x_->data()));
+  SUMMA_RETURN_IF_ERROR(be.Upload(labels, n, labels_->data()));
+  SUMMA_RETURN_IF_ERROR(be.Conv2dForward(Conv1(n), x_->data(), W(params_, kW1), W(params_, kB1),
+                                         c1_->data(), workspace_->data()));
+  SUMMA_RETURN_IF_ERROR(be.ReluForward(c1_->data(), c1_->data(), int64_t{n} * kC1 * 26 * 26));
+  SUMMA_RETURN_IF_ERROR(be.AvgPool2Forward(c1_->data(), p1_->data(), n * kC1, 26, 26));
+  SUMMA_RETURN_IF_ERROR(be.Conv2dForward(Conv2(n), p1_->data(), W(params_, kW2), W(params_, kB2),
+                                         c2_->data(), workspace_->data()));
+  SUMMA_RETURN_IF_ERROR(be.ReluForward(c2_->data(), c2_->data(), int64_t{n} * kC2 * 9 * 9));
+  SUMMA_RETURN_IF_ERROR(be.AvgPool2Forward(c2_->data(), p2_->data(), n * kC2, 9, 9));
+  SUMMA_RETURN_IF_ERROR(be.LinearForward(p2_->data(), W(params_, kW3), W(params_, kB3),
+                                         h3_->data(), n, kFlat, kHidden));
+  SUMMA_RETURN_IF_ERROR(be.ReluForward(h3_->data(), h3_->data(), int64_t{n} * kHidden));
+  return be.LinearForward(h3_->data(), W(params_, kW4), W(params_, kB4), logits_->data(), n,
+                          kHidden, kClasses);
+}
+
+absl::StatusOr<double> LeNet::ComputeGradients(const float* images, const float* labels, int n) {
+  Backend& be = *backend_;
+  if (n == 0) {
+    SUMMA_RETURN_IF_ERROR(be.Zero(grads_->data(), NumParams()));
+    return 0.0;
+  }
+  SUMMA_RETURN_IF_ERROR(Forward(images, labels, n));
+  SUMMA_ASSIGN_OR_RETURN(double loss, be.SoftmaxCrossEntropy(logits_->data(), labels_->data(),
+                                                             dlogits_->data(), n, kClasses));
+  SUMMA_RETURN_IF_ERROR(be.LinearBackward(h3_->data(), W(params_, kW4), dlogits_->data(),
+                                          dh3_->data(), W(grads_, kW4), W(grads_, kB4), n, kHidden,
+                                          kClasses));
+  SUMMA_RETURN_IF_ERROR(be.ReluBackward(h3_->data(), dh3_->data(), dh3_->data(), int64_t{n} * kHidden));
+  SUMMA_RETURN_IF_ERROR(be.LinearBackward(p2_->data(), W(params_, kW3), dh3_->data(), dp2_->data(),
+                                          W(grads_, kW3), W(grads_, kB3), n, kFlat, kHidden));
+  SUMMA_RETURN_IF_ERROR(be.AvgPool2Backward(dp2_->data(), dc2_->data(), n * kC2, 9, 9));
+  SUMMA_RETURN_IF_ERROR(be.ReluBackward(c2_->data(), dc2_->data(), dc2_->data(), int64_t{n} * kC2 * 9 * 9));
+  SUMMA_RETURN_IF_ERROR(be.Conv2dBackward(Conv2(n), p1_->data(), W(params_, kW2), dc2_->data(),
+                                          dp1_->data(), W(grads_, kW2), W(grads_, kB2),
+                                          workspace_->data()));
+  SUMMA_RETURN_IF_ERROR(be.AvgPool2Backward(dp1_->data(), dc1_->data(), n * kC1, 26, 26));
+  SUMMA_RETURN_IF_ERROR(be.ReluBackward(c1_->data(), dc1_->data(), dc1_->data(), int64_t{n} * kC1 * 26 * 26));
+  SUMMA_RETURN_IF_ERROR(be.Conv2dBackward(Conv1(n), x_->data(), W(params_, kW1), dc1_->data(),
+                                          /*dx=*/nullptr, W(grads_, kW1), W(grads_, kB1),
+                                          workspace_->data()));
+  return loss;
+}
+
+absl::StatusOr<int64_t> LeNet::CountCorrect(const float* images, const float* labels, int n) {
+  if (n == 0) return 0;
+  SUMMA_RETURN_IF_ERROR(Forward(images, labels, n));
+  return backend_->CountCorrect(logits_->data(), labels_->data(), n, kClasses);
+}
+
+}  // namespace summa::worker

@@ -1,0 +1,67 @@
+// LeNet exactly as the seed: conv 3x3 (20) -> ReLU -> avgpool 2 -> conv 5x5 (50) -> ReLU ->
+// avgpool 2 -> flatten (800) -> linear 128 -> ReLU -> linear 10, on 1x28x28 images.
+// Parameters live in one flat device buffer in Specs() order (the order the server partitions),
+// gradients in another of the same layout, so a push is one copy of that buffer.
+// Owns its device buffers; the backend is not owned. Not thread-safe.
+#ifndef SUMMA_WORKER_LENET_H_
+#define SUMMA_WORKER_LENET_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/tensor.h"
+#include "worker/backend.h"
+
+namespace summa::worker {
+
+class LeNet {
+ public:
+  static constexpr int kClasses = 10;
+  static constexpr int kImageSide = 28;
+  static constexpr int kImageFloats = kImageSide * kImageSide;
+
+  // W1 [20,1,3,3], b1 [20], W2 [50,20,5,5], b2 [50], W3 [800,128], b3 [128], W4 [128,10], b4 [10].
+  static std::vector<TensorSpec> Specs();
+  static int64_t NumParams();
+  // Weights drawn from N(0, 0.01^2) with `seed`, biases zero; flat, in Specs() order.
+  static std::vector<float> InitialWeights(uint64_t seed);
+
+  // Allocates every buffer for batches of up to `max_batch` examples once. `backend` must
+  // outlive the model.
+  static absl::StatusOr<std::unique_ptr<LeNet>> Create(Backend* backend, int max_batch);
+
+  absl::Status SetWeights(const float* host_flat);
+  absl::Status GetWeights(float* host_flat);
+
+  // Forward and backward on n <= max_batch examples (host images [n,28*28], labels [n] as
+  // floats). The gradient of the *summed* loss lands in gradients(); returns the summed loss.
+  // n = 0 gives zero gradients and zero loss.
+  absl::StatusOr<double> ComputeGradients(const float* images, const float* labels, int n);
+  absl::Status GetGradients(float* host_flat);
+
+  // How many of n <= max_batch examples the model classifies right.
+  absl::StatusOr<int64_t> CountCorrect(const float* images, const float* labels, int n);
+
+  DeviceBuffer& weights() { return *params_; }
+  DeviceBuffer& gradients() { return *grads_; }
+  int max_batch() const { return max_batch_; }
+
+ private:
+  LeNet(Backend* backend, int max_batch) : backend_(backend), max_batch_(max_batch) {}
+  absl::Status Forward(const float* images, const float* labels, int n);
+  // Offsets into the flat buffers.
+  float* W(std::unique_ptr<DeviceBuffer>& buf, int tensor) const;
+
+  Backend* const backend_;  // Not owned.
+  const int max_batch_;
+  std::unique_ptr<DeviceBuffer> params_, grads_;
+  std::unique_ptr<DeviceBuffer> x_, labels_, c1_, p1_, c2_, p2_, h3_, logits_;
+  std::unique_ptr<DeviceBuffer> dlogits_, dh3_, dp2_, dc2_, dp1_, dc1_, workspace_;
+  std::vector<int64_t> offsets_;
+};
+
+}  // namespace summa::worker
+
+#endif  // SUMMA_WORKER_LENET_H_

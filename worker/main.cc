@@ -1,0 +1,75 @@
+// summa-worker: parses flags and runs one worker of a training job.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "common/flags.h"
+#include "common/idx.h"
+#include "worker/worker.h"
+
+ABSL_FLAG(std::string, server, "127.0.0.1:50051", "host:port of summa-server");
+ABSL_FLAG(int, rank, -2,
+          "this worker's rank in [0, world_size); default: $JOB_COMPLETION_INDEX if set, else "
+          "-1 (the server assigns the lowest free rank)");
+ABSL_FLAG(int, world_size, 1, "number of workers in the job; must match summa-server --workers");
+ABSL_FLAG(int64_t, batch_size, 256, "global minibatch size, split across all workers");
+ABSL_FLAG(int, epochs, 10, "passes over the training set");
+ABSL_FLAG(std::string, device, "auto", "cpu, cuda:N, or auto (a GPU when one works, else the CPU)");
+ABSL_FLAG(std::string, data_dir, summa::kDefaultDataDir,
+          "directory with the Fashion-MNIST (or MNIST) IDX files, gzipped or not");
+ABSL_FLAG(uint64_t, seed, 0, "seed of the initial weights and of every epoch's shuffle");
+ABSL_FLAG(int, threads, 1, "OpenBLAS threads for the CPU backend");
+ABSL_FLAG(std::string, status_address, "0.0.0.0:0",
+          "host:port where this worker serves summa.v1.Worker/GetStatus (port 0: any free port)");
+ABSL_FLAG(std::string, status_port_file, "", "if set, write the bound status port to this file");
+ABSL_FLAG(int64_t, train_limit, 0, "train on only the first N training examples (0: all)");
+ABSL_FLAG(int64_t, test_limit, 0, "evaluate on only the first N test examples (0: all)");
+ABSL_FLAG(std::string, progress, "auto", "progress bar: auto (on a terminal), always, or never");
+ABSL_FLAG(absl::Duration, call_deadline, absl::Minutes(11),
+          "deadline of each call to the server (a push-pull waits for the slowest worker)");
+ABSL_FLAG(absl::Duration, join_deadline, absl::Minutes(2),
+          "how long to keep retrying to join while the server is not up or has no model yet");
+
+int main(int argc, char** argv) {
+  summa::ParseFlagsOrDie(argc, argv,
+                         "summa-worker: one worker of a Summa training job. Trains the seed's LeNet "
+                         "on its shard of every global batch of Fashion-MNIST, pushing gradients to "
+                         "summa-server and pulling the new weights.\n\n"
+                         "  summa-worker --server=127.0.0.1:50051 --rank=0 --world_size=2");
+  summa::worker::WorkerOptions o;
+  int rank = absl::GetFlag(FLAGS_rank);
+  if (rank == -2) {
+    const char* index = std::getenv("JOB_COMPLETION_INDEX");
+    rank = index != nullptr ? std::atoi(index) : -1;
+  }
+  o.trainer.rank = rank;
+  o.trainer.world_size = absl::GetFlag(FLAGS_world_size);
+  o.trainer.batch_size = absl::GetFlag(FLAGS_batch_size);
+  o.trainer.epochs = absl::GetFlag(FLAGS_epochs);
+  o.trainer.seed = absl::GetFlag(FLAGS_seed);
+  const std::string progress = absl::GetFlag(FLAGS_progress);
+  if (progress != "auto" && progress != "always" && progress != "never") {
+    std::fprintf(stderr, "summa-worker: --progress must be auto, always or never\n");
+    return 2;
+  }
+  o.trainer.progress_bar = progress == "always" || (progress == "auto" && ::isatty(STDOUT_FILENO));
+  o.server = absl::GetFlag(FLAGS_server);
+  o.device = absl::GetFlag(FLAGS_device);
+  o.threads = absl::GetFlag(FLAGS_threads);
+  o.data_dir = absl::GetFlag(FLAGS_data_dir);
+  o.train_limit = absl::GetFlag(FLAGS_train_limit);
+  o.test_limit = absl::GetFlag(FLAGS_test_limit);
+  o.status_address = absl::GetFlag(FLAGS_status_address);
+  o.status_port_file = absl::GetFlag(FLAGS_status_port_file);
+  o.call_deadline = absl::GetFlag(FLAGS_call_deadline);
+  o.join_deadline = absl::GetFlag(FLAGS_join_deadline);
+  absl::Status status = summa::worker::RunWorker(o);
+  if (!status.ok()) {
+    std::fprintf(stderr, "summa-worker: %s\n", status.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,75 @@
+// ParameterClient: the worker's side of summa.v1.ParameterServer. Joins (retrying while the
+// server is not up or the model not yet defined), pulls, and push-pulls the flat gradient and
+// weight buffers partition by partition, all partitions in flight at once. Messages are
+// allocated once and reused every step. Every call carries a deadline. Not thread-safe.
+#ifndef SUMMA_WORKER_PS_CLIENT_H_
+#define SUMMA_WORKER_PS_CLIENT_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/partition_map.h"
+#include "common/tensor.h"
+#include "summa/v1/summa.grpc.pb.h"
+
+namespace summa::worker {
+
+struct JoinInfo {
+  int rank = 0;
+  uint64_t version = 0;
+  std::vector<PartitionRange> partitions;
+};
+
+class ParameterClient {
+ public:
+  // `call_deadline` bounds each RPC (a push-pull waits for the slowest worker, so keep it longer
+  // than the server's barrier deadline); `join_deadline` bounds the whole join with retries.
+  ParameterClient(const std::string& address, absl::Duration call_deadline,
+                  absl::Duration join_deadline);
+
+  // Joins as `rank` of `world`. `initial` (the flat weights, or null) defines the model when the
+  // server has none; every later joiner's specs must match. Checks that the server's partitions
+  // tile the model.
+  absl::StatusOr<JoinInfo> Join(int rank, int world, const std::vector<TensorSpec>& specs,
+                                const float* initial, const std::string& status_address);
+
+  // Fills `weights` (flat) with every partition at version >= min_version; returns the version.
+  absl::StatusOr<uint64_t> PullAll(uint64_t min_version, float* weights);
+
+  // Pushes the flat `gradients` for `step` and fills `weights` with version step + 1.
+  absl::Status PushPull(uint64_t step, int64_t num_examples, const float* gradients, float* weights);
+
+  // The seed's allreduce through the server: returns the elementwise sum over the group.
+  absl::StatusOr<std::vector<float>> AllReduce(const std::string& name, int group_size, int rank,
+                                               const std::vector<float>& values);
+
+  const std::string& address() const { return address_; }
+
+ private:
+  std::unique_ptr<grpc::ClientContext> NewContext() const;
+  // Runs `start(i, context, done)` for each partition at once and waits for all.
+  template <typename Start>
+  absl::Status ForEachPartition(Start start);
+  absl::Status CopyOut(const summa::v1::PullResponse& r, const PartitionRange& p, float* weights);
+
+  const std::string address_;
+  const absl::Duration call_deadline_;
+  const absl::Duration join_deadline_;
+  std::unique_ptr<summa::v1::ParameterServer::Stub> stub_;
+  int rank_ = -1;
+  std::vector<PartitionRange> partitions_;
+  // One request and response per partition, reused across steps.
+  std::vector<summa::v1::PushRequest> push_requests_;
+  std::vector<summa::v1::PullRequest> pull_requests_;
+  std::vector<summa::v1::PullResponse> responses_;
+};
+
+}  // namespace summa::worker
+
+#endif  // SUMMA_WORKER_PS_CLIENT_H_

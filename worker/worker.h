@@ -1,0 +1,33 @@
+// RunWorker: everything summa-worker does after parsing its flags. Loads the data, picks the
+// device, serves summa.v1.Worker on the status address, and trains.
+#ifndef SUMMA_WORKER_WORKER_H_
+#define SUMMA_WORKER_WORKER_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "worker/trainer.h"
+
+namespace summa::worker {
+
+struct WorkerOptions {
+  TrainerOptions trainer;
+  std::string server = "127.0.0.1:50051";
+  std::string device = "auto";
+  int threads = 1;
+  std::string data_dir;
+  int64_t train_limit = 0;  // use only the first N training examples (0: all)
+  int64_t test_limit = 0;   // evaluate only the first N test examples (0: all)
+  std::string status_address = "0.0.0.0:0";
+  std::string status_port_file;
+  absl::Duration call_deadline = absl::Minutes(11);
+  absl::Duration join_deadline = absl::Minutes(2);
+};
+
+absl::Status RunWorker(const WorkerOptions& options);
+
+}  // namespace summa::worker
+
+#endif  // SUMMA_WORKER_WORKER_H_

@@ -1,0 +1,163 @@
+// Every layer's backward on the CPU backend against central finite differences of a scalar
+// loss L = sum(r * y) with fixed random r, computed in float64 from the forward pass.
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "worker/backend.h"
+
+namespace summa::worker {
+namespace {
+
+std::vector<float> Random(size_t n, uint64_t seed, float scale = 1.0f) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-scale, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+double Dot(const std::vector<float>& a, const std::vector<float>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += double(a[i]) * b[i];
+  return s;
+}
+
+// Checks analytic[i] == d loss / d param[i] for every i, by central differences.
+void ExpectGradient(std::vector<float>& param, const std::vector<float>& analytic,
+                    const std::function<double()>& loss, const char* what, double eps = 1e-2) {
+  ASSERT_EQ(param.size(), analytic.size());
+  for (size_t i = 0; i < param.size(); ++i) {
+    const float saved = param[i];
+    param[i] = saved + eps;
+    const double up = loss();
+    param[i] = saved - eps;
+    const double down = loss();
+    param[i] = saved;
+    const double numeric = (up - down) / (2 * eps);
+    EXPECT_NEAR(analytic[i], numeric, 2e-3 + 2e-3 * std::abs(numeric)) << what << " element " << i;
+  }
+}
+
+class CpuBackendTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<Backend> be_ = NewCpuBackend(1);
+};
+
+TEST_F(CpuBackendTest, GemmMatchesNaiveProductInAllTranspositions) {
+  const int m = 3, n = 4, k = 5;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      std::vector<float> a = Random(m * k, 1), b = Random(k * n, 2), c = Random(m * n, 3);
+      std::vector<float> expect(m * n);
+      for (int i = 0; i < m; ++i) {
+        for (int j = 0; j < n; ++j) {
+          double s = 0;
+          for (int l = 0; l < k; ++l) {
+            s += double(ta ? a[l * m + i] : a[i * k + l]) * (tb ? b[j * k + l] : b[l * n + j]);
+          }
+          expect[i * n + j] = float(2.0 * s + 0.5 * c[i * n + j]);
+        }
+      }
+      ASSERT_TRUE(be_->Gemm(ta, tb, m, n, k, 2.0f, a.data(), b.data(), 0.5f, c.data()).ok());
+      for (int i = 0; i < m * n; ++i) EXPECT_NEAR(c[i], expect[i], 1e-5) << ta << tb << i;
+    }
+  }
+}
+
+TEST_F(CpuBackendTest, Conv2dBackwardMatchesFiniteDifferences) {
+  const ConvShape s{2, 3, 6, 5, 4, 3};
+  std::vector<float> x = Random(2 * 3 * 6 * 5, 4), w = Random(4 * 3 * 3 * 3, 5), b = Random(4, 6);
+  const int ysize = 2 * 4 * s.out_height() * s.out_width();
+  const std::vector<float> r = Random(ysize, 7);
+  std::vector<float> y(ysize), ws(s.workspace_floats());
+  auto loss = [&] {
+    EXPECT_TRUE(be_->Conv2dForward(s, x.data(), w.data(), b.data(), y.data(), ws.data()).ok());
+    return Dot(r, y);
+  };
+  loss();
+  std::vector<float> dx(x.size()), dw(w.size()), db(b.size());
+  ASSERT_TRUE(be_->Conv2dBackward(s, x.data(), w.data(), r.data(), dx.data(), dw.data(), db.data(),
+                                  ws.data()).ok());
+  ExpectGradient(x, dx, loss, "dx");
+  ExpectGradient(w, dw, loss, "dw");
+  ExpectGradient(b, db, loss, "dbias");
+}
+
+TEST_F(CpuBackendTest, LinearBackwardMatchesFiniteDifferences) {
+  const int n = 3, in = 5, out = 4;
+  std::vector<float> x = Random(n * in, 8), w = Random(in * out, 9), b = Random(out, 10);
+  const std::vector<float> r = Random(n * out, 11);
+  std::vector<float> y(n * out);
+  auto loss = [&] {
+    EXPECT_TRUE(be_->LinearForward(x.data(), w.data(), b.data(), y.data(), n, in, out).ok());
+    return Dot(r, y);
+  };
+  std::vector<float> dx(x.size()), dw(w.size()), db(b.size());
+  ASSERT_TRUE(be_->LinearBackward(x.data(), w.data(), r.data(), dx.data(), dw.data(), db.data(), n,
+                                  in, out).ok());
+  ExpectGradient(x, dx, loss, "dx");
+  ExpectGradient(w, dw, loss, "dw");
+  ExpectGradient(b, db, loss, "dbias");
+}
+
+TEST_F(CpuBackendTest, AvgPoolBackwardMatchesFiniteDifferencesWithOddEdges) {
+  const int planes = 2, h = 5, w = 7;
+  std::vector<float> x = Random(planes * h * w, 12);
+  const std::vector<float> r = Random(planes * (h / 2) * (w / 2), 13);
+  std::vector<float> y(r.size());
+  auto loss = [&] {
+    EXPECT_TRUE(be_->AvgPool2Forward(x.data(), y.data(), planes, h, w).ok());
+    return Dot(r, y);
+  };
+  std::vector<float> dx(x.size(), 99.0f);  // garbage: backward must overwrite every element
+  ASSERT_TRUE(be_->AvgPool2Backward(r.data(), dx.data(), planes, h, w).ok());
+  ExpectGradient(x, dx, loss, "dx");
+}
+
+TEST_F(CpuBackendTest, ReluBackwardMatchesFiniteDifferences) {
+  std::vector<float> x = Random(50, 14);
+  for (float& v : x) v += v > 0 ? 0.05f : -0.05f;  // keep away from the kink
+  const std::vector<float> r = Random(50, 15);
+  std::vector<float> y(50);
+  auto loss = [&] {
+    EXPECT_TRUE(be_->ReluForward(x.data(), y.data(), 50).ok());
+    return Dot(r, y);
+  };
+  loss();
+  std::vector<float> dx(50);
+  ASSERT_TRUE(be_->ReluBackward(y.data(), r.data(), dx.data(), 50).ok());
+  ExpectGradient(x, dx, loss, "dx", 1e-3);
+}
+
+TEST_F(CpuBackendTest, SoftmaxCrossEntropyIsSummedAndItsGradientMatches) {
+  const int n = 4, c = 10;
+  std::vector<float> z = Random(n * c, 16, 3.0f);
+  const std::vector<float> labels = {3, 0, 9, 5};
+  std::vector<float> dz(n * c), scratch(n * c);
+  auto loss = [&] { return *be_->SoftmaxCrossEntropy(z.data(), labels.data(), scratch.data(), n, c); };
+  auto total = be_->SoftmaxCrossEntropy(z.data(), labels.data(), dz.data(), n, c);
+  ASSERT_TRUE(total.ok());
+  double expect = 0;
+  for (int i = 0; i < n; ++i) {
+    double sum = 0;
+    for (int j = 0; j < c; ++j) sum += std::exp(double(z[i * c + j]));
+    expect += std::log(sum) - z[i * c + int(labels[i])];
+  }
+  EXPECT_NEAR(*total, expect, 1e-4);
+  ExpectGradient(z, dz, loss, "dlogits", 1e-3);
+  const std::vector<float> bad = {3, 0, 10, 5};
+  EXPECT_FALSE(be_->SoftmaxCrossEntropy(z.data(), bad.data(), dz.data(), n, c).ok());
+}
+
+TEST_F(CpuBackendTest, CountCorrectAndAxpy) {
+  const std::vector<float> z = {0, 5, 1, /**/ 9, 1, 2};
+  EXPECT_EQ(*be_->CountCorrect(z.data(), std::vector<float>{1, 2}.data(), 2, 3), 1);
+  std::vector<float> y = {1, 2, 3};
+  ASSERT_TRUE(be_->Axpy(-2.0f, std::vector<float>{1, 1, 2}.data(), y.data(), 3).ok());
+  EXPECT_EQ(y, (std::vector<float>{-1, 0, -1}));
+}
+
+}  // namespace
+}  // namespace summa::worker

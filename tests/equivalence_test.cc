@@ -1,0 +1,114 @@
+// The seed's promise across processes: N workers with shards of a global batch B follow the same
+// trajectory as one worker with batch B. Runs an in-process server on 127.0.0.1:0 and N trainers
+// as threads, each with its own backend and client, on a small synthetic data set.
+#include <cmath>
+#include <random>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "server/service.h"
+#include "worker/lenet.h"
+#include "worker/trainer.h"
+
+namespace summa::worker {
+namespace {
+
+Dataset Synthetic(int64_t count, uint64_t seed) {
+  Dataset set;
+  set.count = count;
+  set.rows = set.cols = 28;
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> pixel(0, 1);
+  set.images.resize(count * 784);
+  set.labels.resize(count);
+  for (int64_t i = 0; i < count; ++i) {
+    set.labels[i] = static_cast<int32_t>(rng() % 10);
+    // A class-dependent bright band, so training makes real progress.
+    for (int p = 0; p < 784; ++p) {
+      set.images[i * 784 + p] = 0.3f * pixel(rng) + ((p / 28) / 3 == set.labels[i] ? 0.7f : 0.0f);
+    }
+  }
+  return set;
+}
+
+struct JobRun {
+  std::vector<float> server_weights;
+  std::vector<std::vector<float>> worker_weights;
+  std::vector<double> losses;  // rank 0's per-epoch loss
+};
+
+JobRun Train(int workers, int64_t batch, const Dataset& data, int epochs) {
+  server::ServerOptions so;
+  so.world_size = workers;
+  so.sgd.learning_rate = 0.2;
+  so.barrier_deadline = absl::Seconds(60);
+  auto server = server::SummaServer::Start("127.0.0.1:0", so);
+  EXPECT_TRUE(server.ok()) << server.status();
+  const std::string address = "127.0.0.1:" + std::to_string((*server)->port());
+  JobRun run;
+  run.worker_weights.resize(workers);
+  std::vector<std::thread> threads;
+  std::FILE* sink = std::fopen("/dev/null", "w");
+  for (int rank = 0; rank < workers; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto backend = NewCpuBackend(1);
+      ParameterClient client(address, absl::Seconds(60), absl::Seconds(30));
+      StatusBoard board;
+      TrainerOptions o;
+      o.rank = rank;
+      o.world_size = workers;
+      o.batch_size = batch;
+      o.epochs = epochs;
+      o.seed = 11;
+      o.evaluate = false;
+      Trainer trainer(o, &data, nullptr, backend.get(), &client, &board, sink);
+      absl::Status s = trainer.Run();
+      ASSERT_TRUE(s.ok()) << "rank " << rank << ": " << s;
+      run.worker_weights[rank] = trainer.weights();
+      if (rank == 0) {
+        for (const EpochResult& r : trainer.results()) run.losses.push_back(r.loss);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::fclose(sink);
+  run.server_weights = (*server)->core().WeightsForTest();
+  return run;
+}
+
+double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double m = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) m = std::max(m, std::abs(double(a[i]) - b[i]));
+  return m;
+}
+
+class EquivalenceTest : public ::testing::Test {
+ protected:
+  // 230 examples in batches of 50: four full batches and a short one of 30, per epoch.
+  const Dataset data_ = Synthetic(230, 5);
+};
+
+TEST_F(EquivalenceTest, TwoWorkersMatchOneWorkerWithTheWholeBatch) {
+  const JobRun one = Train(1, 50, data_, 2);
+  const JobRun two = Train(2, 50, data_, 2);
+  const std::vector<float> initial = LeNet::InitialWeights(11);
+  EXPECT_GT(MaxAbsDiff(one.server_weights, initial), 1e-3) << "training must move the weights";
+  EXPECT_LT(MaxAbsDiff(one.server_weights, two.server_weights), 2e-5);
+  for (const auto& w : two.worker_weights) EXPECT_EQ(w, two.server_weights);
+  ASSERT_EQ(one.losses.size(), 2u);
+  ASSERT_EQ(two.losses.size(), 2u);
+  EXPECT_NEAR(one.losses[1], two.losses[1], 1e-4);
+  EXPECT_LT(one.losses[1], one.losses[0]) << "loss falls on learnable data";
+}
+
+TEST_F(EquivalenceTest, ThreeWorkersWithUnevenShardsMatchOneWorker) {
+  // Batches of 50 split 16/17/17, the short last batch of 30 split 10/10/10.
+  const JobRun one = Train(1, 50, data_, 2);
+  const JobRun three = Train(3, 50, data_, 2);
+  EXPECT_LT(MaxAbsDiff(one.server_weights, three.server_weights), 2e-5);
+  for (const auto& w : three.worker_weights) EXPECT_EQ(w, three.server_weights);
+}
+
+}  // namespace
+}  // namespace summa::worker

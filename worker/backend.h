@@ -37,12 +37,14 @@ struct ConvShape {
   int out_channels = 0, kernel = 0;
   int out_height() const { return height - kernel + 1; }
   int out_width() const { return width - kernel + 1; }
-  // Floats of the im2col matrix of one image.
-  int64_t col_floats() const {
-    return int64_t{in_channels} * kernel * kernel * out_height() * out_width();
-  }
-  // Floats of scratch space the forward and backward passes need.
-  int64_t workspace_floats() const { return 2 * col_floats(); }
+  int64_t pixels() const { return int64_t{out_height()} * out_width(); }
+  // Floats of the im2col matrix of the whole batch: [C*k*k, batch*pixels].
+  int64_t col_floats() const { return int64_t{in_channels} * kernel * kernel * batch * pixels(); }
+  // Floats of the output in channel-major order: [O, batch*pixels].
+  int64_t out_floats() const { return int64_t{out_channels} * batch * pixels(); }
+  // Floats of scratch space the forward and backward passes need (an implementation may use
+  // less): two im2col matrices and one channel-major output.
+  int64_t workspace_floats() const { return 2 * col_floats() + out_floats(); }
 };
 
 class Backend {
@@ -51,6 +53,9 @@ class Backend {
 
   // "cpu", "cuda:0", ...
   virtual std::string name() const = 0;
+  // How many examples a model should push through at once (0: the whole batch). Small chunks
+  // keep a CPU's activations in cache; a GPU wants the whole batch.
+  virtual int preferred_chunk() const = 0;
 
   // Zero-filled device memory, allocated (and touched) once.
   virtual absl::StatusOr<std::unique_ptr<DeviceBuffer>> Alloc(int64_t floats) = 0;

@@ -41,20 +41,23 @@ std::vector<float> LeNet::InitialWeights(uint64_t seed) {
   return flat;
 }
 
-absl::StatusOr<std::unique_ptr<LeNet>> LeNet::Create(Backend* backend, int max_batch) {
+absl::StatusOr<std::unique_ptr<LeNet>> LeNet::Create(Backend* backend, int max_batch, int chunk) {
   if (max_batch < 1) {
     return absl::InvalidArgumentError(absl::StrCat("batch size must be at least 1, got ", max_batch));
   }
-  std::unique_ptr<LeNet> net(new LeNet(backend, max_batch));
+  if (chunk < 0) return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk, " is negative"));
+  chunk = chunk == 0 ? max_batch : std::min(chunk, max_batch);
+  std::unique_ptr<LeNet> net(new LeNet(backend, max_batch, chunk));
   int64_t offset = 0;
   for (const TensorSpec& s : Specs()) {
     net->offsets_.push_back(offset);
     offset += s.num_elements();
   }
-  const int64_t b = max_batch;
+  const int64_t b = chunk;
   const std::pair<std::unique_ptr<DeviceBuffer>*, int64_t> buffers[] = {
       {&net->params_, NumParams()},
       {&net->grads_, NumParams()},
+      {&net->chunk_grads_, chunk < max_batch ? NumParams() : 0},
       {&net->x_, b * kImageFloats},
       {&net->labels_, b},
       {&net->c1_, b * kC1 * 26 * 26},
@@ -69,7 +72,7 @@ absl::StatusOr<std::unique_ptr<LeNet>> LeNet::Create(Backend* backend, int max_b
       {&net->dc2_, b * kC2 * 9 * 9},
       {&net->dp1_, b * kC1 * 13 * 13},
       {&net->dc1_, b * kC1 * 26 * 26},
-      {&net->workspace_, std::max(Conv1(1).workspace_floats(), Conv2(1).workspace_floats())},
+      {&net->workspace_, std::max(Conv1(chunk).workspace_floats(), Conv2(chunk).workspace_floats())},
   };
   for (const auto& [slot, floats] : buffers) {
     SUMMA_ASSIGN_OR_RETURN(*slot, backend->Alloc(floats));
@@ -94,9 +97,6 @@ absl::Status LeNet::GetGradients(float* host_flat) {
 }
 
 absl::Status LeNet::Forward(const float* images, const float* labels, int n) {
-  if (n < 0 || n > max_batch_) {
-    return absl::InvalidArgumentError(absl::StrCat("batch of ", n, " exceeds the model's ", max_batch_));
-  }
   Backend& be = *backend_;
   SUMMA_RETURN_IF_ERROR(be.Upload(images, int64_t{n} * kImageFloats, x_->data()));
   SUMMA_RETURN_IF_ERROR(be.Upload(labels, n, labels_->data()));
@@ -115,38 +115,62 @@ absl::Status LeNet::Forward(const float* images, const float* labels, int n) {
                           kHidden, kClasses);
 }
 
-absl::StatusOr<double> LeNet::ComputeGradients(const float* images, const float* labels, int n) {
+absl::StatusOr<double> LeNet::Backward(int n, std::unique_ptr<DeviceBuffer>& grads) {
   Backend& be = *backend_;
-  if (n == 0) {
-    SUMMA_RETURN_IF_ERROR(be.Zero(grads_->data(), NumParams()));
-    return 0.0;
-  }
-  SUMMA_RETURN_IF_ERROR(Forward(images, labels, n));
   SUMMA_ASSIGN_OR_RETURN(double loss, be.SoftmaxCrossEntropy(logits_->data(), labels_->data(),
                                                              dlogits_->data(), n, kClasses));
   SUMMA_RETURN_IF_ERROR(be.LinearBackward(h3_->data(), W(params_, kW4), dlogits_->data(),
-                                          dh3_->data(), W(grads_, kW4), W(grads_, kB4), n, kHidden,
+                                          dh3_->data(), W(grads, kW4), W(grads, kB4), n, kHidden,
                                           kClasses));
   SUMMA_RETURN_IF_ERROR(be.ReluBackward(h3_->data(), dh3_->data(), dh3_->data(), int64_t{n} * kHidden));
   SUMMA_RETURN_IF_ERROR(be.LinearBackward(p2_->data(), W(params_, kW3), dh3_->data(), dp2_->data(),
-                                          W(grads_, kW3), W(grads_, kB3), n, kFlat, kHidden));
+                                          W(grads, kW3), W(grads, kB3), n, kFlat, kHidden));
   SUMMA_RETURN_IF_ERROR(be.AvgPool2Backward(dp2_->data(), dc2_->data(), n * kC2, 9, 9));
   SUMMA_RETURN_IF_ERROR(be.ReluBackward(c2_->data(), dc2_->data(), dc2_->data(), int64_t{n} * kC2 * 9 * 9));
   SUMMA_RETURN_IF_ERROR(be.Conv2dBackward(Conv2(n), p1_->data(), W(params_, kW2), dc2_->data(),
-                                          dp1_->data(), W(grads_, kW2), W(grads_, kB2),
+                                          dp1_->data(), W(grads, kW2), W(grads, kB2),
                                           workspace_->data()));
   SUMMA_RETURN_IF_ERROR(be.AvgPool2Backward(dp1_->data(), dc1_->data(), n * kC1, 26, 26));
   SUMMA_RETURN_IF_ERROR(be.ReluBackward(c1_->data(), dc1_->data(), dc1_->data(), int64_t{n} * kC1 * 26 * 26));
   SUMMA_RETURN_IF_ERROR(be.Conv2dBackward(Conv1(n), x_->data(), W(params_, kW1), dc1_->data(),
-                                          /*dx=*/nullptr, W(grads_, kW1), W(grads_, kB1),
+                                          /*dx=*/nullptr, W(grads, kW1), W(grads, kB1),
                                           workspace_->data()));
   return loss;
 }
 
+absl::StatusOr<double> LeNet::ComputeGradients(const float* images, const float* labels, int n) {
+  if (n < 0 || n > max_batch_) {
+    return absl::InvalidArgumentError(absl::StrCat("batch of ", n, " exceeds the model's ", max_batch_));
+  }
+  if (n <= chunk_) {
+    if (n == 0) {
+      SUMMA_RETURN_IF_ERROR(backend_->Zero(grads_->data(), NumParams()));
+      return 0.0;
+    }
+    SUMMA_RETURN_IF_ERROR(Forward(images, labels, n));
+    return Backward(n, grads_);
+  }
+  SUMMA_RETURN_IF_ERROR(backend_->Zero(grads_->data(), NumParams()));
+  double loss = 0;
+  for (int begin = 0; begin < n; begin += chunk_) {
+    const int m = std::min(chunk_, n - begin);
+    SUMMA_RETURN_IF_ERROR(Forward(images + int64_t{begin} * kImageFloats, labels + begin, m));
+    SUMMA_ASSIGN_OR_RETURN(double chunk_loss, Backward(m, chunk_grads_));
+    SUMMA_RETURN_IF_ERROR(backend_->Axpy(1.0f, chunk_grads_->data(), grads_->data(), NumParams()));
+    loss += chunk_loss;
+  }
+  return loss;
+}
+
 absl::StatusOr<int64_t> LeNet::CountCorrect(const float* images, const float* labels, int n) {
-  if (n == 0) return 0;
-  SUMMA_RETURN_IF_ERROR(Forward(images, labels, n));
-  return backend_->CountCorrect(logits_->data(), labels_->data(), n, kClasses);
+  int64_t correct = 0;
+  for (int begin = 0; begin < n; begin += chunk_) {
+    const int m = std::min(chunk_, n - begin);
+    SUMMA_RETURN_IF_ERROR(Forward(images + int64_t{begin} * kImageFloats, labels + begin, m));
+    SUMMA_ASSIGN_OR_RETURN(int64_t c, backend_->CountCorrect(logits_->data(), labels_->data(), m, kClasses));
+    correct += c;
+  }
+  return correct;
 }
 
 }  // namespace summa::worker

@@ -72,7 +72,7 @@ absl::Status Trainer::Run() {
                                                    train_->rows, "x", train_->cols));
   }
   const int max_shard = static_cast<int>((batch + options_.world_size - 1) / options_.world_size);
-  SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<LeNet> model, LeNet::Create(backend_, max_shard));
+  SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<LeNet> model, LeNet::Create(backend_, max_shard, backend_->preferred_chunk()));
   const int64_t params = LeNet::NumParams();
   weights_.assign(params, 0.0f);
   gradients_.assign(params, 0.0f);

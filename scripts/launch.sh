@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Runs a Summa job on this machine: one summa-server and N summa-worker processes.
+# Rank 0 prints to this terminal (with a progress bar on a tty); the server's and the other
+# workers' output goes to log files in the run directory. Ctrl-C or any failure stops every
+# process; the exit status is non-zero if any process failed.
+#
+#   scripts/launch.sh [--workers N] [--epochs E] [--batch_size B] [--lr LR] [--bin DIR]
+#                     [--run_dir DIR] [-- extra summa-worker flags]
+set -uo pipefail
+
+workers=2 epochs=10 batch=256 lr=0.2
+bin="$(cd "$(dirname "$0")/.." && pwd)/build"
+run_dir=""
+extra=()
+usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; }
+while (($#)); do
+  case "$1" in
+    --workers) workers=$2; shift 2 ;;
+    --epochs) epochs=$2; shift 2 ;;
+    --batch_size) batch=$2; shift 2 ;;
+    --lr) lr=$2; shift 2 ;;
+    --bin) bin=$2; shift 2 ;;
+    --run_dir) run_dir=$2; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    --) shift; extra=("$@"); break ;;
+    *) echo "launch: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+[[ "$workers" =~ ^[1-9][0-9]*$ ]] || { echo "launch: --workers must be a positive integer" >&2; exit 2; }
+server_bin="$bin/server/summa-server"
+worker_bin="$bin/worker/summa-worker"
+for b in "$server_bin" "$worker_bin"; do
+  [[ -x "$b" ]] || { echo "launch: $b not found; build first (scripts/build.sh)" >&2; exit 2; }
+done
+run_dir=${run_dir:-$(mktemp -d "${TMPDIR:-/tmp}/summa-run.XXXXXX")}
+mkdir -p "$run_dir"
+
+pids=()
+stop_all() {
+  local pid
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+  for _ in $(seq 50); do
+    local alive=0
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    ((alive)) || return 0
+    sleep 0.1
+  done
+  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null; done
+}
+trap 'stop_all; exit 130' INT TERM
+trap 'stop_all' EXIT
+
+"$server_bin" --address=127.0.0.1:0 --port_file="$run_dir/server.port" --workers="$workers" \
+  --lr="$lr" >"$run_dir/server.log" 2>&1 &
+server_pid=$!
+pids+=("$server_pid")
+echo "$server_pid" >"$run_dir/server.pid"
+for _ in $(seq 300); do
+  [[ -s "$run_dir/server.port" ]] && break
+  kill -0 "$server_pid" 2>/dev/null || { echo "launch: summa-server failed:" >&2; cat "$run_dir/server.log" >&2; exit 1; }
+  sleep 0.1
+done
+[[ -s "$run_dir/server.port" ]] || { echo "launch: summa-server did not listen within 30 s" >&2; exit 1; }
+port=$(cat "$run_dir/server.port")
+echo "launch: summa-server on 127.0.0.1:$port, $workers workers, batch $batch, lr $lr, $epochs epochs; logs in $run_dir"
+
+declare -A rank_of
+for ((r = 0; r < workers; r++)); do
+  args=(--server="127.0.0.1:$port" --rank="$r" --world_size="$workers" --batch_size="$batch"
+        --epochs="$epochs" --status_port_file="$run_dir/worker$r.status_port" "${extra[@]}")
+  if ((r == 0)); then
+    "$worker_bin" "${args[@]}" 2> >(tee "$run_dir/worker0.log" >&2) &
+  else
+    "$worker_bin" "${args[@]}" >"$run_dir/worker$r.log" 2>&1 &
+  fi
+  pids+=($!)
+  rank_of[$!]=$r
+  echo "$!" >"$run_dir/worker$r.pid"
+done
+
+status=0
+running=("${pids[@]:1}")
+while ((${#running[@]})); do
+  wait -n -p done_pid "${running[@]}"
+  rc=$?
+  still=()
+  for pid in "${running[@]}"; do [[ "$pid" != "$done_pid" ]] && still+=("$pid"); done
+  running=("${still[@]}")
+  if ((rc != 0)); then
+    r=${rank_of[$done_pid]:-?}
+    echo "launch: worker $r (pid $done_pid) failed with status $rc; stopping the job" >&2
+    [[ "$r" != 0 ]] && tail -n 5 "$run_dir/worker$r.log" >&2
+    status=1
+    break
+  fi
+done
+stop_all
+if ((status == 0)); then echo "launch: all $workers workers finished"; fi
+exit $status

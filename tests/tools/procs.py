@@ -1,0 +1,80 @@
+"""Process harness for tests that start the real binaries: every process started through a
+ProcessGroup is stopped by its PID when the group exits, on every path (failures included)."""
+import os
+import signal
+import subprocess
+import tempfile
+import time
+
+
+class ProcessGroup:
+    def __init__(self):
+        self.procs = []
+        self.dir = tempfile.mkdtemp(prefix="summa-test-")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop_all()
+        return False
+
+    def start(self, name, argv, env=None):
+        log = open(os.path.join(self.dir, name + ".log"), "wb")
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, **(env or {})})
+        proc.name = name
+        proc.log_path = log.name
+        self.procs.append(proc)
+        return proc
+
+    def log(self, proc):
+        with open(proc.log_path, errors="replace") as f:
+            return f.read()
+
+    def wait_for_file(self, path, proc, seconds=30):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if os.path.exists(path) and open(path).read().strip():
+                return open(path).read().strip()
+            if proc.poll() is not None:
+                raise AssertionError(f"{proc.name} exited with {proc.returncode}:\n{self.log(proc)}")
+            time.sleep(0.05)
+        raise AssertionError(f"{proc.name} did not write {path} within {seconds} s")
+
+    def start_server(self, server_bin, *flags):
+        port_file = os.path.join(self.dir, "server.port")
+        proc = self.start("server", [server_bin, "--address=127.0.0.1:0",
+                                     f"--port_file={port_file}", *flags])
+        return proc, int(self.wait_for_file(port_file, proc))
+
+    def wait(self, proc, seconds):
+        try:
+            return proc.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{proc.name} still running after {seconds} s:\n{self.log(proc)}")
+
+    def stop_all(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

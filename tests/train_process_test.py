@@ -1,0 +1,130 @@
+"""Process tests: the real summa-server and summa-worker binaries, started on 127.0.0.1 with
+OS-chosen ports, train LeNet on Fashion-MNIST; workers serve their status through reflection; bad
+data files and a model unlike the server's are refused with clear messages; the launcher stops
+every process it started."""
+import argparse
+import gzip
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "tools"))
+from grpc_reflect import Reflector  # noqa: E402
+from procs import ProcessGroup, alive  # noqa: E402
+
+ARGS = None
+DATA = "/usr/share/datasets/fashion-mnist"
+
+
+def accuracies(text):
+    return [float(a) for a in re.findall(r"test acc ([0-9.]+)", text)]
+
+
+class TrainProcessTest(unittest.TestCase):
+    def test_two_worker_processes_train_and_serve_status(self):
+        with ProcessGroup() as g:
+            server, port = g.start_server(ARGS.server, "--workers=2", "--lr=0.5")
+            workers = []
+            for rank in range(2):
+                status_file = os.path.join(g.dir, f"w{rank}.status")
+                workers.append((g.start(f"worker{rank}", [
+                    ARGS.worker, f"--server=127.0.0.1:{port}", f"--rank={rank}", "--world_size=2",
+                    "--batch_size=64", "--epochs=3", "--train_limit=8000", "--test_limit=2000",
+                    "--seed=1", "--status_address=127.0.0.1:0", f"--status_port_file={status_file}"]),
+                    status_file))
+            status_port = int(g.wait_for_file(workers[0][1], workers[0][0]))
+            r = Reflector(f"127.0.0.1:{status_port}")
+            self.assertIn("summa.v1.Worker", r.list_services())
+            status = r.call("summa.v1.Worker/GetStatus")
+            self.assertEqual(status.get("worldSize"), 2, status)
+            self.assertEqual(status.get("device"), "cpu", status)
+            self.assertIn(status.get("state"), ("joining", "training", "evaluating", "starting"), status)
+            for proc, _ in workers:
+                self.assertEqual(g.wait(proc, 240), 0, g.log(proc))
+            out0, out1 = g.log(workers[0][0]), g.log(workers[1][0])
+            print(out0)
+            acc0, acc1 = accuracies(out0), accuracies(out1)
+            self.assertEqual(len(acc0), 3, out0)
+            self.assertEqual(acc0, acc1, "both workers hold the same weights")
+            self.assertGreater(acc0[-1], 0.5, "well above chance (0.1)")
+            self.assertIn("2 workers on [cpu, cpu]", out0)
+            srv = Reflector(f"127.0.0.1:{port}").call("summa.v1.ParameterServer/GetStatus")
+            self.assertEqual(int(srv["version"]), 3 * 8000 // 64, srv)
+            self.assertEqual(len(srv["members"]), 2, srv)
+
+    def test_bad_data_files_are_named(self):
+        with ProcessGroup() as g:
+            bad = os.path.join(g.dir, "data")
+            os.makedirs(bad)
+            for name in os.listdir(DATA):
+                shutil.copy(os.path.join(DATA, name), bad)
+            # Truncate the training images: a valid gzip stream that ends early.
+            path = os.path.join(bad, "train-images-idx3-ubyte.gz")
+            with gzip.open(path, "rb") as f:
+                head = f.read(10000)
+            with gzip.open(path, "wb") as f:
+                f.write(head)
+            w = g.start("worker", [ARGS.worker, "--server=127.0.0.1:1", f"--data_dir={bad}",
+                                   "--join_deadline=2s"])
+            self.assertEqual(g.wait(w, 60), 1)
+            log = g.log(w)
+            self.assertIn("train-images-idx3-ubyte.gz: truncated", log)
+            os.remove(os.path.join(bad, "t10k-labels-idx1-ubyte.gz"))
+            w = g.start("worker2", [ARGS.worker, "--server=127.0.0.1:1", f"--data_dir={os.path.join(g.dir, 'none')}"])
+            self.assertEqual(g.wait(w, 60), 1)
+            self.assertIn("not found", g.log(w))
+
+    def test_worker_whose_model_differs_is_refused(self):
+        with ProcessGroup() as g:
+            server, port = g.start_server(ARGS.server, "--workers=2")
+            # Another job's model reaches the server first.
+            r = Reflector(f"127.0.0.1:{port}")
+            r.call("summa.v1.ParameterServer/Join",
+                   '{"rank": 0, "worldSize": 2, "params": [{"name": "W1", "dtype": "DTYPE_FLOAT32",'
+                   ' "shape": ["2"], "data": "AAAAAAAAAAA="}]}')
+            w = g.start("worker", [ARGS.worker, f"--server=127.0.0.1:{port}", "--rank=1",
+                                   "--world_size=2", "--test_limit=10", "--train_limit=100"])
+            self.assertEqual(g.wait(w, 60), 1)
+            log = g.log(w)
+            self.assertIn("FAILED_PRECONDITION", log)
+            self.assertIn("model mismatch", log)
+
+    def test_launcher_trains_and_stops_everything_on_failure(self):
+        run_dir = os.path.join(ProcessGroup().dir, "run")
+        ok = subprocess.run([ARGS.launch, "--workers", "2", "--epochs", "1", "--batch_size", "64",
+                             "--lr", "0.5", "--bin", ARGS.bin, "--run_dir", run_dir, "--",
+                             "--train_limit=1000", "--test_limit=500"],
+                            capture_output=True, text=True, timeout=240)
+        self.assertEqual(ok.returncode, 0, ok.stdout + ok.stderr)
+        self.assertIn("epoch 1/1", ok.stdout)
+        self.assertIn("all 2 workers finished", ok.stdout)
+        pids = [int(open(os.path.join(run_dir, f)).read()) for f in os.listdir(run_dir)
+                if f.endswith(".pid")]
+        self.assertEqual(len(pids), 3)
+        self.assertFalse([p for p in pids if alive(p)], "no process left behind")
+
+        # Worker 1 fails (no data): the launcher stops the server and worker 0 and fails.
+        run_dir2 = run_dir + "2"
+        bad = subprocess.run([ARGS.launch, "--workers", "2", "--epochs", "1", "--bin", ARGS.bin,
+                              "--run_dir", run_dir2, "--", "--data_dir=/nonexistent"],
+                             capture_output=True, text=True, timeout=120)
+        self.assertNotEqual(bad.returncode, 0)
+        self.assertIn("failed", bad.stderr)
+        pids = [int(open(os.path.join(run_dir2, f)).read()) for f in os.listdir(run_dir2)
+                if f.endswith(".pid")]
+        time.sleep(0.2)
+        self.assertFalse([p for p in pids if alive(p)], "no process left behind")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--launch", required=True)
+    ARGS, rest = ap.parse_known_args()
+    ARGS.server = os.path.join(ARGS.bin, "server/summa-server")
+    ARGS.worker = os.path.join(ARGS.bin, "worker/summa-worker")
+    unittest.main(argv=[sys.argv[0], *rest], verbosity=2)

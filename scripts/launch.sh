@@ -5,14 +5,16 @@
 # process; the exit status is non-zero if any process failed.
 #
 #   scripts/launch.sh [--workers N] [--epochs E] [--batch_size B] [--lr LR] [--bin DIR]
-#                     [--run_dir DIR] [-- extra summa-worker flags]
+#                     [--run_dir DIR] [--server_args "FLAGS"] [-- extra summa-worker flags]
+# e.g. --server_args "--mode=ssp --staleness=2 --checkpoint_dir=/tmp/ckpt"
 set -uo pipefail
 
 workers=2 epochs=10 batch=256 lr=0.2
 bin="$(cd "$(dirname "$0")/.." && pwd)/build"
 run_dir=""
+server_args=""
 extra=()
-usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; }
 while (($#)); do
   case "$1" in
     --workers) workers=$2; shift 2 ;;
@@ -21,6 +23,7 @@ while (($#)); do
     --lr) lr=$2; shift 2 ;;
     --bin) bin=$2; shift 2 ;;
     --run_dir) run_dir=$2; shift 2 ;;
+    --server_args) server_args=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     --) shift; extra=("$@"); break ;;
     *) echo "launch: unknown argument '$1' (see --help)" >&2; exit 2 ;;
@@ -51,7 +54,7 @@ trap 'stop_all; exit 130' INT TERM
 trap 'stop_all' EXIT
 
 "$server_bin" --address=127.0.0.1:0 --port_file="$run_dir/server.port" --workers="$workers" \
-  --lr="$lr" >"$run_dir/server.log" 2>&1 &
+  --lr="$lr" $server_args >"$run_dir/server.log" 2>&1 &
 server_pid=$!
 pids+=("$server_pid")
 echo "$server_pid" >"$run_dir/server.pid"

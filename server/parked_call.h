@@ -62,11 +62,16 @@ class ParkingLot {
     parked_.push_back({std::move(call), target, deadline});
   }
 
-  // Claims and fills every call whose target is <= counter; adds them to `out` with OK.
+  // Claims and fills every call whose target is <= counter; adds them to `out` with OK. The
+  // calls are filled with `values` as of `version` (by default the counter itself).
   void Release(uint64_t counter, absl::Span<const float> values, CallsToFinish& out) {
+    Release(counter, counter, values, out);
+  }
+  void Release(uint64_t counter, uint64_t version, absl::Span<const float> values,
+               CallsToFinish& out) {
     Sweep([&](const Entry& e) { return e.target <= counter; },
           [&](ParkedCall& call) {
-            call.Fill(counter, values);
+            call.Fill(version, values);
             return absl::OkStatus();
           },
           out);

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
+#include "server/checkpoint.h"
 
 namespace summa::server {
 namespace {
@@ -74,13 +75,31 @@ PushRequestView PushView(grpc::CallbackServerContext* context, const pb::PushReq
   return v;
 }
 
-ParkedReactor* PullReactor(pb::PullResponse* response, uint32_t partition) {
-  return new ParkedReactor([response, partition](uint64_t version, absl::Span<const float> w) {
+// Fill runs under the partition's lock, where the live set is stable.
+ParkedReactor* PullReactor(const ParameterServer* core, pb::PullResponse* response, uint32_t partition) {
+  return new ParkedReactor([core, response, partition](uint64_t version, absl::Span<const float> w) {
     response->set_partition(partition);
     response->set_version(version);
     response->set_dtype(pb::DTYPE_FLOAT32);
     response->mutable_data()->assign(reinterpret_cast<const char*>(w.data()), w.size() * 4);
+    response->clear_live_ranks();
+    for (int r : core->LiveRanks()) response->add_live_ranks(r);
   });
+}
+
+pb::Mode ToProto(Mode mode) {
+  switch (mode) {
+    case Mode::kSync: return pb::MODE_SYNC;
+    case Mode::kAsync: return pb::MODE_ASYNC;
+    case Mode::kSsp: return pb::MODE_SSP;
+  }
+  return pb::MODE_UNSPECIFIED;
+}
+
+grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context, const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
 }
 
 }  // namespace
@@ -109,9 +128,13 @@ grpc::ServerUnaryReactor* ParameterServerService::Join(grpc::CallbackServerConte
   }
   response->set_rank(joined->rank);
   response->set_world_size(core_->options().world_size);
-  response->set_mode(pb::MODE_SYNC);
+  response->set_mode(ToProto(core_->options().mode));
   response->set_version(joined->version);
+  response->set_next_step(joined->next_step);
   response->set_partition_bytes(core_->options().partition_bytes);
+  response->set_lease_seconds(absl::ToDoubleSeconds(core_->options().lease));
+  response->set_staleness(core_->options().staleness);
+  for (int r : joined->live_ranks) response->add_live_ranks(r);
   for (const PartitionRange& p : joined->partitions) {
     pb::Partition* out = response->add_partitions();
     out->set_id(p.id);
@@ -120,6 +143,36 @@ grpc::ServerUnaryReactor* ParameterServerService::Join(grpc::CallbackServerConte
   }
   reactor->Finish(grpc::Status::OK);
   return reactor;
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::Heartbeat(grpc::CallbackServerContext* context,
+                                                            const pb::HeartbeatRequest* request,
+                                                            pb::HeartbeatResponse* response) {
+  absl::Status s = core_->Heartbeat(request->rank(), context->peer());
+  if (s.ok()) response->set_version(core_->Status().version);
+  return Done(context, s);
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::Leave(grpc::CallbackServerContext* context,
+                                                        const pb::LeaveRequest* request,
+                                                        pb::LeaveResponse* response) {
+  return Done(context, core_->Leave(request->rank()));
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::Checkpoint(grpc::CallbackServerContext* context,
+                                                             const pb::CheckpointRequest* request,
+                                                             pb::CheckpointResponse* response) {
+  if (core_->options().checkpoint_dir.empty()) {
+    return Done(context, absl::FailedPreconditionError(
+                             "no --checkpoint_dir: this server does not write checkpoints"));
+  }
+  absl::Status s = core_->MaybeCheckpoint(/*force=*/true);
+  if (s.ok()) {
+    const StatusSnapshot status = core_->Status();
+    response->set_path(status.checkpoint.path);
+    response->set_version(status.checkpoint.version);
+  }
+  return Done(context, s);
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::Push(grpc::CallbackServerContext* context,
@@ -135,7 +188,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* ParameterServerService::Pull(grpc::CallbackServerContext* context,
                                                        const pb::PullRequest* request,
                                                        pb::PullResponse* response) {
-  ParkedReactor* reactor = PullReactor(response, request->partition());
+  ParkedReactor* reactor = PullReactor(core_, response, request->partition());
   core_->Pull(request->rank(), request->partition(), request->min_version(), context->peer(),
               reactor->call());
   return reactor;
@@ -144,7 +197,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Pull(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* ParameterServerService::PushPull(grpc::CallbackServerContext* context,
                                                            const pb::PushRequest* request,
                                                            pb::PullResponse* response) {
-  ParkedReactor* reactor = PullReactor(response, request->partition());
+  ParkedReactor* reactor = PullReactor(core_, response, request->partition());
   core_->PushPull(PushView(context, *request), reactor->call());
   return reactor;
 }
@@ -181,11 +234,14 @@ grpc::ServerUnaryReactor* ParameterServerService::GetStatus(grpc::CallbackServer
   const StatusSnapshot s = core_->Status();
   const absl::Time now = absl::Now();
   response->set_version(s.version);
-  response->set_mode(pb::MODE_SYNC);
+  response->set_mode(ToProto(s.mode));
   response->set_world_size(s.world_size);
   for (const MemberInfo& m : s.members) {
     pb::MemberStatus* out = response->add_members();
     out->set_rank(m.rank);
+    out->set_state(MemberStateName(m.state));
+    out->set_lease_left_seconds(absl::ToDoubleSeconds(m.lease_expiry - now));
+    out->set_joins(m.joins);
     out->set_peer(m.peer);
     out->set_status_address(m.status_address);
     out->set_pushes(m.pushes);
@@ -206,6 +262,16 @@ grpc::ServerUnaryReactor* ParameterServerService::GetStatus(grpc::CallbackServer
   response->set_uptime_seconds(absl::ToDoubleSeconds(s.uptime));
   response->set_optimizer(s.optimizer);
   for (const TensorSpec& spec : s.params) ToProto(spec, response->add_params());
+  const ServerOptions& o = core_->options();
+  response->set_staleness(o.staleness);
+  response->set_on_worker_loss(o.on_worker_loss == OnWorkerLoss::kShrink ? "shrink" : "wait");
+  response->set_lease_seconds(absl::ToDoubleSeconds(o.lease));
+  response->set_duplicate_pushes(s.duplicate_pushes);
+  response->set_last_checkpoint_path(s.checkpoint.path);
+  response->set_last_checkpoint_version(s.checkpoint.version);
+  response->set_last_checkpoint_age_seconds(
+      s.checkpoint.written == absl::InfinitePast() ? -1 : absl::ToDoubleSeconds(now - s.checkpoint.written));
+  response->set_job_error(s.job_error);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;
@@ -218,39 +284,81 @@ absl::StatusOr<std::unique_ptr<SummaServer>> SummaServer::Start(const std::strin
                                                                 ServerOptions options) {
   absl::Status valid = ValidateOptions(options);
   if (!valid.ok()) return valid;
-  std::unique_ptr<SummaServer> server(new SummaServer(std::move(options)));
+  std::unique_ptr<SummaServer> server(new SummaServer(options));
+  if (!options.checkpoint_dir.empty()) {
+    std::vector<std::string> warnings;
+    std::optional<RestoredCheckpoint> restored = LoadNewestCheckpoint(options.checkpoint_dir, &warnings);
+    for (const std::string& w : warnings) SUMMA_LOG(WARNING) << w;
+    if (restored.has_value()) {
+      absl::Status s = server->core_.Restore(restored->checkpoint);
+      if (!s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("cannot restore ", restored->path, ": ", s.message()));
+      }
+      SUMMA_LOG(INFO) << "restored " << restored->path << " at version " << restored->checkpoint.version();
+    }
+  }
   absl::StatusOr<RunningServer> running =
       StartGrpcServer(address, {&server->service_}, {"summa.v1.ParameterServer"});
   if (!running.ok()) return running.status();
   server->running_ = *std::move(running);
-  server->expirer_ = std::thread([s = server.get()] { s->ExpireLoop(); });
+  server->ticker_ = std::thread([s = server.get()] { s->TickLoop(); });
   return server;
 }
 
-void SummaServer::ExpireLoop() {
+void SummaServer::TickLoop() {
   absl::MutexLock lock(&mu_);
   while (!stop_) {
     mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(100));
     if (stop_) break;
     mu_.Unlock();
     const absl::Time now = absl::Now();
-    core_.ExpireParked(now);
+    core_.Tick(now);
     hub_.ExpireRounds(now);
+    absl::Status checkpoint = core_.MaybeCheckpoint(/*force=*/false);
+    if (!checkpoint.ok() && !absl::IsFailedPrecondition(checkpoint)) {
+      SUMMA_LOG(ERROR) << "checkpoint failed: " << checkpoint.message();
+    }
+    std::string error = core_.job_error();
     mu_.Lock();
+    if (!error.empty()) job_error_ = error;
   }
 }
 
+std::string SummaServer::Wait() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](SummaServer* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
+        return s->shut_down_ || !s->job_error_.empty();
+      },
+      this));
+  return job_error_;
+}
+
 void SummaServer::Shutdown() {
+  absl::MutexLock shutdown(&shutdown_mu_);
+  if (shutdown_done_) return;
   {
     absl::MutexLock lock(&mu_);
-    if (stop_) return;
     stop_ = true;
   }
-  if (expirer_.joinable()) expirer_.join();
+  if (ticker_.joinable()) ticker_.join();
   if (running_.health) running_.health->SetServing(false);
+  // The last checkpoint: retried briefly, since partitions may be between versions of a step.
+  if (!core_.options().checkpoint_dir.empty()) {
+    absl::Status s;
+    for (int attempt = 0; attempt < 20; ++attempt) {
+      s = core_.MaybeCheckpoint(/*force=*/true);
+      if (!absl::IsFailedPrecondition(s)) break;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    if (!s.ok()) SUMMA_LOG(ERROR) << "final checkpoint failed: " << s.message();
+  }
   core_.Shutdown();
   hub_.Shutdown();
   if (running_.server) running_.server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  shutdown_done_ = true;
+  absl::MutexLock lock(&mu_);
+  shut_down_ = true;
 }
 
 SummaServer::~SummaServer() { Shutdown(); }

@@ -25,6 +25,15 @@ class ParameterServerService final : public summa::v1::ParameterServer::Callback
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
                                  const summa::v1::JoinRequest* request,
                                  summa::v1::JoinResponse* response) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
+                                      const summa::v1::HeartbeatRequest* request,
+                                      summa::v1::HeartbeatResponse* response) override;
+  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context,
+                                  const summa::v1::LeaveRequest* request,
+                                  summa::v1::LeaveResponse* response) override;
+  grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* context,
+                                       const summa::v1::CheckpointRequest* request,
+                                       summa::v1::CheckpointResponse* response) override;
   grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* context,
                                  const summa::v1::PushRequest* request,
                                  summa::v1::PushResponse* response) override;
@@ -49,27 +58,36 @@ class ParameterServerService final : public summa::v1::ParameterServer::Callback
 // A running daemon. Thread-safe; Shutdown() is idempotent and also run by the destructor.
 class SummaServer {
  public:
-  // Listens on `address` ("127.0.0.1:0" picks a free port).
+  // Restores the newest whole checkpoint in options.checkpoint_dir (if any), then listens on
+  // `address` ("127.0.0.1:0" picks a free port).
   static absl::StatusOr<std::unique_ptr<SummaServer>> Start(const std::string& address,
                                                             ServerOptions options);
   ~SummaServer();
 
   int port() const { return running_.port; }
   ParameterServer& core() { return core_; }
-  // Answers every waiting call with UNAVAILABLE, then stops the gRPC server.
+  // Blocks until Shutdown() or until the job ends (a lost member that did not rejoin in time);
+  // returns why the job ended, or "" after a plain shutdown.
+  std::string Wait();
+  // Writes a last checkpoint (when a directory is set), answers every waiting call with
+  // UNAVAILABLE, then stops the gRPC server. Returns when that is done, for every caller.
   void Shutdown();
 
  private:
   explicit SummaServer(ServerOptions options);
-  void ExpireLoop();
+  void TickLoop();
 
   ParameterServer core_;
   AllReduceHub hub_;
   ParameterServerService service_;
   RunningServer running_;
+  absl::Mutex shutdown_mu_;  // held through a whole Shutdown, so later callers wait for it
+  bool shutdown_done_ ABSL_GUARDED_BY(shutdown_mu_) = false;
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread expirer_;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::string job_error_ ABSL_GUARDED_BY(mu_);
+  std::thread ticker_;  // leases, deadlines and checkpoints
 };
 
 }  // namespace summa::server

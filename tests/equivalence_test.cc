@@ -37,7 +37,7 @@ struct JobRun {
   std::vector<double> losses;  // rank 0's per-epoch loss
 };
 
-JobRun Train(int workers, int64_t batch, const Dataset& data, int epochs) {
+JobRun Train(int workers, int64_t batch, const Dataset& data, int epochs, int devices = 1) {
   server::ServerOptions so;
   so.world_size = workers;
   so.sgd.learning_rate = 0.2;
@@ -51,7 +51,12 @@ JobRun Train(int workers, int64_t batch, const Dataset& data, int epochs) {
   std::FILE* sink = std::fopen("/dev/null", "w");
   for (int rank = 0; rank < workers; ++rank) {
     threads.emplace_back([&, rank] {
-      auto backend = NewCpuBackend(1);
+      std::vector<std::unique_ptr<Backend>> backends;
+      std::vector<Backend*> raw;
+      for (int d = 0; d < devices; ++d) {
+        backends.push_back(NewCpuBackend(1));
+        raw.push_back(backends.back().get());
+      }
       ParameterClient client(address, absl::Seconds(60), absl::Seconds(30));
       StatusBoard board;
       TrainerOptions o;
@@ -61,7 +66,7 @@ JobRun Train(int workers, int64_t batch, const Dataset& data, int epochs) {
       o.epochs = epochs;
       o.seed = 11;
       o.evaluate = false;
-      Trainer trainer(o, &data, nullptr, backend.get(), &client, &board, sink);
+      Trainer trainer(o, &data, nullptr, raw, &client, &board, sink);
       absl::Status s = trainer.Run();
       ASSERT_TRUE(s.ok()) << "rank " << rank << ": " << s;
       run.worker_weights[rank] = trainer.weights();
@@ -108,6 +113,15 @@ TEST_F(EquivalenceTest, ThreeWorkersWithUnevenShardsMatchOneWorker) {
   const JobRun three = Train(3, 50, data_, 2);
   EXPECT_LT(MaxAbsDiff(one.server_weights, three.server_weights), 2e-5);
   for (const auto& w : three.worker_weights) EXPECT_EQ(w, three.server_weights);
+}
+
+TEST_F(EquivalenceTest, OneWorkerOnTwoLocalDevicesMatchesOneDevice) {
+  // The seed's single-process method: the shard split across devices, gradients summed on the
+  // first device (here two CPU backends, through the same CopyFromPeer + Axpy path as GPUs).
+  const JobRun one = Train(1, 50, data_, 2);
+  const JobRun split = Train(1, 50, data_, 2, /*devices=*/2);
+  EXPECT_LT(MaxAbsDiff(one.server_weights, split.server_weights), 2e-5);
+  EXPECT_GT(MaxAbsDiff(split.server_weights, LeNet::InitialWeights(11)), 1e-3);
 }
 
 }  // namespace

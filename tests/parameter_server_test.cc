@@ -1,7 +1,11 @@
 #include "server/parameter_server.h"
 
 #include <cstring>
+#include <algorithm>
+#include <filesystem>
 #include <string>
+
+#include "server/checkpoint.h"
 
 #include "gtest/gtest.h"
 #include "tests/fake_call.h"
@@ -138,8 +142,8 @@ TEST_F(ParameterServerTest, PushBeforeJoinIsRefused) {
             absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE(ps_.Join(JoinView(0, true)).ok());
   auto not_joined = ps_.Push(PushView(1, 0, 0, Bytes({1, 1, 1, 1}), 1));
-  EXPECT_EQ(not_joined.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(not_joined.status().message().find("has not joined"), absl::string_view::npos);
+  EXPECT_EQ(not_joined.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(not_joined.status().message().find("Join again"), absl::string_view::npos);
 }
 
 TEST_F(ParameterServerTest, JoinsThatDisagreeAreRefused) {
@@ -176,9 +180,9 @@ TEST_F(ParameterServerTest, ParkedPullExpiresAtItsDeadlineNamingMissingRanks) {
   ASSERT_TRUE(ps_.Push(PushView(0, 0, 0, Bytes({1, 1, 1, 1}), 1)).ok());
   auto pull = std::make_shared<FakeCall>();
   ps_.Pull(0, 0, 1, "", pull);
-  ps_.ExpireParked(absl::Now());
+  ps_.Tick(absl::Now());
   EXPECT_FALSE(pull->answered());
-  ps_.ExpireParked(absl::Now() + absl::Seconds(31));
+  ps_.Tick(absl::Now() + absl::Seconds(31));
   absl::Status s = pull->Wait();
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_NE(s.message().find("waits for pushes from rank 1"), absl::string_view::npos) << s;
@@ -203,6 +207,177 @@ TEST_F(ParameterServerTest, CancelledCallIsDroppedWhenTheStepCompletes) {
   ASSERT_TRUE(ps_.Push(PushView(0, 0, 0, Bytes({1, 1, 1, 1}), 1)).ok());
   ASSERT_TRUE(ps_.Push(PushView(1, 0, 0, Bytes({1, 1, 1, 1}), 1)).ok());
   EXPECT_FALSE(pull->answered());
+}
+
+}  // namespace
+}  // namespace summa::server
+
+namespace summa::server {
+namespace {
+
+std::string Floats4(float v) {
+  const std::vector<float> f(4, v);
+  return std::string(reinterpret_cast<const char*>(f.data()), 16);
+}
+
+// One tensor of 4 floats in one partition, 2 workers, lr 1.
+class MembershipTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<ParameterServer> Make(ServerOptions o) {
+    o.world_size = 2;
+    o.sgd.learning_rate = 1.0;
+    o.lease = absl::Seconds(1);
+    auto ps = std::make_unique<ParameterServer>(o);
+    for (int rank : {0, 1}) {
+      JoinRequestView v;
+      v.rank = rank;
+      v.world_size = 2;
+      v.params = {{{"w", DType::kFloat32, {4}}, absl::string_view(zeros_)}};
+      EXPECT_TRUE(ps->Join(v).ok());
+    }
+    return ps;
+  }
+  PushRequestView Push(int rank, uint64_t step, const std::string& data, int64_t examples) {
+    PushRequestView v;
+    v.rank = rank;
+    v.step = step;
+    v.data = data;
+    v.num_examples = examples;
+    return v;
+  }
+  const std::string zeros_ = Floats4(0);
+  const std::string twos_ = Floats4(2);
+};
+
+TEST_F(MembershipTest, ShrinkDropsALapsedMemberAndFinishesTheStepWithoutIt) {
+  ServerOptions o;
+  o.on_worker_loss = OnWorkerLoss::kShrink;
+  auto ps = Make(o);
+  auto pull = std::make_shared<FakeCall>();
+  ps->PushPull(Push(0, 0, twos_, 2), pull);
+  EXPECT_FALSE(pull->answered());
+  // Rank 0 keeps calling; rank 1 goes silent past its 1 s lease.
+  absl::SleepFor(absl::Milliseconds(600));
+  ASSERT_TRUE(ps->Heartbeat(0, "").ok());
+  ps->Tick(absl::Now() + absl::Milliseconds(700));
+  ASSERT_TRUE(pull->Wait().ok());
+  // The step completed with rank 0's push alone, divided by its 2 examples: w = 0 - 2/2.
+  EXPECT_EQ(ps->WeightsForTest(), std::vector<float>(4, -1));
+  EXPECT_EQ(ps->LiveRanks(), std::vector<int>{0});
+  auto refused = ps->Push(Push(1, 1, twos_, 2));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("dropped"), absl::string_view::npos) << refused.status();
+}
+
+TEST_F(MembershipTest, WaitKeepsTheStepForARejoinAndEndsTheJobPastTheDeadline) {
+  ServerOptions o;
+  o.on_worker_loss = OnWorkerLoss::kWait;
+  o.rejoin_deadline = absl::Seconds(30);
+  auto ps = Make(o);
+  auto pull = std::make_shared<FakeCall>();
+  ps->PushPull(Push(0, 0, twos_, 2), pull);
+  ps->Tick(absl::Now() + absl::Seconds(2));  // rank 1 lapses; rank 0 too, but it is waiting on us
+  EXPECT_FALSE(pull->answered());
+  StatusSnapshot s = ps->Status();
+  EXPECT_EQ(s.members[1].state, MemberState::kLapsed);
+  // Rank 1 comes back (a restarted process) and pushes: the step completes with both pushes.
+  JoinRequestView v;
+  v.rank = 1;
+  v.world_size = 2;
+  v.params = {{{"w", DType::kFloat32, {4}}, absl::string_view()}};
+  auto rejoined = ps->Join(v);
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
+  EXPECT_EQ(rejoined->next_step, 0u);
+  ASSERT_TRUE(ps->Push(Push(1, 0, twos_, 2)).ok());
+  ASSERT_TRUE(pull->Wait().ok());
+  EXPECT_EQ(ps->WeightsForTest(), std::vector<float>(4, -1));  // (2 + 2) / 4
+
+  // Lost again, and not back within the rejoin deadline: the job ends, parked calls with it.
+  auto parked = std::make_shared<FakeCall>();
+  ps->PushPull(Push(0, 1, twos_, 2), parked);
+  const absl::Time lost = absl::Now() + absl::Seconds(2);
+  ps->Tick(lost);
+  ps->Tick(lost + absl::Seconds(31));
+  absl::Status ended = parked->Wait();
+  EXPECT_EQ(ended.code(), absl::StatusCode::kAborted);
+  EXPECT_NE(ended.message().find("did not rejoin"), absl::string_view::npos) << ended;
+  EXPECT_EQ(ps->Push(Push(0, 1, twos_, 2)).status().code(), absl::StatusCode::kAborted);
+  EXPECT_FALSE(ps->job_error().empty());
+}
+
+TEST_F(MembershipTest, RetriedPushPullIsAnsweredButCountedOnce) {
+  auto ps = Make(ServerOptions());
+  auto first = std::make_shared<FakeCall>();
+  ps->PushPull(Push(0, 0, twos_, 2), first);
+  // The reply to rank 0 was lost; it retries the same push.
+  auto retry = std::make_shared<FakeCall>();
+  ps->PushPull(Push(0, 0, twos_, 2), retry);
+  auto other = std::make_shared<FakeCall>();
+  ps->PushPull(Push(1, 0, twos_, 2), other);
+  for (auto* c : {&first, &retry, &other}) ASSERT_TRUE((*c)->Wait().ok());
+  EXPECT_EQ(ps->WeightsForTest(), std::vector<float>(4, -1));  // not (2+2+2)/6 or (2+2+2)/4
+  EXPECT_EQ(retry->values(), std::vector<float>(4, -1));
+  EXPECT_EQ(ps->Status().duplicate_pushes, 1u);
+}
+
+TEST_F(MembershipTest, AsyncAppliesEachPushAloneAndRefusesRepeats) {
+  ServerOptions o;
+  o.mode = Mode::kAsync;
+  auto ps = Make(o);
+  ASSERT_EQ(*ps->Push(Push(0, 0, twos_, 2)), true);
+  EXPECT_EQ(ps->WeightsForTest(), std::vector<float>(4, -1));  // applied at once: 0 - 2/2
+  EXPECT_EQ(ps->Push(Push(0, 0, twos_, 2)).status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(ps->Push(Push(0, 5, twos_, 2)).status().code(), absl::StatusCode::kOutOfRange);
+  ASSERT_TRUE(ps->Push(Push(1, 0, twos_, 1)).ok());
+  EXPECT_EQ(ps->WeightsForTest(), std::vector<float>(4, -3));  // then 2/1 more
+  EXPECT_EQ(ps->Status().version, 2u);
+  auto pull = std::make_shared<FakeCall>();
+  ps->PushPull(Push(0, 1, twos_, 2), pull);  // async never waits
+  ASSERT_TRUE(pull->Wait(absl::Seconds(1)).ok());
+}
+
+TEST_F(MembershipTest, SspHoldsAWorkerThatRunsTooFarAhead) {
+  ServerOptions o;
+  o.mode = Mode::kSsp;
+  o.staleness = 1;
+  auto ps = Make(o);
+  auto step0 = std::make_shared<FakeCall>();
+  ps->PushPull(Push(0, 0, twos_, 2), step0);
+  ASSERT_TRUE(step0->Wait(absl::Seconds(1)).ok()) << "one step ahead is within the staleness";
+  auto step1 = std::make_shared<FakeCall>();
+  ps->PushPull(Push(0, 1, twos_, 2), step1);
+  EXPECT_FALSE(step1->answered()) << "two steps ahead of rank 1 must wait";
+  ASSERT_TRUE(ps->Push(Push(1, 0, twos_, 2)).ok());
+  ASSERT_TRUE(step1->Wait().ok());
+  EXPECT_EQ(step1->counter(), 3u);  // three pushes applied
+}
+
+TEST_F(MembershipTest, CheckpointRestoresWeightsVersionAndAsksMembersToRejoin) {
+  const std::string dir = std::filesystem::temp_directory_path() / ("summa-ps-ckpt-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  ServerOptions o;
+  o.checkpoint_dir = dir;
+  auto ps = Make(o);
+  ASSERT_TRUE(ps->Push(Push(0, 0, twos_, 2)).ok());
+  ASSERT_TRUE(ps->Push(Push(1, 0, twos_, 2)).ok());
+  ASSERT_TRUE(ps->MaybeCheckpoint(true).ok());
+  EXPECT_EQ(ps->Status().checkpoint.version, 1u);
+  std::vector<std::string> warnings;
+  auto restored = LoadNewestCheckpoint(dir, &warnings);
+  ASSERT_TRUE(restored.has_value());
+  ServerOptions o2 = o;
+  o2.world_size = 2;
+  o2.sgd.learning_rate = 1.0;
+  ParameterServer again(o2);
+  ASSERT_TRUE(again.Restore(restored->checkpoint).ok());
+  EXPECT_EQ(again.WeightsForTest(), ps->WeightsForTest());
+  EXPECT_EQ(again.Status().version, 1u);
+  EXPECT_EQ(again.Push(Push(0, 1, twos_, 2)).status().code(), absl::StatusCode::kNotFound);
+  ServerOptions other = o2;
+  other.world_size = 3;
+  ParameterServer mismatched(other);
+  EXPECT_EQ(mismatched.Restore(restored->checkpoint).code(), absl::StatusCode::kFailedPrecondition);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

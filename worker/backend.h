@@ -59,9 +59,14 @@ class Backend {
 
   // Zero-filled device memory, allocated (and touched) once.
   virtual absl::StatusOr<std::unique_ptr<DeviceBuffer>> Alloc(int64_t floats) = 0;
+  // Host memory the device copies to and from fastest (pinned on CUDA), for staging.
+  virtual absl::StatusOr<std::unique_ptr<DeviceBuffer>> AllocHost(int64_t floats) = 0;
   virtual absl::Status Upload(const float* host, int64_t n, float* device) = 0;
   virtual absl::Status Download(const float* device, int64_t n, float* host) = 0;
   virtual absl::Status Zero(float* device, int64_t n) = 0;
+  // dst (on this device) = src (on `from`'s device), for summing gradients across local devices.
+  // UNIMPLEMENTED between kinds of backend.
+  virtual absl::Status CopyFromPeer(const Backend& from, const float* src, int64_t n, float* dst) = 0;
   // Waits until every queued operation has finished (a no-op on the CPU).
   virtual absl::Status Synchronize() = 0;
 

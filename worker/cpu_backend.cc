@@ -74,6 +74,16 @@ class CpuBackend final : public Backend {
     if (floats < 0) return absl::InvalidArgumentError(absl::StrCat("cannot allocate ", floats, " floats"));
     return std::unique_ptr<DeviceBuffer>(new HostBuffer(std::max<int64_t>(floats, 1)));
   }
+  absl::StatusOr<std::unique_ptr<DeviceBuffer>> AllocHost(int64_t floats) override {
+    return Alloc(floats);
+  }
+  absl::Status CopyFromPeer(const Backend& from, const float* src, int64_t n, float* dst) override {
+    if (from.name() != "cpu") {
+      return absl::UnimplementedError(absl::StrCat("cannot copy from ", from.name(), " to cpu"));
+    }
+    std::memcpy(dst, src, n * sizeof(float));
+    return absl::OkStatus();
+  }
   absl::Status Upload(const float* host, int64_t n, float* device) override {
     if (host != device) std::memcpy(device, host, n * sizeof(float));
     return absl::OkStatus();

@@ -1,10 +1,12 @@
-// Chooses the worker's backend from a --device value: "cpu", "cuda:N", or "auto" (a GPU when
-// one works, else the CPU, saying so once).
+// Chooses the worker's backends from its flags: --device (one of "cpu", "cuda:N", "auto": a GPU
+// when one works, else the CPU, saying so once) or --devices (a comma list such as
+// "cuda:0,cuda:1", for one worker that splits its shard across several local devices).
 #ifndef SUMMA_WORKER_DEVICES_H_
 #define SUMMA_WORKER_DEVICES_H_
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "worker/backend.h"
@@ -12,6 +14,14 @@
 namespace summa::worker {
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& device, int cpu_threads);
+
+// `devices` is one device or a comma-separated list; each is made with MakeBackend.
+absl::StatusOr<std::vector<std::unique_ptr<Backend>>> MakeBackends(const std::string& devices,
+                                                                   int cpu_threads);
+
+// Whether this build has the CUDA backend, and how many devices work ("why" says why not).
+bool BuiltWithCuda();
+int UsableCudaDevices(std::string* why);
 
 }  // namespace summa::worker
 

@@ -18,6 +18,10 @@ ABSL_FLAG(int, world_size, 1, "number of workers in the job; must match summa-se
 ABSL_FLAG(int64_t, batch_size, 256, "global minibatch size, split across all workers");
 ABSL_FLAG(int, epochs, 10, "passes over the training set");
 ABSL_FLAG(std::string, device, "auto", "cpu, cuda:N, or auto (a GPU when one works, else the CPU)");
+ABSL_FLAG(std::string, devices, "",
+          "several local devices for this one worker, e.g. cuda:0,cuda:1: the shard is split "
+          "across them and their gradients summed on the first before the push (overrides "
+          "--device)");
 ABSL_FLAG(std::string, data_dir, summa::kDefaultDataDir,
           "directory with the Fashion-MNIST (or MNIST) IDX files, gzipped or not");
 ABSL_FLAG(uint64_t, seed, 0, "seed of the initial weights and of every epoch's shuffle");
@@ -30,6 +34,13 @@ ABSL_FLAG(int64_t, test_limit, 0, "evaluate on only the first N test examples (0
 ABSL_FLAG(std::string, progress, "auto", "progress bar: auto (on a terminal), always, or never");
 ABSL_FLAG(absl::Duration, call_deadline, absl::Minutes(11),
           "deadline of each call to the server (a push-pull waits for the slowest worker)");
+ABSL_FLAG(absl::Duration, retry_deadline, absl::Minutes(5),
+          "how long to keep rejoining while the server is unreachable or restarted, counted from "
+          "the last step that succeeded");
+ABSL_FLAG(int64_t, fault_exit_after_push, -1,
+          "fault injection for tests: from this step on, at the first push that leaves its step "
+          "waiting for other workers, exit right after the push (status 137), as a worker killed "
+          "between its push and the reply would; -1: never");
 ABSL_FLAG(absl::Duration, join_deadline, absl::Minutes(2),
           "how long to keep retrying to join while the server is not up or has no model yet");
 
@@ -57,7 +68,8 @@ int main(int argc, char** argv) {
   }
   o.trainer.progress_bar = progress == "always" || (progress == "auto" && ::isatty(STDOUT_FILENO));
   o.server = absl::GetFlag(FLAGS_server);
-  o.device = absl::GetFlag(FLAGS_device);
+  o.device = absl::GetFlag(FLAGS_devices).empty() ? absl::GetFlag(FLAGS_device)
+                                                   : absl::GetFlag(FLAGS_devices);
   o.threads = absl::GetFlag(FLAGS_threads);
   o.data_dir = absl::GetFlag(FLAGS_data_dir);
   o.train_limit = absl::GetFlag(FLAGS_train_limit);
@@ -66,6 +78,8 @@ int main(int argc, char** argv) {
   o.status_port_file = absl::GetFlag(FLAGS_status_port_file);
   o.call_deadline = absl::GetFlag(FLAGS_call_deadline);
   o.join_deadline = absl::GetFlag(FLAGS_join_deadline);
+  o.trainer.retry_deadline = absl::GetFlag(FLAGS_retry_deadline);
+  o.trainer.fault_exit_after_push = absl::GetFlag(FLAGS_fault_exit_after_push);
   absl::Status status = summa::worker::RunWorker(o);
   if (!status.ok()) {
     std::fprintf(stderr, "summa-worker: %s\n", status.ToString().c_str());

@@ -69,6 +69,11 @@ absl::StatusOr<JoinInfo> ParameterClient::Join(int rank, int world,
   JoinInfo info;
   info.rank = response.rank();
   info.version = response.version();
+  info.next_step = response.next_step();
+  info.mode = response.mode();
+  info.staleness = response.staleness();
+  if (response.lease_seconds() > 0) info.lease = absl::Seconds(response.lease_seconds());
+  info.live_ranks.assign(response.live_ranks().begin(), response.live_ranks().end());
   int64_t expected = 0;
   for (const pb::Partition& p : response.partitions()) {
     if (p.offset() != expected || p.length() <= 0) {
@@ -83,6 +88,7 @@ absl::StatusOr<JoinInfo> ParameterClient::Join(int rank, int world,
                                                       " parameters; this worker's model has ", offset));
   }
   rank_ = info.rank;
+  mode_ = info.mode;
   partitions_ = info.partitions;
   push_requests_.assign(partitions_.size(), pb::PushRequest());
   pull_requests_.assign(partitions_.size(), pb::PullRequest());
@@ -150,7 +156,7 @@ absl::StatusOr<uint64_t> ParameterClient::PullAll(uint64_t min_version, float* w
 }
 
 absl::Status ParameterClient::PushPull(uint64_t step, int64_t num_examples, const float* gradients,
-                                       float* weights) {
+                                       float* weights, std::vector<int>* live_ranks) {
   if (rank_ < 0) return absl::FailedPreconditionError("PushPull before Join");
   SUMMA_RETURN_IF_ERROR(ForEachPartition([&](size_t i, grpc::ClientContext* ctx, auto done) {
     const PartitionRange& p = partitions_[i];
@@ -161,13 +167,50 @@ absl::Status ParameterClient::PushPull(uint64_t step, int64_t num_examples, cons
     stub_->async()->PushPull(ctx, &req, &responses_[i], std::move(done));
   }));
   for (size_t i = 0; i < partitions_.size(); ++i) {
-    if (responses_[i].version() != step + 1) {
+    if (mode_ == pb::MODE_SYNC && responses_[i].version() != step + 1) {
       return absl::InternalError(absl::StrCat("asked for version ", step + 1, " of partition ",
                                               partitions_[i].id, ", got ", responses_[i].version()));
     }
     SUMMA_RETURN_IF_ERROR(CopyOut(responses_[i], partitions_[i], weights));
   }
+  if (live_ranks != nullptr && !responses_.empty()) {
+    live_ranks->assign(responses_[0].live_ranks().begin(), responses_[0].live_ranks().end());
+  }
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> ParameterClient::Push(uint64_t step, int64_t num_examples,
+                                           const float* gradients) {
+  if (rank_ < 0) return absl::FailedPreconditionError("Push before Join");
+  std::vector<pb::PushResponse> replies(partitions_.size());
+  SUMMA_RETURN_IF_ERROR(ForEachPartition([&](size_t i, grpc::ClientContext* ctx, auto done) {
+    const PartitionRange& p = partitions_[i];
+    pb::PushRequest& req = push_requests_[i];
+    req.set_step(step);
+    req.set_num_examples(num_examples);
+    req.mutable_data()->assign(reinterpret_cast<const char*>(gradients + p.offset), p.length * 4);
+    stub_->async()->Push(ctx, &req, &replies[i], std::move(done));
+  }));
+  return std::all_of(replies.begin(), replies.end(),
+                     [](const pb::PushResponse& r) { return r.completed_step(); });
+}
+
+absl::Status ParameterClient::Heartbeat(int rank) const {
+  pb::HeartbeatRequest request;
+  request.set_rank(rank);
+  pb::HeartbeatResponse response;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  return FromGrpcStatus(stub_->Heartbeat(&ctx, request, &response));
+}
+
+absl::Status ParameterClient::Leave(int rank) {
+  pb::LeaveRequest request;
+  request.set_rank(rank);
+  pb::LeaveResponse response;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  return FromGrpcStatus(stub_->Leave(&ctx, request, &response));
 }
 
 absl::StatusOr<std::vector<float>> ParameterClient::AllReduce(const std::string& name, int group_size,

@@ -1,7 +1,8 @@
 // ParameterClient: the worker's side of summa.v1.ParameterServer. Joins (retrying while the
 // server is not up or the model not yet defined), pulls, and push-pulls the flat gradient and
 // weight buffers partition by partition, all partitions in flight at once. Messages are
-// allocated once and reused every step. Every call carries a deadline. Not thread-safe.
+// allocated once and reused every step. Every call carries a deadline. Not thread-safe, except
+// Heartbeat, which a second thread may call at any time.
 #ifndef SUMMA_WORKER_PS_CLIENT_H_
 #define SUMMA_WORKER_PS_CLIENT_H_
 
@@ -23,7 +24,12 @@ namespace summa::worker {
 struct JoinInfo {
   int rank = 0;
   uint64_t version = 0;
+  uint64_t next_step = 0;  // where this rank resumes
+  summa::v1::Mode mode = summa::v1::MODE_SYNC;
+  int staleness = 0;
+  absl::Duration lease = absl::Seconds(10);
   std::vector<PartitionRange> partitions;
+  std::vector<int> live_ranks;
 };
 
 class ParameterClient {
@@ -42,8 +48,20 @@ class ParameterClient {
   // Fills `weights` (flat) with every partition at version >= min_version; returns the version.
   absl::StatusOr<uint64_t> PullAll(uint64_t min_version, float* weights);
 
-  // Pushes the flat `gradients` for `step` and fills `weights` with version step + 1.
-  absl::Status PushPull(uint64_t step, int64_t num_examples, const float* gradients, float* weights);
+  // Pushes the flat `gradients` for `step` and fills `weights` with the next weights (version
+  // step + 1 in sync mode, the newest otherwise) and `live_ranks` with the group for the next
+  // step.
+  absl::Status PushPull(uint64_t step, int64_t num_examples, const float* gradients, float* weights,
+                        std::vector<int>* live_ranks);
+
+  // Pushes the flat `gradients` for `step` without pulling (the push replies at once). Returns
+  // whether the push completed the step on every partition.
+  absl::StatusOr<bool> Push(uint64_t step, int64_t num_examples, const float* gradients);
+
+  // Renews this member's lease. Thread-safe.
+  absl::Status Heartbeat(int rank) const;
+  // Leaves the group for good.
+  absl::Status Leave(int rank);
 
   // The seed's allreduce through the server: returns the elementwise sum over the group.
   absl::StatusOr<std::vector<float>> AllReduce(const std::string& name, int group_size, int rank,
@@ -63,6 +81,7 @@ class ParameterClient {
   const absl::Duration join_deadline_;
   std::unique_ptr<summa::v1::ParameterServer::Stub> stub_;
   int rank_ = -1;
+  summa::v1::Mode mode_ = summa::v1::MODE_SYNC;
   std::vector<PartitionRange> partitions_;
   // One request and response per partition, reused across steps.
   std::vector<summa::v1::PushRequest> push_requests_;

@@ -25,6 +25,8 @@ struct WorkerState {
   double last_loss = 0;
   double last_test_accuracy = 0;
   std::string state = "starting";
+  std::string mode;
+  int joins = 0;
 };
 
 class StatusBoard {

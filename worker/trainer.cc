@@ -1,6 +1,8 @@
 #include "worker/trainer.h"
 
 #include <algorithm>
+#include <thread>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -14,20 +16,72 @@
 namespace summa::worker {
 
 Trainer::Trainer(TrainerOptions options, const Dataset* train, const Dataset* test,
-                 Backend* backend, ParameterClient* client, StatusBoard* board, std::FILE* out)
+                 std::vector<Backend*> backends, ParameterClient* client, StatusBoard* board,
+                 std::FILE* out)
     : options_(std::move(options)),
       train_(train),
       test_(test),
-      backend_(backend),
+      backends_(std::move(backends)),
       client_(client),
       board_(board),
       out_(out) {}
 
-absl::StatusOr<double> Trainer::TestAccuracy(LeNet& model) {
+Trainer::~Trainer() { StopHeartbeats(); }
+
+absl::Status Trainer::Prepare(int max_shard) {
+  if (backends_.empty()) return absl::InvalidArgumentError("the trainer needs at least one device");
+  const int devices = static_cast<int>(backends_.size());
+  const int per_device = (max_shard + devices - 1) / devices;
+  for (Backend* b : backends_) {
+    SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<LeNet> model,
+                           LeNet::Create(b, std::max(1, per_device), b->preferred_chunk()));
+    models_.push_back(std::move(model));
+  }
+  Backend& first = *backends_[0];
+  const int64_t params = LeNet::NumParams();
+  SUMMA_ASSIGN_OR_RETURN(weights_, first.AllocHost(params));
+  SUMMA_ASSIGN_OR_RETURN(gradients_, first.AllocHost(params));
+  SUMMA_ASSIGN_OR_RETURN(images_, first.AllocHost(int64_t{max_shard} * LeNet::kImageFloats));
+  SUMMA_ASSIGN_OR_RETURN(labels_, first.AllocHost(max_shard));
+  if (devices > 1) {
+    SUMMA_ASSIGN_OR_RETURN(peer_gradients_, first.Alloc(params));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::LoadWeights() {
+  for (auto& model : models_) SUMMA_RETURN_IF_ERROR(model->SetWeights(weights_->data()));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> Trainer::ComputeGradients(int n) {
+  const int devices = static_cast<int>(models_.size());
+  double loss = 0;
+  for (int d = 0; d < devices; ++d) {
+    const int begin = d * n / devices, end = (d + 1) * n / devices;
+    SUMMA_ASSIGN_OR_RETURN(double part, models_[d]->ComputeGradients(
+                                            images_->data() + int64_t{begin} * LeNet::kImageFloats,
+                                            labels_->data() + begin, end - begin));
+    loss += part;
+  }
+  // The seed's allreduce inside one worker: sum every device's gradient onto the first.
+  Backend& first = *backends_[0];
+  for (int d = 1; d < devices; ++d) {
+    SUMMA_RETURN_IF_ERROR(first.CopyFromPeer(*backends_[d], models_[d]->gradients().data(),
+                                             LeNet::NumParams(), peer_gradients_->data()));
+    SUMMA_RETURN_IF_ERROR(first.Axpy(1.0f, peer_gradients_->data(), models_[0]->gradients().data(),
+                                     LeNet::NumParams()));
+  }
+  return loss;
+}
+
+absl::StatusOr<double> Trainer::TestAccuracy() {
+  LeNet& model = *models_[0];
+  std::vector<float> labels(model.max_batch());
   int64_t correct = 0;
   for (int64_t begin = 0; begin < test_->count; begin += model.max_batch()) {
     const int n = static_cast<int>(std::min<int64_t>(model.max_batch(), test_->count - begin));
-    std::vector<float> labels(test_->labels.begin() + begin, test_->labels.begin() + begin + n);
+    for (int i = 0; i < n; ++i) labels[i] = static_cast<float>(test_->labels[begin + i]);
     SUMMA_ASSIGN_OR_RETURN(int64_t c, model.CountCorrect(
                                           test_->images.data() + begin * LeNet::kImageFloats,
                                           labels.data(), n));
@@ -39,14 +93,20 @@ absl::StatusOr<double> Trainer::TestAccuracy(LeNet& model) {
 // Every worker's device, gathered with the server's AllReduce: each rank writes a code into its
 // own slot (1 for cpu, 2 + g for cuda:g).
 absl::StatusOr<std::string> Trainer::DeviceList() {
-  std::vector<float> slots(options_.world_size, 0.0f);
-  const std::string mine = backend_->name();
-  slots[rank_] = mine == "cpu" ? 1.0f : 2.0f + std::stoi(mine.substr(mine.find(':') + 1));
+  // Two slots per rank: the first device's code, and how many devices the rank drives.
+  std::vector<float> slots(2 * options_.world_size, 0.0f);
+  const std::string mine = backends_[0]->name();
+  slots[2 * rank_] = mine == "cpu" ? 1.0f : 2.0f + std::stoi(mine.substr(mine.find(':') + 1));
+  slots[2 * rank_ + 1] = static_cast<float>(backends_.size());
   SUMMA_ASSIGN_OR_RETURN(std::vector<float> all,
                          client_->AllReduce("summa.train.devices", options_.world_size, rank_, slots));
   std::vector<std::string> names;
-  for (float code : all) {
-    names.push_back(code == 1.0f ? "cpu" : absl::StrCat("cuda:", static_cast<int>(code) - 2));
+  for (int r = 0; r < options_.world_size; ++r) {
+    const float code = all[2 * r];
+    const int count = static_cast<int>(all[2 * r + 1]);
+    std::string name = code == 1.0f ? "cpu" : absl::StrCat("cuda:", static_cast<int>(code) - 2);
+    if (count > 1) absl::StrAppend(&name, " x", count);
+    names.push_back(name);
   }
   return absl::StrCat("[", absl::StrJoin(names, ", "), "]");
 }
@@ -60,8 +120,29 @@ void Trainer::DrawProgress(int epoch, int64_t done, int64_t total, double rate) 
   std::fflush(out_);
 }
 
+void Trainer::StartHeartbeats(absl::Duration lease) {
+  if (heartbeat_.joinable()) return;
+  const absl::Duration every = std::max(lease / 3, absl::Milliseconds(50));
+  heartbeat_ = std::thread([this, every] {
+    absl::MutexLock lock(&heartbeat_mu_);
+    while (!heartbeat_mu_.AwaitWithTimeout(absl::Condition(&heartbeat_stop_), every)) {
+      const int rank = rank_;
+      heartbeat_mu_.Unlock();
+      client_->Heartbeat(rank).IgnoreError();  // a lost server shows in the training calls
+      heartbeat_mu_.Lock();
+    }
+  });
+}
+
+void Trainer::StopHeartbeats() {
+  {
+    absl::MutexLock lock(&heartbeat_mu_);
+    heartbeat_stop_ = true;
+  }
+  if (heartbeat_.joinable()) heartbeat_.join();
+}
+
 absl::Status Trainer::Run() {
-  const int64_t n = train_->count;
   const int64_t batch = options_.batch_size;
   if (batch < options_.world_size) {
     return absl::InvalidArgumentError(absl::StrCat("global batch ", batch, " is smaller than the ",
@@ -71,95 +152,176 @@ absl::Status Trainer::Run() {
     return absl::InvalidArgumentError(absl::StrCat("LeNet needs 28x28 images; the training set has ",
                                                    train_->rows, "x", train_->cols));
   }
-  const int max_shard = static_cast<int>((batch + options_.world_size - 1) / options_.world_size);
-  SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<LeNet> model, LeNet::Create(backend_, max_shard, backend_->preferred_chunk()));
-  const int64_t params = LeNet::NumParams();
-  weights_.assign(params, 0.0f);
-  gradients_.assign(params, 0.0f);
-  images_.assign(int64_t{max_shard} * LeNet::kImageFloats, 0.0f);
-  labels_.assign(max_shard, 0.0f);
-
+  // Sized for the whole batch: when `shrink` drops members, the rest take larger shards.
+  SUMMA_RETURN_IF_ERROR(Prepare(static_cast<int>(batch)));
   board_->Update([&](WorkerState& s) {
     s.state = "joining";
     s.world_size = options_.world_size;
     s.epochs = options_.epochs;
-    s.device = backend_->name();
+    s.device = backends_[0]->name();
+    for (size_t d = 1; d < backends_.size(); ++d) absl::StrAppend(&s.device, ",", backends_[d]->name());
     s.server = client_->address();
   });
   const std::vector<float> initial = LeNet::InitialWeights(options_.seed);
-  SUMMA_ASSIGN_OR_RETURN(JoinInfo joined,
-                         client_->Join(options_.rank, options_.world_size, LeNet::Specs(),
-                                       options_.rank <= 0 ? initial.data() : nullptr,
-                                       options_.status_address));
-  rank_ = joined.rank;
-  SUMMA_ASSIGN_OR_RETURN(uint64_t version, client_->PullAll(joined.version, weights_.data()));
-  SUMMA_RETURN_IF_ERROR(model->SetWeights(weights_.data()));
-  SUMMA_ASSIGN_OR_RETURN(std::string devices, DeviceList());
+  absl::Status result;
+  absl::Time failing_since = absl::InfiniteFuture();
+  uint64_t steps_at_failure = 0;
+  absl::Duration backoff = absl::Milliseconds(200);
+  for (int attempt = 0;; ++attempt) {
+    result = JoinAndTrain(initial, attempt > 0);
+    if (result.ok()) break;
+    // The server went away (UNAVAILABLE) or came back without us (NOT_FOUND): rejoin, and resume
+    // at the version it has (a restored checkpoint's, or the one we were at).
+    if (!absl::IsUnavailable(result) && !absl::IsNotFound(result)) break;
+    const absl::Time now = absl::Now();
+    if (failing_since == absl::InfiniteFuture() || steps_done_ != steps_at_failure) {
+      failing_since = now;
+      steps_at_failure = steps_done_;
+      backoff = absl::Milliseconds(200);
+    }
+    if (now - failing_since > options_.retry_deadline) {
+      result = absl::Status(result.code(), absl::StrCat("gave up after ", absl::FormatDuration(now - failing_since),
+                                                        " of retries: ", result.message()));
+      break;
+    }
+    if (options_.progress_bar) std::fprintf(out_, "\r\033[K");
+    std::fprintf(out_, "rank %d lost the server (%s); rejoining in %s\n", rank_,
+                 std::string(result.message()).c_str(), absl::FormatDuration(backoff).c_str());
+    std::fflush(out_);
+    board_->Update([](WorkerState& s) { s.state = "rejoining"; });
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(3));
+  }
+  StopHeartbeats();
+  if (!result.ok()) return result;
+  if (rank_ >= 0) client_->Leave(rank_).IgnoreError();  // the group goes on without us
+  board_->Update([](WorkerState& s) { s.state = "done"; });
+  return absl::OkStatus();
+}
 
-  const int64_t steps_per_epoch = StepsPerEpoch(n, batch);
-  const int first_epoch = static_cast<int>(version / steps_per_epoch);
+absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoining) {
+  const int64_t n = train_->count;
+  const int64_t batch = options_.batch_size;
+  const int rank_wanted = rank_ >= 0 ? rank_ : options_.rank;
+  SUMMA_ASSIGN_OR_RETURN(JoinInfo joined,
+                         client_->Join(rank_wanted, options_.world_size, LeNet::Specs(),
+                                       rank_wanted <= 0 ? initial.data() : nullptr,
+                                       options_.status_address));
+  {
+    absl::MutexLock lock(&heartbeat_mu_);
+    rank_ = joined.rank;
+  }
+  live_ = joined.live_ranks;
+  mode_ = joined.mode == summa::v1::MODE_ASYNC ? "async"
+          : joined.mode == summa::v1::MODE_SSP ? absl::StrCat("ssp, staleness ", joined.staleness)
+                                                : "sync";
+  StartHeartbeats(joined.lease);
+  SUMMA_ASSIGN_OR_RETURN(uint64_t version, client_->PullAll(joined.version, weights_->data()));
+  (void)version;
+  SUMMA_RETURN_IF_ERROR(LoadWeights());
+  uint64_t step = joined.next_step;
+  if (devices_.empty()) {
+    absl::StatusOr<std::string> devices =
+        step == 0 && !rejoining ? DeviceList() : absl::StatusOr<std::string>(absl::UnavailableError(""));
+    devices_ = devices.ok() ? *devices : absl::StrCat("[", backends_[0]->name(), " ...]");
+  }
+  std::fprintf(out_, "rank %d of %d %s at step %llu (%s mode)\n", rank_, options_.world_size,
+               rejoining ? "rejoined" : "joined", static_cast<unsigned long long>(step), mode_.c_str());
+  std::fflush(out_);
   board_->Update([&](WorkerState& s) {
     s.rank = rank_;
-    s.step = version;
+    s.step = step;
+    s.mode = mode_;
+    s.joins += 1;
     s.state = "training";
   });
-  if (version > 0) {
-    std::fprintf(out_, "rank %d resumes at step %llu (epoch %d)\n", rank_,
-                 static_cast<unsigned long long>(version), first_epoch + 1);
-  }
 
-  for (int epoch = first_epoch; epoch < options_.epochs; ++epoch) {
+  const int64_t steps_per_epoch = StepsPerEpoch(n, batch);
+  const int64_t params = LeNet::NumParams();
+  for (int epoch = static_cast<int>(step / steps_per_epoch); epoch < options_.epochs; ++epoch) {
     const std::vector<int64_t> order = EpochOrder(n, options_.seed, epoch);
     const absl::Time start = absl::Now();
     absl::Time last_draw = start;
     double loss_sum = 0;
     int64_t examples = 0;
     int64_t global_examples = 0;
-    for (int64_t step = version - int64_t{epoch} * steps_per_epoch; step < steps_per_epoch; ++step) {
-      const ShardRange shard = ShardOf(n, batch, step, rank_, options_.world_size);
+    for (int64_t b = static_cast<int64_t>(step) - int64_t{epoch} * steps_per_epoch; b < steps_per_epoch; ++b) {
+      // split_batch over the members still in the group.
+      const auto me = std::find(live_.begin(), live_.end(), rank_);
+      if (me == live_.end()) {
+        return absl::FailedPreconditionError(absl::StrCat("rank ", rank_, " is no longer in the group"));
+      }
+      const ShardRange shard = ShardOf(n, batch, b, static_cast<int>(me - live_.begin()),
+                                       static_cast<int>(live_.size()));
+      if (shard.size() > labels_->size()) {
+        return absl::InternalError(absl::StrCat("shard of ", shard.size(), " examples exceeds the ",
+                                                labels_->size(), " staged"));
+      }
       for (int64_t i = 0; i < shard.size(); ++i) {
         const int64_t example = order[shard.begin + i];
-        std::memcpy(images_.data() + i * LeNet::kImageFloats,
+        std::memcpy(images_->data() + i * LeNet::kImageFloats,
                     train_->images.data() + example * LeNet::kImageFloats,
                     LeNet::kImageFloats * sizeof(float));
-        labels_[i] = static_cast<float>(train_->labels[example]);
+        labels_->data()[i] = static_cast<float>(train_->labels[example]);
       }
-      SUMMA_ASSIGN_OR_RETURN(double loss, model->ComputeGradients(images_.data(), labels_.data(),
-                                                                  static_cast<int>(shard.size())));
-      SUMMA_RETURN_IF_ERROR(model->GetGradients(gradients_.data()));
-      SUMMA_RETURN_IF_ERROR(client_->PushPull(version, shard.size(), gradients_.data(), weights_.data()));
-      SUMMA_RETURN_IF_ERROR(model->SetWeights(weights_.data()));
-      ++version;
+      SUMMA_ASSIGN_OR_RETURN(double loss, ComputeGradients(static_cast<int>(shard.size())));
+      SUMMA_RETURN_IF_ERROR(models_[0]->GetGradients(gradients_->data()));
+      bool pulled = false;
+      if (options_.fault_exit_after_push >= 0 &&
+          static_cast<int64_t>(step) >= options_.fault_exit_after_push) {
+        SUMMA_ASSIGN_OR_RETURN(bool completed, client_->Push(step, shard.size(), gradients_->data()));
+        if (!completed) {
+          std::fprintf(out_, "rank %d: fault injection: exiting after the push of step %llu\n", rank_,
+                       static_cast<unsigned long long>(step));
+          std::fflush(out_);
+          std::_Exit(137);
+        }
+        SUMMA_RETURN_IF_ERROR(client_->PullAll(step + 1, weights_->data()).status());
+        pulled = true;
+      }
+      if (!pulled) {
+        SUMMA_RETURN_IF_ERROR(
+            client_->PushPull(step, shard.size(), gradients_->data(), weights_->data(), &live_));
+      }
+      SUMMA_RETURN_IF_ERROR(LoadWeights());
+      ++step;
+      ++steps_done_;
       loss_sum += loss;
       examples += shard.size();
-      global_examples += std::min(batch, n - step * batch);
+      global_examples += std::min(batch, n - b * batch);
       const absl::Time now = absl::Now();
       const double rate = global_examples / std::max(1e-9, absl::ToDoubleSeconds(now - start));
       board_->Update([&](WorkerState& s) {
         s.epoch = epoch + 1;
-        s.step = version;
+        s.step = step;
         s.examples_per_second = rate;
       });
-      if (options_.progress_bar && (now - last_draw > absl::Milliseconds(200) || step + 1 == steps_per_epoch)) {
-        DrawProgress(epoch + 1, step + 1, steps_per_epoch, rate);
+      if (options_.progress_bar && (now - last_draw > absl::Milliseconds(200) || b + 1 == steps_per_epoch)) {
+        DrawProgress(epoch + 1, b + 1, steps_per_epoch, rate);
         last_draw = now;
       }
     }
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
     if (options_.progress_bar) std::fprintf(out_, "\r\033[K");
-    // The mean loss over every worker's examples: the seed's allreduce, through the server.
-    SUMMA_ASSIGN_OR_RETURN(std::vector<float> totals,
-                           client_->AllReduce("summa.train.loss", options_.world_size, rank_,
-                                              {static_cast<float>(loss_sum), static_cast<float>(examples)}));
+    // The mean loss over the group's examples: the seed's allreduce, through the server. A
+    // member lost at this moment must not stall the report: fall back to this shard's loss.
+    const int index = static_cast<int>(std::find(live_.begin(), live_.end(), rank_) - live_.begin());
+    absl::StatusOr<std::vector<float>> totals = client_->AllReduce(
+        absl::StrCat("summa.train.loss/", absl::StrJoin(live_, ",")), static_cast<int>(live_.size()),
+        index, {static_cast<float>(loss_sum), static_cast<float>(examples)});
+    if (!totals.ok()) {
+      if (absl::IsUnavailable(totals.status())) return totals.status();
+      totals = std::vector<float>{static_cast<float>(loss_sum), static_cast<float>(examples)};
+    }
     EpochResult result;
     result.epoch = epoch + 1;
-    result.loss = totals[1] > 0 ? totals[0] / totals[1] : 0.0;
+    result.loss = (*totals)[1] > 0 ? (*totals)[0] / (*totals)[1] : 0.0;
     result.seconds = seconds;
     result.examples_per_second = global_examples / std::max(1e-9, seconds);
     std::string accuracy;
     if (options_.evaluate) {
       board_->Update([](WorkerState& s) { s.state = "evaluating"; });
-      SUMMA_ASSIGN_OR_RETURN(result.test_accuracy, TestAccuracy(*model));
+      SUMMA_ASSIGN_OR_RETURN(result.test_accuracy, TestAccuracy());
       accuracy = absl::StrFormat(", test acc %.3f", result.test_accuracy);
     }
     results_.push_back(result);
@@ -170,11 +332,11 @@ absl::Status Trainer::Run() {
     });
     std::fprintf(out_, "epoch %d/%d: loss %.3f%s, %.1f sec/epoch, %.0f examples/s, %d worker%s on %s\n",
                  result.epoch, options_.epochs, result.loss, accuracy.c_str(), seconds,
-                 result.examples_per_second, options_.world_size, options_.world_size == 1 ? "" : "s",
-                 devices.c_str());
+                 result.examples_per_second, static_cast<int>(live_.size()),
+                 live_.size() == 1 ? "" : "s", devices_.c_str());
     std::fflush(out_);
   }
-  board_->Update([](WorkerState& s) { s.state = "done"; });
+  final_weights_.assign(weights_->data(), weights_->data() + params);
   return absl::OkStatus();
 }
 

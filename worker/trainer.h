@@ -8,9 +8,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <memory>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/idx.h"
 #include "worker/backend.h"
 #include "worker/ps_client.h"
@@ -27,6 +31,13 @@ struct TrainerOptions {
   bool progress_bar = false;   // redraw a bar with examples/s (on a terminal)
   bool evaluate = true;        // test accuracy after each epoch
   std::string status_address;  // told to the server, for operators
+  // How long to keep rejoining while the server is unreachable or has forgotten this worker
+  // (a server restart), counted from the last step that succeeded.
+  absl::Duration retry_deadline = absl::Minutes(5);
+  // Fault injection for tests: from this step on, at the first push that leaves its step waiting
+  // for others, exit at once after the push (status 137), as a worker killed between its push and
+  // the reply would. -1: never.
+  int64_t fault_exit_after_push = -1;
 };
 
 struct EpochResult {
@@ -40,31 +51,58 @@ struct EpochResult {
 class Trainer {
  public:
   // None owned; all outlive the trainer. `test` may be null when options.evaluate is false.
-  Trainer(TrainerOptions options, const Dataset* train, const Dataset* test, Backend* backend,
-          ParameterClient* client, StatusBoard* board, std::FILE* out);
+  // With several backends the worker splits its shard across them (split_batch again) and sums
+  // their gradients on the first device before it pushes: the seed's single-process method.
+  Trainer(TrainerOptions options, const Dataset* train, const Dataset* test,
+          std::vector<Backend*> backends, ParameterClient* client, StatusBoard* board,
+          std::FILE* out);
+
+  ~Trainer();
 
   absl::Status Run();
 
   const std::vector<EpochResult>& results() const { return results_; }
   // The weights after the last step (flat, LeNet order).
-  const std::vector<float>& weights() const { return weights_; }
+  const std::vector<float>& weights() const { return final_weights_; }
   int rank() const { return rank_; }
 
  private:
-  absl::StatusOr<double> TestAccuracy(class LeNet& model);
+  absl::Status Prepare(int max_shard);
+  // One attempt: join (or rejoin), pull the current weights, and train from the step the server
+  // says this rank is at, to the end. `rejoining` after a lost server or membership.
+  absl::Status JoinAndTrain(const std::vector<float>& initial, bool rejoining);
+  void StartHeartbeats(absl::Duration lease);
+  void StopHeartbeats();
+  // Forward and backward of `n` staged examples on every device; the summed gradient lands in
+  // the first model's gradients. Returns the summed loss.
+  absl::StatusOr<double> ComputeGradients(int n);
+  absl::Status LoadWeights();
+  absl::StatusOr<double> TestAccuracy();
   absl::StatusOr<std::string> DeviceList();
   void DrawProgress(int epoch, int64_t done, int64_t total, double rate);
 
   const TrainerOptions options_;
   const Dataset* const train_;   // Not owned.
   const Dataset* const test_;    // Not owned.
-  Backend* const backend_;       // Not owned.
+  const std::vector<Backend*> backends_;  // Not owned.
   ParameterClient* const client_;  // Not owned.
   StatusBoard* const board_;     // Not owned.
   std::FILE* const out_;         // Not owned.
   int rank_ = -1;
-  std::vector<float> weights_, gradients_, images_, labels_;
+  std::vector<std::unique_ptr<class LeNet>> models_;  // one per backend
+  // Host staging from the first backend (pinned on CUDA), allocated once.
+  std::unique_ptr<DeviceBuffer> weights_, gradients_, images_, labels_;
+  std::unique_ptr<DeviceBuffer> peer_gradients_;  // on the first device, for summing
+  std::vector<float> final_weights_;
   std::vector<EpochResult> results_;
+  std::vector<int> live_;      // the group the data is sharded over
+  std::string devices_;        // "[cpu, cpu]"
+  std::string mode_;           // "sync", ...
+  uint64_t steps_done_ = 0;    // steps this process completed, over all attempts
+
+  absl::Mutex heartbeat_mu_;
+  bool heartbeat_stop_ ABSL_GUARDED_BY(heartbeat_mu_) = false;
+  std::thread heartbeat_;
 };
 
 }  // namespace summa::worker

@@ -36,7 +36,10 @@ absl::Status RunWorker(const WorkerOptions& options) {
   if (options.trainer.epochs < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--epochs must be at least 1, got ", options.trainer.epochs));
   }
-  SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, MakeBackend(options.device, options.threads));
+  SUMMA_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Backend>> backends,
+                         MakeBackends(options.device, options.threads));
+  std::vector<Backend*> devices;
+  for (auto& b : backends) devices.push_back(b.get());
   SUMMA_ASSIGN_OR_RETURN(Dataset train, LoadDataset(options.data_dir, "train"));
   SUMMA_ASSIGN_OR_RETURN(Dataset test, LoadDataset(options.data_dir, "t10k"));
   Truncate(train, options.train_limit);
@@ -55,11 +58,13 @@ absl::Status RunWorker(const WorkerOptions& options) {
   TrainerOptions trainer_options = options.trainer;
   trainer_options.status_address = absl::StrCat(host, ":", status_server.port);
   SUMMA_LOG(INFO) << "worker (rank " << options.trainer.rank << " of " << options.trainer.world_size
-                  << ") on " << backend->name() << ", status on port " << status_server.port
-                  << ", sync mode, server " << options.server;
+ << ") on " << devices[0]->name()
+                  << (devices.size() > 1 ? absl::StrCat(" and ", devices.size() - 1, " more devices") : "")
+                  << ", status on port " << status_server.port
+                  << ", server " << options.server;
 
   ParameterClient client(options.server, options.call_deadline, options.join_deadline);
-  Trainer trainer(trainer_options, &train, &test, backend.get(), &client, &board, stdout);
+  Trainer trainer(trainer_options, &train, &test, devices, &client, &board, stdout);
   absl::Status result = trainer.Run();
   if (!result.ok()) board.Update([](WorkerState& s) { s.state = "failed"; });
   status_server.server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));

@@ -15,7 +15,7 @@ namespace summa::worker {
 struct WorkerOptions {
   TrainerOptions trainer;
   std::string server = "127.0.0.1:50051";
-  std::string device = "auto";
+  std::string device = "auto";  // one device, or a comma list to split the shard across
   int threads = 1;
   std::string data_dir;
   int64_t train_limit = 0;  // use only the first N training examples (0: all)

@@ -18,6 +18,8 @@ grpc::ServerUnaryReactor* WorkerService::GetStatus(grpc::CallbackServerContext* 
   response->set_last_test_accuracy(s.last_test_accuracy);
   response->set_uptime_seconds(absl::ToDoubleSeconds(board_->uptime()));
   response->set_state(s.state);
+  response->set_mode(s.mode);
+  response->set_joins(s.joins);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

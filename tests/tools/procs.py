@@ -20,11 +20,11 @@ class ProcessGroup:
         return False
 
     def start(self, name, argv, env=None):
-        log = open(os.path.join(self.dir, name + ".log"), "wb")
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, **(env or {})})
+        with open(os.path.join(self.dir, name + ".log"), "wb") as log:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                    env={**os.environ, **(env or {})})
         proc.name = name
-        proc.log_path = log.name
+        proc.log_path = os.path.join(self.dir, name + ".log")
         self.procs.append(proc)
         return proc
 
@@ -35,8 +35,11 @@ class ProcessGroup:
     def wait_for_file(self, path, proc, seconds=30):
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
-            if os.path.exists(path) and open(path).read().strip():
-                return open(path).read().strip()
+            if os.path.exists(path):
+                with open(path) as f:
+                    text = f.read().strip()
+                if text:
+                    return text
             if proc.poll() is not None:
                 raise AssertionError(f"{proc.name} exited with {proc.returncode}:\n{self.log(proc)}")
             time.sleep(0.05)

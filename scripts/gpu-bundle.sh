@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Packs what scripts/gpu-check.sh needs on a GPU machine that has no Debian packages into the
+# ignored folder .bundle/ (kept under 64 MiB): the binaries and the CUDA test, every shared
+# library they need that is not the C library or CUDA's own (resolved with ldd: gRPC, Protobuf,
+# Abseil, OpenBLAS, ...), and Fashion-MNIST. The GPU machine brings its CUDA runtime and driver.
+#   scripts/gpu-bundle.sh        (after scripts/build.sh)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${BUILD_DIR:-build}
+out=.bundle
+rm -rf "$out"
+mkdir -p "$out/bin/server" "$out/bin/worker" "$out/bin/tests" "$out/lib" "$out/data" "$out/scripts"
+cp "$build/server/summa-server" "$out/bin/server/"
+cp "$build/worker/summa-worker" "$out/bin/worker/"
+cp "$build/tests/cuda_backend_test" "$build/tests/lenet_test" "$build/tests/cpu_backend_test" "$out/bin/tests/"
+cp scripts/launch.sh "$out/scripts/"
+cp /usr/share/datasets/fashion-mnist/*.gz "$out/data/"
+
+# Libraries the system of any Linux machine has, and CUDA's, which the GPU machine brings.
+skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libgcc_s|libstdc\+\+|libcuda|libcudart|libcublas|libnvidia)'
+for bin in "$out"/bin/*/*; do
+  ldd "$bin" | awk '/=> \// {print $1, $3}' | while read -r name path; do
+    [[ "$name" =~ $skip ]] && continue
+    [[ -e "$out/lib/$name" ]] || cp -L "$path" "$out/lib/$name"
+  done
+done
+strip --strip-unneeded "$out"/lib/*.so* "$out"/bin/*/* 2>/dev/null || true
+size=$(du -sm "$out" | cut -f1)
+echo "gpu-bundle: $out is ${size} MiB ($(ls "$out/lib" | wc -l) libraries)"
+if ((size >= 64)); then
+  echo "gpu-bundle: over the 64 MiB a device run can carry" >&2
+  exit 1
+fi

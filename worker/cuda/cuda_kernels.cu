@@ -1,0 +1,258 @@
+// Summa's CUDA kernels: everything LeNet needs besides the matrix products (cuBLAS).
+#include <cuda_runtime.h>
+
+#include "worker/cuda/cuda_kernels.h"
+
+namespace summa::worker::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+int Blocks(int64_t n) { return static_cast<int>((n + kThreads - 1) / kThreads); }
+cudaStream_t S(void* stream) { return static_cast<cudaStream_t>(stream); }
+int Last() { return static_cast<int>(cudaGetLastError()); }
+
+// One thread per col element: col[(c*k + ki)*k + kj][n*P + oh*Wo + ow] = x[n][c][oh+ki][ow+kj].
+__global__ void Im2ColKernel(ConvDims d, const float* __restrict__ x, float* __restrict__ col) {
+  const int64_t pixels = int64_t{d.out_height} * d.out_width;
+  const int64_t np = d.batch * pixels;
+  const int64_t total = int64_t{d.in_channels} * d.kernel * d.kernel * np;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t row = i / np, column = i % np;
+    const int kj = row % d.kernel, ki = (row / d.kernel) % d.kernel;
+    const int c = static_cast<int>(row / (d.kernel * d.kernel));
+    const int n = static_cast<int>(column / pixels);
+    const int p = static_cast<int>(column % pixels);
+    const int oh = p / d.out_width, ow = p % d.out_width;
+    col[i] = x[((int64_t{n} * d.in_channels + c) * d.height + oh + ki) * d.width + ow + kj];
+  }
+}
+
+// One thread per dx element, gathering every col entry that came from it (no atomics).
+__global__ void Col2ImKernel(ConvDims d, const float* __restrict__ dcol, float* __restrict__ dx) {
+  const int64_t pixels = int64_t{d.out_height} * d.out_width;
+  const int64_t np = d.batch * pixels;
+  const int64_t total = int64_t{d.batch} * d.in_channels * d.height * d.width;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int w = i % d.width, h = (i / d.width) % d.height;
+    const int c = (i / (int64_t{d.width} * d.height)) % d.in_channels;
+    const int n = static_cast<int>(i / (int64_t{d.width} * d.height * d.in_channels));
+    float sum = 0;
+    for (int ki = 0; ki < d.kernel; ++ki) {
+      const int oh = h - ki;
+      if (oh < 0 || oh >= d.out_height) continue;
+      for (int kj = 0; kj < d.kernel; ++kj) {
+        const int ow = w - kj;
+        if (ow < 0 || ow >= d.out_width) continue;
+        const int64_t row = (int64_t{c} * d.kernel + ki) * d.kernel + kj;
+        sum += dcol[row * np + n * pixels + oh * d.out_width + ow];
+      }
+    }
+    dx[i] = sum;
+  }
+}
+
+__global__ void ChannelMajorToNchwBiasKernel(ConvDims d, const float* __restrict__ out,
+                                             const float* __restrict__ bias, float* __restrict__ y) {
+  const int64_t pixels = int64_t{d.out_height} * d.out_width;
+  const int64_t total = int64_t{d.batch} * d.out_channels * pixels;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t p = i % pixels;
+    const int o = (i / pixels) % d.out_channels;
+    const int64_t n = i / (pixels * d.out_channels);
+    y[i] = out[o * d.batch * pixels + n * pixels + p] + bias[o];
+  }
+}
+
+__global__ void NchwToChannelMajorKernel(ConvDims d, const float* __restrict__ dy,
+                                         float* __restrict__ dyt) {
+  const int64_t pixels = int64_t{d.out_height} * d.out_width;
+  const int64_t total = int64_t{d.batch} * d.out_channels * pixels;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t p = i % pixels;
+    const int o = (i / pixels) % d.out_channels;
+    const int64_t n = i / (pixels * d.out_channels);
+    dyt[o * d.batch * pixels + n * pixels + p] = dy[i];
+  }
+}
+
+__global__ void RowSumsKernel(const float* __restrict__ m, int64_t cols, float* __restrict__ sums) {
+  __shared__ float partial[kThreads];
+  const float* row = m + blockIdx.x * cols;
+  float s = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += row[c];
+  partial[threadIdx.x] = s;
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) sums[blockIdx.x] = partial[0];
+}
+
+__global__ void ColumnSumsKernel(const float* __restrict__ m, int64_t rows, int64_t cols,
+                                 float* __restrict__ sums) {
+  const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (c >= cols) return;
+  float s = 0;
+  for (int64_t r = 0; r < rows; ++r) s += m[r * cols + c];
+  sums[c] = s;
+}
+
+__global__ void BroadcastRowsKernel(const float* __restrict__ bias, int64_t rows, int64_t cols,
+                                    float* __restrict__ y) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < rows * cols;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    y[i] = bias[i % cols];
+  }
+}
+
+__global__ void ReluForwardKernel(const float* x, float* y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    y[i] = fmaxf(x[i], 0.0f);
+  }
+}
+
+__global__ void ReluBackwardKernel(const float* y, const float* dy, float* dx, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+  }
+}
+
+__global__ void AvgPool2ForwardKernel(const float* __restrict__ x, float* __restrict__ y,
+                                      int planes, int h, int w) {
+  const int oh = h / 2, ow = w / 2;
+  const int64_t total = int64_t{planes} * oh * ow;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int j = i % ow, r = (i / ow) % oh;
+    const int64_t p = i / (int64_t{oh} * ow);
+    const float* base = x + p * h * w + (2 * r) * w + 2 * j;
+    y[i] = 0.25f * (base[0] + base[1] + base[w] + base[w + 1]);
+  }
+}
+
+// One thread per dx element: a quarter of its window's gradient, zero on dropped odd edges.
+__global__ void AvgPool2BackwardKernel(const float* __restrict__ dy, float* __restrict__ dx,
+                                       int planes, int h, int w) {
+  const int oh = h / 2, ow = w / 2;
+  const int64_t total = int64_t{planes} * h * w;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int c = i % w, r = (i / w) % h;
+    const int64_t p = i / (int64_t{h} * w);
+    const int pr = r / 2, pc = c / 2;
+    dx[i] = (pr < oh && pc < ow) ? 0.25f * dy[p * oh * ow + pr * ow + pc] : 0.0f;
+  }
+}
+
+__global__ void SoftmaxCrossEntropyKernel(const float* __restrict__ logits,
+                                          const float* __restrict__ labels,
+                                          float* __restrict__ dlogits, float* __restrict__ row_loss,
+                                          int* bad, int batch, int classes) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= batch) return;
+  const float* z = logits + int64_t{i} * classes;
+  float* d = dlogits + int64_t{i} * classes;
+  const int label = static_cast<int>(labels[i]);
+  if (label < 0 || label >= classes) {
+    *bad = 1;
+    row_loss[i] = 0;
+    return;
+  }
+  float m = z[0];
+  for (int c = 1; c < classes; ++c) m = fmaxf(m, z[c]);
+  double sum = 0;
+  for (int c = 0; c < classes; ++c) sum += exp(static_cast<double>(z[c] - m));
+  const double lse = m + log(sum);
+  row_loss[i] = static_cast<float>(lse - z[label]);
+  for (int c = 0; c < classes; ++c) {
+    d[c] = static_cast<float>(exp(z[c] - lse)) - (c == label ? 1.0f : 0.0f);
+  }
+}
+
+__global__ void CountCorrectKernel(const float* __restrict__ logits,
+                                   const float* __restrict__ labels, int batch, int classes,
+                                   unsigned long long* correct) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= batch) return;
+  const float* z = logits + int64_t{i} * classes;
+  int best = 0;
+  for (int c = 1; c < classes; ++c) {
+    if (z[c] > z[best]) best = c;
+  }
+  if (best == static_cast<int>(labels[i])) atomicAdd(correct, 1ull);
+}
+
+int Grid(int64_t n) { return n == 0 ? 1 : static_cast<int>(std::min<int64_t>(Blocks(n), 65535)); }
+
+}  // namespace
+
+int Im2Col(const ConvDims& d, const float* x, float* col, void* stream) {
+  const int64_t total = int64_t{d.in_channels} * d.kernel * d.kernel * d.batch * d.out_height * d.out_width;
+  Im2ColKernel<<<Grid(total), kThreads, 0, S(stream)>>>(d, x, col);
+  return Last();
+}
+int Col2Im(const ConvDims& d, const float* dcol, float* dx, void* stream) {
+  const int64_t total = int64_t{d.batch} * d.in_channels * d.height * d.width;
+  Col2ImKernel<<<Grid(total), kThreads, 0, S(stream)>>>(d, dcol, dx);
+  return Last();
+}
+int ChannelMajorToNchwBias(const ConvDims& d, const float* out, const float* bias, float* y, void* stream) {
+  const int64_t total = int64_t{d.batch} * d.out_channels * d.out_height * d.out_width;
+  ChannelMajorToNchwBiasKernel<<<Grid(total), kThreads, 0, S(stream)>>>(d, out, bias, y);
+  return Last();
+}
+int NchwToChannelMajor(const ConvDims& d, const float* dy, float* dyt, void* stream) {
+  const int64_t total = int64_t{d.batch} * d.out_channels * d.out_height * d.out_width;
+  NchwToChannelMajorKernel<<<Grid(total), kThreads, 0, S(stream)>>>(d, dy, dyt);
+  return Last();
+}
+int RowSums(const float* m, int64_t rows, int64_t cols, float* sums, void* stream) {
+  if (rows == 0) return 0;
+  RowSumsKernel<<<static_cast<unsigned>(rows), kThreads, 0, S(stream)>>>(m, cols, sums);
+  return Last();
+}
+int ColumnSums(const float* m, int64_t rows, int64_t cols, float* sums, void* stream) {
+  ColumnSumsKernel<<<Grid(cols), kThreads, 0, S(stream)>>>(m, rows, cols, sums);
+  return Last();
+}
+int BroadcastRows(const float* bias, int64_t rows, int64_t cols, float* y, void* stream) {
+  BroadcastRowsKernel<<<Grid(rows * cols), kThreads, 0, S(stream)>>>(bias, rows, cols, y);
+  return Last();
+}
+int ReluForward(const float* x, float* y, int64_t n, void* stream) {
+  ReluForwardKernel<<<Grid(n), kThreads, 0, S(stream)>>>(x, y, n);
+  return Last();
+}
+int ReluBackward(const float* y, const float* dy, float* dx, int64_t n, void* stream) {
+  ReluBackwardKernel<<<Grid(n), kThreads, 0, S(stream)>>>(y, dy, dx, n);
+  return Last();
+}
+int AvgPool2Forward(const float* x, float* y, int planes, int h, int w, void* stream) {
+  AvgPool2ForwardKernel<<<Grid(int64_t{planes} * (h / 2) * (w / 2)), kThreads, 0, S(stream)>>>(x, y, planes, h, w);
+  return Last();
+}
+int AvgPool2Backward(const float* dy, float* dx, int planes, int h, int w, void* stream) {
+  AvgPool2BackwardKernel<<<Grid(int64_t{planes} * h * w), kThreads, 0, S(stream)>>>(dy, dx, planes, h, w);
+  return Last();
+}
+int SoftmaxCrossEntropy(const float* logits, const float* labels, float* dlogits, float* row_loss,
+                        int* bad, int batch, int classes, void* stream) {
+  SoftmaxCrossEntropyKernel<<<Grid(batch), kThreads, 0, S(stream)>>>(logits, labels, dlogits, row_loss,
+                                                                     bad, batch, classes);
+  return Last();
+}
+int CountCorrect(const float* logits, const float* labels, int batch, int classes,
+                 unsigned long long* correct, void* stream) {
+  CountCorrectKernel<<<Grid(batch), kThreads, 0, S(stream)>>>(logits, labels, batch, classes, correct);
+  return Last();
+}
+
+}  // namespace summa::worker::cuda

@@ -1,0 +1,40 @@
+// Launchers for Summa's CUDA kernels: plain C++ declarations (cudaStream_t is passed as void*)
+// so that cuda_backend.cu and tests see no kernel syntax. Each returns cudaGetLastError() as int.
+#ifndef SUMMA_WORKER_CUDA_CUDA_KERNELS_H_
+#define SUMMA_WORKER_CUDA_CUDA_KERNELS_H_
+
+#include <cstdint>
+
+namespace summa::worker::cuda {
+
+struct ConvDims {
+  int batch, in_channels, height, width, out_channels, kernel, out_height, out_width;
+};
+
+int Im2Col(const ConvDims& d, const float* x, float* col, void* stream);
+int Col2Im(const ConvDims& d, const float* dcol, float* dx, void* stream);
+// y[n,o,p] = out[o, n*P + p] + bias[o]
+int ChannelMajorToNchwBias(const ConvDims& d, const float* out, const float* bias, float* y, void* stream);
+// dyt[o, n*P + p] = dy[n,o,p]
+int NchwToChannelMajor(const ConvDims& d, const float* dy, float* dyt, void* stream);
+// sums[r] = sum of row r of m[rows, cols] (one block per row).
+int RowSums(const float* m, int64_t rows, int64_t cols, float* sums, void* stream);
+// sums[c] = sum of column c of m[rows, cols].
+int ColumnSums(const float* m, int64_t rows, int64_t cols, float* sums, void* stream);
+// y[r, :] = bias for every row.
+int BroadcastRows(const float* bias, int64_t rows, int64_t cols, float* y, void* stream);
+int ReluForward(const float* x, float* y, int64_t n, void* stream);
+int ReluBackward(const float* y, const float* dy, float* dx, int64_t n, void* stream);
+int AvgPool2Forward(const float* x, float* y, int planes, int h, int w, void* stream);
+int AvgPool2Backward(const float* dy, float* dx, int planes, int h, int w, void* stream);
+// Per row: dlogits = softmax - onehot; row_loss[i] = logsumexp - logit[label]; bad[0] set to 1
+// when a label is outside [0, classes).
+int SoftmaxCrossEntropy(const float* logits, const float* labels, float* dlogits, float* row_loss,
+                        int* bad, int batch, int classes, void* stream);
+// correct[0] += rows whose argmax is the label.
+int CountCorrect(const float* logits, const float* labels, int batch, int classes,
+                 unsigned long long* correct, void* stream);
+
+}  // namespace summa::worker::cuda
+
+#endif  // SUMMA_WORKER_CUDA_CUDA_KERNELS_H_

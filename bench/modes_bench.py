@@ -7,6 +7,7 @@ Prints a markdown table (seconds per epoch, final test accuracy) and checks that
 end within 0.02 of sync's accuracy; exits non-zero if not.
 """
 import argparse
+import shlex
 import os
 import re
 import subprocess
@@ -30,7 +31,7 @@ def run(mode, args):
     accs = [float(a) for a in re.findall(r"test acc ([0-9.]+)", p.stdout)]
     if len(accs) != args.epochs:
         raise RuntimeError(f"expected {args.epochs} epoch lines:\n{p.stdout}")
-    shown = " ".join(cmd).replace(ROOT + "/", "")
+    shown = shlex.join(cmd).replace(ROOT + "/", "")
     return sum(secs) / len(secs), accs[-1], shown
 
 

@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
 # Packs what scripts/gpu-check.sh needs on a GPU machine that has no Debian packages into the
-# ignored folder .bundle/ (kept under 64 MiB): the binaries and the CUDA test, every shared
-# library they need that is not the C library or CUDA's own (resolved with ldd: gRPC, Protobuf,
-# Abseil, OpenBLAS, ...), and Fashion-MNIST. The GPU machine brings its CUDA runtime and driver.
+# ignored folder .bundle/ (kept under 64 MiB): summa.tar.xz with the binaries, the CUDA tests,
+# launch.sh and every shared library they need that is not the C library or CUDA's own
+# (resolved with ldd: gRPC, Protobuf, Abseil, OpenBLAS, ...), and data/ with Fashion-MNIST.
+# The GPU machine brings its CUDA runtime and driver.
 #   scripts/gpu-bundle.sh        (after scripts/build.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build}
-out=.bundle
-rm -rf "$out"
-mkdir -p "$out/bin/server" "$out/bin/worker" "$out/bin/tests" "$out/lib" "$out/data" "$out/scripts"
+bundle=.bundle
+out=$bundle/stage
+rm -rf "$bundle"
+mkdir -p "$out/bin/server" "$out/bin/worker" "$out/bin/tests" "$out/lib" "$out/scripts" "$bundle/data"
 cp "$build/server/summa-server" "$out/bin/server/"
 cp "$build/worker/summa-worker" "$out/bin/worker/"
 cp "$build/tests/cuda_backend_test" "$build/tests/lenet_test" "$build/tests/cpu_backend_test" "$out/bin/tests/"
 cp scripts/launch.sh "$out/scripts/"
-cp /usr/share/datasets/fashion-mnist/*.gz "$out/data/"
+cp /usr/share/datasets/fashion-mnist/*.gz "$bundle/data/"
 
 # Libraries the system of any Linux machine has, and CUDA's, which the GPU machine brings.
 skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libgcc_s|libstdc\+\+|libcuda|libcudart|libcublas|libnvidia)'
@@ -25,8 +27,11 @@ for bin in "$out"/bin/*/*; do
   done
 done
 strip --strip-unneeded "$out"/lib/*.so* "$out"/bin/*/* 2>/dev/null || true
-size=$(du -sm "$out" | cut -f1)
-echo "gpu-bundle: $out is ${size} MiB ($(ls "$out/lib" | wc -l) libraries)"
+libs=$(ls "$out/lib" | wc -l)
+XZ_OPT="-T0" tar -C "$out" -cJf "$bundle/summa.tar.xz" bin lib scripts
+rm -rf "$out"
+size=$(du -sm "$bundle" | cut -f1)
+echo "gpu-bundle: $bundle is ${size} MiB (summa.tar.xz with $libs libraries, and data/)"
 if ((size >= 64)); then
   echo "gpu-bundle: over the 64 MiB a device run can carry" >&2
   exit 1

@@ -14,9 +14,11 @@ out=${OUT:-gpu-check-out}
 mkdir -p "$out"
 exec > >(tee "$out/gpu-check.log") 2>&1
 
-if [[ -d .bundle ]]; then
-  bin=.bundle/bin data=.bundle/data launch=.bundle/scripts/launch.sh
-  export LD_LIBRARY_PATH="$PWD/.bundle/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+if [[ -f .bundle/summa.tar.xz ]]; then
+  unpacked=$(mktemp -d "${TMPDIR:-/tmp}/summa-bundle.XXXXXX")
+  tar -C "$unpacked" -xJf .bundle/summa.tar.xz
+  bin=$unpacked/bin data=$PWD/.bundle/data launch=$unpacked/scripts/launch.sh
+  export LD_LIBRARY_PATH="$unpacked/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 else
   bin=build data=/usr/share/datasets/fashion-mnist launch=scripts/launch.sh
 fi

@@ -155,16 +155,22 @@ absl::StatusOr<uint64_t> ParameterClient::PullAll(uint64_t min_version, float* w
   return version;
 }
 
+const pb::PushRequest& ParameterClient::PushRequestFor(size_t i, uint64_t step, int64_t num_examples,
+                                                      const float* gradients) {
+  const PartitionRange& p = partitions_[i];
+  pb::PushRequest& req = push_requests_[i];
+  req.set_step(step);
+  req.set_num_examples(num_examples);
+  req.mutable_data()->assign(reinterpret_cast<const char*>(gradients + p.offset), p.length * 4);
+  return req;
+}
+
 absl::Status ParameterClient::PushPull(uint64_t step, int64_t num_examples, const float* gradients,
                                        float* weights, std::vector<int>* live_ranks) {
   if (rank_ < 0) return absl::FailedPreconditionError("PushPull before Join");
   SUMMA_RETURN_IF_ERROR(ForEachPartition([&](size_t i, grpc::ClientContext* ctx, auto done) {
-    const PartitionRange& p = partitions_[i];
-    pb::PushRequest& req = push_requests_[i];
-    req.set_step(step);
-    req.set_num_examples(num_examples);
-    req.mutable_data()->assign(reinterpret_cast<const char*>(gradients + p.offset), p.length * 4);
-    stub_->async()->PushPull(ctx, &req, &responses_[i], std::move(done));
+    stub_->async()->PushPull(ctx, &PushRequestFor(i, step, num_examples, gradients), &responses_[i],
+                             std::move(done));
   }));
   for (size_t i = 0; i < partitions_.size(); ++i) {
     if (mode_ == pb::MODE_SYNC && responses_[i].version() != step + 1) {
@@ -184,12 +190,8 @@ absl::StatusOr<bool> ParameterClient::Push(uint64_t step, int64_t num_examples,
   if (rank_ < 0) return absl::FailedPreconditionError("Push before Join");
   std::vector<pb::PushResponse> replies(partitions_.size());
   SUMMA_RETURN_IF_ERROR(ForEachPartition([&](size_t i, grpc::ClientContext* ctx, auto done) {
-    const PartitionRange& p = partitions_[i];
-    pb::PushRequest& req = push_requests_[i];
-    req.set_step(step);
-    req.set_num_examples(num_examples);
-    req.mutable_data()->assign(reinterpret_cast<const char*>(gradients + p.offset), p.length * 4);
-    stub_->async()->Push(ctx, &req, &replies[i], std::move(done));
+    stub_->async()->Push(ctx, &PushRequestFor(i, step, num_examples, gradients), &replies[i],
+                         std::move(done));
   }));
   return std::all_of(replies.begin(), replies.end(),
                      [](const pb::PushResponse& r) { return r.completed_step(); });

@@ -75,6 +75,9 @@ class ParameterClient {
   template <typename Start>
   absl::Status ForEachPartition(Start start);
   absl::Status CopyOut(const summa::v1::PullResponse& r, const PartitionRange& p, float* weights);
+  // Partition i's reused request, filled with its slice of `gradients`.
+  const summa::v1::PushRequest& PushRequestFor(size_t i, uint64_t step, int64_t num_examples,
+                                               const float* gradients);
 
   const std::string address_;
   const absl::Duration call_deadline_;

@@ -212,9 +212,9 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
     rank_ = joined.rank;
   }
   live_ = joined.live_ranks;
-  mode_ = joined.mode == summa::v1::MODE_ASYNC ? "async"
-          : joined.mode == summa::v1::MODE_SSP ? absl::StrCat("ssp, staleness ", joined.staleness)
-                                                : "sync";
+  mode_ = joined.mode == summa::v1::MODE_ASYNC ? "async mode"
+          : joined.mode == summa::v1::MODE_SSP ? absl::StrCat("ssp mode, staleness ", joined.staleness)
+                                                : "sync mode";
   StartHeartbeats(joined.lease);
   SUMMA_ASSIGN_OR_RETURN(uint64_t version, client_->PullAll(joined.version, weights_->data()));
   (void)version;
@@ -225,7 +225,7 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
         step == 0 && !rejoining ? DeviceList() : absl::StatusOr<std::string>(absl::UnavailableError(""));
     devices_ = devices.ok() ? *devices : absl::StrCat("[", backends_[0]->name(), " ...]");
   }
-  std::fprintf(out_, "rank %d of %d %s at step %llu (%s mode)\n", rank_, options_.world_size,
+  std::fprintf(out_, "rank %d of %d %s at step %llu (%s)\n", rank_, options_.world_size,
                rejoining ? "rejoined" : "joined", static_cast<unsigned long long>(step), mode_.c_str());
   std::fflush(out_);
   board_->Update([&](WorkerState& s) {

@@ -94,7 +94,8 @@ class Reflector:
         rpc = self.channel.unary_unary(f"/{service_name}/{method_name}",
                                        request_serializer=lambda m: m.SerializeToString(),
                                        response_deserializer=response_cls.FromString)
-        return json.loads(json_format.MessageToJson(rpc(request, timeout=self.timeout)))
+        reply = rpc(request, timeout=self.timeout)
+        return json.loads(json_format.MessageToJson(reply, including_default_value_fields=True))
 
 
 def main(argv):

@@ -14,13 +14,18 @@ rm -rf "$bundle"
 mkdir -p "$out/bin/server" "$out/bin/worker" "$out/bin/tests" "$out/lib" "$out/scripts" "$bundle/data"
 cp "$build/server/summa-server" "$out/bin/server/"
 cp "$build/worker/summa-worker" "$out/bin/worker/"
+mkdir -p "$out/bin/worker/cuda"
+# The CUDA backend plugin, found beside the executables that load it.
+cp "$build/worker/cuda/libsumma_cuda.so" "$out/bin/worker/cuda/"
+cp "$build/worker/cuda/libsumma_cuda.so" "$out/bin/tests/"
 cp "$build/tests/cuda_backend_test" "$build/tests/lenet_test" "$build/tests/cpu_backend_test" "$out/bin/tests/"
 cp scripts/launch.sh "$out/scripts/"
 cp /usr/share/datasets/fashion-mnist/*.gz "$bundle/data/"
 
 # Libraries the system of any Linux machine has, and CUDA's, which the GPU machine brings.
 skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libgcc_s|libstdc\+\+|libcuda|libcudart|libcublas|libnvidia)'
-for bin in "$out"/bin/*/*; do
+for bin in "$out"/bin/*/* "$out"/bin/worker/cuda/*; do
+  [[ -f "$bin" ]] || continue
   ldd "$bin" | awk '/=> \// {print $1, $3}' | while read -r name path; do
     [[ "$name" =~ $skip ]] && continue
     [[ -e "$out/lib/$name" ]] || cp -L "$path" "$out/lib/$name"

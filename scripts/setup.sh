@@ -5,10 +5,10 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake pkg-config ninja-build
+  build-essential cmake pkg-config ninja-build systemd
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgtest-dev libgmock-dev
-  libopenblas-dev zlib1g-dev
+  libopenblas-dev zlib1g-dev prometheus-cpp-dev
   dataset-fashion-mnist grpc-proto
   python3 python3-grpcio python3-protobuf
 )

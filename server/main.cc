@@ -13,6 +13,10 @@ ABSL_FLAG(std::string, address, "0.0.0.0:50051",
           "host:port to listen on; port 0 lets the OS choose (see --port_file)");
 ABSL_FLAG(std::string, port_file, "",
           "if set, write the port actually bound to this file once listening");
+ABSL_FLAG(std::string, metrics_address, "",
+          "host:port for Prometheus metrics at /metrics (e.g. 0.0.0.0:9464; port 0: any free "
+          "port); empty: no metrics");
+ABSL_FLAG(std::string, metrics_port_file, "", "if set, write the bound metrics port to this file");
 ABSL_FLAG(int, workers, 1, "number of workers in the job (the sync barrier waits for all of them)");
 ABSL_FLAG(std::string, mode, "sync",
           "consistency mode: sync (a step completes when every worker pushed, as the seed), async "
@@ -82,7 +86,8 @@ int main(int argc, char** argv) {
   options.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
 
   summa::BlockTerminationSignals();
-  auto server = summa::server::SummaServer::Start(absl::GetFlag(FLAGS_address), options);
+  auto server = summa::server::SummaServer::Start(absl::GetFlag(FLAGS_address), options,
+                                                  absl::GetFlag(FLAGS_metrics_address));
   if (!server.ok()) {
     std::fprintf(stderr, "summa-server: %s\n", std::string(server.status().message()).c_str());
     return 1;
@@ -98,6 +103,18 @@ int main(int argc, char** argv) {
     if (!written.ok()) {
       std::fprintf(stderr, "summa-server: %s\n", std::string(written.message()).c_str());
       return 1;
+    }
+  }
+  if ((*server)->metrics_port() != 0) {
+    std::printf("summa-server: metrics on port %d (/metrics)\n", (*server)->metrics_port());
+    std::fflush(stdout);
+    if (!absl::GetFlag(FLAGS_metrics_port_file).empty()) {
+      absl::Status written = summa::WriteFileAtomically(absl::GetFlag(FLAGS_metrics_port_file),
+                                                        absl::StrCat((*server)->metrics_port(), "\n"));
+      if (!written.ok()) {
+        std::fprintf(stderr, "summa-server: %s\n", std::string(written.message()).c_str());
+        return 1;
+      }
     }
   }
   summa::server::SummaServer* running = server->get();

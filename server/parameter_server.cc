@@ -360,6 +360,7 @@ void ParameterServer::MaybeCompleteStep(PartitionState& state, absl::Time now, C
   ++state.version;
   state.last_step = now - state.last_completion;
   state.last_completion = now;
+  if (state.range.id == 0 && options_.step_observer) options_.step_observer(state.last_step);
   state.parked.Release(state.version, state.weights, out);
 }
 

@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,6 +55,8 @@ struct ServerOptions {
   absl::Duration rejoin_deadline = absl::Minutes(5);
   std::string checkpoint_dir;    // empty: no checkpoints
   int64_t checkpoint_every = 0;  // steps between checkpoints; 0: only at shutdown
+  // Called with each step's duration (partition 0, under its lock: keep it cheap), or null.
+  std::function<void(absl::Duration)> step_observer;
 };
 
 absl::Status ValidateOptions(const ServerOptions& options);

@@ -281,10 +281,34 @@ SummaServer::SummaServer(ServerOptions options)
     : core_(options), hub_(options.barrier_deadline), service_(&core_, &hub_) {}
 
 absl::StatusOr<std::unique_ptr<SummaServer>> SummaServer::Start(const std::string& address,
-                                                                ServerOptions options) {
+                                                                ServerOptions options,
+                                                                const std::string& metrics_address) {
   absl::Status valid = ValidateOptions(options);
   if (!valid.ok()) return valid;
+  std::unique_ptr<MetricsEndpoint> metrics;
+  Metrics m{};
+  if (!metrics_address.empty()) {
+    absl::StatusOr<std::unique_ptr<MetricsEndpoint>> started = MetricsEndpoint::Start(metrics_address);
+    if (!started.ok()) return started.status();
+    metrics = *std::move(started);
+    MetricsEndpoint& e = *metrics;
+    m.steps = &e.Counter("summa_server_steps_total", "Steps completed (pushes applied in async and ssp modes)");
+    m.pushes = &e.Counter("summa_server_pushes_total", "Partition pushes served");
+    m.pulls = &e.Counter("summa_server_pulls_total", "Partition pulls answered");
+    m.duplicates = &e.Counter("summa_server_duplicate_pushes_total", "Retried pushes recognised and not summed again");
+    m.bytes_in = &e.Counter("summa_server_received_bytes_total", "Gradient bytes received");
+    m.bytes_out = &e.Counter("summa_server_sent_bytes_total", "Weight bytes sent");
+    m.allreduce_rounds = &e.Counter("summa_server_allreduce_rounds_total", "AllReduce rounds completed");
+    m.version = &e.Gauge("summa_server_version", "Steps completed: the lowest partition version");
+    m.members_alive = &e.Gauge("summa_server_members_alive", "Members whose lease is current");
+    m.checkpoint_age = &e.Gauge("summa_server_checkpoint_age_seconds", "Age of the last checkpoint (-1: none)");
+    m.step_seconds = &e.StepHistogram("summa_server_step_seconds", "Time between consecutive step completions");
+    prometheus::Histogram* histogram = m.step_seconds;
+    options.step_observer = [histogram](absl::Duration d) { histogram->Observe(absl::ToDoubleSeconds(d)); };
+  }
   std::unique_ptr<SummaServer> server(new SummaServer(options));
+  server->metrics_ = std::move(metrics);
+  server->m_ = m;
   if (!options.checkpoint_dir.empty()) {
     std::vector<std::string> warnings;
     std::optional<RestoredCheckpoint> restored = LoadNewestCheckpoint(options.checkpoint_dir, &warnings);
@@ -314,6 +338,7 @@ void SummaServer::TickLoop() {
     const absl::Time now = absl::Now();
     core_.Tick(now);
     hub_.ExpireRounds(now);
+    if (metrics_) UpdateMetrics();
     absl::Status checkpoint = core_.MaybeCheckpoint(/*force=*/false);
     if (!checkpoint.ok() && !absl::IsFailedPrecondition(checkpoint)) {
       SUMMA_LOG(ERROR) << "checkpoint failed: " << checkpoint.message();
@@ -322,6 +347,24 @@ void SummaServer::TickLoop() {
     mu_.Lock();
     if (!error.empty()) job_error_ = error;
   }
+}
+
+void SummaServer::UpdateMetrics() {
+  const StatusSnapshot s = core_.Status();
+  AdvanceCounter(*m_.steps, static_cast<double>(s.version));
+  AdvanceCounter(*m_.pushes, static_cast<double>(s.pushes_served));
+  AdvanceCounter(*m_.pulls, static_cast<double>(s.pulls_served));
+  AdvanceCounter(*m_.duplicates, static_cast<double>(s.duplicate_pushes));
+  AdvanceCounter(*m_.bytes_in, static_cast<double>(s.bytes_in));
+  AdvanceCounter(*m_.bytes_out, static_cast<double>(s.bytes_out));
+  AdvanceCounter(*m_.allreduce_rounds, static_cast<double>(hub_.rounds_completed()));
+  m_.version->Set(static_cast<double>(s.version));
+  int alive = 0;
+  for (const MemberInfo& member : s.members) alive += member.state == MemberState::kAlive;
+  m_.members_alive->Set(alive);
+  m_.checkpoint_age->Set(s.checkpoint.written == absl::InfinitePast()
+                             ? -1
+                             : absl::ToDoubleSeconds(absl::Now() - s.checkpoint.written));
 }
 
 std::string SummaServer::Wait() {

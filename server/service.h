@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/metrics.h"
 #include "common/server_builder.h"
 #include "server/all_reduce.h"
 #include "server/parameter_server.h"
@@ -60,11 +61,15 @@ class SummaServer {
  public:
   // Restores the newest whole checkpoint in options.checkpoint_dir (if any), then listens on
   // `address` ("127.0.0.1:0" picks a free port).
+  // With a `metrics_address`, also serves Prometheus metrics there.
   static absl::StatusOr<std::unique_ptr<SummaServer>> Start(const std::string& address,
-                                                            ServerOptions options);
+                                                            ServerOptions options,
+                                                            const std::string& metrics_address = "");
   ~SummaServer();
 
   int port() const { return running_.port; }
+  // The metrics port, or 0 without metrics.
+  int metrics_port() const { return metrics_ ? metrics_->port() : 0; }
   ParameterServer& core() { return core_; }
   // Blocks until Shutdown() or until the job ends (a lost member that did not rejoin in time);
   // returns why the job ended, or "" after a plain shutdown.
@@ -76,6 +81,23 @@ class SummaServer {
  private:
   explicit SummaServer(ServerOptions options);
   void TickLoop();
+  void UpdateMetrics();
+
+  struct Metrics {
+    prometheus::Counter* steps;
+    prometheus::Counter* pushes;
+    prometheus::Counter* pulls;
+    prometheus::Counter* duplicates;
+    prometheus::Counter* bytes_in;
+    prometheus::Counter* bytes_out;
+    prometheus::Counter* allreduce_rounds;
+    prometheus::Gauge* version;
+    prometheus::Gauge* members_alive;
+    prometheus::Gauge* checkpoint_age;
+    prometheus::Histogram* step_seconds;
+  };
+  std::unique_ptr<MetricsEndpoint> metrics_;  // null without metrics
+  Metrics m_{};
 
   ParameterServer core_;
   AllReduceHub hub_;

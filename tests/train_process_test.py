@@ -56,6 +56,54 @@ class TrainProcessTest(unittest.TestCase):
             self.assertEqual(int(srv["version"]), 3 * 8000 // 64, srv)
             self.assertEqual(len(srv["members"]), 2, srv)
 
+    def test_metrics_are_served_for_prometheus(self):
+        import urllib.request
+
+        def scrape(port):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                return r.read().decode()
+
+        def value(text, name):
+            m = re.search(rf"^{name} ([0-9.e+-]+)$", text, re.M)
+            self.assertIsNotNone(m, f"{name} missing from:\n{text}")
+            return float(m.group(1))
+
+        with ProcessGroup() as g:
+            server_metrics = os.path.join(g.dir, "server.metrics")
+            server, port = g.start_server(ARGS.server, "--workers=1",
+                                          "--metrics_address=127.0.0.1:0",
+                                          f"--metrics_port_file={server_metrics}")
+            worker_metrics = os.path.join(g.dir, "worker.metrics")
+            w = g.start("worker", [ARGS.worker, f"--server=127.0.0.1:{port}", "--rank=0",
+                                   "--world_size=1", "--batch_size=64", "--epochs=1",
+                                   "--train_limit=3200", "--test_limit=100",
+                                   "--status_address=127.0.0.1:0",
+                                   "--metrics_address=127.0.0.1:0",
+                                   f"--metrics_port_file={worker_metrics}"])
+            wport = int(g.wait_for_file(worker_metrics, w))
+            # The worker's own series, scraped while it trains.
+            seen = None
+            while w.poll() is None and seen is None:
+                text = scrape(wport)
+                if re.search(r"^summa_worker_steps_total [1-9]", text, re.M):
+                    seen = text
+                time.sleep(0.05)
+            self.assertIsNotNone(seen, "the worker finished before its metrics showed a step")
+            for name in ["summa_worker_step_seconds_count", "summa_worker_epoch",
+                         "summa_worker_examples_per_second", "summa_worker_loss",
+                         "summa_worker_test_accuracy"]:
+                value(seen, name)
+            self.assertEqual(g.wait(w, 120), 0, g.log(w))
+            text = scrape(int(g.wait_for_file(server_metrics, server)))
+            time.sleep(0.3)  # one tick of the server's metrics
+            text = scrape(int(g.wait_for_file(server_metrics, server)))
+            self.assertEqual(value(text, "summa_server_steps_total"), 50)
+            self.assertEqual(value(text, "summa_server_pushes_total"), 50)
+            self.assertEqual(value(text, "summa_server_step_seconds_count"), 50)
+            self.assertGreater(value(text, "summa_server_received_bytes_total"), 50 * 500000)
+            self.assertEqual(value(text, "summa_server_members_alive"), 0)  # it left when done
+            self.assertEqual(value(text, "summa_server_checkpoint_age_seconds"), -1)
+
     def test_bad_data_files_are_named(self):
         with ProcessGroup() as g:
             bad = os.path.join(g.dir, "data")

@@ -6,11 +6,63 @@
 #include "absl/strings/str_split.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
-#ifdef SUMMA_HAVE_CUDA
+#include <dlfcn.h>
+#include <unistd.h>
+
 #include "worker/cuda/cuda_backend.h"
-#endif
 
 namespace summa::worker {
+namespace {
+
+// libsumma_cuda.so, loaded once on first use; null (with the reason) when it cannot be.
+struct CudaPlugin {
+  decltype(&SummaCudaDeviceCount) device_count = nullptr;
+  decltype(&SummaCudaNewBackend) new_backend = nullptr;
+  std::string error;
+};
+
+const CudaPlugin& Plugin() {
+  static const CudaPlugin plugin = [] {
+    CudaPlugin p;
+#ifdef SUMMA_HAVE_CUDA
+    // Beside the executable (a bundle), in the build tree, or on the library path.
+    std::vector<std::string> candidates;
+    char exe[4096];
+    const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n > 0) {
+      const std::string dir = std::string(exe, n).substr(0, std::string(exe, n).rfind('/'));
+      candidates.push_back(dir + "/cuda/libsumma_cuda.so");
+      candidates.push_back(dir + "/libsumma_cuda.so");
+    }
+    candidates.push_back(SUMMA_CUDA_PLUGIN);
+    candidates.push_back("libsumma_cuda.so");
+    void* handle = nullptr;
+    std::string errors;
+    for (const std::string& path : candidates) {
+      handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (handle != nullptr) break;
+      absl::StrAppend(&errors, errors.empty() ? "" : "; ", ::dlerror());
+    }
+    if (handle == nullptr) {
+      p.error = absl::StrCat("the CUDA backend (libsumma_cuda.so) cannot be loaded: ", errors);
+      return p;
+    }
+    p.device_count = reinterpret_cast<decltype(p.device_count)>(::dlsym(handle, "SummaCudaDeviceCount"));
+    p.new_backend = reinterpret_cast<decltype(p.new_backend)>(::dlsym(handle, "SummaCudaNewBackend"));
+    if (p.device_count == nullptr || p.new_backend == nullptr) {
+      p.error = "libsumma_cuda.so lacks its entry points";
+      p.device_count = nullptr;
+      p.new_backend = nullptr;
+    }
+#else
+    p.error = "this build has no CUDA backend (nvcc was not found at configure time)";
+#endif
+    return p;
+  }();
+  return plugin;
+}
+
+}  // namespace
 
 bool BuiltWithCuda() {
 #ifdef SUMMA_HAVE_CUDA
@@ -21,12 +73,15 @@ bool BuiltWithCuda() {
 }
 
 int UsableCudaDevices(std::string* why) {
-#ifdef SUMMA_HAVE_CUDA
-  return CudaDeviceCount(why);
-#else
-  *why = "this build has no CUDA backend (nvcc was not found at configure time)";
-  return 0;
-#endif
+  const CudaPlugin& plugin = Plugin();
+  if (plugin.device_count == nullptr) {
+    *why = plugin.error;
+    return 0;
+  }
+  char reason[512] = "";
+  const int count = plugin.device_count(reason, sizeof(reason));
+  *why = reason;
+  return count;
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& device, int cpu_threads) {
@@ -42,13 +97,14 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& device, 
   }
   int index = -1;
   if (absl::StartsWith(device, "cuda:") && absl::SimpleAtoi(device.substr(5), &index) && index >= 0) {
-#ifdef SUMMA_HAVE_CUDA
-    return NewCudaBackend(index);
-#else
-    std::string why;
-    UsableCudaDevices(&why);
-    return absl::FailedPreconditionError(absl::StrCat("--device=", device, ": ", why));
-#endif
+    const CudaPlugin& plugin = Plugin();
+    if (plugin.new_backend == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat("--device=", device, ": ", plugin.error));
+    }
+    char error[512] = "";
+    Backend* backend = plugin.new_backend(index, error, sizeof(error));
+    if (backend == nullptr) return absl::FailedPreconditionError(error);
+    return std::unique_ptr<Backend>(backend);
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown device '", device, "' (cpu, cuda:N or auto)"));

@@ -29,6 +29,9 @@ ABSL_FLAG(int, threads, 1, "OpenBLAS threads for the CPU backend");
 ABSL_FLAG(std::string, status_address, "0.0.0.0:0",
           "host:port where this worker serves summa.v1.Worker/GetStatus (port 0: any free port)");
 ABSL_FLAG(std::string, status_port_file, "", "if set, write the bound status port to this file");
+ABSL_FLAG(std::string, metrics_address, "",
+          "host:port for Prometheus metrics at /metrics (port 0: any free port); empty: none");
+ABSL_FLAG(std::string, metrics_port_file, "", "if set, write the bound metrics port to this file");
 ABSL_FLAG(int64_t, train_limit, 0, "train on only the first N training examples (0: all)");
 ABSL_FLAG(int64_t, test_limit, 0, "evaluate on only the first N test examples (0: all)");
 ABSL_FLAG(std::string, progress, "auto", "progress bar: auto (on a terminal), always, or never");
@@ -76,6 +79,8 @@ int main(int argc, char** argv) {
   o.test_limit = absl::GetFlag(FLAGS_test_limit);
   o.status_address = absl::GetFlag(FLAGS_status_address);
   o.status_port_file = absl::GetFlag(FLAGS_status_port_file);
+  o.metrics_address = absl::GetFlag(FLAGS_metrics_address);
+  o.metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
   o.call_deadline = absl::GetFlag(FLAGS_call_deadline);
   o.join_deadline = absl::GetFlag(FLAGS_join_deadline);
   o.trainer.retry_deadline = absl::GetFlag(FLAGS_retry_deadline);

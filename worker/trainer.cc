@@ -173,6 +173,7 @@ absl::Status Trainer::Run() {
     // The server went away (UNAVAILABLE) or came back without us (NOT_FOUND): rejoin, and resume
     // at the version it has (a restored checkpoint's, or the one we were at).
     if (!absl::IsUnavailable(result) && !absl::IsNotFound(result)) break;
+    if (rank_ < 0) break;  // never joined: Join already retried for --join_deadline
     const absl::Time now = absl::Now();
     if (failing_since == absl::InfiniteFuture() || steps_done_ != steps_at_failure) {
       failing_since = now;
@@ -251,6 +252,7 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
       if (me == live_.end()) {
         return absl::FailedPreconditionError(absl::StrCat("rank ", rank_, " is no longer in the group"));
       }
+      const absl::Time step_start = absl::Now();
       const ShardRange shard = ShardOf(n, batch, b, static_cast<int>(me - live_.begin()),
                                        static_cast<int>(live_.size()));
       if (shard.size() > labels_->size()) {
@@ -290,6 +292,7 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
       examples += shard.size();
       global_examples += std::min(batch, n - b * batch);
       const absl::Time now = absl::Now();
+      if (options_.step_observer) options_.step_observer(now - step_start);
       const double rate = global_examples / std::max(1e-9, absl::ToDoubleSeconds(now - start));
       board_->Update([&](WorkerState& s) {
         s.epoch = epoch + 1;

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <memory>
 #include <thread>
@@ -38,6 +39,8 @@ struct TrainerOptions {
   // for others, exit at once after the push (status 137), as a worker killed between its push and
   // the reply would. -1: never.
   int64_t fault_exit_after_push = -1;
+  // Called with each step's wall time (compute, push and pull), or null.
+  std::function<void(absl::Duration)> step_observer;
 };
 
 struct EpochResult {

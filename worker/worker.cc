@@ -2,10 +2,13 @@
 
 #include <unistd.h>
 
+#include <thread>
+
 #include "absl/strings/str_cat.h"
 #include "common/flags.h"
 #include "common/idx.h"
 #include "common/logging.h"
+#include "common/metrics.h"
 #include "common/server_builder.h"
 #include "common/status_macros.h"
 #include "worker/devices.h"
@@ -14,6 +17,52 @@
 
 namespace summa::worker {
 namespace {
+
+// Mirrors the status board into Prometheus metrics every half second, on its own thread.
+class WorkerMetrics {
+ public:
+  WorkerMetrics(MetricsEndpoint* endpoint, const StatusBoard* board) : board_(board) {
+    steps_ = &endpoint->Counter("summa_worker_steps_total", "Steps this worker completed");
+    step_seconds_ = &endpoint->StepHistogram("summa_worker_step_seconds",
+                                             "Wall time of a step: compute, push and pull");
+    epoch_ = &endpoint->Gauge("summa_worker_epoch", "Epoch in progress or last finished");
+    examples_per_second_ = &endpoint->Gauge("summa_worker_examples_per_second", "Global examples/s this epoch");
+    loss_ = &endpoint->Gauge("summa_worker_loss", "Mean training loss of the last epoch");
+    accuracy_ = &endpoint->Gauge("summa_worker_test_accuracy", "Test accuracy after the last epoch");
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~WorkerMetrics() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    thread_.join();
+    Update();
+  }
+  prometheus::Histogram* step_seconds() { return step_seconds_; }
+
+ private:
+  void Loop() {
+    absl::MutexLock lock(&mu_);
+    while (!mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(500))) Update();
+  }
+  void Update() {
+    const WorkerState s = board_->Get();
+    AdvanceCounter(*steps_, static_cast<double>(s.step));
+    epoch_->Set(s.epoch);
+    examples_per_second_->Set(s.examples_per_second);
+    loss_->Set(s.last_loss);
+    accuracy_->Set(s.last_test_accuracy);
+  }
+
+  const StatusBoard* const board_;  // Not owned.
+  prometheus::Counter* steps_;
+  prometheus::Histogram* step_seconds_;
+  prometheus::Gauge *epoch_, *examples_per_second_, *loss_, *accuracy_;
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
 
 void Truncate(Dataset& set, int64_t limit) {
   if (limit <= 0 || limit >= set.count) return;
@@ -35,6 +84,15 @@ absl::Status RunWorker(const WorkerOptions& options) {
   }
   if (options.trainer.epochs < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--epochs must be at least 1, got ", options.trainer.epochs));
+  }
+  // Metrics first: a bad address fails before the data is loaded.
+  std::unique_ptr<MetricsEndpoint> metrics;
+  if (!options.metrics_address.empty()) {
+    SUMMA_ASSIGN_OR_RETURN(metrics, MetricsEndpoint::Start(options.metrics_address));
+    if (!options.metrics_port_file.empty()) {
+      SUMMA_RETURN_IF_ERROR(WriteFileAtomically(options.metrics_port_file, absl::StrCat(metrics->port(), "\n")));
+    }
+    SUMMA_LOG(INFO) << "metrics on port " << metrics->port() << " (/metrics)";
   }
   SUMMA_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Backend>> backends,
                          MakeBackends(options.device, options.threads));
@@ -63,9 +121,16 @@ absl::Status RunWorker(const WorkerOptions& options) {
                   << ", status on port " << status_server.port
                   << ", server " << options.server;
 
+  std::unique_ptr<WorkerMetrics> worker_metrics;
+  if (metrics != nullptr) {
+    worker_metrics = std::make_unique<WorkerMetrics>(metrics.get(), &board);
+    prometheus::Histogram* steps = worker_metrics->step_seconds();
+    trainer_options.step_observer = [steps](absl::Duration d) { steps->Observe(absl::ToDoubleSeconds(d)); };
+  }
   ParameterClient client(options.server, options.call_deadline, options.join_deadline);
   Trainer trainer(trainer_options, &train, &test, devices, &client, &board, stdout);
   absl::Status result = trainer.Run();
+  worker_metrics.reset();
   if (!result.ok()) board.Update([](WorkerState& s) { s.state = "failed"; });
   status_server.server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
   return result;

@@ -22,6 +22,8 @@ struct WorkerOptions {
   int64_t test_limit = 0;   // evaluate only the first N test examples (0: all)
   std::string status_address = "0.0.0.0:0";
   std::string status_port_file;
+  std::string metrics_address;  // Prometheus /metrics; empty: none
+  std::string metrics_port_file;
   absl::Duration call_deadline = absl::Minutes(11);
   absl::Duration join_deadline = absl::Minutes(2);
 };

@@ -314,3 +314,28 @@ absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(int device) {
 }
 
 }  // namespace summa::worker
+
+namespace {
+void CopyOut(const std::string& text, char* buffer, int size) {
+  if (buffer == nullptr || size <= 0) return;
+  const size_t n = std::min(text.size(), static_cast<size_t>(size - 1));
+  std::memcpy(buffer, text.data(), n);
+  buffer[n] = '\0';
+}
+}  // namespace
+
+extern "C" int SummaCudaDeviceCount(char* why, int why_size) {
+  std::string reason;
+  const int count = summa::worker::CudaDeviceCount(&reason);
+  CopyOut(reason, why, why_size);
+  return count;
+}
+
+extern "C" summa::worker::Backend* SummaCudaNewBackend(int device, char* error, int error_size) {
+  absl::StatusOr<std::unique_ptr<summa::worker::Backend>> backend = summa::worker::NewCudaBackend(device);
+  if (!backend.ok()) {
+    CopyOut(std::string(backend.status().message()), error, error_size);
+    return nullptr;
+  }
+  return backend->release();
+}

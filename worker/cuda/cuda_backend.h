@@ -21,4 +21,14 @@ absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(int device);
 
 }  // namespace summa::worker
 
+// The plugin's entry points: summa_cuda is a module (libsumma_cuda.so) that summa-worker loads
+// with dlopen only when a GPU is asked for, so that a CPU worker never loads cuBLAS (its start-up
+// cost, and its thread-local storage, which leaves too little room in small thread stacks).
+extern "C" {
+// CudaDeviceCount; `why` (a buffer of why_size bytes) says why there is none.
+int SummaCudaDeviceCount(char* why, int why_size);
+// NewCudaBackend; null on failure, with the reason in `error`. The caller owns the result.
+summa::worker::Backend* SummaCudaNewBackend(int device, char* error, int error_size);
+}
+
 #endif  // SUMMA_WORKER_CUDA_CUDA_BACKEND_H_

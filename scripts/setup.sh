@@ -10,7 +10,7 @@ packages=(
   libabsl-dev libgtest-dev libgmock-dev
   libopenblas-dev zlib1g-dev prometheus-cpp-dev
   dataset-fashion-mnist grpc-proto
-  python3 python3-grpcio python3-protobuf
+  python3 python3-grpcio python3-protobuf python3-yaml
 )
 if [[ "${1:-}" == "--bench" ]]; then
   packages+=(python3-torch python3-numpy)

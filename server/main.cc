@@ -49,7 +49,7 @@ ABSL_FLAG(absl::Duration, barrier_deadline, absl::Minutes(10),
 
 int main(int argc, char** argv) {
   summa::ParseFlagsOrDie(argc, argv,
-                         "summa-server: the Summa parameter server. Holds the master weights, sums "
+                         "the Summa parameter server. Holds the master weights, sums "
                          "the gradients workers push, applies the optimizer and serves the new "
                          "parameters; also serves AllReduce.\n\n  summa-server --workers=2 --lr=0.2");
   const std::string mode = absl::GetFlag(FLAGS_mode);

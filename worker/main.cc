@@ -49,7 +49,7 @@ ABSL_FLAG(absl::Duration, join_deadline, absl::Minutes(2),
 
 int main(int argc, char** argv) {
   summa::ParseFlagsOrDie(argc, argv,
-                         "summa-worker: one worker of a Summa training job. Trains the seed's LeNet "
+                         "one worker of a Summa training job. Trains the seed's LeNet "
                          "on its shard of every global batch of Fashion-MNIST, pushing gradients to "
                          "summa-server and pulling the new weights.\n\n"
                          "  summa-worker --server=127.0.0.1:50051 --rank=0 --world_size=2");

@@ -217,8 +217,7 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
           : joined.mode == summa::v1::MODE_SSP ? absl::StrCat("ssp mode, staleness ", joined.staleness)
                                                 : "sync mode";
   StartHeartbeats(joined.lease);
-  SUMMA_ASSIGN_OR_RETURN(uint64_t version, client_->PullAll(joined.version, weights_->data()));
-  (void)version;
+  SUMMA_RETURN_IF_ERROR(client_->PullAll(joined.version, weights_->data()).status());
   SUMMA_RETURN_IF_ERROR(LoadWeights());
   uint64_t step = joined.next_step;
   if (devices_.empty()) {

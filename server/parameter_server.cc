@@ -349,7 +349,7 @@ std::string ParameterServer::WaitingFor(const PartitionState& state) const {
 }
 
 void ParameterServer::MaybeCompleteStep(PartitionState& state, absl::Time now, CallsToFinish& out) {
-  if (state.aggregator.contributions() == 0 && state.barrier.arrived() == 0) return;
+  if (state.barrier.arrived() == 0) return;  // nothing pushed: an exclusion completes nothing
   for (int r = 0; r < options_.world_size; ++r) {
     if (!excluded_[r] && !state.barrier.has_arrived(r)) return;
   }
@@ -490,8 +490,8 @@ void ParameterServer::PullFrom(const Model& m, uint32_t partition, uint64_t min_
                        "version ", min_version, " of partition ", partition,
                        " is more than one step ahead of the current version ", state.version)));
       }
-    } else if (!Answerable().ok()) {
-      if (call->Claim()) answer.Add(std::move(call), Answerable());
+    } else if (absl::Status refused = Answerable(); !refused.ok()) {
+      if (call->Claim()) answer.Add(std::move(call), std::move(refused));
     } else {
       state.parked.Park(std::move(call), min_version, absl::Now() + options_.barrier_deadline);
     }

@@ -41,10 +41,6 @@ class CallsToFinish {
   void Add(std::shared_ptr<ParkedCall> call, absl::Status status) {
     calls_.push_back({std::move(call), std::move(status)});
   }
-  void Append(CallsToFinish&& other) {
-    for (auto& c : other.calls_) calls_.push_back(std::move(c));
-    other.calls_.clear();
-  }
   size_t size() const { return calls_.size(); }
   void FinishAll() {
     for (auto& [call, status] : calls_) call->Finish(std::move(status));
@@ -89,13 +85,6 @@ class ParkingLot {
     Sweep([](const Entry&) { return true; }, [&](ParkedCall&) { return status; }, out);
   }
 
-  size_t size() const { return parked_.size(); }
-  // The earliest deadline of any parked call (InfiniteFuture when none).
-  absl::Time earliest_deadline() const {
-    absl::Time t = absl::InfiniteFuture();
-    for (const Entry& e : parked_) t = std::min(t, e.deadline);
-    return t;
-  }
 
  private:
   struct Entry {

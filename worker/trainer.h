@@ -67,7 +67,6 @@ class Trainer {
   const std::vector<EpochResult>& results() const { return results_; }
   // The weights after the last step (flat, LeNet order).
   const std::vector<float>& weights() const { return final_weights_; }
-  int rank() const { return rank_; }
 
  private:
   absl::Status Prepare(int max_shard);

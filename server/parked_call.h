@@ -85,7 +85,6 @@ class ParkingLot {
     Sweep([](const Entry&) { return true; }, [&](ParkedCall&) { return status; }, out);
   }
 
-
  private:
   struct Entry {
     std::shared_ptr<ParkedCall> call;

@@ -57,14 +57,14 @@ void BlockTerminationSignals() {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 }
 
-int WaitForTerminationSignal() {
+int WaitForTerminationSignal(absl::Duration timeout) {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
-  int sig = 0;
-  sigwait(&set, &sig);
-  return sig;
+  const timespec wait = absl::ToTimespec(timeout);
+  const int sig = sigtimedwait(&set, nullptr, &wait);
+  return sig > 0 ? sig : 0;
 }
 
 }  // namespace summa

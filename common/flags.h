@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 
 namespace summa {
 
@@ -17,8 +18,9 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& con
 
 // Blocks SIGINT and SIGTERM in this and every thread started later; call before starting threads.
 void BlockTerminationSignals();
-// Waits until SIGINT or SIGTERM arrives and returns its number.
-int WaitForTerminationSignal();
+// Waits up to `timeout` for SIGINT or SIGTERM (blocked beforehand) and returns its number, or 0
+// when none came.
+int WaitForTerminationSignal(absl::Duration timeout);
 
 }  // namespace summa
 

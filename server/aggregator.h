@@ -16,8 +16,12 @@ class Aggregator {
   // Allocates and touches the buffer once; steps reuse it.
   explicit Aggregator(int64_t length);
 
-  // `gradient` must have the partition's length (the caller validated it).
-  void Add(absl::Span<const float> gradient, int64_t num_examples);
+  // `gradient` must have the partition's length (the caller validated it). With
+  // `zero_nonfinite`, NaN and infinite entries are added as zero.
+  void Add(absl::Span<const float> gradient, int64_t num_examples, bool zero_nonfinite = false);
+
+  // Counts examples whose values were not added (a push skipped under --nonfinite=skip_step).
+  void AddExamples(int64_t num_examples) { num_examples_ += num_examples; }
 
   absl::Span<const float> sum() const { return sum_; }
   int64_t num_examples() const { return num_examples_; }

@@ -8,14 +8,16 @@
 namespace summa::server {
 namespace {
 
-absl::Status Validate(const AllReduceContribution& c) {
+absl::Status Validate(const AllReduceContribution& c, int world_size) {
   if (c.name.empty()) return absl::InvalidArgumentError("the collective needs a name");
-  if (c.group_size < 1) {
+  const int group = c.members ? world_size : c.group_size;
+  if (!c.members && c.group_size < 1) {
     return absl::InvalidArgumentError(absl::StrCat("group size must be at least 1, got ", c.group_size));
   }
-  if (c.rank < 0 || c.rank >= c.group_size) {
-    return absl::InvalidArgumentError(absl::StrCat("rank ", c.rank, " is outside the group of ",
-                                                   c.group_size, " (ranks 0..", c.group_size - 1, ")"));
+  if (c.rank < 0 || c.rank >= group) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", c.rank, " is outside the ",
+                                                   c.members ? "job's " : "", "group of ", group,
+                                                   " (ranks 0..", group - 1, ")"));
   }
   absl::Status shape = ValidateShape(c.spec.shape);
   if (!shape.ok()) return shape;
@@ -29,32 +31,70 @@ absl::Status Validate(const AllReduceContribution& c) {
 
 }  // namespace
 
+absl::Status AllReduceHub::Admit(Collective& col, const AllReduceContribution& c) {
+  if (shut_down_) return absl::UnavailableError("the server is shutting down");
+  if (col.members != c.members) {
+    return absl::InvalidArgumentError(absl::StrCat("collective '", c.name, "' is ",
+                                                   col.members ? "over the job's members" : "a fixed group",
+                                                   "; this caller asks for ",
+                                                   c.members ? "the job's members" : "a fixed group"));
+  }
+  if (!col.members && col.barrier.group_size() != c.group_size) {
+    return absl::InvalidArgumentError(absl::StrCat("collective '", c.name, "' has group size ",
+                                                   col.barrier.group_size(), "; this caller says ",
+                                                   c.group_size));
+  }
+  if (col.members) {
+    if (members_->job_ended()) return absl::AbortedError(absl::StrCat("the job has ended: ", members_->job_error()));
+    if (members_->excluded(c.rank)) {
+      return absl::FailedPreconditionError(absl::StrCat("rank ", c.rank, " is no longer in the group"));
+    }
+    if (c.round > col.round) {
+      return absl::OutOfRangeError(absl::StrCat("collective '", c.name, "' is at round ", col.round,
+                                                "; rank ", c.rank, " asked for round ", c.round));
+    }
+    if (c.round + 1 < col.round) {
+      return absl::FailedPreconditionError(absl::StrCat("round ", c.round, " of collective '", c.name,
+                                                        "' is long past (it is at round ", col.round, ")"));
+    }
+  }
+  const bool current_round = !col.members || c.round == col.round;
+  if (current_round && col.barrier.arrived() > 0 && col.spec.shape != c.spec.shape) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "collective '", c.name, "' round ", col.round, " reduces shape ", ShapeString(col.spec.shape),
+        "; rank ", c.rank, " sent ", ShapeString(c.spec.shape)));
+  }
+  if (current_round && col.barrier.arrived() > 0 && col.barrier.has_arrived(c.rank)) {
+    return absl::AlreadyExistsError(absl::StrCat("rank ", c.rank, " already contributed to round ",
+                                                 col.round, " of collective '", c.name, "'"));
+  }
+  return absl::OkStatus();
+}
+
 void AllReduceHub::Contribute(const AllReduceContribution& c, std::shared_ptr<ParkedCall> call) {
   CallsToFinish done;
-  absl::Status refused = Validate(c);
+  absl::Status refused = c.members && members_ == nullptr
+                             ? absl::FailedPreconditionError("this server keeps no membership")
+                             : Validate(c, members_ != nullptr ? members_->world_size() : 0);
   if (refused.ok()) {
     absl::MutexLock lock(&mu_);
     std::unique_ptr<Collective>& slot = collectives_[c.name];
-    if (slot == nullptr) slot = std::make_unique<Collective>(c.group_size);
+    if (slot == nullptr) {
+      slot = std::make_unique<Collective>(c.members ? members_->world_size() : c.group_size, c.members);
+    }
     Collective& col = *slot;
-    const int64_t n = c.spec.num_elements();
-    if (shut_down_) {
-      refused = absl::UnavailableError("the server is shutting down");
-    } else if (col.barrier.group_size() != c.group_size) {
-      refused = absl::InvalidArgumentError(absl::StrCat("collective '", c.name, "' has group size ",
-                                                        col.barrier.group_size(), "; this caller says ",
-                                                        c.group_size));
-    } else if (col.barrier.arrived() > 0 && col.spec.shape != c.spec.shape) {
-      refused = absl::InvalidArgumentError(absl::StrCat(
-          "collective '", c.name, "' round ", col.round, " reduces shape ", ShapeString(col.spec.shape),
-          "; rank ", c.rank, " sent ", ShapeString(c.spec.shape)));
-    } else if (col.barrier.arrived() > 0 && col.barrier.has_arrived(c.rank)) {
-      refused = absl::AlreadyExistsError(absl::StrCat("rank ", c.rank, " already contributed to round ",
-                                                      col.round, " of collective '", c.name, "'"));
-    } else {
-      const absl::Time now = absl::Now();
+    refused = Admit(col, c);
+    if (refused.ok() && col.members && c.round + 1 == col.round) {
+      // A member that rejoined after the round completed: it gets the round's sum, adding nothing.
+      if (call->Claim()) {
+        call->Fill(c.round + 1, col.last);
+        done.Add(std::move(call), absl::OkStatus());
+      }
+    } else if (refused.ok()) {
+      const int64_t n = c.spec.num_elements();
+      const absl::Time now = clock_->Now();
       const bool first = col.barrier.arrived() == 0;
-      const bool all = *col.barrier.Arrive(c.rank, now);  // rank and duplicates checked above
+      col.barrier.Arrive(c.rank, now).IgnoreError();  // rank and duplicates checked above
       const float* in = reinterpret_cast<const float*>(c.data.data());
       if (first) {
         col.spec = c.spec;
@@ -64,15 +104,41 @@ void AllReduceHub::Contribute(const AllReduceContribution& c, std::shared_ptr<Pa
         for (int64_t i = 0; i < n; ++i) col.sum[i] += in[i];
       }
       col.parked.Park(std::move(call), col.round + 1, now + deadline_);
-      if (all) {
-        ++col.round;
-        ++rounds_completed_;
-        col.barrier.Reset();
-        col.parked.Release(col.round, col.sum, done);
-      }
+      MaybeComplete(col, done);
     }
   }
   if (!refused.ok() && call != nullptr && call->Claim()) call->Finish(refused);
+}
+
+void AllReduceHub::MaybeComplete(Collective& col, CallsToFinish& done) {
+  if (col.barrier.arrived() == 0) return;
+  for (int r = 0; r < col.barrier.group_size(); ++r) {
+    if (!col.barrier.has_arrived(r) && !(col.members && members_->excluded(r))) return;
+  }
+  ++col.round;
+  ++rounds_completed_;
+  col.barrier.Reset();
+  col.parked.Release(col.round, col.sum, done);
+  if (col.members) {
+    col.last = col.sum;
+    col.last_spec = col.spec;
+  }
+}
+
+void AllReduceHub::OnMembershipChange() {
+  if (members_ == nullptr) return;
+  CallsToFinish done;
+  absl::MutexLock lock(&mu_);
+  const bool ended = members_->job_ended();
+  for (auto& [name, col] : collectives_) {
+    if (!col->members) continue;
+    if (ended) {
+      col->parked.FailAll(absl::AbortedError(absl::StrCat("the job has ended: ", members_->job_error())), done);
+      col->barrier.Reset();
+    } else {
+      MaybeComplete(*col, done);
+    }
+  }
 }
 
 absl::Time AllReduceHub::ExpireRounds(absl::Time now) {
@@ -87,7 +153,10 @@ absl::Time AllReduceHub::ExpireRounds(absl::Time now) {
         next = std::min(next, round_deadline);
         continue;
       }
-      const std::vector<int> missing = col->barrier.Missing();
+      std::vector<int> missing;
+      for (int r : col->barrier.Missing()) {
+        if (!(col->members && members_->excluded(r))) missing.push_back(r);
+      }
       const absl::Status status = absl::DeadlineExceededError(absl::StrCat(
           "collective '", name, "' round ", col->round, " abandoned: ", col->barrier.arrived(), " of ",
           col->barrier.group_size(), " ranks arrived within ", absl::FormatDuration(deadline_),

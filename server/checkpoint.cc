@@ -13,6 +13,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/logging.h"
+#include "common/partition_map.h"
+#include "common/tensor_proto.h"
 
 namespace summa::server {
 namespace {
@@ -47,7 +51,113 @@ uint64_t ReadLe(const char* p, int bytes) {
   return v;
 }
 
+std::string Floats(const std::vector<float>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
+// `bytes` as exactly `n` floats, or DATA_LOSS naming `what`.
+absl::StatusOr<std::vector<float>> FloatsOf(const std::string& bytes, int64_t n, const std::string& what) {
+  if (static_cast<int64_t>(bytes.size()) != n * 4) {
+    return absl::DataLossError(absl::StrCat(what, " holds ", bytes.size(), " bytes; ", n * 4, " expected"));
+  }
+  std::vector<float> out(n);
+  std::memcpy(out.data(), bytes.data(), bytes.size());
+  return out;
+}
+
+std::string Describe(const JobDescription& j) {
+  return absl::StrCat(j.world_size, " workers, ", ModeName(j.mode), " mode, partitions of ",
+                      j.partition_bytes, " bytes, optimizer ", j.optimizer_name, " with state [",
+                      absl::StrJoin(j.slot_names, ", "), "]");
+}
+
 }  // namespace
+
+uint64_t ServerSnapshot::version() const {
+  uint64_t low = partitions.empty() ? 0 : UINT64_MAX;
+  for (const PartitionSnapshot& p : partitions) low = std::min(low, p.version);
+  return low;
+}
+
+summa::v1::Checkpoint EncodeCheckpoint(const ServerSnapshot& s) {
+  summa::v1::Checkpoint c;
+  c.set_version(s.version());
+  c.set_world_size(s.job.world_size);
+  c.set_mode(ModeToProto(s.job.mode));
+  c.set_partition_bytes(s.job.partition_bytes);
+  c.set_optimizer(s.job.optimizer);
+  c.set_optimizer_name(s.job.optimizer_name);
+  for (const std::string& name : s.job.slot_names) c.add_slot_names(name);
+  c.set_created_unix_seconds(absl::ToUnixSeconds(s.created));
+  for (const TensorSpec& spec : s.specs) SpecToProto(spec, c.add_params());
+  for (const PartitionSnapshot& p : s.partitions) {
+    summa::v1::PartitionCheckpoint* out = c.add_partitions();
+    out->set_id(p.id);
+    out->set_version(p.version);
+    out->set_weights(Floats(p.weights));
+    for (const std::vector<float>& slot : p.slots) out->add_slots(Floats(slot));
+    for (uint64_t next : p.next_steps) out->add_next_steps(next);
+  }
+  return c;
+}
+
+absl::StatusOr<ServerSnapshot> DecodeCheckpoint(const summa::v1::Checkpoint& c, const JobDescription& ours) {
+  ServerSnapshot s;
+  JobDescription& theirs = s.job;
+  theirs.world_size = c.world_size();
+  absl::StatusOr<Mode> mode = ModeFromProto(c.mode());
+  if (!mode.ok()) return absl::DataLossError(absl::StrCat("the checkpoint's ", mode.status().message()));
+  theirs.mode = *mode;
+  theirs.partition_bytes = c.partition_bytes();
+  theirs.optimizer_name = c.optimizer_name();
+  theirs.optimizer = c.optimizer();
+  theirs.slot_names.assign(c.slot_names().begin(), c.slot_names().end());
+  if (theirs.world_size != ours.world_size || theirs.mode != ours.mode ||
+      theirs.partition_bytes != ours.partition_bytes || theirs.optimizer_name != ours.optimizer_name ||
+      theirs.slot_names != ours.slot_names) {
+    return absl::FailedPreconditionError(absl::StrCat("the checkpoint is of a job of ", Describe(theirs),
+                                                      "; this server runs ", Describe(ours)));
+  }
+  if (theirs.optimizer != ours.optimizer) {
+    SUMMA_LOG(WARNING) << "the checkpoint's optimizer was " << theirs.optimizer << "; going on with "
+                       << ours.optimizer << " and its state";
+  }
+  s.created = absl::FromUnixSeconds(c.created_unix_seconds());
+  for (const summa::v1::Tensor& t : c.params()) {
+    absl::StatusOr<TensorSpec> spec = SpecFromProto(t);
+    if (!spec.ok()) return absl::DataLossError(absl::StrCat("the checkpoint's ", spec.status().message()));
+    s.specs.push_back(*std::move(spec));
+  }
+  absl::StatusOr<PartitionMap> map = PartitionMap::Create(s.specs, ours.partition_bytes);
+  if (!map.ok()) return absl::DataLossError(absl::StrCat("the checkpoint's model: ", map.status().message()));
+  if (map->partitions().size() != static_cast<size_t>(c.partitions_size())) {
+    return absl::DataLossError(absl::StrCat("the checkpoint holds ", c.partitions_size(),
+                                            " partitions; its model has ", map->partitions().size()));
+  }
+  for (const PartitionRange& range : map->partitions()) {
+    const summa::v1::PartitionCheckpoint& in = c.partitions(range.id);
+    const std::string what = absl::StrCat("partition ", range.id);
+    if (in.id() != range.id || in.slots_size() != static_cast<int>(ours.slot_names.size()) ||
+        in.next_steps_size() != ours.world_size) {
+      return absl::DataLossError(absl::StrCat(what, " of the checkpoint is malformed"));
+    }
+    PartitionSnapshot p;
+    p.id = range.id;
+    p.version = in.version();
+    absl::StatusOr<std::vector<float>> weights = FloatsOf(in.weights(), range.length, what + "'s weights");
+    if (!weights.ok()) return weights.status();
+    p.weights = *std::move(weights);
+    for (int i = 0; i < in.slots_size(); ++i) {
+      absl::StatusOr<std::vector<float>> slot =
+          FloatsOf(in.slots(i), range.length, absl::StrCat(what, "'s ", ours.slot_names[i]));
+      if (!slot.ok()) return slot.status();
+      p.slots.push_back(*std::move(slot));
+    }
+    p.next_steps.assign(in.next_steps().begin(), in.next_steps().end());
+    s.partitions.push_back(std::move(p));
+  }
+  return s;
+}
 
 absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir,
                                             const summa::v1::Checkpoint& checkpoint, int keep) {

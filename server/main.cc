@@ -1,13 +1,12 @@
 // summa-server: parses flags and runs the parameter-server daemon until SIGINT or SIGTERM.
 #include <cstdio>
 #include <string>
-#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/flags.h"
-#include "server/service.h"
+#include "server/daemon.h"
 
 ABSL_FLAG(std::string, address, "0.0.0.0:50051",
           "host:port to listen on; port 0 lets the OS choose (see --port_file)");
@@ -37,54 +36,90 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
 ABSL_FLAG(int64_t, checkpoint_every, 100,
           "write a checkpoint every this many steps (and on SIGTERM); 0: only on SIGTERM");
 ABSL_FLAG(std::string, optimizer, "sgd",
-          "optimizer applied to the summed gradient: sgd (divides by the examples pushed)");
-ABSL_FLAG(double, lr, 0.1, "SGD learning rate");
-ABSL_FLAG(double, momentum, 0.0, "SGD momentum in [0, 1); 0 is the seed's plain SGD");
-ABSL_FLAG(double, weight_decay, 0.0, "L2 weight decay added to the mean gradient");
+          "optimizer applied to the summed gradient divided by the examples pushed, with "
+          "PyTorch's semantics: sgd, adam or adamw (decoupled weight decay)");
+ABSL_FLAG(double, lr, 0.1, "learning rate (the schedule's peak)");
+ABSL_FLAG(double, momentum, 0.0, "sgd: momentum in [0, 1); 0 is the seed's plain SGD");
+ABSL_FLAG(bool, nesterov, false, "sgd: Nesterov momentum (needs --momentum > 0)");
+ABSL_FLAG(double, weight_decay, 0.0,
+          "weight decay: L2 added to the gradient (sgd, adam), decoupled (adamw)");
+ABSL_FLAG(double, beta1, 0.9, "adam, adamw: decay of the first moment, in [0, 1)");
+ABSL_FLAG(double, beta2, 0.999, "adam, adamw: decay of the second moment, in [0, 1)");
+ABSL_FLAG(double, eps, 1e-8, "adam, adamw: added to the denominator");
+ABSL_FLAG(std::string, lr_schedule, "constant",
+          "learning-rate schedule over the updates: constant; step (multiply by --lr_gamma every "
+          "--lr_step_size updates); cosine (linear warm-up over --lr_warmup_steps, then half a "
+          "cosine down to 0 at --lr_total_steps)");
+ABSL_FLAG(int64_t, lr_step_size, 0, "step schedule: updates between decays");
+ABSL_FLAG(double, lr_gamma, 0.1, "step schedule: the factor of each decay");
+ABSL_FLAG(int64_t, lr_warmup_steps, 0, "cosine schedule: updates of linear warm-up");
+ABSL_FLAG(int64_t, lr_total_steps, 0, "cosine schedule: the update at which the rate reaches 0");
+ABSL_FLAG(std::string, nonfinite, "reject",
+          "a pushed gradient holding NaN or infinity: reject (INVALID_ARGUMENT naming rank, step, "
+          "partition and element; nothing changes), skip_step (its step applies no update), or "
+          "zero (the bad values count as 0)");
 ABSL_FLAG(int64_t, partition_bytes, 4 << 20,
           "largest slice of the flat parameter buffer that one push or pull carries, in bytes");
 ABSL_FLAG(absl::Duration, barrier_deadline, absl::Minutes(10),
           "how long a pull or an AllReduce waits for the rest of its group before it fails with "
           "DEADLINE_EXCEEDED (e.g. 30s, 10m)");
 
+namespace {
+
+// The flags as server options, or the first bad one's message.
+absl::StatusOr<summa::server::ServerOptions> OptionsFromFlags() {
+  namespace server = summa::server;
+  server::ServerOptions o;
+  o.world_size = absl::GetFlag(FLAGS_workers);
+  absl::StatusOr<server::Mode> mode = server::ParseMode(absl::GetFlag(FLAGS_mode));
+  if (!mode.ok()) return mode.status();
+  o.mode = *mode;
+  o.staleness = absl::GetFlag(FLAGS_staleness);
+  absl::StatusOr<server::OnWorkerLoss> loss = server::ParseOnWorkerLoss(absl::GetFlag(FLAGS_on_worker_loss));
+  if (!loss.ok()) return loss.status();
+  o.on_worker_loss = *loss;
+  absl::StatusOr<server::NonFinite> nonfinite = server::ParseNonFinite(absl::GetFlag(FLAGS_nonfinite));
+  if (!nonfinite.ok()) return nonfinite.status();
+  o.nonfinite = *nonfinite;
+  server::OptimizerOptions& opt = o.optimizer;
+  opt.name = absl::GetFlag(FLAGS_optimizer);
+  opt.learning_rate = absl::GetFlag(FLAGS_lr);
+  opt.momentum = absl::GetFlag(FLAGS_momentum);
+  opt.nesterov = absl::GetFlag(FLAGS_nesterov);
+  opt.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  opt.beta1 = absl::GetFlag(FLAGS_beta1);
+  opt.beta2 = absl::GetFlag(FLAGS_beta2);
+  opt.eps = absl::GetFlag(FLAGS_eps);
+  absl::StatusOr<server::LrSchedule> schedule = server::ParseLrSchedule(absl::GetFlag(FLAGS_lr_schedule));
+  if (!schedule.ok()) return schedule.status();
+  opt.schedule = *schedule;
+  opt.step_size = absl::GetFlag(FLAGS_lr_step_size);
+  opt.gamma = absl::GetFlag(FLAGS_lr_gamma);
+  opt.warmup_steps = absl::GetFlag(FLAGS_lr_warmup_steps);
+  opt.total_steps = absl::GetFlag(FLAGS_lr_total_steps);
+  o.partition_bytes = absl::GetFlag(FLAGS_partition_bytes);
+  o.barrier_deadline = absl::GetFlag(FLAGS_barrier_deadline);
+  o.lease = absl::GetFlag(FLAGS_lease);
+  o.rejoin_deadline = absl::GetFlag(FLAGS_rejoin_deadline);
+  o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  if (absl::Status valid = server::ValidateOptions(o); !valid.ok()) return valid;
+  return o;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   summa::ParseFlagsOrDie(argc, argv,
                          "the Summa parameter server. Holds the master weights, sums "
                          "the gradients workers push, applies the optimizer and serves the new "
                          "parameters; also serves AllReduce.\n\n  summa-server --workers=2 --lr=0.2");
-  const std::string mode = absl::GetFlag(FLAGS_mode);
-  if (mode != "sync" && mode != "async" && mode != "ssp") {
-    std::fprintf(stderr, "summa-server: --mode=%s: use sync, async or ssp\n", mode.c_str());
+  absl::StatusOr<summa::server::ServerOptions> parsed = OptionsFromFlags();
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "summa-server: %s\n", std::string(parsed.status().message()).c_str());
     return 2;
   }
-  const std::string loss = absl::GetFlag(FLAGS_on_worker_loss);
-  if (loss != "wait" && loss != "shrink") {
-    std::fprintf(stderr, "summa-server: --on_worker_loss=%s: use wait or shrink\n", loss.c_str());
-    return 2;
-  }
-  if (absl::GetFlag(FLAGS_optimizer) != "sgd") {
-    std::fprintf(stderr, "summa-server: --optimizer=%s is not supported; use --optimizer=sgd\n",
-                 absl::GetFlag(FLAGS_optimizer).c_str());
-    return 2;
-  }
-  summa::server::ServerOptions options;
-  options.world_size = absl::GetFlag(FLAGS_workers);
-  options.sgd.learning_rate = absl::GetFlag(FLAGS_lr);
-  options.sgd.momentum = absl::GetFlag(FLAGS_momentum);
-  options.sgd.weight_decay = absl::GetFlag(FLAGS_weight_decay);
-  options.partition_bytes = absl::GetFlag(FLAGS_partition_bytes);
-  options.barrier_deadline = absl::GetFlag(FLAGS_barrier_deadline);
-  options.mode = mode == "sync"    ? summa::server::Mode::kSync
-                 : mode == "async" ? summa::server::Mode::kAsync
-                                   : summa::server::Mode::kSsp;
-  options.staleness = absl::GetFlag(FLAGS_staleness);
-  options.lease = absl::GetFlag(FLAGS_lease);
-  options.on_worker_loss =
-      loss == "shrink" ? summa::server::OnWorkerLoss::kShrink : summa::server::OnWorkerLoss::kWait;
-  options.rejoin_deadline = absl::GetFlag(FLAGS_rejoin_deadline);
-  options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
-  options.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
-
+  const summa::server::ServerOptions& options = *parsed;
   summa::BlockTerminationSignals();
   auto server = summa::server::SummaServer::Start(absl::GetFlag(FLAGS_address), options,
                                                   absl::GetFlag(FLAGS_metrics_address));
@@ -94,7 +129,7 @@ int main(int argc, char** argv) {
   }
   const int port = (*server)->port();
   std::printf("summa-server listening on port %d: %d workers, %s mode, %s, partitions of %lld bytes\n",
-              port, options.world_size, mode.c_str(),
+              port, options.world_size, summa::server::ModeName(options.mode),
               (*server)->core().Status().optimizer.c_str(),
               static_cast<long long>(options.partition_bytes));
   std::fflush(stdout);
@@ -117,16 +152,10 @@ int main(int argc, char** argv) {
       }
     }
   }
-  summa::server::SummaServer* running = server->get();
-  std::thread signals([running] {
-    const int sig = summa::WaitForTerminationSignal();
-    std::printf("summa-server: signal %d, shutting down\n", sig);
-    std::fflush(stdout);
-    running->Shutdown();
-  });
-  signals.detach();
-  const std::string job_error = running->Wait();
-  running->Shutdown();
+  summa::server::SummaServer& running = **server;
+  running.StopOnTerminationSignals();
+  const std::string job_error = running.Wait();
+  running.Shutdown();
   if (!job_error.empty()) {
     std::fprintf(stderr, "summa-server: the job ended: %s\n", job_error.c_str());
     return 1;

@@ -1,22 +1,18 @@
 // ParameterServer: the daemon's core, free of gRPC. It learns the model from the first Join that
-// carries values (or from a checkpoint), holds the master weights and optimizer state per
-// partition, and applies pushes according to the consistency mode:
-//  - sync: pushes are summed on arrival; when every member has pushed a partition for the step,
-//    the optimizer runs on the sum divided by the examples covered and the version advances;
-//  - async: each push is applied on arrival with its own example count;
-//  - ssp: as async, but a push-pull more than `staleness` steps ahead of the slowest member waits.
-// Pulls that cannot be answered yet are parked and answered when the step completes, or at their
-// deadline. Members hold leases renewed by every call and by Heartbeat; a lapsed member is waited
-// for (`wait`, up to the rejoin deadline, after which the job ends) or dropped (`shrink`).
+// carries values (or from a checkpoint), holds the partitions (server/partition.h) and hands
+// each push to the job's consistency policy (server/consistency.h); membership and leases live
+// in server/membership.h, the optimizer in server/optimizer.h, checkpoint encoding in
+// server/checkpoint.h. Pulls that cannot be answered yet are parked and answered when their
+// step completes, or at their deadline.
 //
-// Each partition is a small state machine under its own lock (BytePS's per-key design), so
-// partitions aggregate in parallel. Lock order: mu_, then a partition's mu. Thread-safe.
+// A push takes its partition's lock and nothing else: the model is published once through an
+// atomic pointer, membership is read through atomics, counters are atomics. Lock order: a
+// checkpoint takes every partition lock in id order; nothing takes two otherwise. Thread-safe.
 #ifndef SUMMA_SERVER_PARAMETER_SERVER_H_
 #define SUMMA_SERVER_PARAMETER_SERVER_H_
 
 #include <atomic>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,39 +23,16 @@
 #include "absl/time/time.h"
 #include "common/partition_map.h"
 #include "common/tensor.h"
-#include "server/aggregator.h"
+#include "server/checkpoint.h"
+#include "server/consistency.h"
+#include "server/job_options.h"
+#include "server/membership.h"
 #include "server/optimizer.h"
 #include "server/parked_call.h"
-#include "server/step_barrier.h"
+#include "server/partition.h"
 #include "summa/v1/checkpoint.pb.h"
 
 namespace summa::server {
-
-enum class Mode { kSync, kAsync, kSsp };
-enum class OnWorkerLoss { kWait, kShrink };
-
-const char* ModeName(Mode mode);
-
-struct ServerOptions {
-  int world_size = 1;
-  Mode mode = Mode::kSync;
-  int staleness = 0;  // ssp: how many steps a worker may run ahead of the slowest
-  SgdOptions sgd;
-  int64_t partition_bytes = 4 << 20;
-  // How long a pull may wait for its step, counted from the pull's arrival.
-  absl::Duration barrier_deadline = absl::Minutes(10);
-  // A member that makes no call for this long has lapsed.
-  absl::Duration lease = absl::Seconds(10);
-  OnWorkerLoss on_worker_loss = OnWorkerLoss::kWait;
-  // wait: how long a lapsed member may take to rejoin before the job ends.
-  absl::Duration rejoin_deadline = absl::Minutes(5);
-  std::string checkpoint_dir;    // empty: no checkpoints
-  int64_t checkpoint_every = 0;  // steps between checkpoints; 0: only at shutdown
-  // Called with each step's duration (partition 0, under its lock: keep it cheap), or null.
-  std::function<void(absl::Duration)> step_observer;
-};
-
-absl::Status ValidateOptions(const ServerOptions& options);
 
 // A tensor as a Join carries it: its description, and its values or nothing.
 struct JoinTensor {
@@ -84,32 +57,6 @@ struct JoinResult {
   std::vector<int> live_ranks;
 };
 
-struct PushRequestView {
-  int rank = 0;
-  uint64_t step = 0;
-  uint32_t partition = 0;
-  int64_t num_examples = 0;
-  bool dtype_is_float32 = true;
-  absl::string_view data;
-  std::string peer;
-};
-
-enum class MemberState { kAbsent, kAlive, kLapsed, kLeft, kDropped };
-const char* MemberStateName(MemberState state);
-
-struct MemberInfo {
-  int rank = 0;
-  MemberState state = MemberState::kAbsent;
-  std::string peer;
-  std::string status_address;
-  uint64_t pushes = 0;
-  uint64_t examples = 0;
-  absl::Time last_seen = absl::InfinitePast();
-  absl::Time lease_expiry = absl::InfinitePast();
-  absl::Time lapsed_at = absl::InfinitePast();
-  int joins = 0;
-};
-
 struct CheckpointInfo {
   std::string path;
   uint64_t version = 0;
@@ -118,19 +65,18 @@ struct CheckpointInfo {
 
 struct StatusSnapshot {
   uint64_t version = 0;
-  Mode mode = Mode::kSync;
-  int world_size = 0;
   bool model_defined = false;
   std::vector<TensorSpec> params;
   int64_t parameter_count = 0;
   int partition_count = 0;
-  int64_t partition_bytes = 0;
   std::vector<MemberInfo> members;
   uint64_t bytes_in = 0;
   uint64_t bytes_out = 0;
   uint64_t pushes_served = 0;
   uint64_t pulls_served = 0;
   uint64_t duplicate_pushes = 0;
+  uint64_t nonfinite_pushes = 0;
+  double learning_rate = 0;  // the schedule's rate for the next update of partition 0
   absl::Duration last_step = absl::ZeroDuration();
   absl::Duration uptime;
   std::string optimizer;
@@ -140,13 +86,14 @@ struct StatusSnapshot {
 
 class ParameterServer {
  public:
+  // `options` must pass ValidateOptions.
   explicit ParameterServer(ServerOptions options);
   ~ParameterServer();
   ParameterServer(const ParameterServer&) = delete;
   ParameterServer& operator=(const ParameterServer&) = delete;
 
-  // Takes the model, weights, optimizer state and version from a checkpoint; before any Join.
-  // FAILED_PRECONDITION when the checkpoint's job differs from the options.
+  // Takes the model, weights, optimizer state and versions from a checkpoint; before any Join.
+  // FAILED_PRECONDITION naming both sides when the checkpoint's job differs from the options.
   absl::Status Restore(const summa::v1::Checkpoint& checkpoint);
 
   // Admits (or readmits) a member. INVALID_ARGUMENT for a wrong world size, a rank outside the
@@ -155,47 +102,48 @@ class ParameterServer {
   absl::StatusOr<JoinResult> Join(const JoinRequestView& request);
 
   // Renews `rank`'s lease. NOT_FOUND when it is not a member, FAILED_PRECONDITION when dropped.
-  absl::Status Heartbeat(int rank, const std::string& peer);
+  absl::Status Heartbeat(int rank);
 
   // Takes `rank` out of the group for good; the steps go on without it.
   absl::Status Leave(int rank);
 
-  // Adds (sync) or applies (async, ssp) a gradient for one partition of one step; true when it
+  // Hands a gradient for one partition of one step to the consistency policy; true when it
   // completed the step (sync) or was applied. Every refusal changes nothing: INVALID_ARGUMENT
-  // (rank, partition, dtype, length, example count), NOT_FOUND (not a member: Join again),
-  // FAILED_PRECONDITION (no model, step already finished, rank dropped), OUT_OF_RANGE (step in
-  // the future), ALREADY_EXISTS (this rank already pushed this partition for this step: a retry,
-  // never summed twice), ABORTED (the job has ended).
+  // (rank, partition, dtype, length, example count, a non-finite value under --nonfinite=reject),
+  // NOT_FOUND (not a member: Join again), FAILED_PRECONDITION (no model, step already finished,
+  // rank dropped), OUT_OF_RANGE (step in the future), ALREADY_EXISTS (this rank already pushed
+  // this partition for this step: a retry, never summed twice), ABORTED (the job has ended).
   absl::StatusOr<bool> Push(const PushRequestView& request);
 
   // Answers `call` with the partition's weights once its version is >= min_version; parks it
-  // until then (up to the barrier deadline). Errors finish the call at once.
-  void Pull(int rank, uint32_t partition, uint64_t min_version, const std::string& peer,
-            std::shared_ptr<ParkedCall> call);
+  // until then (up to the barrier deadline). Errors finish the call at once. rank -1: an
+  // operator's pull, not a member's.
+  void Pull(int rank, uint32_t partition, uint64_t min_version, std::shared_ptr<ParkedCall> call);
 
-  // Push, then answer with the partition's next weights: version step + 1 in sync mode (a retried
-  // push that was already counted only pulls), the newest in async mode, and the newest once the
-  // slowest member is within `staleness` steps in ssp mode.
+  // Push, then answer with the partition's next weights: version step + 1 in sync mode (a
+  // retried push that was already counted, even after its step completed, only pulls), the
+  // newest in async mode, and the newest once the slowest member is within `staleness` steps in
+  // ssp mode.
   void PushPull(const PushRequestView& request, std::shared_ptr<ParkedCall> call);
 
   // Lapses expired leases (dropping them under `shrink`, ending the job under `wait` once the
   // rejoin deadline passes) and finishes parked pulls past their deadline with
-  // DEADLINE_EXCEEDED, naming the ranks the step still waits for.
+  // DEADLINE_EXCEEDED, naming what the step still waits for.
   void Tick(absl::Time now);
 
   // Writes a checkpoint when one is due (every `checkpoint_every` steps), or at once when
-  // `force`. FAILED_PRECONDITION while partitions are between versions of one step (retry).
+  // `force`. FAILED_PRECONDITION in sync mode while partitions are between versions (retry).
+  // Blocks on disk I/O: call it from a thread of the daemon's, never from a gRPC callback.
   absl::Status MaybeCheckpoint(bool force);
 
   // Fails every parked call with UNAVAILABLE: the server is going down.
   void Shutdown();
 
-  // Empty while the job runs; why it ended otherwise.
-  std::string job_error() const;
-
+  std::string job_error() const { return membership_.job_error(); }
   // The ranks still in the group (not dropped, not left), ascending: the workers re-shard the
-  // data over these. Stable under any partition lock.
-  std::vector<int> LiveRanks() const;
+  // data over these.
+  std::vector<int> LiveRanks() const { return membership_.LiveRanks(); }
+  Membership& membership() { return membership_; }
 
   StatusSnapshot Status() const;
 
@@ -204,73 +152,50 @@ class ParameterServer {
   const ServerOptions& options() const { return options_; }
 
  private:
-  struct PartitionState {
-    PartitionState(PartitionRange range, int world_size, absl::Span<const float> initial);
-    const PartitionRange range;
-    mutable absl::Mutex mu;
-    uint64_t version ABSL_GUARDED_BY(mu) = 0;
-    std::vector<float> weights ABSL_GUARDED_BY(mu);
-    std::vector<float> velocity ABSL_GUARDED_BY(mu);
-    Aggregator aggregator ABSL_GUARDED_BY(mu);
-    StepBarrier barrier ABSL_GUARDED_BY(mu);       // sync
-    std::vector<uint64_t> next_step ABSL_GUARDED_BY(mu);  // async, ssp: per rank
-    ParkingLot parked ABSL_GUARDED_BY(mu);         // waiting for a version
-    ParkingLot clock_parked ABSL_GUARDED_BY(mu);   // ssp: waiting for the slowest member
-    absl::Time last_completion ABSL_GUARDED_BY(mu);
-    absl::Duration last_step ABSL_GUARDED_BY(mu) = absl::ZeroDuration();
-  };
-  // Immutable once defined, apart from the partitions' own locked state.
+  // Immutable once published, apart from the partitions' own locked state.
   struct Model {
     explicit Model(PartitionMap m) : map(std::move(m)) {}
     PartitionMap map;
-    std::vector<std::unique_ptr<PartitionState>> partitions;
+    std::vector<std::unique_ptr<Partition>> partitions;
   };
 
-  std::shared_ptr<const Model> model() const;
+  const Model* model() const { return model_.load(std::memory_order_acquire); }
   absl::Status BuildModel(std::vector<TensorSpec> specs, const std::vector<float>& flat)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status DefineModel(const JoinRequestView& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status CheckSameModel(const JoinRequestView& request) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // OK for an alive or lapsed member (and renews its lease); the status to refuse with otherwise.
-  absl::Status CheckMember(int rank, const std::string& peer, uint64_t pushes, uint64_t examples);
-  // Takes `ranks` out of every partition's barrier and clock, completing what that completes.
-  void Exclude(const std::vector<int>& ranks);
-  // Sync: applies the step if every expected rank has arrived.
-  void MaybeCompleteStep(PartitionState& state, absl::Time now, CallsToFinish& out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(state.mu);
-  // Async/ssp: the lowest next step over the ranks still in the group.
-  uint64_t SlowestStep(const PartitionState& state) const ABSL_SHARED_LOCKS_REQUIRED(state.mu);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(define_mu_);
+  absl::Status DefineModel(const JoinRequestView& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(define_mu_);
+  absl::Status CheckSameModel(const Model& model, const JoinRequestView& request) const;
+  // Checks a push's values under --nonfinite; how to take them, or the refusal.
+  absl::StatusOr<PushValues> CheckValues(const PushRequestView& request);
   void PullFrom(const Model& model, uint32_t partition, uint64_t min_version,
                 std::shared_ptr<ParkedCall> call);
-  void EndJob(const std::string& why);
-  // Why a parked pull on `state` is still waiting.
-  std::string WaitingFor(const PartitionState& state) const ABSL_SHARED_LOCKS_REQUIRED(state.mu);
+  // Membership changed: members left out complete steps; a job that ended aborts parked calls.
+  void OnMembershipChange();
+  void FailParked(const absl::Status& status);
   absl::Status Answerable() const;
+  JobDescription Job() const;
+  void CountAnswers(const CallsToFinish& answered, int64_t floats);
 
   const ServerOptions options_;
-  const SgdOptimizer optimizer_;
+  const std::unique_ptr<const Optimizer> optimizer_;
+  Membership membership_;
+  const std::unique_ptr<const ConsistencyPolicy> policy_;
   const absl::Time started_;
 
-  mutable absl::Mutex mu_;
-  std::shared_ptr<const Model> model_ ABSL_GUARDED_BY(mu_);
-  std::vector<MemberInfo> members_ ABSL_GUARDED_BY(mu_);
-  // Ranks excluded from the barriers (dropped or left); read under a partition lock, so atomic.
-  std::vector<std::atomic<bool>> excluded_;
-  CheckpointInfo checkpoint_ ABSL_GUARDED_BY(mu_);
-  // A leaf lock: read under partition locks when refusing calls after the job ended.
-  mutable absl::Mutex error_mu_;
-  std::string job_error_ ABSL_GUARDED_BY(error_mu_);
-  absl::Mutex checkpoint_mu_;  // one checkpoint written at a time
+  absl::Mutex define_mu_;  // serializes defining the model
+  std::unique_ptr<Model> model_owner_ ABSL_GUARDED_BY(define_mu_);
+  std::atomic<const Model*> model_{nullptr};
 
-  // Atomic, not under mu_: read under partition locks.
+  absl::Mutex checkpoint_mu_;  // one checkpoint at a time; taken before any partition lock
+  mutable absl::Mutex info_mu_;
+  CheckpointInfo checkpoint_ ABSL_GUARDED_BY(info_mu_);
+
   std::atomic<bool> shut_down_{false};
-  std::atomic<bool> job_ended_{false};
   std::atomic<uint64_t> bytes_in_{0};
   std::atomic<uint64_t> bytes_out_{0};
   std::atomic<uint64_t> pushes_served_{0};
   std::atomic<uint64_t> pulls_served_{0};
   std::atomic<uint64_t> duplicate_pushes_{0};
+  std::atomic<uint64_t> nonfinite_pushes_{0};
 };
 
 }  // namespace summa::server

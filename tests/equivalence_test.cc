@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
-#include "server/service.h"
+#include "server/daemon.h"
 #include "worker/lenet.h"
 #include "worker/trainer.h"
 
@@ -40,7 +40,7 @@ struct JobRun {
 JobRun Train(int workers, int64_t batch, const Dataset& data, int epochs, int devices = 1) {
   server::ServerOptions so;
   so.world_size = workers;
-  so.sgd.learning_rate = 0.2;
+  so.optimizer.learning_rate = 0.2;
   so.barrier_deadline = absl::Seconds(60);
   auto server = server::SummaServer::Start("127.0.0.1:0", so);
   EXPECT_TRUE(server.ok()) << server.status();

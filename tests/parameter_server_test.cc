@@ -1,10 +1,13 @@
 #include "server/parameter_server.h"
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <algorithm>
 #include <filesystem>
 #include <string>
 
+#include "common/clock.h"
 #include "server/checkpoint.h"
 
 #include "gtest/gtest.h"
@@ -25,7 +28,7 @@ class ParameterServerTest : public ::testing::Test {
   static ServerOptions Options() {
     ServerOptions o;
     o.world_size = 2;
-    o.sgd.learning_rate = 1.0;
+    o.optimizer.learning_rate = 1.0;
     o.partition_bytes = 16;
     o.barrier_deadline = absl::Seconds(30);
     return o;
@@ -81,7 +84,7 @@ TEST_F(ParameterServerTest, SyncStepsSumEveryPushAndDivideByTotalExamples) {
   for (uint64_t step = 0; step < 3; ++step) {
     const std::vector<float> before = ps_.WeightsForTest();
     auto pull0 = std::make_shared<FakeCall>();
-    ps_.Pull(0, 0, step + 1, "", pull0);
+    ps_.Pull(0, 0, step + 1, pull0);
     EXPECT_FALSE(pull0->answered()) << "a pull for the next version must wait for the step";
     // rank 0: 3 examples, rank 1: 1 example; partition 0 holds w, partition 1 holds b.
     ASSERT_EQ(*ps_.Push(PushView(0, step, 0, Bytes({4, 8, 0, 4}), 3)), false);
@@ -125,16 +128,22 @@ TEST_F(ParameterServerTest, BadPushesAreRefusedAndChangeNothing) {
   for (const Case& c : cases) {
     EXPECT_EQ(ps_.Push(c.view).status().code(), c.code) << c.what;
   }
-  // A duplicate is refused and not counted: rank 1's single push must not complete the step.
+  // A duplicate is refused and not counted: rank 1's single push must not complete the step. It
+  // carries other values and another example count, so that summing it would show.
   ASSERT_TRUE(ps_.Push(PushView(0, 0, 0, good, 1)).ok());
-  auto dup = ps_.Push(PushView(0, 0, 0, good, 1));
+  auto dup = ps_.Push(PushView(0, 0, 0, Bytes({9, 9, 9, 9}), 3));
   EXPECT_EQ(dup.status().code(), absl::StatusCode::kAlreadyExists) << dup.status();
   EXPECT_EQ(ps_.WeightsForTest(), before);
   ASSERT_EQ(*ps_.Push(PushView(1, 0, 0, good, 1)), true);
-  // 2 pushes of ones over 2 examples: each weight moves by exactly 1, not 1.5.
+  // 2 pushes of ones over 2 examples: each weight moves by exactly 1 (with the duplicate summed
+  // it would be (1 + 9 + 1) / 5).
   EXPECT_EQ(ps_.WeightsForTest()[0], before[0] - 1);
-  // Step 0 of partition 0 is now finished.
-  EXPECT_EQ(ps_.Push(PushView(0, 0, 0, good, 1)).status().code(), absl::StatusCode::kFailedPrecondition);
+  // A retry after its step completed (the first reply was lost) is still a duplicate.
+  const std::vector<float> after = ps_.WeightsForTest();
+  EXPECT_EQ(ps_.Push(PushView(0, 0, 0, Bytes({9, 9, 9, 9}), 3)).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(ps_.WeightsForTest(), after);
+  EXPECT_EQ(ps_.Status().duplicate_pushes, 2u);
 }
 
 TEST_F(ParameterServerTest, PushBeforeJoinIsRefused) {
@@ -179,7 +188,7 @@ TEST_F(ParameterServerTest, ParkedPullExpiresAtItsDeadlineNamingMissingRanks) {
   JoinBoth();
   ASSERT_TRUE(ps_.Push(PushView(0, 0, 0, Bytes({1, 1, 1, 1}), 1)).ok());
   auto pull = std::make_shared<FakeCall>();
-  ps_.Pull(0, 0, 1, "", pull);
+  ps_.Pull(0, 0, 1, pull);
   ps_.Tick(absl::Now());
   EXPECT_FALSE(pull->answered());
   ps_.Tick(absl::Now() + absl::Seconds(31));
@@ -191,10 +200,10 @@ TEST_F(ParameterServerTest, ParkedPullExpiresAtItsDeadlineNamingMissingRanks) {
 TEST_F(ParameterServerTest, PullTooFarAheadAndShutdownAnswerAtOnce) {
   JoinBoth();
   auto far = std::make_shared<FakeCall>();
-  ps_.Pull(0, 0, 5, "", far);
+  ps_.Pull(0, 0, 5, far);
   EXPECT_EQ(far->Wait().code(), absl::StatusCode::kOutOfRange);
   auto parked = std::make_shared<FakeCall>();
-  ps_.Pull(0, 1, 1, "", parked);
+  ps_.Pull(0, 1, 1, parked);
   ps_.Shutdown();
   EXPECT_EQ(parked->Wait().code(), absl::StatusCode::kUnavailable);
 }
@@ -202,7 +211,7 @@ TEST_F(ParameterServerTest, PullTooFarAheadAndShutdownAnswerAtOnce) {
 TEST_F(ParameterServerTest, CancelledCallIsDroppedWhenTheStepCompletes) {
   JoinBoth();
   auto pull = std::make_shared<FakeCall>();
-  ps_.Pull(0, 0, 1, "", pull);
+  ps_.Pull(0, 0, 1, pull);
   ASSERT_TRUE(pull->Claim());  // the client cancelled: the edge claimed it first
   ASSERT_TRUE(ps_.Push(PushView(0, 0, 0, Bytes({1, 1, 1, 1}), 1)).ok());
   ASSERT_TRUE(ps_.Push(PushView(1, 0, 0, Bytes({1, 1, 1, 1}), 1)).ok());
@@ -225,8 +234,9 @@ class MembershipTest : public ::testing::Test {
  protected:
   std::unique_ptr<ParameterServer> Make(ServerOptions o) {
     o.world_size = 2;
-    o.sgd.learning_rate = 1.0;
+    o.optimizer.learning_rate = 1.0;
     o.lease = absl::Seconds(1);
+    o.clock = &clock_;
     auto ps = std::make_unique<ParameterServer>(o);
     for (int rank : {0, 1}) {
       JoinRequestView v;
@@ -245,8 +255,16 @@ class MembershipTest : public ::testing::Test {
     v.num_examples = examples;
     return v;
   }
+  JoinRequestView Rejoin(int rank) {
+    JoinRequestView v;
+    v.rank = rank;
+    v.world_size = 2;
+    v.params = {{{"w", DType::kFloat32, {4}}, absl::string_view()}};
+    return v;
+  }
   const std::string zeros_ = Floats4(0);
   const std::string twos_ = Floats4(2);
+  FakeClock clock_;
 };
 
 TEST_F(MembershipTest, ShrinkDropsALapsedMemberAndFinishesTheStepWithoutIt) {
@@ -257,9 +275,10 @@ TEST_F(MembershipTest, ShrinkDropsALapsedMemberAndFinishesTheStepWithoutIt) {
   ps->PushPull(Push(0, 0, twos_, 2), pull);
   EXPECT_FALSE(pull->answered());
   // Rank 0 keeps calling; rank 1 goes silent past its 1 s lease.
-  absl::SleepFor(absl::Milliseconds(600));
-  ASSERT_TRUE(ps->Heartbeat(0, "").ok());
-  ps->Tick(absl::Now() + absl::Milliseconds(700));
+  clock_.Advance(absl::Milliseconds(600));
+  ASSERT_TRUE(ps->Heartbeat(0).ok());
+  clock_.Advance(absl::Milliseconds(500));
+  ps->Tick(clock_.Now());
   ASSERT_TRUE(pull->Wait().ok());
   // The step completed with rank 0's push alone, divided by its 2 examples: w = 0 - 2/2.
   EXPECT_EQ(ps->WeightsForTest(), std::vector<float>(4, -1));
@@ -276,16 +295,13 @@ TEST_F(MembershipTest, WaitKeepsTheStepForARejoinAndEndsTheJobPastTheDeadline) {
   auto ps = Make(o);
   auto pull = std::make_shared<FakeCall>();
   ps->PushPull(Push(0, 0, twos_, 2), pull);
-  ps->Tick(absl::Now() + absl::Seconds(2));  // rank 1 lapses; rank 0 too, but it is waiting on us
+  clock_.Advance(absl::Seconds(2));
+  ps->Tick(clock_.Now());  // rank 1 lapses; rank 0 too, but it is waiting on us
   EXPECT_FALSE(pull->answered());
   StatusSnapshot s = ps->Status();
   EXPECT_EQ(s.members[1].state, MemberState::kLapsed);
   // Rank 1 comes back (a restarted process) and pushes: the step completes with both pushes.
-  JoinRequestView v;
-  v.rank = 1;
-  v.world_size = 2;
-  v.params = {{{"w", DType::kFloat32, {4}}, absl::string_view()}};
-  auto rejoined = ps->Join(v);
+  auto rejoined = ps->Join(Rejoin(1));
   ASSERT_TRUE(rejoined.ok()) << rejoined.status();
   EXPECT_EQ(rejoined->next_step, 0u);
   ASSERT_TRUE(ps->Push(Push(1, 0, twos_, 2)).ok());
@@ -295,9 +311,14 @@ TEST_F(MembershipTest, WaitKeepsTheStepForARejoinAndEndsTheJobPastTheDeadline) {
   // Lost again, and not back within the rejoin deadline: the job ends, parked calls with it.
   auto parked = std::make_shared<FakeCall>();
   ps->PushPull(Push(0, 1, twos_, 2), parked);
-  const absl::Time lost = absl::Now() + absl::Seconds(2);
-  ps->Tick(lost);
-  ps->Tick(lost + absl::Seconds(31));
+  clock_.Advance(absl::Seconds(2));
+  ps->Tick(clock_.Now());
+  EXPECT_FALSE(parked->answered());
+  clock_.Advance(absl::Seconds(29));
+  ps->Tick(clock_.Now());
+  EXPECT_FALSE(parked->answered()) << "the rejoin deadline has not passed";
+  clock_.Advance(absl::Seconds(2));
+  ps->Tick(clock_.Now());
   absl::Status ended = parked->Wait();
   EXPECT_EQ(ended.code(), absl::StatusCode::kAborted);
   EXPECT_NE(ended.message().find("did not rejoin"), absl::string_view::npos) << ended;
@@ -367,7 +388,7 @@ TEST_F(MembershipTest, CheckpointRestoresWeightsVersionAndAsksMembersToRejoin) {
   ASSERT_TRUE(restored.has_value());
   ServerOptions o2 = o;
   o2.world_size = 2;
-  o2.sgd.learning_rate = 1.0;
+  o2.optimizer.learning_rate = 1.0;
   ParameterServer again(o2);
   ASSERT_TRUE(again.Restore(restored->checkpoint).ok());
   EXPECT_EQ(again.WeightsForTest(), ps->WeightsForTest());
@@ -377,6 +398,199 @@ TEST_F(MembershipTest, CheckpointRestoresWeightsVersionAndAsksMembersToRejoin) {
   other.world_size = 3;
   ParameterServer mismatched(other);
   EXPECT_EQ(mismatched.Restore(restored->checkpoint).code(), absl::StatusCode::kFailedPrecondition);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_F(MembershipTest, PushPullRetriedAfterItsStepCompletedGetsTheNextWeights) {
+  auto ps = Make(ServerOptions());
+  auto first = std::make_shared<FakeCall>();
+  ps->PushPull(Push(0, 0, twos_, 2), first);
+  auto other = std::make_shared<FakeCall>();
+  ps->PushPull(Push(1, 0, twos_, 2), other);
+  ASSERT_TRUE(first->Wait().ok());
+  // The reply to rank 0 was lost after step 0 completed; it retries with other values.
+  auto retry = std::make_shared<FakeCall>();
+  ps->PushPull(Push(0, 0, Floats4(50), 1), retry);
+  ASSERT_TRUE(retry->Wait().ok()) << "a retried push is answered, not refused";
+  EXPECT_EQ(retry->counter(), 1u);  // the weights of step + 1
+  EXPECT_EQ(retry->values(), std::vector<float>(4, -1));
+  EXPECT_EQ(ps->WeightsForTest(), std::vector<float>(4, -1));
+  EXPECT_EQ(ps->Status().duplicate_pushes, 1u);
+}
+
+TEST_F(MembershipTest, NonFiniteGradientsAreRejectedByDefaultNamingWhereTheyAre) {
+  auto ps = Make(ServerOptions());
+  std::vector<float> bad = {0, 1, std::nanf(""), 3};
+  const std::string bytes(reinterpret_cast<const char*>(bad.data()), 16);
+  auto refused = ps->Push(Push(1, 0, bytes, 2));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  for (const char* part : {"rank 1", "step 0", "partition 0", "element 2 is nan"}) {
+    EXPECT_NE(refused.status().message().find(part), absl::string_view::npos) << refused.status();
+  }
+  // Nothing changed: both ranks push finite gradients and the step is theirs alone.
+  ASSERT_TRUE(ps->Push(Push(0, 0, twos_, 2)).ok());
+  ASSERT_EQ(*ps->Push(Push(1, 0, twos_, 2)), true);
+  EXPECT_EQ(ps->WeightsForTest(), std::vector<float>(4, -1));
+  EXPECT_EQ(ps->Status().nonfinite_pushes, 1u);
+}
+
+TEST_F(MembershipTest, NonFiniteGradientsCanSkipTheStepOrCountAsZero) {
+  std::vector<float> bad = {2, std::numeric_limits<float>::infinity(), 2, 2};
+  const std::string bytes(reinterpret_cast<const char*>(bad.data()), 16);
+  ServerOptions o;
+  o.nonfinite = NonFinite::kSkipStep;
+  auto skip = Make(o);
+  ASSERT_TRUE(skip->Push(Push(0, 0, bytes, 2)).ok());
+  ASSERT_EQ(*skip->Push(Push(1, 0, twos_, 2)), true);
+  EXPECT_EQ(skip->WeightsForTest(), std::vector<float>(4, 0)) << "the step applied nothing";
+  EXPECT_EQ(skip->Status().version, 1u) << "but it completed, so the workers go on";
+  o.nonfinite = NonFinite::kZero;
+  auto zero = Make(o);
+  ASSERT_TRUE(zero->Push(Push(0, 0, bytes, 2)).ok());
+  ASSERT_TRUE(zero->Push(Push(1, 0, twos_, 2)).ok());
+  EXPECT_EQ(zero->WeightsForTest(), (std::vector<float>{-1, -0.5f, -1, -1}));  // (2 + 0 + ...) / 4
+  EXPECT_EQ(zero->Status().nonfinite_pushes, 1u);
+}
+
+TEST_F(MembershipTest, LeaseLapsesOnlyWhenTheClockPassesIt) {
+  ServerOptions o;
+  o.on_worker_loss = OnWorkerLoss::kShrink;
+  auto ps = Make(o);
+  clock_.Advance(absl::Milliseconds(999));
+  ps->Tick(clock_.Now());
+  EXPECT_EQ(ps->LiveRanks(), (std::vector<int>{0, 1}));
+  clock_.Advance(absl::Milliseconds(1));
+  ps->Tick(clock_.Now());
+  EXPECT_EQ(ps->LiveRanks(), std::vector<int>{});
+}
+
+// Two partitions of 4 floats each, async, Adam: a checkpoint taken while rank 0 has pushed step 1
+// to partition 0 only. After a restore, rank 0 resumes at step 1 and pushes it to both: partition
+// 0 must take it as a duplicate, so the weights equal an undisturbed run's.
+TEST(CheckpointConsistencyTest, AsyncRestoreAppliesNoPushTwice) {
+  const std::string dir =
+      std::filesystem::temp_directory_path() / ("summa-async-ckpt-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  FakeClock clock;
+  ServerOptions o;
+  o.world_size = 1;
+  o.mode = Mode::kAsync;
+  o.optimizer.name = "adam";
+  o.optimizer.learning_rate = 0.1;
+  o.partition_bytes = 16;
+  o.checkpoint_dir = dir;
+  o.clock = &clock;
+  const std::vector<float> init = {1, 2, 3, 4, 5, 6, 7, 8};
+  const std::string init_bytes(reinterpret_cast<const char*>(init.data()), 32);
+  auto join = [&](ParameterServer& ps) {
+    JoinRequestView v;
+    v.rank = 0;
+    v.world_size = 1;
+    v.params = {{{"w", DType::kFloat32, {8}}, init_bytes}};
+    return ps.Join(v);
+  };
+  auto push = [&](ParameterServer& ps, uint64_t step, uint32_t partition) {
+    std::vector<float> g(4, static_cast<float>(step + 1) * (partition + 1));
+    PushRequestView v;
+    v.rank = 0;
+    v.step = step;
+    v.partition = partition;
+    v.num_examples = 1;
+    const std::string bytes(reinterpret_cast<const char*>(g.data()), 16);
+    v.data = bytes;
+    return ps.Push(v);
+  };
+  ParameterServer undisturbed(o);
+  ASSERT_TRUE(join(undisturbed).ok());
+  for (uint64_t step = 0; step < 3; ++step) {
+    for (uint32_t p : {0u, 1u}) ASSERT_TRUE(push(undisturbed, step, p).ok());
+  }
+
+  {
+    ParameterServer before(o);
+    ASSERT_TRUE(join(before).ok());
+    ASSERT_TRUE(push(before, 0, 0).ok());
+    ASSERT_TRUE(push(before, 0, 1).ok());
+    ASSERT_TRUE(push(before, 1, 0).ok());  // partition 1 has not seen step 1 yet
+    ASSERT_TRUE(before.MaybeCheckpoint(true).ok());
+  }
+  std::vector<std::string> warnings;
+  auto saved = LoadNewestCheckpoint(dir, &warnings);
+  ASSERT_TRUE(saved.has_value());
+  ParameterServer after(o);
+  ASSERT_TRUE(after.Restore(saved->checkpoint).ok());
+  auto joined = join(after);
+  ASSERT_TRUE(joined.ok());
+  EXPECT_EQ(joined->next_step, 1u);
+  EXPECT_EQ(push(after, 1, 0).status().code(), absl::StatusCode::kAlreadyExists);
+  ASSERT_TRUE(push(after, 1, 1).ok());
+  for (uint32_t p : {0u, 1u}) ASSERT_TRUE(push(after, 2, p).ok());
+  EXPECT_EQ(after.WeightsForTest(), undisturbed.WeightsForTest());
+  EXPECT_EQ(after.Status().version, undisturbed.Status().version);
+
+  // The checkpoint belongs to an async Adam job: a sync job, or an SGD one, refuses it.
+  ServerOptions sync = o;
+  sync.mode = Mode::kSync;
+  absl::Status refused = ParameterServer(sync).Restore(saved->checkpoint);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.message().find("async mode"), absl::string_view::npos) << refused;
+  ServerOptions sgd = o;
+  sgd.optimizer.name = "sgd";
+  refused = ParameterServer(sgd).Restore(saved->checkpoint);
+  EXPECT_NE(refused.message().find("optimizer sgd"), absl::string_view::npos) << refused;
+  std::filesystem::remove_all(dir);
+}
+
+// Momentum lives in the checkpoint: a sync job stopped after 2 steps and restored goes on as if
+// never stopped, bit for bit (without the momentum buffer it would not).
+TEST(CheckpointConsistencyTest, MomentumStateSurvivesARestore) {
+  const std::string dir =
+      std::filesystem::temp_directory_path() / ("summa-momentum-ckpt-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  ServerOptions o;
+  o.world_size = 1;
+  o.optimizer.momentum = 0.9;
+  o.optimizer.learning_rate = 0.5;
+  o.partition_bytes = 8;
+  o.checkpoint_dir = dir;
+  const std::vector<float> init = {1, 2, 3};
+  const std::string init_bytes(reinterpret_cast<const char*>(init.data()), 12);
+  auto join = [&](ParameterServer& ps) {
+    JoinRequestView v;
+    v.rank = 0;
+    v.world_size = 1;
+    v.params = {{{"w", DType::kFloat32, {3}}, init_bytes}};
+    return ps.Join(v).status();
+  };
+  auto step = [&](ParameterServer& ps, uint64_t s) {
+    for (uint32_t p : {0u, 1u}) {
+      std::vector<float> g(p == 0 ? 2 : 1, 1.0f + s);
+      const std::string bytes(reinterpret_cast<const char*>(g.data()), g.size() * 4);
+      PushRequestView v;
+      v.step = s;
+      v.partition = p;
+      v.num_examples = 1;
+      v.data = bytes;
+      ASSERT_TRUE(ps.Push(v).ok());
+    }
+  };
+  ParameterServer undisturbed(o);
+  ASSERT_TRUE(join(undisturbed).ok());
+  for (uint64_t s = 0; s < 4; ++s) step(undisturbed, s);
+  {
+    ParameterServer first(o);
+    ASSERT_TRUE(join(first).ok());
+    step(first, 0);
+    step(first, 1);
+    ASSERT_TRUE(first.MaybeCheckpoint(true).ok());
+  }
+  std::vector<std::string> warnings;
+  ParameterServer again(o);
+  ASSERT_TRUE(again.Restore(LoadNewestCheckpoint(dir, &warnings)->checkpoint).ok());
+  ASSERT_TRUE(join(again).ok());
+  step(again, 2);
+  step(again, 3);
+  EXPECT_EQ(again.WeightsForTest(), undisturbed.WeightsForTest());
   std::filesystem::remove_all(dir);
 }
 

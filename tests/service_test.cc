@@ -1,5 +1,5 @@
 // The daemon in-process on 127.0.0.1:0, driven through real gRPC stubs by client threads.
-#include "server/service.h"
+#include "server/daemon.h"
 
 #include <grpcpp/grpcpp.h>
 
@@ -28,7 +28,7 @@ class ServiceTest : public ::testing::Test {
   void StartServer(int workers, int64_t partition_bytes = 4 << 20) {
     ServerOptions o;
     o.world_size = workers;
-    o.sgd.learning_rate = 0.5;
+    o.optimizer.learning_rate = 0.5;
     o.partition_bytes = partition_bytes;
     o.barrier_deadline = absl::Seconds(20);
     auto s = SummaServer::Start("127.0.0.1:0", o);

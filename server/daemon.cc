@@ -1,0 +1,179 @@
+#include "server/daemon.h"
+
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "common/flags.h"
+#include "common/logging.h"
+#include "server/checkpoint.h"
+
+namespace summa::server {
+
+SummaServer::SummaServer(ServerOptions options)
+    : core_(options),
+      hub_(options.barrier_deadline, options.clock, &core_.membership()),
+      service_(&core_, &hub_, [this](std::function<void()> task) { RunInBackground(std::move(task)); }) {
+  core_.membership().AddObserver([this] { hub_.OnMembershipChange(); });
+}
+
+absl::StatusOr<std::unique_ptr<SummaServer>> SummaServer::Start(const std::string& address,
+                                                                ServerOptions options,
+                                                                const std::string& metrics_address) {
+  absl::Status valid = ValidateOptions(options);
+  if (!valid.ok()) return valid;
+  std::unique_ptr<MetricsEndpoint> metrics;
+  Metrics m{};
+  if (!metrics_address.empty()) {
+    absl::StatusOr<std::unique_ptr<MetricsEndpoint>> started = MetricsEndpoint::Start(metrics_address);
+    if (!started.ok()) return started.status();
+    metrics = *std::move(started);
+    MetricsEndpoint& e = *metrics;
+    m.steps = &e.Counter("summa_server_steps_total", "Steps completed (pushes applied in async and ssp modes)");
+    m.pushes = &e.Counter("summa_server_pushes_total", "Partition pushes served");
+    m.pulls = &e.Counter("summa_server_pulls_total", "Partition pulls answered");
+    m.duplicates = &e.Counter("summa_server_duplicate_pushes_total", "Retried pushes recognised and not summed again");
+    m.nonfinite = &e.Counter("summa_server_nonfinite_pushes_total", "Pushes holding NaN or infinity (handled by --nonfinite)");
+    m.bytes_in = &e.Counter("summa_server_received_bytes_total", "Gradient bytes received");
+    m.bytes_out = &e.Counter("summa_server_sent_bytes_total", "Weight bytes sent");
+    m.allreduce_rounds = &e.Counter("summa_server_allreduce_rounds_total", "AllReduce rounds completed");
+    m.version = &e.Gauge("summa_server_version", "Steps completed: the lowest partition version");
+    m.members_alive = &e.Gauge("summa_server_members_alive", "Members whose lease is current");
+    m.checkpoint_age = &e.Gauge("summa_server_checkpoint_age_seconds", "Age of the last checkpoint (-1: none)");
+    m.learning_rate = &e.Gauge("summa_server_learning_rate", "The schedule's learning rate for the next update");
+    m.step_seconds = &e.StepHistogram("summa_server_step_seconds", "Time between consecutive step completions");
+    prometheus::Histogram* histogram = m.step_seconds;
+    options.step_observer = [histogram](absl::Duration d) { histogram->Observe(absl::ToDoubleSeconds(d)); };
+  }
+  std::unique_ptr<SummaServer> server(new SummaServer(options));
+  server->metrics_ = std::move(metrics);
+  server->m_ = m;
+  if (!options.checkpoint_dir.empty()) {
+    std::vector<std::string> warnings;
+    std::optional<RestoredCheckpoint> restored = LoadNewestCheckpoint(options.checkpoint_dir, &warnings);
+    for (const std::string& w : warnings) SUMMA_LOG(WARNING) << w;
+    if (restored.has_value()) {
+      absl::Status s = server->core_.Restore(restored->checkpoint);
+      if (!s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("cannot restore ", restored->path, ": ", s.message()));
+      }
+      SUMMA_LOG(INFO) << "restored " << restored->path << " at version " << restored->checkpoint.version();
+    }
+  }
+  absl::StatusOr<RunningServer> running =
+      StartGrpcServer(address, {&server->service_}, {"summa.v1.ParameterServer"});
+  if (!running.ok()) return running.status();
+  server->running_ = *std::move(running);
+  server->ticker_ = std::thread([s = server.get()] { s->TickLoop(); });
+  return server;
+}
+
+void SummaServer::RunInBackground(std::function<void()> task) {
+  absl::MutexLock lock(&mu_);
+  tasks_.push_back(std::move(task));
+}
+
+void SummaServer::StopOnTerminationSignals() {
+  if (signals_.joinable()) return;
+  signals_ = std::thread([this] {
+    absl::MutexLock lock(&mu_);
+    while (!stop_) {
+      mu_.Unlock();
+      const int sig = WaitForTerminationSignal(absl::Milliseconds(100));
+      mu_.Lock();
+      if (sig != 0) {
+        SUMMA_LOG(INFO) << "signal " << sig << ", shutting down";
+        signalled_ = true;
+        return;
+      }
+    }
+  });
+}
+
+void SummaServer::TickLoop() {
+  absl::MutexLock lock(&mu_);
+  auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !tasks_.empty(); };
+  for (;;) {
+    mu_.AwaitWithTimeout(absl::Condition(&has_work), absl::Milliseconds(100));
+    std::vector<std::function<void()>> tasks;
+    tasks.swap(tasks_);
+    const bool stopping = stop_;
+    mu_.Unlock();
+    for (auto& task : tasks) task();  // before stopping too: every queued call gets its answer
+    if (!stopping) {
+      const absl::Time now = core_.options().clock->Now();
+      core_.Tick(now);
+      hub_.ExpireRounds(now);
+      if (metrics_) UpdateMetrics();
+      absl::Status checkpoint = core_.MaybeCheckpoint(/*force=*/false);
+      if (!checkpoint.ok() && !absl::IsFailedPrecondition(checkpoint)) {
+        SUMMA_LOG(ERROR) << "checkpoint failed: " << checkpoint.message();
+      }
+    }
+    std::string error = core_.job_error();
+    mu_.Lock();
+    if (!error.empty()) job_error_ = error;
+    if (stopping && tasks_.empty()) return;
+  }
+}
+
+void SummaServer::UpdateMetrics() {
+  const StatusSnapshot s = core_.Status();
+  AdvanceCounter(*m_.steps, static_cast<double>(s.version));
+  AdvanceCounter(*m_.pushes, static_cast<double>(s.pushes_served));
+  AdvanceCounter(*m_.pulls, static_cast<double>(s.pulls_served));
+  AdvanceCounter(*m_.duplicates, static_cast<double>(s.duplicate_pushes));
+  AdvanceCounter(*m_.nonfinite, static_cast<double>(s.nonfinite_pushes));
+  m_.learning_rate->Set(s.learning_rate);
+  AdvanceCounter(*m_.bytes_in, static_cast<double>(s.bytes_in));
+  AdvanceCounter(*m_.bytes_out, static_cast<double>(s.bytes_out));
+  AdvanceCounter(*m_.allreduce_rounds, static_cast<double>(hub_.rounds_completed()));
+  m_.version->Set(static_cast<double>(s.version));
+  int alive = 0;
+  for (const MemberInfo& member : s.members) alive += member.state == MemberState::kAlive;
+  m_.members_alive->Set(alive);
+  m_.checkpoint_age->Set(s.checkpoint.written == absl::InfinitePast()
+                             ? -1
+                             : absl::ToDoubleSeconds(core_.options().clock->Now() - s.checkpoint.written));
+}
+
+std::string SummaServer::Wait() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](SummaServer* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
+        return s->shut_down_ || s->signalled_ || !s->job_error_.empty();
+      },
+      this));
+  return job_error_;
+}
+
+void SummaServer::Shutdown() {
+  absl::MutexLock shutdown(&shutdown_mu_);
+  if (shutdown_done_) return;
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (ticker_.joinable()) ticker_.join();
+  if (signals_.joinable()) signals_.join();
+  if (running_.health) running_.health->SetServing(false);
+  // The last checkpoint: retried briefly, since partitions may be between versions of a step.
+  if (!core_.options().checkpoint_dir.empty()) {
+    absl::Status s;
+    for (int attempt = 0; attempt < 20; ++attempt) {
+      s = core_.MaybeCheckpoint(/*force=*/true);
+      if (!absl::IsFailedPrecondition(s)) break;
+      absl::SleepFor(absl::Milliseconds(50));  // real time: the workers' pushes are in flight
+    }
+    if (!s.ok()) SUMMA_LOG(ERROR) << "final checkpoint failed: " << s.message();
+  }
+  core_.Shutdown();
+  hub_.Shutdown();
+  if (running_.server) running_.server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  shutdown_done_ = true;
+  absl::MutexLock lock(&mu_);
+  shut_down_ = true;
+}
+
+SummaServer::~SummaServer() { Shutdown(); }
+
+}  // namespace summa::server

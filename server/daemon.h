@@ -1,0 +1,94 @@
+// SummaServer: the daemon's life cycle around the core and its gRPC edge. It restores the newest
+// checkpoint, starts the gRPC server (and Prometheus metrics), and runs one thread of its own
+// (the ticker) that expires leases and deadlines, writes due checkpoints, refreshes metrics and
+// runs the edge's blocking tasks (the Checkpoint RPC's disk writes), so no gRPC thread blocks on
+// disk. Another thread of its own waits for SIGINT/SIGTERM when asked. Both threads are joined
+// by Shutdown(), which is idempotent and also run by the destructor. Thread-safe.
+#ifndef SUMMA_SERVER_DAEMON_H_
+#define SUMMA_SERVER_DAEMON_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/metrics.h"
+#include "common/server_builder.h"
+#include "server/all_reduce.h"
+#include "server/parameter_server.h"
+#include "server/service.h"
+
+namespace summa::server {
+
+class SummaServer {
+ public:
+  // Restores the newest whole checkpoint in options.checkpoint_dir (if any), then listens on
+  // `address` ("127.0.0.1:0" picks a free port). With a `metrics_address`, also serves
+  // Prometheus metrics there.
+  static absl::StatusOr<std::unique_ptr<SummaServer>> Start(const std::string& address,
+                                                            ServerOptions options,
+                                                            const std::string& metrics_address = "");
+  ~SummaServer();
+
+  int port() const { return running_.port; }
+  // The metrics port, or 0 without metrics.
+  int metrics_port() const { return metrics_ ? metrics_->port() : 0; }
+  ParameterServer& core() { return core_; }
+
+  // Makes SIGINT and SIGTERM end Wait(). The signals must have been blocked in every thread
+  // (BlockTerminationSignals before any thread starts).
+  void StopOnTerminationSignals();
+  // Blocks until Shutdown(), a termination signal, or the end of the job (a lost member that
+  // did not rejoin in time); returns why the job ended, or "" otherwise.
+  std::string Wait();
+  // Writes a last checkpoint (when a directory is set), answers every waiting call with
+  // UNAVAILABLE, then stops the gRPC server. Returns when that is done, for every caller.
+  void Shutdown();
+
+ private:
+  explicit SummaServer(ServerOptions options);
+  void TickLoop();
+  // Queues `task` for the ticker thread.
+  void RunInBackground(std::function<void()> task);
+  void UpdateMetrics();
+
+  struct Metrics {
+    prometheus::Counter* steps;
+    prometheus::Counter* pushes;
+    prometheus::Counter* pulls;
+    prometheus::Counter* duplicates;
+    prometheus::Counter* nonfinite;
+    prometheus::Counter* bytes_in;
+    prometheus::Counter* bytes_out;
+    prometheus::Counter* allreduce_rounds;
+    prometheus::Gauge* version;
+    prometheus::Gauge* members_alive;
+    prometheus::Gauge* checkpoint_age;
+    prometheus::Gauge* learning_rate;
+    prometheus::Histogram* step_seconds;
+  };
+  std::unique_ptr<MetricsEndpoint> metrics_;  // null without metrics
+  Metrics m_{};
+
+  ParameterServer core_;
+  AllReduceHub hub_;
+  ParameterServerService service_;
+  RunningServer running_;
+  absl::Mutex shutdown_mu_;  // held through a whole Shutdown, so later callers wait for it
+  bool shutdown_done_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  bool signalled_ ABSL_GUARDED_BY(mu_) = false;
+  std::string job_error_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+  std::thread ticker_;   // leases, deadlines, checkpoints, metrics, background tasks
+  std::thread signals_;  // waits for SIGINT/SIGTERM; only after StopOnTerminationSignals
+};
+
+}  // namespace summa::server
+
+#endif  // SUMMA_SERVER_DAEMON_H_

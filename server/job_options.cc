@@ -1,0 +1,79 @@
+#include "server/job_options.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace summa::server {
+namespace {
+
+// Finds `name` among `names` (indexed by the enum's values).
+template <typename E, size_t N>
+absl::StatusOr<E> Parse(absl::string_view what, absl::string_view name, const char* const (&names)[N]) {
+  for (size_t i = 0; i < N; ++i) {
+    if (name == names[i]) return static_cast<E>(i);
+  }
+  std::string choices;
+  for (size_t i = 0; i < N; ++i) absl::StrAppend(&choices, i == 0 ? "" : i + 1 == N ? " or " : ", ", names[i]);
+  return absl::InvalidArgumentError(absl::StrCat("unknown ", what, " '", name, "': use ", choices));
+}
+
+constexpr const char* kModeNames[] = {"sync", "async", "ssp"};
+constexpr const char* kLossNames[] = {"wait", "shrink"};
+constexpr const char* kNonFiniteNames[] = {"reject", "skip_step", "zero"};
+
+}  // namespace
+
+const char* ModeName(Mode mode) { return kModeNames[static_cast<int>(mode)]; }
+const char* OnWorkerLossName(OnWorkerLoss policy) { return kLossNames[static_cast<int>(policy)]; }
+const char* NonFiniteName(NonFinite policy) { return kNonFiniteNames[static_cast<int>(policy)]; }
+
+absl::StatusOr<Mode> ParseMode(absl::string_view name) { return Parse<Mode>("mode", name, kModeNames); }
+absl::StatusOr<OnWorkerLoss> ParseOnWorkerLoss(absl::string_view name) {
+  return Parse<OnWorkerLoss>("worker-loss policy", name, kLossNames);
+}
+absl::StatusOr<NonFinite> ParseNonFinite(absl::string_view name) {
+  return Parse<NonFinite>("non-finite policy", name, kNonFiniteNames);
+}
+
+summa::v1::Mode ModeToProto(Mode mode) {
+  switch (mode) {
+    case Mode::kSync: return summa::v1::MODE_SYNC;
+    case Mode::kAsync: return summa::v1::MODE_ASYNC;
+    case Mode::kSsp: return summa::v1::MODE_SSP;
+  }
+  return summa::v1::MODE_UNSPECIFIED;
+}
+
+absl::StatusOr<Mode> ModeFromProto(summa::v1::Mode mode) {
+  switch (mode) {
+    case summa::v1::MODE_SYNC: return Mode::kSync;
+    case summa::v1::MODE_ASYNC: return Mode::kAsync;
+    case summa::v1::MODE_SSP: return Mode::kSsp;
+    default: return absl::InvalidArgumentError(absl::StrCat("unknown mode ", static_cast<int>(mode)));
+  }
+}
+
+absl::Status ValidateOptions(const ServerOptions& options) {
+  if (options.world_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the number of workers must be at least 1, got ", options.world_size));
+  }
+  if (options.partition_bytes < 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("partition size must be at least 4 bytes, got ", options.partition_bytes));
+  }
+  if (options.barrier_deadline <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("the barrier deadline must be positive");
+  }
+  if (options.lease <= absl::ZeroDuration()) return absl::InvalidArgumentError("the lease must be positive");
+  if (options.rejoin_deadline <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("the rejoin deadline must be positive");
+  }
+  if (options.staleness < 0) return absl::InvalidArgumentError("staleness must not be negative");
+  if (options.checkpoint_every < 0) {
+    return absl::InvalidArgumentError("the checkpoint interval must not be negative");
+  }
+  if (options.clock == nullptr) return absl::InvalidArgumentError("no clock");
+  return Optimizer::Create(options.optimizer).status();
+}
+
+}  // namespace summa::server

@@ -1,0 +1,61 @@
+// The job a summa-server runs: its options, and the one home of the names of its modes and
+// policies (flags, status, logs) and of their proto conversions. Plain values; thread-safe.
+#ifndef SUMMA_SERVER_JOB_OPTIONS_H_
+#define SUMMA_SERVER_JOB_OPTIONS_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "server/optimizer.h"
+#include "summa/v1/summa.pb.h"
+
+namespace summa::server {
+
+enum class Mode { kSync, kAsync, kSsp };
+enum class OnWorkerLoss { kWait, kShrink };
+// What a push holding NaN or infinity does: refused (INVALID_ARGUMENT, nothing changes), accepted
+// but its step applies no update, or accepted with the bad values taken as zero.
+enum class NonFinite { kReject, kSkipStep, kZero };
+
+const char* ModeName(Mode mode);
+const char* OnWorkerLossName(OnWorkerLoss policy);
+const char* NonFiniteName(NonFinite policy);
+// INVALID_ARGUMENT naming the choices for anything else.
+absl::StatusOr<Mode> ParseMode(absl::string_view name);
+absl::StatusOr<OnWorkerLoss> ParseOnWorkerLoss(absl::string_view name);
+absl::StatusOr<NonFinite> ParseNonFinite(absl::string_view name);
+summa::v1::Mode ModeToProto(Mode mode);
+// INVALID_ARGUMENT for MODE_UNSPECIFIED or an unknown value.
+absl::StatusOr<Mode> ModeFromProto(summa::v1::Mode mode);
+
+struct ServerOptions {
+  int world_size = 1;
+  Mode mode = Mode::kSync;
+  int staleness = 0;  // ssp: how many steps a worker may run ahead of the slowest
+  OptimizerOptions optimizer;
+  NonFinite nonfinite = NonFinite::kReject;
+  int64_t partition_bytes = 4 << 20;
+  // How long a pull may wait for its step, counted from the pull's arrival.
+  absl::Duration barrier_deadline = absl::Minutes(10);
+  // A member that makes no call for this long has lapsed.
+  absl::Duration lease = absl::Seconds(10);
+  OnWorkerLoss on_worker_loss = OnWorkerLoss::kWait;
+  // wait: how long a lapsed member may take to rejoin before the job ends.
+  absl::Duration rejoin_deadline = absl::Minutes(5);
+  std::string checkpoint_dir;    // empty: no checkpoints
+  int64_t checkpoint_every = 0;  // steps between checkpoints; 0: only at shutdown
+  // Called with each step's duration (partition 0, under its lock: keep it cheap), or null.
+  std::function<void(absl::Duration)> step_observer;
+  const Clock* clock = Clock::Real();  // Not owned.
+};
+
+absl::Status ValidateOptions(const ServerOptions& options);
+
+}  // namespace summa::server
+
+#endif  // SUMMA_SERVER_JOB_OPTIONS_H_

@@ -1,0 +1,208 @@
+#include "server/membership.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+
+namespace summa::server {
+namespace {
+
+std::string RankRange(int world_size) {
+  return absl::StrCat("the group of ", world_size, " (ranks 0..", world_size - 1, ")");
+}
+
+}  // namespace
+
+const char* MemberStateName(MemberState state) {
+  switch (state) {
+    case MemberState::kAbsent: return "absent";
+    case MemberState::kAlive: return "alive";
+    case MemberState::kLapsed: return "lapsed";
+    case MemberState::kLeft: return "left";
+    case MemberState::kDropped: return "dropped";
+  }
+  return "?";
+}
+
+Membership::Membership(int world_size, OnWorkerLoss on_loss, absl::Duration lease,
+                       absl::Duration rejoin_deadline, const Clock* clock)
+    : world_size_(world_size),
+      on_loss_(on_loss),
+      lease_(lease),
+      rejoin_deadline_(rejoin_deadline),
+      clock_(clock),
+      slots_(new Slot[world_size]),
+      details_(world_size) {}
+
+void Membership::AddObserver(std::function<void()> on_change) { observers_.push_back(std::move(on_change)); }
+
+void Membership::Notify() {
+  for (const auto& observer : observers_) observer();
+}
+
+void Membership::SetState(int rank, MemberState s) {
+  slots_[rank].state.store(static_cast<int>(s), std::memory_order_release);
+  if (s == MemberState::kDropped || s == MemberState::kLeft) {
+    slots_[rank].excluded.store(true, std::memory_order_release);
+  }
+}
+
+absl::StatusOr<int> Membership::Admit(int rank, const std::string& peer,
+                                      const std::string& status_address) {
+  absl::MutexLock lock(&mu_);
+  if (rank == -1) {
+    for (rank = 0; rank < world_size_ && state(rank) != MemberState::kAbsent; ++rank) {
+    }
+    if (rank == world_size_) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("all ", world_size_, " ranks have joined already; pass --rank to rejoin"));
+    }
+  }
+  if (rank < 0 || rank >= world_size_) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is outside ", RankRange(world_size_)));
+  }
+  const MemberState before = state(rank);
+  if (before == MemberState::kDropped || before == MemberState::kLeft) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank, " ", before == MemberState::kDropped ? "was dropped from" : "left",
+        " the group; the job goes on without it"));
+  }
+  const absl::Time now = clock_->Now();
+  Details& d = details_[rank];
+  if (before == MemberState::kAlive) {
+    SUMMA_LOG(WARNING) << "rank " << rank << " joined again from " << peer
+                       << " while its lease was still valid (a restart?)";
+  } else if (before == MemberState::kLapsed) {
+    SUMMA_LOG(INFO) << "rank " << rank << " rejoined from " << peer << " after "
+                    << absl::FormatDuration(now - d.lapsed_at);
+  }
+  d.peer = peer;
+  d.status_address = status_address;
+  ++d.joins;
+  slots_[rank].last_seen_ns.store(absl::ToUnixNanos(now), std::memory_order_relaxed);
+  SetState(rank, MemberState::kAlive);
+  return rank;
+}
+
+absl::Status Membership::Touch(int rank) {
+  if (rank < 0 || rank >= world_size_) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is outside ", RankRange(world_size_)));
+  }
+  Slot& slot = slots_[rank];
+  if (state(rank) != MemberState::kAlive) {
+    absl::MutexLock lock(&mu_);
+    switch (state(rank)) {
+      case MemberState::kAbsent:
+        return absl::NotFoundError(absl::StrCat(
+            "rank ", rank, " is not a member (never joined, or the server restarted); Join again"));
+      case MemberState::kDropped:
+        return absl::FailedPreconditionError(absl::StrCat(
+            "rank ", rank, " was dropped from the group when its lease lapsed; its pushes are refused"));
+      case MemberState::kLeft:
+        return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " left the group"));
+      case MemberState::kLapsed:
+        SUMMA_LOG(INFO) << "rank " << rank << " is back after its lease lapsed";
+        SetState(rank, MemberState::kAlive);
+        break;
+      case MemberState::kAlive:
+        break;
+    }
+  }
+  slot.last_seen_ns.store(absl::ToUnixNanos(clock_->Now()), std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+void Membership::CountPush(int rank, int64_t examples) {
+  slots_[rank].pushes.fetch_add(1, std::memory_order_relaxed);
+  slots_[rank].examples.fetch_add(examples, std::memory_order_relaxed);
+}
+
+absl::Status Membership::Leave(int rank) {
+  if (absl::Status s = Touch(rank); !s.ok()) return s;
+  {
+    absl::MutexLock lock(&mu_);
+    SetState(rank, MemberState::kLeft);
+  }
+  SUMMA_LOG(INFO) << "rank " << rank << " left the group";
+  Notify();
+  return absl::OkStatus();
+}
+
+void Membership::Tick(absl::Time now) {
+  bool dropped = false;
+  std::string end_job;
+  {
+    absl::MutexLock lock(&mu_);
+    for (int r = 0; r < world_size_; ++r) {
+      Details& d = details_[r];
+      const absl::Time expiry = absl::FromUnixNanos(slots_[r].last_seen_ns.load()) + lease_;
+      if (state(r) == MemberState::kAlive && expiry <= now) {
+        d.lapsed_at = now;
+        SUMMA_LOG(WARNING) << "rank " << r << " lost: no call for " << absl::FormatDuration(lease_)
+                           << " (lease lapsed); "
+                           << (on_loss_ == OnWorkerLoss::kShrink
+                                   ? "dropping it and going on without it"
+                                   : absl::StrCat("waiting up to ", absl::FormatDuration(rejoin_deadline_),
+                                                  " for it to rejoin"));
+        SetState(r, on_loss_ == OnWorkerLoss::kShrink ? MemberState::kDropped : MemberState::kLapsed);
+        dropped |= on_loss_ == OnWorkerLoss::kShrink;
+      }
+      if (state(r) == MemberState::kLapsed && end_job.empty() && now - d.lapsed_at >= rejoin_deadline_) {
+        end_job = absl::StrCat("rank ", r, " was lost (lease lapsed ", absl::FormatDuration(now - d.lapsed_at),
+                               " ago) and did not rejoin within --rejoin_deadline=",
+                               absl::FormatDuration(rejoin_deadline_));
+      }
+    }
+  }
+  if (!end_job.empty()) {
+    EndJob(end_job);  // notifies
+  } else if (dropped) {
+    Notify();
+  }
+}
+
+std::vector<int> Membership::LiveRanks() const {
+  std::vector<int> live;
+  for (int r = 0; r < world_size_; ++r) {
+    if (!excluded(r)) live.push_back(r);
+  }
+  return live;
+}
+
+std::string Membership::job_error() const {
+  absl::MutexLock lock(&mu_);
+  return job_error_;
+}
+
+void Membership::EndJob(const std::string& why) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!job_error_.empty()) return;
+    job_error_ = why;
+    job_ended_.store(true, std::memory_order_release);
+  }
+  SUMMA_LOG(ERROR) << "ending the job: " << why;
+  Notify();
+}
+
+std::vector<MemberInfo> Membership::Snapshot() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<MemberInfo> out;
+  for (int r = 0; r < world_size_; ++r) {
+    if (state(r) == MemberState::kAbsent) continue;
+    MemberInfo m;
+    m.rank = r;
+    m.state = state(r);
+    m.peer = details_[r].peer;
+    m.status_address = details_[r].status_address;
+    m.pushes = slots_[r].pushes.load();
+    m.examples = slots_[r].examples.load();
+    m.last_seen = absl::FromUnixNanos(slots_[r].last_seen_ns.load());
+    m.lease_expiry = m.last_seen + lease_;
+    m.lapsed_at = details_[r].lapsed_at;
+    m.joins = details_[r].joins;
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+}  // namespace summa::server

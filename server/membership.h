@@ -1,0 +1,128 @@
+// Membership: the job's ranks, their leases, the live set and the job's end. A member is absent
+// until it joins, alive while its lease is current, lapsed once it runs out; under `shrink` a
+// lapsed member is dropped (left out of every later step), under `wait` it is waited for until
+// the rejoin deadline, when the job ends. Leave takes a member out for good.
+//
+// The push path only reads atomics: Touch() on an alive member stores its last-seen time and
+// counts its push, without a lock. The lock (mu_) is taken for joins, revivals, leaves, Tick and
+// snapshots. Observers registered before use are told, outside the lock, when ranks are excluded
+// or the job ends. Thread-safe.
+#ifndef SUMMA_SERVER_MEMBERSHIP_H_
+#define SUMMA_SERVER_MEMBERSHIP_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "server/job_options.h"
+
+namespace summa::server {
+
+enum class MemberState { kAbsent, kAlive, kLapsed, kLeft, kDropped };
+const char* MemberStateName(MemberState state);
+
+struct MemberInfo {
+  int rank = 0;
+  MemberState state = MemberState::kAbsent;
+  std::string peer;
+  std::string status_address;
+  uint64_t pushes = 0;
+  uint64_t examples = 0;
+  absl::Time last_seen = absl::InfinitePast();
+  absl::Time lease_expiry = absl::InfinitePast();
+  absl::Time lapsed_at = absl::InfinitePast();
+  int joins = 0;
+};
+
+class Membership {
+ public:
+  // `clock` is not owned and outlives the membership.
+  Membership(int world_size, OnWorkerLoss on_loss, absl::Duration lease,
+             absl::Duration rejoin_deadline, const Clock* clock);
+  Membership(const Membership&) = delete;
+  Membership& operator=(const Membership&) = delete;
+
+  // Called with no lock held after ranks were excluded or the job ended. Register before use.
+  void AddObserver(std::function<void()> on_change);
+
+  int world_size() const { return world_size_; }
+
+  // Admits (or readmits) `rank`, or assigns the lowest absent rank for -1. INVALID_ARGUMENT for a
+  // rank outside the group, RESOURCE_EXHAUSTED when every rank has joined, FAILED_PRECONDITION
+  // for a dropped or departed rank. Returns the rank.
+  absl::StatusOr<int> Admit(int rank, const std::string& peer, const std::string& status_address);
+
+  // OK for an alive member (its lease renewed) or a lapsed one (revived); the status to refuse
+  // with otherwise: INVALID_ARGUMENT, NOT_FOUND (never joined: Join again), FAILED_PRECONDITION
+  // (dropped, left).
+  absl::Status Touch(int rank);
+  // Counts a push accepted from `rank` (which Touch admitted).
+  void CountPush(int rank, int64_t examples);
+
+  // Takes `rank` out for good; its observers are told.
+  absl::Status Leave(int rank);
+
+  // Lapses expired leases, drops them under `shrink`, ends the job under `wait` when one has
+  // been lapsed for the rejoin deadline.
+  void Tick(absl::Time now);
+
+  // Dropped or departed: left out of every step and member collective. Lock-free.
+  bool excluded(int rank) const { return slots_[rank].excluded.load(std::memory_order_acquire); }
+  // The ranks not excluded, ascending.
+  std::vector<int> LiveRanks() const;
+
+  bool job_ended() const { return job_ended_.load(std::memory_order_acquire); }
+  // Empty while the job runs; why it ended otherwise.
+  std::string job_error() const;
+  // Ends the job (idempotent; the first reason stays).
+  void EndJob(const std::string& why);
+
+  // The members that ever joined, by rank.
+  std::vector<MemberInfo> Snapshot() const;
+
+ private:
+  struct Slot {
+    std::atomic<int> state{static_cast<int>(MemberState::kAbsent)};
+    std::atomic<bool> excluded{false};
+    std::atomic<int64_t> last_seen_ns{0};  // absl::ToUnixNanos of the last call
+    std::atomic<uint64_t> pushes{0};
+    std::atomic<uint64_t> examples{0};
+  };
+  struct Details {
+    std::string peer;
+    std::string status_address;
+    absl::Time lapsed_at = absl::InfinitePast();
+    int joins = 0;
+  };
+
+  MemberState state(int rank) const {
+    return static_cast<MemberState>(slots_[rank].state.load(std::memory_order_acquire));
+  }
+  void SetState(int rank, MemberState s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Notify();
+
+  const int world_size_;
+  const OnWorkerLoss on_loss_;
+  const absl::Duration lease_;
+  const absl::Duration rejoin_deadline_;
+  const Clock* const clock_;  // Not owned.
+  std::vector<std::function<void()>> observers_;  // fixed before use
+  std::unique_ptr<Slot[]> slots_;
+
+  mutable absl::Mutex mu_;
+  std::vector<Details> details_ ABSL_GUARDED_BY(mu_);
+  std::string job_error_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> job_ended_{false};
+};
+
+}  // namespace summa::server
+
+#endif  // SUMMA_SERVER_MEMBERSHIP_H_

@@ -1,0 +1,54 @@
+// Partition: one slice of the flat parameter buffer and everything the server keeps for it: the
+// master weights, the optimizer's state slots, the step's running sum, who has pushed, and the
+// calls parked on it. A plain state holder; the consistency policy drives it. Every field but
+// `range` is guarded by `mu` (BytePS's per-key state machine: partitions never share a lock).
+#ifndef SUMMA_SERVER_PARTITION_H_
+#define SUMMA_SERVER_PARTITION_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/partition_map.h"
+#include "server/aggregator.h"
+#include "server/parked_call.h"
+#include "server/step_barrier.h"
+
+namespace summa::server {
+
+struct Partition {
+  Partition(PartitionRange r, int world_size, absl::Span<const float> initial, int num_slots,
+            absl::Time now)
+      : range(r),
+        weights(initial.begin(), initial.end()),
+        slots(num_slots, std::vector<float>(r.length, 0.0f)),
+        aggregator(r.length),
+        barrier(world_size),
+        next_step(world_size, 0),
+        last_completion(now) {
+    for (auto& s : slots) slot_views.push_back(absl::MakeSpan(s));
+  }
+
+  const PartitionRange range;
+  mutable absl::Mutex mu;
+  // Updates applied: steps completed (sync) or pushes applied (async, ssp).
+  uint64_t version ABSL_GUARDED_BY(mu) = 0;
+  std::vector<float> weights ABSL_GUARDED_BY(mu);
+  std::vector<std::vector<float>> slots ABSL_GUARDED_BY(mu);  // the optimizer's, by SlotNames()
+  std::vector<absl::Span<float>> slot_views ABSL_GUARDED_BY(mu);
+  Aggregator aggregator ABSL_GUARDED_BY(mu);
+  StepBarrier barrier ABSL_GUARDED_BY(mu);               // sync: who pushed the current step
+  std::vector<uint64_t> next_step ABSL_GUARDED_BY(mu);   // per rank: the step it pushes next
+  bool skip_step ABSL_GUARDED_BY(mu) = false;            // sync: a push under --nonfinite=skip_step
+  ParkingLot parked ABSL_GUARDED_BY(mu);        // waiting for a version
+  ParkingLot clock_parked ABSL_GUARDED_BY(mu);  // ssp: waiting for the slowest member
+  absl::Time last_completion ABSL_GUARDED_BY(mu);
+  absl::Duration last_step ABSL_GUARDED_BY(mu) = absl::ZeroDuration();
+};
+
+}  // namespace summa::server
+
+#endif  // SUMMA_SERVER_PARTITION_H_

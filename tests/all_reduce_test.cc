@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "common/clock.h"
 #include "gtest/gtest.h"
 #include "tests/fake_call.h"
 
@@ -94,6 +95,74 @@ TEST(AllReduceHubTest, UnfilledRoundIsAbandonedAtTheDeadline) {
   }
   ASSERT_TRUE(calls[0]->Wait().ok());
   EXPECT_EQ(calls[0]->values(), std::vector<float>{3});
+}
+
+// The epoch-end loss collective over the job's members, with a fake clock and 1 s leases.
+class MemberCollectiveTest : public ::testing::Test {
+ protected:
+  void Start(OnWorkerLoss policy) {
+    members_ = std::make_unique<Membership>(2, policy, absl::Seconds(1), absl::Seconds(30), &clock_);
+    hub_ = std::make_unique<AllReduceHub>(absl::Minutes(10), &clock_, members_.get());
+    members_->AddObserver([this] { hub_->OnMembershipChange(); });
+    for (int r : {0, 1}) ASSERT_TRUE(members_->Admit(r, "", "").ok());
+  }
+  std::shared_ptr<FakeCall> Send(int rank, uint64_t round, float value) {
+    data_.push_back(std::make_unique<std::string>(Bytes({value})));
+    AllReduceContribution c;
+    c.name = "summa.train.loss";
+    c.members = true;
+    c.rank = rank;
+    c.round = round;
+    c.spec = {"loss", DType::kFloat32, {1}};
+    c.data = *data_.back();
+    auto call = std::make_shared<FakeCall>();
+    hub_->Contribute(c, call);
+    return call;
+  }
+  FakeClock clock_;
+  std::unique_ptr<Membership> members_;
+  std::unique_ptr<AllReduceHub> hub_;
+  std::vector<std::unique_ptr<std::string>> data_;
+};
+
+TEST_F(MemberCollectiveTest, ShrinkLeavesADroppedMemberOut) {
+  Start(OnWorkerLoss::kShrink);
+  auto mine = Send(0, 0, 5);
+  ASSERT_TRUE(members_->Touch(0).ok());
+  clock_.Advance(absl::Milliseconds(1500));  // rank 1 silent past its lease
+  ASSERT_FALSE(mine->answered());
+  members_->Tick(clock_.Now());
+  ASSERT_TRUE(mine->Wait().ok()) << "the round completes without the dropped member";
+  EXPECT_EQ(mine->values(), std::vector<float>{5});
+  EXPECT_EQ(Send(1, 1, 1)->Wait().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(hub_->rounds_completed(), 1u);
+}
+
+TEST_F(MemberCollectiveTest, WaitHoldsTheRoundForARejoinedMemberThatCatchesUp) {
+  Start(OnWorkerLoss::kWait);
+  auto mine = Send(0, 0, 5);
+  clock_.Advance(absl::Seconds(2));
+  members_->Tick(clock_.Now());  // rank 1 lapses: waited for, as a step is
+  EXPECT_FALSE(mine->answered());
+  ASSERT_TRUE(members_->Admit(1, "", "").ok());  // a restarted process
+  auto late = Send(1, 0, 7);
+  ASSERT_TRUE(mine->Wait().ok());
+  EXPECT_EQ(mine->values(), std::vector<float>{12});
+  // A member that rejoins after the round completed gets its sum and adds nothing.
+  auto again = Send(1, 0, 100);
+  ASSERT_TRUE(again->Wait().ok());
+  EXPECT_EQ(again->values(), std::vector<float>{12});
+  EXPECT_EQ(Send(0, 3, 1)->Wait().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(hub_->rounds_completed(), 1u);
+  // Round 1: rank 1 is lost for good; the job ends and the round is aborted.
+  auto next = Send(0, 1, 1);
+  clock_.Advance(absl::Seconds(2));
+  ASSERT_TRUE(members_->Touch(0).ok());
+  members_->Tick(clock_.Now());
+  clock_.Advance(absl::Seconds(31));
+  members_->Tick(clock_.Now());
+  EXPECT_EQ(next->Wait().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(Send(0, 1, 1)->Wait().code(), absl::StatusCode::kAborted);
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <cmath>
+#include <filesystem>
 #include <string>
 #include <thread>
 
@@ -213,15 +215,21 @@ TEST_F(ServiceTest, BadInputGetsPreciseStatusesOverTheWire) {
   b.set_rank(1);
   b.mutable_tensor()->set_shape(0, 2);
   b.mutable_tensor()->set_data(Bytes({1, 2}));
-  grpc::ClientContext actx;
-  Deadline(actx, 2);
-  pb::AllReduceResponse ar;
-  std::thread waiter([&] { stub->AllReduce(&actx, a, &ar); });
-  absl::SleepFor(absl::Milliseconds(200));
-  grpc::ClientContext bctx;
-  Deadline(bctx);
-  EXPECT_EQ(stub->AllReduce(&bctx, b, &ar).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  waiter.join();
+  // Whichever arrives first sets the round's shape; the other is refused at once, and the first
+  // waits out its 2 s deadline alone. No ordering is assumed.
+  grpc::StatusCode codes[2];
+  std::thread callers[2];
+  for (int i = 0; i < 2; ++i) {
+    callers[i] = std::thread([&, i] {
+      grpc::ClientContext ctx;
+      Deadline(ctx, 2);
+      pb::AllReduceResponse ar;
+      codes[i] = stub->AllReduce(&ctx, i == 0 ? a : b, &ar).error_code();
+    });
+  }
+  for (auto& t : callers) t.join();
+  EXPECT_EQ(std::min(codes[0], codes[1]), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(std::max(codes[0], codes[1]), grpc::StatusCode::DEADLINE_EXCEEDED);
 
   // The weights are untouched: nothing above completed a step.
   EXPECT_EQ(server_->core().WeightsForTest(), std::vector<float>(8, 0));
@@ -248,6 +256,80 @@ TEST_F(ServiceTest, ParkedPullEndsAtTheClientsDeadline) {
   Deadline(sctx);
   pb::ServerStatus status;
   EXPECT_TRUE(stub->GetStatus(&sctx, pb::GetStatusRequest(), &status).ok());
+}
+
+TEST_F(ServiceTest, RetriedPushPullAndNonFiniteGradientsOverTheWire) {
+  StartServer(2);
+  auto stub = Stub();
+  for (int rank : {0, 1}) {
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    pb::JoinResponse joined;
+    ASSERT_TRUE(stub->Join(&ctx, JoinMsg(rank, 2, rank == 0), &joined).ok());
+  }
+  auto push = [&](int rank, uint64_t step, std::vector<float> g, pb::PullResponse* out) {
+    pb::PushRequest r;
+    r.set_rank(rank);
+    r.set_step(step);
+    r.set_num_examples(1);
+    r.set_dtype(pb::DTYPE_FLOAT32);
+    r.set_data(Bytes(g));
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    return stub->PushPull(&ctx, r, out);
+  };
+  // A NaN is refused, naming where it is; nothing changes.
+  std::vector<float> bad(8, 1.0f);
+  bad[5] = std::nanf("");
+  pb::PullResponse reply;
+  grpc::Status refused = push(1, 0, bad, &reply);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(refused.error_message().find("element 5 is nan"), std::string::npos) << refused.error_message();
+  // Step 0 from both ranks, concurrently.
+  pb::PullResponse r0, r1;
+  std::thread other([&] { ASSERT_TRUE(push(1, 0, std::vector<float>(8, 2), &r1).ok()); });
+  ASSERT_TRUE(push(0, 0, std::vector<float>(8, 2), &r0).ok());
+  other.join();
+  // Rank 0's reply was lost after the step completed: its retry gets version 1, counted once.
+  pb::PullResponse retried;
+  grpc::Status s = push(0, 0, std::vector<float>(8, 40), &retried);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(retried.version(), 1u);
+  EXPECT_EQ(Floats(retried.data()), std::vector<float>(8, -1));  // 0 - 0.5 * (2 + 2) / 2
+  grpc::ClientContext sctx;
+  Deadline(sctx);
+  pb::ServerStatus status;
+  ASSERT_TRUE(stub->GetStatus(&sctx, pb::GetStatusRequest(), &status).ok());
+  EXPECT_EQ(status.duplicate_pushes(), 1u);
+  EXPECT_EQ(status.nonfinite_pushes(), 1u);
+  EXPECT_EQ(status.nonfinite(), "reject");
+  EXPECT_EQ(server_->core().WeightsForTest(), std::vector<float>(8, -1));
+}
+
+TEST_F(ServiceTest, CheckpointRpcWritesFromTheDaemonsThread) {
+  const std::string dir =
+      std::filesystem::temp_directory_path() / ("summa-service-ckpt-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  ServerOptions o;
+  o.world_size = 1;
+  o.checkpoint_dir = dir;
+  auto started = SummaServer::Start("127.0.0.1:0", o);
+  ASSERT_TRUE(started.ok()) << started.status();
+  server_ = *std::move(started);
+  auto stub = Stub();
+  grpc::ClientContext jctx;
+  Deadline(jctx);
+  pb::JoinResponse joined;
+  ASSERT_TRUE(stub->Join(&jctx, JoinMsg(0, 1, true), &joined).ok());
+  grpc::ClientContext ctx;
+  Deadline(ctx);
+  pb::CheckpointResponse written;
+  grpc::Status s = stub->Checkpoint(&ctx, pb::CheckpointRequest(), &written);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(written.version(), 0u);
+  EXPECT_TRUE(std::filesystem::exists(written.path())) << written.path();
+  server_.reset();
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

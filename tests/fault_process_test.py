@@ -172,6 +172,55 @@ class FaultProcessTest(unittest.TestCase):
             # equal the undisturbed run's bit for bit. A step counted twice, or lost, differs.
             self.assertEqual(job.weights(), baseline_weights)
 
+    def test_async_and_ssp_workers_train_in_small_partitions(self):
+        # LeNet (0.5 MB) cut into partitions of 64 KiB (8 of them): every offset of the flat buffer is
+        # exercised. Async and ssp apply each push alone, so each partition takes exactly one
+        # update per worker per step.
+        for mode in (["--mode=async"], ["--mode=ssp", "--staleness=1"]):
+            with self.subTest(mode=mode[0]), ProcessGroup() as g:
+                job = Job(g, 2, [*mode, "--partition_bytes=65536"])
+                for r in range(2):
+                    job.start_worker(r, "--epochs=1")
+                outs = self.finish(g, job)
+                status = job.status()
+                self.assertIn(mode[0][len("--mode="):] + " mode", outs[0])
+                self.assertEqual(int(status["partitionCount"]), 8)
+                self.assertEqual(int(status["version"]), 2 * 125)
+                self.assertEqual(int(status["pushesServed"]), 2 * 125 * 8)
+                self.assertEqual(int(status.get("duplicatePushes", 0)), 0)
+
+    def test_sigterm_writes_a_last_checkpoint_that_a_new_server_restores(self):
+        with ProcessGroup() as g:
+            ckpt = os.path.join(g.dir, "ckpt")
+            job = Job(g, 2, [f"--checkpoint_dir={ckpt}", "--checkpoint_every=0", "--partition_bytes=65536"])
+            for r in range(2):
+                job.start_worker(r)
+            job.wait_version(30)
+            self.assertEqual(os.listdir(ckpt) if os.path.isdir(ckpt) else [], [], "none before SIGTERM")
+            job.server.send_signal(signal.SIGTERM)
+            self.assertEqual(g.wait(job.server, 60), 0, g.log(job.server))
+            files = sorted(os.listdir(ckpt))
+            self.assertEqual(len(files), 1, files)
+            saved = int(re.match(r"ckpt-0*(\d+)\.summa", files[0]).group(1))
+            self.assertGreaterEqual(saved, 30)
+            job.start_server(job.port)
+            self.assertIn(f"restored {ckpt}", g.log(job.server))
+            self.assertGreaterEqual(int(job.status()["version"]), saved)
+
+    def test_rejoin_deadline_ends_the_job_with_an_error(self):
+        with ProcessGroup() as g:
+            job = Job(g, 2, ["--on_worker_loss=wait", "--rejoin_deadline=2s"])
+            for r in range(2):
+                job.start_worker(r)
+            job.wait_version(20)
+            job.workers[1].send_signal(signal.SIGKILL)
+            job.workers[1].wait()
+            self.assertEqual(g.wait(job.server, 60), 1, g.log(job.server))
+            self.assertIn("did not rejoin within --rejoin_deadline=2s", g.log(job.server))
+            code = g.wait(job.workers[0], 60)
+            self.assertNotEqual(code, 0, g.log(job.workers[0]))
+            self.assertIn("the job has ended", g.log(job.workers[0]))
+
     def test_no_process_left_behind(self):
         with ProcessGroup() as g:
             job = Job(g, 1)

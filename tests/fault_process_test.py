@@ -124,12 +124,20 @@ class FaultProcessTest(unittest.TestCase):
             job.workers[1].wait()
             self.assertEqual(g.wait(job.workers[0], 240), 0, g.log(job.workers[0]))
             out = g.log(job.workers[0])
-            print(out)
             self.assertIn("1 worker on", out, "the epoch line counts the members left")
-            self.assertGreater(accuracies(out)[-1], 0.5)
-            members = {m.get("rank", 0): m for m in job.status()["members"]}
+            status = job.status()
+            members = {m.get("rank", 0): m for m in status["members"]}
             self.assertEqual(members[1]["state"], "dropped", members)
-            self.assertEqual(int(job.status()["version"]), STEPS)
+            self.assertEqual(int(status["version"]), STEPS)
+            # Every step completed, and every example of every step was covered once, but for
+            # the dropped member's half of the one step that finished without it (rank 0 pushed
+            # its 32 before the lease lapsed). Which step that is depends on when the kill
+            # lands; so does the accuracy: LeNet at lr 0.5 is chaotic on its first-epoch plateau,
+            # and one step of half a batch sends some trajectories to a dead network (a sweep of
+            # the drop step over 95..140 ended between 0.097 and 0.763), so no accuracy is asserted.
+            covered = sum(int(m.get("examples", 0)) for m in members.values())
+            self.assertEqual(covered, 64 * STEPS - 32, members)
+            self.assertEqual(int(members[0]["pushes"]), STEPS)
 
     def test_server_killed_and_restarted_resumes_from_its_checkpoint(self):
         baseline_acc, _ = self.undisturbed()

@@ -1,6 +1,7 @@
 // PartitionMap: how a job's tensors are laid end to end in one flat float buffer, and how that
-// buffer is cut into partitions of at most `partition_bytes` for the wire. Server and worker
-// build the same map from the same specs. Immutable after construction, so thread-safe.
+// buffer is cut into partitions of at most `partition_bytes` for the wire. The server builds it
+// from the model's specs and sends the partitions in every Join reply; workers take them from
+// there. Immutable after construction, so thread-safe.
 #ifndef SUMMA_COMMON_PARTITION_MAP_H_
 #define SUMMA_COMMON_PARTITION_MAP_H_
 

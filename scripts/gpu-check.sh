@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check, for a machine with an NVIDIA GPU (an H200 where the device tool lends one).
+# The GPU check, for a machine with an NVIDIA GPU.
 # Uses .bundle/ from scripts/gpu-bundle.sh when present (a machine with no Debian packages),
 # else build/. Runs the CUDA-vs-CPU tests, compute-sanitizer on them where it works, and trains
 # the seed's job on the GPU for 2 epochs with 1 worker and with 2 workers sharing the GPU,

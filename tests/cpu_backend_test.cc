@@ -2,6 +2,8 @@
 // loss L = sum(r * y) with fixed random r, computed in float64 from the forward pass.
 #include <functional>
 #include <random>
+#include <thread>
+#include <xmmintrin.h>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -157,6 +159,30 @@ TEST_F(CpuBackendTest, CountCorrectAndAxpy) {
   std::vector<float> y = {1, 2, 3};
   ASSERT_TRUE(be_->Axpy(-2.0f, std::vector<float>{1, 1, 2}.data(), y.data(), 3).ok());
   EXPECT_EQ(y, (std::vector<float>{-1, 0, -1}));
+}
+
+}  // namespace
+}  // namespace summa::worker
+
+namespace summa::worker {
+namespace {
+
+// Denormals count as zero on every thread that computes: here a thread whose flags are off (as a
+// thread that did not create the backend may have them), and OpenBLAS's own workers (2 threads, a
+// product big enough to split between them). 256 x 1e-39 would be 2.56e-37, a normal float,
+// without DAZ.
+TEST(CpuBackendFlushToZeroTest, DenormalsAreZeroOnEveryThreadThatComputes) {
+  std::unique_ptr<Backend> backend = NewCpuBackend(2);
+  const int n = 256;
+  std::vector<float> a(n * n, 1e-39f), b(n * n, 1.0f), c(n * n, -1.0f);
+  std::thread other([&] {
+    _mm_setcsr(_mm_getcsr() & ~(0x8000u | 0x0040u));  // FTZ and DAZ off
+    EXPECT_TRUE(backend->Gemm(false, false, n, n, n, 1.0f, a.data(), b.data(), 0.0f, c.data()).ok());
+  });
+  other.join();
+  int nonzero = 0;
+  for (float v : c) nonzero += v != 0.0f;
+  EXPECT_EQ(nonzero, 0) << "c[0] = " << c[0] << ", c[last] = " << c.back();
 }
 
 }  // namespace

@@ -151,7 +151,7 @@ TEST_F(CudaBackendTest, LeNetStepsMatchTheCpu) {
   auto gnet = LeNet::Create(gpu_.get(), 64, gpu_->preferred_chunk());
   auto cnet = LeNet::Create(cpu_.get(), 64, cpu_->preferred_chunk());
   ASSERT_TRUE(gnet.ok() && cnet.ok());
-  std::vector<float> w = LeNet::InitialWeights(3);
+  std::vector<float> w = LeNet::SeedWeights(3);
   std::vector<float> cw = w;
   const auto images = Random(64 * 784, 15, 0, 1);
   std::vector<float> labels(64);

@@ -8,6 +8,7 @@
 #include "gtest/gtest.h"
 #include "server/daemon.h"
 #include "worker/lenet.h"
+#include "worker/ps_client.h"
 #include "worker/trainer.h"
 
 namespace summa::worker {
@@ -97,7 +98,7 @@ class EquivalenceTest : public ::testing::Test {
 TEST_F(EquivalenceTest, TwoWorkersMatchOneWorkerWithTheWholeBatch) {
   const JobRun one = Train(1, 50, data_, 2);
   const JobRun two = Train(2, 50, data_, 2);
-  const std::vector<float> initial = LeNet::InitialWeights(11);
+  const std::vector<float> initial = LeNet::SeedWeights(11);
   EXPECT_GT(MaxAbsDiff(one.server_weights, initial), 1e-3) << "training must move the weights";
   EXPECT_LT(MaxAbsDiff(one.server_weights, two.server_weights), 2e-5);
   for (const auto& w : two.worker_weights) EXPECT_EQ(w, two.server_weights);
@@ -121,7 +122,7 @@ TEST_F(EquivalenceTest, OneWorkerOnTwoLocalDevicesMatchesOneDevice) {
   const JobRun one = Train(1, 50, data_, 2);
   const JobRun split = Train(1, 50, data_, 2, /*devices=*/2);
   EXPECT_LT(MaxAbsDiff(one.server_weights, split.server_weights), 2e-5);
-  EXPECT_GT(MaxAbsDiff(split.server_weights, LeNet::InitialWeights(11)), 1e-3);
+  EXPECT_GT(MaxAbsDiff(split.server_weights, LeNet::SeedWeights(11)), 1e-3);
 }
 
 }  // namespace

@@ -33,7 +33,7 @@ class TrainProcessTest(unittest.TestCase):
                 status_file = os.path.join(g.dir, f"w{rank}.status")
                 workers.append((g.start(f"worker{rank}", [
                     ARGS.worker, f"--server=127.0.0.1:{port}", f"--rank={rank}", "--world_size=2",
-                    "--batch_size=64", "--epochs=3", "--train_limit=8000", "--test_limit=2000",
+                    "--device=cpu", "--batch_size=64", "--epochs=3", "--train_limit=8000", "--test_limit=2000",
                     "--seed=1", "--status_address=127.0.0.1:0", f"--status_port_file={status_file}"]),
                     status_file))
             status_port = int(g.wait_for_file(workers[0][1], workers[0][0]))
@@ -42,6 +42,7 @@ class TrainProcessTest(unittest.TestCase):
             status = r.call("summa.v1.Worker/GetStatus")
             self.assertEqual(status.get("worldSize"), 2, status)
             self.assertEqual(status.get("device"), "cpu", status)
+            self.assertEqual(status.get("model"), "lenet", status)
             self.assertIn(status.get("state"), ("joining", "training", "evaluating", "starting"), status)
             for proc, _ in workers:
                 self.assertEqual(g.wait(proc, 240), 0, g.log(proc))
@@ -55,6 +56,36 @@ class TrainProcessTest(unittest.TestCase):
             srv = Reflector(f"127.0.0.1:{port}").call("summa.v1.ParameterServer/GetStatus")
             self.assertEqual(int(srv["version"]), 3 * 8000 // 64, srv)
             self.assertEqual(len(srv["members"]), 2, srv)
+
+    def test_mlp_workers_train_and_report_their_model(self):
+        with ProcessGroup() as g:
+            server, port = g.start_server(ARGS.server, "--workers=2", "--lr=0.5")
+            workers = []
+            for rank in range(2):
+                status_file = os.path.join(g.dir, f"w{rank}.status")
+                workers.append((g.start(f"worker{rank}", [
+                    ARGS.worker, f"--server=127.0.0.1:{port}", f"--rank={rank}", "--world_size=2",
+                    "--device=cpu", "--model=mlp", "--batch_size=64", "--epochs=3",
+                    "--train_limit=8000", "--test_limit=2000", "--seed=1",
+                    "--status_address=127.0.0.1:0", f"--status_port_file={status_file}"]),
+                    status_file))
+            status_port = int(g.wait_for_file(workers[0][1], workers[0][0]))
+            status = Reflector(f"127.0.0.1:{status_port}").call("summa.v1.Worker/GetStatus")
+            self.assertEqual(status.get("model"), "mlp", status)
+            for proc, _ in workers:
+                self.assertEqual(g.wait(proc, 240), 0, g.log(proc))
+            out0 = g.log(workers[0][0])
+            print(out0)
+            self.assertIn("rank 0 of 2 joined at step 0 (model mlp, sync mode)", out0)
+            losses = [float(x) for x in re.findall(r"epoch \d+/\d+: loss ([0-9.]+)", out0)]
+            self.assertEqual(len(losses), 3, out0)
+            self.assertLess(losses[1], losses[0], "the loss falls epoch over epoch")
+            self.assertLess(losses[2], losses[1], "the loss falls epoch over epoch")
+            self.assertGreater(accuracies(out0)[-1], 0.5, "well above chance (0.1)")
+            # An unknown model is refused before anything starts, naming the choices.
+            bad = g.start("bad", [ARGS.worker, f"--server=127.0.0.1:{port}", "--model=vgg"])
+            self.assertEqual(g.wait(bad, 60), 1)
+            self.assertIn("unknown model 'vgg' (choose one of lenet, mlp)", g.log(bad))
 
     def test_metrics_are_served_for_prometheus(self):
         import urllib.request

@@ -1,6 +1,6 @@
-// Backend: the device math LeNet needs, forward and backward, behind one interface. The CPU
-// implementation runs on OpenBLAS; the CUDA one (cuda_backend) on cuBLAS and kernels. Nothing
-// above this interface knows which device runs.
+// Backend: the device math the models (LeNet, MLP) need, forward and backward, behind one
+// interface. The CPU implementation runs on OpenBLAS; the CUDA one (cuda_backend) on cuBLAS and
+// kernels. Nothing above this interface knows which device runs.
 //
 // Pointers given to the operations are device pointers from Alloc() (host memory on the CPU).
 // Tensors are row-major float32; images are NCHW. Every operation returns a status: on CUDA a
@@ -67,8 +67,6 @@ class Backend {
   // dst (on this device) = src (on `from`'s device), for summing gradients across local devices.
   // UNIMPLEMENTED between kinds of backend.
   virtual absl::Status CopyFromPeer(const Backend& from, const float* src, int64_t n, float* dst) = 0;
-  // Waits until every queued operation has finished (a no-op on the CPU).
-  virtual absl::Status Synchronize() = 0;
 
   // C[M,N] = alpha * op(A) op(B) + beta * C, with op(A) of shape [M,K] and op(B) [K,N].
   virtual absl::Status Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
@@ -108,7 +106,8 @@ class Backend {
   virtual absl::StatusOr<int64_t> CountCorrect(const float* logits, const float* labels, int batch,
                                                int classes) = 0;
 
-  // y += alpha * x: the SGD update (alpha = -lr / examples) and gradient sums across devices.
+  // y += alpha * x: sums of gradients across chunks of a batch and across local devices (the
+  // server, not the worker, applies the optimizer).
   virtual absl::Status Axpy(float alpha, const float* x, float* y, int64_t n) = 0;
 };
 

@@ -1,10 +1,12 @@
 // The CPU backend: convolutions as im2col + cblas_sgemm per image, the rest as plain loops.
 #include <cblas.h>
+#include <dlfcn.h>
 #include <xmmintrin.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "worker/backend.h"
@@ -14,6 +16,29 @@ namespace {
 
 constexpr unsigned kFlushToZero = 0x8000;
 constexpr unsigned kDenormalsAreZero = 0x0040;
+
+// The seed's N(0, 0.01^2) weights give gradients deep in denormal range, where every x86 multiply
+// takes a slow microcode path; flush them to zero as GPUs do. The flags live in each thread's
+// MXCSR, so they are set where compute runs: in the thread that creates a backend, at the start
+// of every compute operation (the calling thread need not be the creating one; setting MXCSR
+// costs a few cycles), and in OpenBLAS's worker threads, which the library starts when it is
+// loaded, before main: the first backend restarts that pool from a thread with the flags set, so
+// that the new workers inherit them. The restart goes through OpenBLAS's own fork hooks, looked
+// up at run time; a build without them (the serial one) has no pool to restart.
+void FlushDenormals() { _mm_setcsr(_mm_getcsr() | kFlushToZero | kDenormalsAreZero); }
+
+void RestartBlasThreadsWithFlushToZero() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    using Hook = int (*)();
+    auto shutdown = reinterpret_cast<Hook>(::dlsym(RTLD_DEFAULT, "blas_thread_shutdown_"));
+    auto init = reinterpret_cast<Hook>(::dlsym(RTLD_DEFAULT, "blas_thread_init"));
+    if (shutdown == nullptr || init == nullptr) return;
+    FlushDenormals();
+    shutdown();
+    init();
+  });
+}
 
 class HostBuffer final : public DeviceBuffer {
  public:
@@ -59,10 +84,10 @@ void Col2Im(const ConvShape& s, int image, const float* col, float* dx) {
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int threads) {
+    FlushDenormals();
+    RestartBlasThreadsWithFlushToZero();
+    // After the restart: workers this adds are created by this thread and inherit its flags.
     openblas_set_num_threads(std::max(1, threads));
-    // The seed's N(0, 0.01^2) weights give gradients deep in denormal range, where every x86
-    // multiply takes a slow microcode path; flush them to zero as GPUs do.
-    _mm_setcsr(_mm_getcsr() | kFlushToZero | kDenormalsAreZero);
   }
 
   std::string name() const override { return "cpu"; }
@@ -96,10 +121,10 @@ class CpuBackend final : public Backend {
     std::fill_n(device, n, 0.0f);
     return absl::OkStatus();
   }
-  absl::Status Synchronize() override { return absl::OkStatus(); }
 
   absl::Status Gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a,
                     const float* b, float beta, float* c) override {
+    FlushDenormals();
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m,
                 n, k, alpha, a, ta ? m : k, b, tb ? k : n, beta, c, n);
     return absl::OkStatus();
@@ -108,6 +133,7 @@ class CpuBackend final : public Backend {
   // One GEMM for the whole batch: out[O, N*P] = w[O, CKK] col[CKK, N*P], then back to NCHW.
   absl::Status Conv2dForward(const ConvShape& s, const float* x, const float* w, const float* bias,
                              float* y, float* workspace) override {
+    FlushDenormals();
     const int64_t pixels = s.pixels(), np = s.batch * pixels;
     const int ckk = s.in_channels * s.kernel * s.kernel;
     const int64_t in_size = int64_t{s.in_channels} * s.height * s.width;
@@ -129,6 +155,7 @@ class CpuBackend final : public Backend {
 
   absl::Status Conv2dBackward(const ConvShape& s, const float* x, const float* w, const float* dy,
                               float* dx, float* dw, float* dbias, float* workspace) override {
+    FlushDenormals();
     const int64_t pixels = s.pixels(), np = s.batch * pixels;
     const int ckk = s.in_channels * s.kernel * s.kernel;
     const int64_t in_size = int64_t{s.in_channels} * s.height * s.width;
@@ -164,15 +191,18 @@ class CpuBackend final : public Backend {
   }
 
   absl::Status ReluForward(const float* x, float* y, int64_t n) override {
+    FlushDenormals();
     for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0 ? x[i] : 0.0f;
     return absl::OkStatus();
   }
   absl::Status ReluBackward(const float* y, const float* dy, float* dx, int64_t n) override {
+    FlushDenormals();
     for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * static_cast<float>(y[i] > 0);
     return absl::OkStatus();
   }
 
   absl::Status AvgPool2Forward(const float* x, float* y, int planes, int h, int w) override {
+    FlushDenormals();
     const int oh = h / 2, ow = w / 2;
     for (int p = 0; p < planes; ++p) {
       const float* xp = x + int64_t{p} * h * w;
@@ -188,6 +218,7 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
   absl::Status AvgPool2Backward(const float* dy, float* dx, int planes, int h, int w) override {
+    FlushDenormals();
     const int oh = h / 2, ow = w / 2;
     if (h % 2 != 0 || w % 2 != 0) std::fill_n(dx, int64_t{planes} * h * w, 0.0f);
     for (int p = 0; p < planes; ++p) {
@@ -207,6 +238,7 @@ class CpuBackend final : public Backend {
 
   absl::Status LinearForward(const float* x, const float* w, const float* bias, float* y, int batch,
                              int in, int out) override {
+    FlushDenormals();
     for (int i = 0; i < batch; ++i) std::memcpy(y + int64_t{i} * out, bias, out * sizeof(float));
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, batch, out, in, 1.0f, x, in, w, out,
                 1.0f, y, out);
@@ -214,6 +246,7 @@ class CpuBackend final : public Backend {
   }
   absl::Status LinearBackward(const float* x, const float* w, const float* dy, float* dx, float* dw,
                               float* dbias, int batch, int in, int out) override {
+    FlushDenormals();
     // dw[I,O] = x^T dy; dbias = column sums of dy; dx[N,I] = dy w^T.
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, in, out, batch, 1.0f, x, in, dy, out, 0.0f,
                 dw, out);
@@ -230,6 +263,7 @@ class CpuBackend final : public Backend {
 
   absl::StatusOr<double> SoftmaxCrossEntropy(const float* logits, const float* labels,
                                              float* dlogits, int batch, int classes) override {
+    FlushDenormals();
     double loss = 0;
     for (int i = 0; i < batch; ++i) {
       const float* z = logits + int64_t{i} * classes;
@@ -252,6 +286,7 @@ class CpuBackend final : public Backend {
 
   absl::StatusOr<int64_t> CountCorrect(const float* logits, const float* labels, int batch,
                                        int classes) override {
+    FlushDenormals();
     int64_t correct = 0;
     for (int i = 0; i < batch; ++i) {
       const float* z = logits + int64_t{i} * classes;
@@ -261,6 +296,7 @@ class CpuBackend final : public Backend {
   }
 
   absl::Status Axpy(float alpha, const float* x, float* y, int64_t n) override {
+    FlushDenormals();
     cblas_saxpy(static_cast<blasint>(n), alpha, x, 1, y, 1);
     return absl::OkStatus();
   }

@@ -1,6 +1,7 @@
 #include "worker/lenet.h"
 
-#include <random>
+#include <algorithm>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -24,22 +25,11 @@ std::vector<TensorSpec> LeNet::Specs() {
 }
 
 int64_t LeNet::NumParams() {
-  int64_t n = 0;
-  for (const TensorSpec& s : Specs()) n += s.num_elements();
+  static const int64_t n = CountParams(Specs());
   return n;
 }
 
-std::vector<float> LeNet::InitialWeights(uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 0.01f);
-  std::vector<float> flat;
-  flat.reserve(NumParams());
-  for (const TensorSpec& s : Specs()) {
-    const bool bias = s.name[0] == 'b';
-    for (int64_t i = 0; i < s.num_elements(); ++i) flat.push_back(bias ? 0.0f : normal(rng));
-  }
-  return flat;
-}
+std::vector<float> LeNet::SeedWeights(uint64_t seed) { return NormalWeights(Specs(), seed, 0.01f); }
 
 absl::StatusOr<std::unique_ptr<LeNet>> LeNet::Create(Backend* backend, int max_batch, int chunk) {
   if (max_batch < 1) {
@@ -86,10 +76,6 @@ float* LeNet::W(std::unique_ptr<DeviceBuffer>& buf, int tensor) const {
 
 absl::Status LeNet::SetWeights(const float* host_flat) {
   return backend_->Upload(host_flat, NumParams(), params_->data());
-}
-
-absl::Status LeNet::GetWeights(float* host_flat) {
-  return backend_->Download(params_->data(), NumParams(), host_flat);
 }
 
 absl::Status LeNet::GetGradients(float* host_flat) {

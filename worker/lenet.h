@@ -1,23 +1,25 @@
 // LeNet exactly as the seed: conv 3x3 (20) -> ReLU -> avgpool 2 -> conv 5x5 (50) -> ReLU ->
 // avgpool 2 -> flatten (800) -> linear 128 -> ReLU -> linear 10, on 1x28x28 images.
-// Parameters live in one flat device buffer in Specs() order (the order the server partitions),
-// gradients in another of the same layout, so a push is one copy of that buffer.
+// One Model (model.h): parameters and gradients in flat device buffers in Specs() order.
 // Owns its device buffers; the backend is not owned. Not thread-safe.
 #ifndef SUMMA_WORKER_LENET_H_
 #define SUMMA_WORKER_LENET_H_
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/tensor.h"
 #include "worker/backend.h"
+#include "worker/model.h"
 
 namespace summa::worker {
 
-class LeNet {
+class LeNet final : public Model {
  public:
+  static constexpr char kName[] = "lenet";
   static constexpr int kClasses = 10;
   static constexpr int kImageSide = 28;
   static constexpr int kImageFloats = kImageSide * kImageSide;
@@ -26,7 +28,7 @@ class LeNet {
   static std::vector<TensorSpec> Specs();
   static int64_t NumParams();
   // Weights drawn from N(0, 0.01^2) with `seed`, biases zero; flat, in Specs() order.
-  static std::vector<float> InitialWeights(uint64_t seed);
+  static std::vector<float> SeedWeights(uint64_t seed);
 
   // Allocates every buffer for batches of up to `max_batch` examples once. A batch runs through
   // the network in chunks of `chunk` examples (0: the whole batch at once), their gradients
@@ -35,21 +37,20 @@ class LeNet {
   static absl::StatusOr<std::unique_ptr<LeNet>> Create(Backend* backend, int max_batch,
                                                        int chunk = 0);
 
-  absl::Status SetWeights(const float* host_flat);
-  absl::Status GetWeights(float* host_flat);
-
-  // Forward and backward on n <= max_batch examples (host images [n,28*28], labels [n] as
-  // floats). The gradient of the *summed* loss lands in gradients(); returns the summed loss.
-  // n = 0 gives zero gradients and zero loss.
-  absl::StatusOr<double> ComputeGradients(const float* images, const float* labels, int n);
-  absl::Status GetGradients(float* host_flat);
-
-  // How many of n <= max_batch examples the model classifies right.
-  absl::StatusOr<int64_t> CountCorrect(const float* images, const float* labels, int n);
-
-  DeviceBuffer& weights() { return *params_; }
-  DeviceBuffer& gradients() { return *grads_; }
-  int max_batch() const { return max_batch_; }
+  // Model:
+  std::string name() const override { return kName; }
+  std::vector<TensorSpec> specs() const override { return Specs(); }
+  int64_t num_params() const override { return NumParams(); }
+  std::vector<float> InitialWeights(uint64_t seed) const override { return SeedWeights(seed); }
+  int image_floats() const override { return kImageFloats; }
+  int classes() const override { return kClasses; }
+  int max_batch() const override { return max_batch_; }
+  absl::Status SetWeights(const float* host_flat) override;
+  absl::StatusOr<double> ComputeGradients(const float* images, const float* labels, int n) override;
+  absl::Status GetGradients(float* host_flat) override;
+  absl::StatusOr<int64_t> CountCorrect(const float* images, const float* labels, int n) override;
+  DeviceBuffer& weights() override { return *params_; }
+  DeviceBuffer& gradients() override { return *grads_; }
 
  private:
   LeNet(Backend* backend, int max_batch, int chunk)

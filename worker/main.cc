@@ -17,6 +17,9 @@ ABSL_FLAG(int, rank, -2,
 ABSL_FLAG(int, world_size, 1, "number of workers in the job; must match summa-server --workers");
 ABSL_FLAG(int64_t, batch_size, 256, "global minibatch size, split across all workers");
 ABSL_FLAG(int, epochs, 10, "passes over the training set");
+ABSL_FLAG(std::string, model, "lenet",
+          "the network to train: lenet (the seed's LeNet) or mlp (d2l's 784-256-10 perceptron); "
+          "every worker of a job must train the same one");
 ABSL_FLAG(std::string, device, "auto", "cpu, cuda:N, or auto (a GPU when one works, else the CPU)");
 ABSL_FLAG(std::string, devices, "",
           "several local devices for this one worker, e.g. cuda:0,cuda:1: the shard is split "
@@ -49,7 +52,7 @@ ABSL_FLAG(absl::Duration, join_deadline, absl::Minutes(2),
 
 int main(int argc, char** argv) {
   summa::ParseFlagsOrDie(argc, argv,
-                         "one worker of a Summa training job. Trains the seed's LeNet "
+                         "one worker of a Summa training job. Trains the seed's LeNet (or --model) "
                          "on its shard of every global batch of Fashion-MNIST, pushing gradients to "
                          "summa-server and pulling the new weights.\n\n"
                          "  summa-worker --server=127.0.0.1:50051 --rank=0 --world_size=2");
@@ -63,6 +66,7 @@ int main(int argc, char** argv) {
   o.trainer.world_size = absl::GetFlag(FLAGS_world_size);
   o.trainer.batch_size = absl::GetFlag(FLAGS_batch_size);
   o.trainer.epochs = absl::GetFlag(FLAGS_epochs);
+  o.trainer.model = absl::GetFlag(FLAGS_model);
   o.trainer.seed = absl::GetFlag(FLAGS_seed);
   const std::string progress = absl::GetFlag(FLAGS_progress);
   if (progress != "auto" && progress != "always" && progress != "never") {
@@ -84,7 +88,7 @@ int main(int argc, char** argv) {
   o.call_deadline = absl::GetFlag(FLAGS_call_deadline);
   o.join_deadline = absl::GetFlag(FLAGS_join_deadline);
   o.trainer.retry_deadline = absl::GetFlag(FLAGS_retry_deadline);
-  o.trainer.fault_exit_after_push = absl::GetFlag(FLAGS_fault_exit_after_push);
+  o.fault_exit_after_push = absl::GetFlag(FLAGS_fault_exit_after_push);
   absl::Status status = summa::worker::RunWorker(o);
   if (!status.ok()) {
     std::fprintf(stderr, "summa-worker: %s\n", status.ToString().c_str());

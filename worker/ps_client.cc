@@ -215,14 +215,16 @@ absl::Status ParameterClient::Leave(int rank) {
   return FromGrpcStatus(stub_->Leave(&ctx, request, &response));
 }
 
-absl::StatusOr<std::vector<float>> ParameterClient::AllReduce(const std::string& name, int group_size,
-                                                              int rank, const std::vector<float>& values) {
+absl::StatusOr<std::vector<float>> ParameterClient::AllReduce(const Collective& group,
+                                                              const std::vector<float>& values) {
   pb::AllReduceRequest request;
-  request.set_name(name);
-  request.set_group_size(group_size);
-  request.set_rank(rank);
+  request.set_name(group.name);
+  request.set_group_size(group.group_size);
+  request.set_rank(group.rank);
+  request.set_members(group.members);
+  request.set_round(group.round);
   pb::Tensor* t = request.mutable_tensor();
-  t->set_name(name);
+  t->set_name(group.name);
   t->set_dtype(pb::DTYPE_FLOAT32);
   t->add_shape(static_cast<int64_t>(values.size()));
   t->set_data(reinterpret_cast<const char*>(values.data()), values.size() * 4);

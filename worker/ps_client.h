@@ -1,4 +1,5 @@
-// ParameterClient: the worker's side of summa.v1.ParameterServer. Joins (retrying while the
+// ParameterClient: the worker's side of summa.v1.ParameterServer, the ParameterStore the trainer
+// uses outside tests. Joins (retrying while the
 // server is not up or the model not yet defined), pulls, and push-pulls the flat gradient and
 // weight buffers partition by partition, all partitions in flight at once. Messages are
 // allocated once and reused every step. Every call carries a deadline. Not thread-safe, except
@@ -18,56 +19,29 @@
 #include "common/partition_map.h"
 #include "common/tensor.h"
 #include "summa/v1/summa.grpc.pb.h"
+#include "worker/parameter_store.h"
 
 namespace summa::worker {
 
-struct JoinInfo {
-  int rank = 0;
-  uint64_t version = 0;
-  uint64_t next_step = 0;  // where this rank resumes
-  summa::v1::Mode mode = summa::v1::MODE_SYNC;
-  int staleness = 0;
-  absl::Duration lease = absl::Seconds(10);
-  std::vector<PartitionRange> partitions;
-  std::vector<int> live_ranks;
-};
-
-class ParameterClient {
+class ParameterClient final : public ParameterStore {
  public:
   // `call_deadline` bounds each RPC (a push-pull waits for the slowest worker, so keep it longer
   // than the server's barrier deadline); `join_deadline` bounds the whole join with retries.
   ParameterClient(const std::string& address, absl::Duration call_deadline,
                   absl::Duration join_deadline);
 
-  // Joins as `rank` of `world`. `initial` (the flat weights, or null) defines the model when the
-  // server has none; every later joiner's specs must match. Checks that the server's partitions
-  // tile the model.
+  // ParameterStore:
   absl::StatusOr<JoinInfo> Join(int rank, int world, const std::vector<TensorSpec>& specs,
-                                const float* initial, const std::string& status_address);
-
-  // Fills `weights` (flat) with every partition at version >= min_version; returns the version.
-  absl::StatusOr<uint64_t> PullAll(uint64_t min_version, float* weights);
-
-  // Pushes the flat `gradients` for `step` and fills `weights` with the next weights (version
-  // step + 1 in sync mode, the newest otherwise) and `live_ranks` with the group for the next
-  // step.
+                                const float* initial, const std::string& status_address) override;
+  absl::StatusOr<uint64_t> PullAll(uint64_t min_version, float* weights) override;
   absl::Status PushPull(uint64_t step, int64_t num_examples, const float* gradients, float* weights,
-                        std::vector<int>* live_ranks);
-
-  // Pushes the flat `gradients` for `step` without pulling (the push replies at once). Returns
-  // whether the push completed the step on every partition.
-  absl::StatusOr<bool> Push(uint64_t step, int64_t num_examples, const float* gradients);
-
-  // Renews this member's lease. Thread-safe.
-  absl::Status Heartbeat(int rank) const;
-  // Leaves the group for good.
-  absl::Status Leave(int rank);
-
-  // The seed's allreduce through the server: returns the elementwise sum over the group.
-  absl::StatusOr<std::vector<float>> AllReduce(const std::string& name, int group_size, int rank,
-                                               const std::vector<float>& values);
-
-  const std::string& address() const { return address_; }
+                        std::vector<int>* live_ranks) override;
+  absl::StatusOr<bool> Push(uint64_t step, int64_t num_examples, const float* gradients) override;
+  absl::Status Heartbeat(int rank) const override;
+  absl::Status Leave(int rank) override;
+  absl::StatusOr<std::vector<float>> AllReduce(const Collective& group,
+                                               const std::vector<float>& values) override;
+  std::string address() const override { return address_; }
 
  private:
   std::unique_ptr<grpc::ClientContext> NewContext() const;

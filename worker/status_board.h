@@ -17,6 +17,7 @@ struct WorkerState {
   int rank = -1;
   int world_size = 0;
   std::string device;
+  std::string model;  // "lenet", "mlp"
   std::string server;
   int epoch = 0;   // 1-based epoch in progress or last finished
   int epochs = 0;

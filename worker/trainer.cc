@@ -5,24 +5,31 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
-#include "worker/lenet.h"
 #include "worker/sharding.h"
 
 namespace summa::worker {
+namespace {
+
+// The member collective that sums each epoch's training loss; its round is the 0-based epoch.
+constexpr char kLossCollective[] = "summa.train.loss";
+
+}  // namespace
 
 Trainer::Trainer(TrainerOptions options, const Dataset* train, const Dataset* test,
-                 std::vector<Backend*> backends, ParameterClient* client, StatusBoard* board,
+                 std::vector<Backend*> backends, ParameterStore* store, StatusBoard* board,
                  std::FILE* out)
     : options_(std::move(options)),
       train_(train),
       test_(test),
       backends_(std::move(backends)),
-      client_(client),
+      store_(store),
       board_(board),
       out_(out) {}
 
@@ -33,15 +40,21 @@ absl::Status Trainer::Prepare(int max_shard) {
   const int devices = static_cast<int>(backends_.size());
   const int per_device = (max_shard + devices - 1) / devices;
   for (Backend* b : backends_) {
-    SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<LeNet> model,
-                           LeNet::Create(b, std::max(1, per_device), b->preferred_chunk()));
+    SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
+                           NewModel(options_.model, b, std::max(1, per_device), b->preferred_chunk()));
     models_.push_back(std::move(model));
   }
+  const Model& model = *models_[0];
+  if (int64_t{train_->rows} * train_->cols != model.image_floats()) {
+    return absl::InvalidArgumentError(absl::StrCat("model ", model.name(), " needs images of ",
+                                                   model.image_floats(), " floats; the training set's are ",
+                                                   train_->rows, "x", train_->cols));
+  }
   Backend& first = *backends_[0];
-  const int64_t params = LeNet::NumParams();
+  const int64_t params = model.num_params();
   SUMMA_ASSIGN_OR_RETURN(weights_, first.AllocHost(params));
   SUMMA_ASSIGN_OR_RETURN(gradients_, first.AllocHost(params));
-  SUMMA_ASSIGN_OR_RETURN(images_, first.AllocHost(int64_t{max_shard} * LeNet::kImageFloats));
+  SUMMA_ASSIGN_OR_RETURN(images_, first.AllocHost(int64_t{max_shard} * model.image_floats()));
   SUMMA_ASSIGN_OR_RETURN(labels_, first.AllocHost(max_shard));
   if (devices > 1) {
     SUMMA_ASSIGN_OR_RETURN(peer_gradients_, first.Alloc(params));
@@ -56,11 +69,13 @@ absl::Status Trainer::LoadWeights() {
 
 absl::StatusOr<double> Trainer::ComputeGradients(int n) {
   const int devices = static_cast<int>(models_.size());
+  const int64_t image_floats = models_[0]->image_floats();
+  const int64_t params = models_[0]->num_params();
   double loss = 0;
   for (int d = 0; d < devices; ++d) {
     const int begin = d * n / devices, end = (d + 1) * n / devices;
     SUMMA_ASSIGN_OR_RETURN(double part, models_[d]->ComputeGradients(
-                                            images_->data() + int64_t{begin} * LeNet::kImageFloats,
+                                            images_->data() + begin * image_floats,
                                             labels_->data() + begin, end - begin));
     loss += part;
   }
@@ -68,22 +83,22 @@ absl::StatusOr<double> Trainer::ComputeGradients(int n) {
   Backend& first = *backends_[0];
   for (int d = 1; d < devices; ++d) {
     SUMMA_RETURN_IF_ERROR(first.CopyFromPeer(*backends_[d], models_[d]->gradients().data(),
-                                             LeNet::NumParams(), peer_gradients_->data()));
+                                             params, peer_gradients_->data()));
     SUMMA_RETURN_IF_ERROR(first.Axpy(1.0f, peer_gradients_->data(), models_[0]->gradients().data(),
-                                     LeNet::NumParams()));
+                                     params));
   }
   return loss;
 }
 
 absl::StatusOr<double> Trainer::TestAccuracy() {
-  LeNet& model = *models_[0];
+  Model& model = *models_[0];
   std::vector<float> labels(model.max_batch());
   int64_t correct = 0;
   for (int64_t begin = 0; begin < test_->count; begin += model.max_batch()) {
     const int n = static_cast<int>(std::min<int64_t>(model.max_batch(), test_->count - begin));
     for (int i = 0; i < n; ++i) labels[i] = static_cast<float>(test_->labels[begin + i]);
     SUMMA_ASSIGN_OR_RETURN(int64_t c, model.CountCorrect(
-                                          test_->images.data() + begin * LeNet::kImageFloats,
+                                          test_->images.data() + begin * model.image_floats(),
                                           labels.data(), n));
     correct += c;
   }
@@ -96,10 +111,17 @@ absl::StatusOr<std::string> Trainer::DeviceList() {
   // Two slots per rank: the first device's code, and how many devices the rank drives.
   std::vector<float> slots(2 * options_.world_size, 0.0f);
   const std::string mine = backends_[0]->name();
-  slots[2 * rank_] = mine == "cpu" ? 1.0f : 2.0f + std::stoi(mine.substr(mine.find(':') + 1));
+  int gpu = 0;
+  if (mine != "cpu" && !(absl::StartsWith(mine, "cuda:") && absl::SimpleAtoi(mine.substr(5), &gpu))) {
+    return absl::InvalidArgumentError(absl::StrCat("device name '", mine, "' is neither cpu nor cuda:N"));
+  }
+  slots[2 * rank_] = mine == "cpu" ? 1.0f : 2.0f + gpu;
   slots[2 * rank_ + 1] = static_cast<float>(backends_.size());
-  SUMMA_ASSIGN_OR_RETURN(std::vector<float> all,
-                         client_->AllReduce("summa.train.devices", options_.world_size, rank_, slots));
+  Collective group;
+  group.name = "summa.train.devices";
+  group.group_size = options_.world_size;
+  group.rank = rank_;
+  SUMMA_ASSIGN_OR_RETURN(std::vector<float> all, store_->AllReduce(group, slots));
   std::vector<std::string> names;
   for (int r = 0; r < options_.world_size; ++r) {
     const float code = all[2 * r];
@@ -128,7 +150,7 @@ void Trainer::StartHeartbeats(absl::Duration lease) {
     while (!heartbeat_mu_.AwaitWithTimeout(absl::Condition(&heartbeat_stop_), every)) {
       const int rank = rank_;
       heartbeat_mu_.Unlock();
-      client_->Heartbeat(rank).IgnoreError();  // a lost server shows in the training calls
+      store_->Heartbeat(rank).IgnoreError();  // a lost server shows in the training calls
       heartbeat_mu_.Lock();
     }
   });
@@ -148,10 +170,6 @@ absl::Status Trainer::Run() {
     return absl::InvalidArgumentError(absl::StrCat("global batch ", batch, " is smaller than the ",
                                                    options_.world_size, " workers sharing it"));
   }
-  if (train_->rows != LeNet::kImageSide || train_->cols != LeNet::kImageSide) {
-    return absl::InvalidArgumentError(absl::StrCat("LeNet needs 28x28 images; the training set has ",
-                                                   train_->rows, "x", train_->cols));
-  }
   // Sized for the whole batch: when `shrink` drops members, the rest take larger shards.
   SUMMA_RETURN_IF_ERROR(Prepare(static_cast<int>(batch)));
   board_->Update([&](WorkerState& s) {
@@ -160,15 +178,16 @@ absl::Status Trainer::Run() {
     s.epochs = options_.epochs;
     s.device = backends_[0]->name();
     for (size_t d = 1; d < backends_.size(); ++d) absl::StrAppend(&s.device, ",", backends_[d]->name());
-    s.server = client_->address();
+    s.server = store_->address();
+    s.model = options_.model;
   });
-  const std::vector<float> initial = LeNet::InitialWeights(options_.seed);
+  initial_weights_ = models_[0]->InitialWeights(options_.seed);
   absl::Status result;
   absl::Time failing_since = absl::InfiniteFuture();
   uint64_t steps_at_failure = 0;
   absl::Duration backoff = absl::Milliseconds(200);
   for (int attempt = 0;; ++attempt) {
-    result = JoinAndTrain(initial, attempt > 0);
+    result = JoinAndTrain(initial_weights_, attempt > 0);
     if (result.ok()) break;
     // The server went away (UNAVAILABLE) or came back without us (NOT_FOUND): rejoin, and resume
     // at the version it has (a restored checkpoint's, or the one we were at).
@@ -195,9 +214,31 @@ absl::Status Trainer::Run() {
   }
   StopHeartbeats();
   if (!result.ok()) return result;
-  if (rank_ >= 0) client_->Leave(rank_).IgnoreError();  // the group goes on without us
+  if (rank_ >= 0) store_->Leave(rank_).IgnoreError();  // the group goes on without us
   board_->Update([](WorkerState& s) { s.state = "done"; });
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<float>> Trainer::EpochLoss(int epoch, double loss_sum, int64_t examples) {
+  // The mean loss over the group's examples: the seed's allreduce, through the server, over the
+  // members still in the group. group_size and rank also make it a fixed collective of the
+  // whole world for a server that predates member collectives.
+  Collective group;
+  group.name = kLossCollective;
+  group.rank = rank_;
+  group.group_size = options_.world_size;
+  group.members = true;
+  group.round = static_cast<uint64_t>(epoch);
+  const std::vector<float> mine = {static_cast<float>(loss_sum), static_cast<float>(examples)};
+  absl::StatusOr<std::vector<float>> totals = store_->AllReduce(group, mine);
+  if (totals.ok()) return totals;
+  if (absl::IsUnavailable(totals.status())) return totals.status();  // rejoin
+  if (absl::IsAborted(totals.status())) {
+    return absl::AbortedError(absl::StrCat("the job ended while epoch ", epoch + 1,
+                                           "'s loss was being summed: ", totals.status().message()));
+  }
+  // Anything else (a deadline, say) must not stall the report: fall back to this shard's loss.
+  return mine;
 }
 
 absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoining) {
@@ -205,7 +246,7 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
   const int64_t batch = options_.batch_size;
   const int rank_wanted = rank_ >= 0 ? rank_ : options_.rank;
   SUMMA_ASSIGN_OR_RETURN(JoinInfo joined,
-                         client_->Join(rank_wanted, options_.world_size, LeNet::Specs(),
+                         store_->Join(rank_wanted, options_.world_size, models_[0]->specs(),
                                        rank_wanted <= 0 ? initial.data() : nullptr,
                                        options_.status_address));
   {
@@ -217,16 +258,35 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
           : joined.mode == summa::v1::MODE_SSP ? absl::StrCat("ssp mode, staleness ", joined.staleness)
                                                 : "sync mode";
   StartHeartbeats(joined.lease);
-  SUMMA_RETURN_IF_ERROR(client_->PullAll(joined.version, weights_->data()).status());
+  SUMMA_RETURN_IF_ERROR(store_->PullAll(joined.version, weights_->data()).status());
   SUMMA_RETURN_IF_ERROR(LoadWeights());
   uint64_t step = joined.next_step;
+  const int64_t steps_per_epoch = StepsPerEpoch(n, batch);
+  if (step > 0 && step % steps_per_epoch == 0) {
+    // This member went away at an epoch's end (a crash, a lost server), so it may owe that
+    // epoch's loss round, which the others may be waiting in: contribute nothing to release them.
+    // A round already past says so (FAILED_PRECONDITION), as may a restarted server that has no
+    // such round (OUT_OF_RANGE): the courtesy is then moot, and training goes on. A lost server
+    // or an ended job is not ignored.
+    Collective loss_round;
+    loss_round.name = kLossCollective;
+    loss_round.rank = rank_;
+    loss_round.group_size = options_.world_size;
+    loss_round.members = true;
+    loss_round.round = step / steps_per_epoch - 1;
+    absl::Status caught_up = store_->AllReduce(loss_round, {0.0f, 0.0f}).status();
+    if (absl::IsUnavailable(caught_up) || absl::IsNotFound(caught_up) || absl::IsAborted(caught_up)) {
+      return caught_up;
+    }
+  }
   if (devices_.empty()) {
     absl::StatusOr<std::string> devices =
         step == 0 && !rejoining ? DeviceList() : absl::StatusOr<std::string>(absl::UnavailableError(""));
     devices_ = devices.ok() ? *devices : absl::StrCat("[", backends_[0]->name(), " ...]");
   }
-  std::fprintf(out_, "rank %d of %d %s at step %llu (%s)\n", rank_, options_.world_size,
-               rejoining ? "rejoined" : "joined", static_cast<unsigned long long>(step), mode_.c_str());
+  std::fprintf(out_, "rank %d of %d %s at step %llu (model %s, %s)\n", rank_, options_.world_size,
+               rejoining ? "rejoined" : "joined", static_cast<unsigned long long>(step),
+               options_.model.c_str(), mode_.c_str());
   std::fflush(out_);
   board_->Update([&](WorkerState& s) {
     s.rank = rank_;
@@ -236,8 +296,8 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
     s.state = "training";
   });
 
-  const int64_t steps_per_epoch = StepsPerEpoch(n, batch);
-  const int64_t params = LeNet::NumParams();
+  const int64_t params = models_[0]->num_params();
+  const int64_t image_floats = models_[0]->image_floats();
   for (int epoch = static_cast<int>(step / steps_per_epoch); epoch < options_.epochs; ++epoch) {
     const std::vector<int64_t> order = EpochOrder(n, options_.seed, epoch);
     const absl::Time start = absl::Now();
@@ -260,30 +320,14 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
       }
       for (int64_t i = 0; i < shard.size(); ++i) {
         const int64_t example = order[shard.begin + i];
-        std::memcpy(images_->data() + i * LeNet::kImageFloats,
-                    train_->images.data() + example * LeNet::kImageFloats,
-                    LeNet::kImageFloats * sizeof(float));
+        std::memcpy(images_->data() + i * image_floats, train_->images.data() + example * image_floats,
+                    image_floats * sizeof(float));
         labels_->data()[i] = static_cast<float>(train_->labels[example]);
       }
       SUMMA_ASSIGN_OR_RETURN(double loss, ComputeGradients(static_cast<int>(shard.size())));
       SUMMA_RETURN_IF_ERROR(models_[0]->GetGradients(gradients_->data()));
-      bool pulled = false;
-      if (options_.fault_exit_after_push >= 0 &&
-          static_cast<int64_t>(step) >= options_.fault_exit_after_push) {
-        SUMMA_ASSIGN_OR_RETURN(bool completed, client_->Push(step, shard.size(), gradients_->data()));
-        if (!completed) {
-          std::fprintf(out_, "rank %d: fault injection: exiting after the push of step %llu\n", rank_,
-                       static_cast<unsigned long long>(step));
-          std::fflush(out_);
-          std::_Exit(137);
-        }
-        SUMMA_RETURN_IF_ERROR(client_->PullAll(step + 1, weights_->data()).status());
-        pulled = true;
-      }
-      if (!pulled) {
-        SUMMA_RETURN_IF_ERROR(
-            client_->PushPull(step, shard.size(), gradients_->data(), weights_->data(), &live_));
-      }
+      SUMMA_RETURN_IF_ERROR(
+          store_->PushPull(step, shard.size(), gradients_->data(), weights_->data(), &live_));
       SUMMA_RETURN_IF_ERROR(LoadWeights());
       ++step;
       ++steps_done_;
@@ -305,19 +349,10 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
     }
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
     if (options_.progress_bar) std::fprintf(out_, "\r\033[K");
-    // The mean loss over the group's examples: the seed's allreduce, through the server. A
-    // member lost at this moment must not stall the report: fall back to this shard's loss.
-    const int index = static_cast<int>(std::find(live_.begin(), live_.end(), rank_) - live_.begin());
-    absl::StatusOr<std::vector<float>> totals = client_->AllReduce(
-        absl::StrCat("summa.train.loss/", absl::StrJoin(live_, ",")), static_cast<int>(live_.size()),
-        index, {static_cast<float>(loss_sum), static_cast<float>(examples)});
-    if (!totals.ok()) {
-      if (absl::IsUnavailable(totals.status())) return totals.status();
-      totals = std::vector<float>{static_cast<float>(loss_sum), static_cast<float>(examples)};
-    }
+    SUMMA_ASSIGN_OR_RETURN(const std::vector<float> totals, EpochLoss(epoch, loss_sum, examples));
     EpochResult result;
     result.epoch = epoch + 1;
-    result.loss = (*totals)[1] > 0 ? (*totals)[0] / (*totals)[1] : 0.0;
+    result.loss = totals[1] > 0 ? totals[0] / totals[1] : 0.0;
     result.seconds = seconds;
     result.examples_per_second = global_examples / std::max(1e-9, seconds);
     std::string accuracy;

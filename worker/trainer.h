@@ -1,7 +1,9 @@
 // Trainer: the seed's train(num_gpus, batch_size, lr) as one worker of a job. Joins the server
 // (rank 0 supplies the initial weights), resumes at the server's version, and for each step
 // computes its shard's gradient, push-pulls it, and loads the next version; after each epoch it
-// evaluates test accuracy and prints the seed's line. Owns nothing it is given. Not thread-safe.
+// evaluates test accuracy and prints the seed's line. Talks to the server only through a
+// ParameterStore. Owns its models and staging buffers, nothing it is given. Not thread-safe (it
+// runs one heartbeat thread of its own).
 #ifndef SUMMA_WORKER_TRAINER_H_
 #define SUMMA_WORKER_TRAINER_H_
 
@@ -18,7 +20,8 @@
 #include "absl/time/time.h"
 #include "common/idx.h"
 #include "worker/backend.h"
-#include "worker/ps_client.h"
+#include "worker/model.h"
+#include "worker/parameter_store.h"
 #include "worker/status_board.h"
 
 namespace summa::worker {
@@ -28,6 +31,7 @@ struct TrainerOptions {
   int world_size = 1;
   int64_t batch_size = 256;  // the global minibatch, split across the world
   int epochs = 10;
+  std::string model = "lenet";  // a name from ModelNames()
   uint64_t seed = 0;           // initial weights and the epochs' shuffles
   bool progress_bar = false;   // redraw a bar with examples/s (on a terminal)
   bool evaluate = true;        // test accuracy after each epoch
@@ -35,10 +39,6 @@ struct TrainerOptions {
   // How long to keep rejoining while the server is unreachable or has forgotten this worker
   // (a server restart), counted from the last step that succeeded.
   absl::Duration retry_deadline = absl::Minutes(5);
-  // Fault injection for tests: from this step on, at the first push that leaves its step waiting
-  // for others, exit at once after the push (status 137), as a worker killed between its push and
-  // the reply would. -1: never.
-  int64_t fault_exit_after_push = -1;
   // Called with each step's wall time (compute, push and pull), or null.
   std::function<void(absl::Duration)> step_observer;
 };
@@ -53,11 +53,12 @@ struct EpochResult {
 
 class Trainer {
  public:
-  // None owned; all outlive the trainer. `test` may be null when options.evaluate is false.
+  // None owned; all outlive the trainer. `store` is used from this thread and (Heartbeat only)
+  // from the trainer's heartbeat thread. `test` may be null when options.evaluate is false.
   // With several backends the worker splits its shard across them (split_batch again) and sums
   // their gradients on the first device before it pushes: the seed's single-process method.
   Trainer(TrainerOptions options, const Dataset* train, const Dataset* test,
-          std::vector<Backend*> backends, ParameterClient* client, StatusBoard* board,
+          std::vector<Backend*> backends, ParameterStore* store, StatusBoard* board,
           std::FILE* out);
 
   ~Trainer();
@@ -65,7 +66,7 @@ class Trainer {
   absl::Status Run();
 
   const std::vector<EpochResult>& results() const { return results_; }
-  // The weights after the last step (flat, LeNet order).
+  // The weights after the last step (flat, in the model's specs order).
   const std::vector<float>& weights() const { return final_weights_; }
 
  private:
@@ -81,25 +82,31 @@ class Trainer {
   absl::Status LoadWeights();
   absl::StatusOr<double> TestAccuracy();
   absl::StatusOr<std::string> DeviceList();
+  // The job's {summed loss, examples} of epoch `epoch` (0-based) from this member's, summed by
+  // the member collective "summa.train.loss" (round = epoch); this member's own where the
+  // collective fails for a reason other than a lost server (UNAVAILABLE) or an ended job
+  // (ABORTED), which are returned.
+  absl::StatusOr<std::vector<float>> EpochLoss(int epoch, double loss_sum, int64_t examples);
   void DrawProgress(int epoch, int64_t done, int64_t total, double rate);
 
   const TrainerOptions options_;
   const Dataset* const train_;   // Not owned.
   const Dataset* const test_;    // Not owned.
   const std::vector<Backend*> backends_;  // Not owned.
-  ParameterClient* const client_;  // Not owned.
+  ParameterStore* const store_;  // Not owned.
   StatusBoard* const board_;     // Not owned.
   std::FILE* const out_;         // Not owned.
   int rank_ = -1;
-  std::vector<std::unique_ptr<class LeNet>> models_;  // one per backend
+  std::vector<std::unique_ptr<Model>> models_;  // one per backend
   // Host staging from the first backend (pinned on CUDA), allocated once.
   std::unique_ptr<DeviceBuffer> weights_, gradients_, images_, labels_;
   std::unique_ptr<DeviceBuffer> peer_gradients_;  // on the first device, for summing
   std::vector<float> final_weights_;
+  std::vector<float> initial_weights_;  // the model's seeded weights, defining it at the server
   std::vector<EpochResult> results_;
   std::vector<int> live_;      // the group the data is sharded over
   std::string devices_;        // "[cpu, cpu]"
-  std::string mode_;           // "sync", ...
+  std::string mode_;           // "sync mode", "async mode" or "ssp mode, staleness K"
   uint64_t steps_done_ = 0;    // steps this process completed, over all attempts
 
   absl::Mutex heartbeat_mu_;

@@ -12,6 +12,8 @@
 #include "common/server_builder.h"
 #include "common/status_macros.h"
 #include "worker/devices.h"
+#include "worker/fault_injecting_store.h"
+#include "worker/model.h"
 #include "worker/ps_client.h"
 #include "worker/worker_service.h"
 
@@ -85,6 +87,7 @@ absl::Status RunWorker(const WorkerOptions& options) {
   if (options.trainer.epochs < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--epochs must be at least 1, got ", options.trainer.epochs));
   }
+  SUMMA_RETURN_IF_ERROR(ModelSpecs(options.trainer.model).status());
   // Metrics first: a bad address fails before the data is loaded.
   std::unique_ptr<MetricsEndpoint> metrics;
   if (!options.metrics_address.empty()) {
@@ -115,7 +118,7 @@ absl::Status RunWorker(const WorkerOptions& options) {
   ::gethostname(host, sizeof(host) - 1);
   TrainerOptions trainer_options = options.trainer;
   trainer_options.status_address = absl::StrCat(host, ":", status_server.port);
-  SUMMA_LOG(INFO) << "worker (rank " << options.trainer.rank << " of " << options.trainer.world_size
+  SUMMA_LOG(INFO) << options.trainer.model << " worker (rank " << options.trainer.rank << " of " << options.trainer.world_size
  << ") on " << devices[0]->name()
                   << (devices.size() > 1 ? absl::StrCat(" and ", devices.size() - 1, " more devices") : "")
                   << ", status on port " << status_server.port
@@ -128,7 +131,13 @@ absl::Status RunWorker(const WorkerOptions& options) {
     trainer_options.step_observer = [steps](absl::Duration d) { steps->Observe(absl::ToDoubleSeconds(d)); };
   }
   ParameterClient client(options.server, options.call_deadline, options.join_deadline);
-  Trainer trainer(trainer_options, &train, &test, devices, &client, &board, stdout);
+  ParameterStore* store = &client;
+  std::unique_ptr<FaultInjectingStore> faulty;
+  if (options.fault_exit_after_push >= 0) {
+    faulty = std::make_unique<FaultInjectingStore>(&client, options.fault_exit_after_push, stdout);
+    store = faulty.get();
+  }
+  Trainer trainer(trainer_options, &train, &test, devices, store, &board, stdout);
   absl::Status result = trainer.Run();
   worker_metrics.reset();
   if (!result.ok()) board.Update([](WorkerState& s) { s.state = "failed"; });

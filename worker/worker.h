@@ -26,6 +26,10 @@ struct WorkerOptions {
   std::string metrics_port_file;
   absl::Duration call_deadline = absl::Minutes(11);
   absl::Duration join_deadline = absl::Minutes(2);
+  // Fault injection for tests: from this step on, at the first push that leaves its step waiting
+  // for others, exit at once after the push (status 137), as a worker killed between its push and
+  // the reply would (FaultInjectingStore). -1: never.
+  int64_t fault_exit_after_push = -1;
 };
 
 absl::Status RunWorker(const WorkerOptions& options);

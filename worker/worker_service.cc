@@ -9,6 +9,7 @@ grpc::ServerUnaryReactor* WorkerService::GetStatus(grpc::CallbackServerContext* 
   response->set_rank(s.rank);
   response->set_world_size(s.world_size);
   response->set_device(s.device);
+  response->set_model(s.model);
   response->set_server(s.server);
   response->set_epoch(s.epoch);
   response->set_epochs(s.epochs);

@@ -121,10 +121,6 @@ class CudaBackend final : public Backend {
         "CopyFromPeer");
     return absl::OkStatus();
   }
-  absl::Status Synchronize() override {
-    SUMMA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "Synchronize");
-    return absl::OkStatus();
-  }
 
   absl::Status Gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a,
                     const float* b, float beta, float* c) override {

@@ -1,0 +1,126 @@
+#include "worker/mlp.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace summa::worker {
+namespace {
+
+// Offsets of the tensors in the flat buffers.
+constexpr int64_t kW1 = 0;
+constexpr int64_t kB1 = kW1 + int64_t{Mlp::kImageFloats} * Mlp::kHidden;
+constexpr int64_t kW2 = kB1 + Mlp::kHidden;
+constexpr int64_t kB2 = kW2 + int64_t{Mlp::kHidden} * Mlp::kClasses;
+constexpr int64_t kParams = kB2 + Mlp::kClasses;
+
+}  // namespace
+
+std::vector<TensorSpec> Mlp::Specs() {
+  return {{"W1", DType::kFloat32, {kImageFloats, kHidden}},
+          {"b1", DType::kFloat32, {kHidden}},
+          {"W2", DType::kFloat32, {kHidden, kClasses}},
+          {"b2", DType::kFloat32, {kClasses}}};
+}
+
+int64_t Mlp::NumParams() { return kParams; }
+
+std::vector<float> Mlp::SeedWeights(uint64_t seed) { return NormalWeights(Specs(), seed, 0.01f); }
+
+absl::StatusOr<std::unique_ptr<Mlp>> Mlp::Create(Backend* backend, int max_batch, int chunk) {
+  if (max_batch < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("batch size must be at least 1, got ", max_batch));
+  }
+  if (chunk < 0) return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk, " is negative"));
+  chunk = chunk == 0 ? max_batch : std::min(chunk, max_batch);
+  std::unique_ptr<Mlp> net(new Mlp(backend, max_batch, chunk));
+  const int64_t b = chunk;
+  const std::pair<std::unique_ptr<DeviceBuffer>*, int64_t> buffers[] = {
+      {&net->params_, kParams},
+      {&net->grads_, kParams},
+      {&net->chunk_grads_, chunk < max_batch ? kParams : 0},
+      {&net->x_, b * kImageFloats},
+      {&net->labels_, b},
+      {&net->h1_, b * kHidden},
+      {&net->logits_, b * kClasses},
+      {&net->dlogits_, b * kClasses},
+      {&net->dh1_, b * kHidden},
+  };
+  for (const auto& [slot, floats] : buffers) {
+    SUMMA_ASSIGN_OR_RETURN(*slot, backend->Alloc(floats));
+  }
+  return net;
+}
+
+absl::Status Mlp::SetWeights(const float* host_flat) {
+  return backend_->Upload(host_flat, kParams, params_->data());
+}
+
+absl::Status Mlp::GetGradients(float* host_flat) {
+  return backend_->Download(grads_->data(), kParams, host_flat);
+}
+
+absl::Status Mlp::Forward(const float* images, const float* labels, int n) {
+  Backend& be = *backend_;
+  const float* w = params_->data();
+  SUMMA_RETURN_IF_ERROR(be.Upload(images, int64_t{n} * kImageFloats, x_->data()));
+  SUMMA_RETURN_IF_ERROR(be.Upload(labels, n, labels_->data()));
+  SUMMA_RETURN_IF_ERROR(be.LinearForward(x_->data(), w + kW1, w + kB1, h1_->data(), n,
+                                         kImageFloats, kHidden));
+  SUMMA_RETURN_IF_ERROR(be.ReluForward(h1_->data(), h1_->data(), int64_t{n} * kHidden));
+  return be.LinearForward(h1_->data(), w + kW2, w + kB2, logits_->data(), n, kHidden, kClasses);
+}
+
+absl::StatusOr<double> Mlp::Backward(int n, DeviceBuffer& grads) {
+  Backend& be = *backend_;
+  const float* w = params_->data();
+  float* g = grads.data();
+  SUMMA_ASSIGN_OR_RETURN(double loss, be.SoftmaxCrossEntropy(logits_->data(), labels_->data(),
+                                                             dlogits_->data(), n, kClasses));
+  SUMMA_RETURN_IF_ERROR(be.LinearBackward(h1_->data(), w + kW2, dlogits_->data(), dh1_->data(),
+                                          g + kW2, g + kB2, n, kHidden, kClasses));
+  SUMMA_RETURN_IF_ERROR(be.ReluBackward(h1_->data(), dh1_->data(), dh1_->data(), int64_t{n} * kHidden));
+  SUMMA_RETURN_IF_ERROR(be.LinearBackward(x_->data(), w + kW1, dh1_->data(), /*dx=*/nullptr,
+                                          g + kW1, g + kB1, n, kImageFloats, kHidden));
+  return loss;
+}
+
+absl::StatusOr<double> Mlp::ComputeGradients(const float* images, const float* labels, int n) {
+  if (n < 0 || n > max_batch_) {
+    return absl::InvalidArgumentError(absl::StrCat("batch of ", n, " exceeds the model's ", max_batch_));
+  }
+  if (n <= chunk_) {
+    if (n == 0) {
+      SUMMA_RETURN_IF_ERROR(backend_->Zero(grads_->data(), kParams));
+      return 0.0;
+    }
+    SUMMA_RETURN_IF_ERROR(Forward(images, labels, n));
+    return Backward(n, *grads_);
+  }
+  SUMMA_RETURN_IF_ERROR(backend_->Zero(grads_->data(), kParams));
+  double loss = 0;
+  for (int begin = 0; begin < n; begin += chunk_) {
+    const int m = std::min(chunk_, n - begin);
+    SUMMA_RETURN_IF_ERROR(Forward(images + int64_t{begin} * kImageFloats, labels + begin, m));
+    SUMMA_ASSIGN_OR_RETURN(double chunk_loss, Backward(m, *chunk_grads_));
+    SUMMA_RETURN_IF_ERROR(backend_->Axpy(1.0f, chunk_grads_->data(), grads_->data(), kParams));
+    loss += chunk_loss;
+  }
+  return loss;
+}
+
+absl::StatusOr<int64_t> Mlp::CountCorrect(const float* images, const float* labels, int n) {
+  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("negative batch ", n));
+  int64_t correct = 0;
+  for (int begin = 0; begin < n; begin += chunk_) {
+    const int m = std::min(chunk_, n - begin);
+    SUMMA_RETURN_IF_ERROR(Forward(images + int64_t{begin} * kImageFloats, labels + begin, m));
+    SUMMA_ASSIGN_OR_RETURN(int64_t c, backend_->CountCorrect(logits_->data(), labels_->data(), m, kClasses));
+    correct += c;
+  }
+  return correct;
+}
+
+}  // namespace summa::worker

@@ -1,0 +1,64 @@
+#include "worker/model.h"
+
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "worker/lenet.h"
+#include "worker/mlp.h"
+
+namespace summa::worker {
+namespace {
+
+absl::Status UnknownModel(const std::string& name) {
+  return absl::InvalidArgumentError(absl::StrCat("unknown model '", name, "' (choose one of ",
+                                                 absl::StrJoin(ModelNames(), ", "), ")"));
+}
+
+}  // namespace
+
+const std::vector<std::string>& ModelNames() {
+  static const std::vector<std::string> names = {LeNet::kName, Mlp::kName};
+  return names;
+}
+
+absl::StatusOr<std::unique_ptr<Model>> NewModel(const std::string& name, Backend* backend,
+                                                int max_batch, int chunk) {
+  if (name == LeNet::kName) {
+    absl::StatusOr<std::unique_ptr<LeNet>> net = LeNet::Create(backend, max_batch, chunk);
+    if (!net.ok()) return net.status();
+    return std::unique_ptr<Model>(std::move(*net));
+  }
+  if (name == Mlp::kName) {
+    absl::StatusOr<std::unique_ptr<Mlp>> net = Mlp::Create(backend, max_batch, chunk);
+    if (!net.ok()) return net.status();
+    return std::unique_ptr<Model>(std::move(*net));
+  }
+  return UnknownModel(name);
+}
+
+absl::StatusOr<std::vector<TensorSpec>> ModelSpecs(const std::string& name) {
+  if (name == LeNet::kName) return LeNet::Specs();
+  if (name == Mlp::kName) return Mlp::Specs();
+  return UnknownModel(name);
+}
+
+int64_t CountParams(const std::vector<TensorSpec>& specs) {
+  int64_t n = 0;
+  for (const TensorSpec& s : specs) n += s.num_elements();
+  return n;
+}
+
+std::vector<float> NormalWeights(const std::vector<TensorSpec>& specs, uint64_t seed, float stddev) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, stddev);
+  std::vector<float> flat;
+  flat.reserve(CountParams(specs));
+  for (const TensorSpec& s : specs) {
+    const bool bias = s.name[0] == 'b';
+    for (int64_t i = 0; i < s.num_elements(); ++i) flat.push_back(bias ? 0.0f : normal(rng));
+  }
+  return flat;
+}
+
+}  // namespace summa::worker

@@ -1,0 +1,76 @@
+// Model: one network the worker trains, on one Backend. Parameters live in one flat device buffer
+// in specs() order (the order the server partitions), gradients in another of the same layout, so
+// that a push is one copy of that buffer. Inputs are single-channel square images of
+// image_floats() floats each and class labels in [0, classes()).
+//
+// Implementations (LeNet, Mlp) own their device buffers and borrow the backend. Not thread-safe.
+// The factory functions below are thread-safe.
+#ifndef SUMMA_WORKER_MODEL_H_
+#define SUMMA_WORKER_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/tensor.h"
+#include "worker/backend.h"
+
+namespace summa::worker {
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  // The --model name: "lenet", "mlp".
+  virtual std::string name() const = 0;
+  virtual std::vector<TensorSpec> specs() const = 0;
+  virtual int64_t num_params() const = 0;
+  // The model's seeded initial weights, flat in specs() order.
+  virtual std::vector<float> InitialWeights(uint64_t seed) const = 0;
+  virtual int image_floats() const = 0;
+  virtual int classes() const = 0;
+  // The most examples one call below may take.
+  virtual int max_batch() const = 0;
+
+  // Uploads host weights (flat, specs() order).
+  virtual absl::Status SetWeights(const float* host_flat) = 0;
+  // Forward and backward on n <= max_batch() examples (host images [n, image_floats()], labels
+  // [n] as floats). The gradient of the *summed* loss lands in gradients(); returns the summed
+  // loss. n = 0 gives zero gradients and zero loss.
+  virtual absl::StatusOr<double> ComputeGradients(const float* images, const float* labels,
+                                                  int n) = 0;
+  // Downloads gradients() to host memory (flat, specs() order).
+  virtual absl::Status GetGradients(float* host_flat) = 0;
+  // How many of n <= max_batch() examples the model classifies right.
+  virtual absl::StatusOr<int64_t> CountCorrect(const float* images, const float* labels, int n) = 0;
+
+  // The flat device buffers, num_params() floats each.
+  virtual DeviceBuffer& weights() = 0;
+  virtual DeviceBuffer& gradients() = 0;
+};
+
+// The names NewModel knows, in the order a help text lists them.
+const std::vector<std::string>& ModelNames();
+
+// Model `name` on `backend` (not owned; it must outlive the model), with every buffer for
+// batches of up to `max_batch` examples allocated once. A batch runs through the network in
+// chunks of `chunk` examples (0: the whole batch at once). INVALID_ARGUMENT, listing the choices,
+// for a name not in ModelNames().
+absl::StatusOr<std::unique_ptr<Model>> NewModel(const std::string& name, Backend* backend,
+                                                int max_batch, int chunk = 0);
+
+// Model `name`'s tensors without a device; the same error as NewModel for an unknown name.
+absl::StatusOr<std::vector<TensorSpec>> ModelSpecs(const std::string& name);
+
+// Helpers for implementations: how many floats `specs` hold, and the seed's initialisation:
+// weights drawn from N(0, stddev^2) with `seed` in specs order, biases (names starting with 'b')
+// zero and drawing nothing.
+int64_t CountParams(const std::vector<TensorSpec>& specs);
+std::vector<float> NormalWeights(const std::vector<TensorSpec>& specs, uint64_t seed, float stddev);
+
+}  // namespace summa::worker
+
+#endif  // SUMMA_WORKER_MODEL_H_

@@ -69,9 +69,13 @@ class Job:
         raise AssertionError(f"version {at_least} not reached in {seconds} s")
 
     def weights(self):
+        """The whole flat weights, every partition."""
         r = Reflector(f"127.0.0.1:{self.port}", timeout=5)
-        pulled = r.call("summa.v1.ParameterServer/Pull", '{"rank": -1, "partition": 0}')
-        return base64.b64decode(pulled["data"])
+        parts = int(self.status().get("partitionCount", 1))
+        return b"".join(
+            base64.b64decode(r.call("summa.v1.ParameterServer/Pull",
+                                    '{"rank": -1, "partition": %d}' % p)["data"])
+            for p in range(parts))
 
 
 class FaultProcessTest(unittest.TestCase):
@@ -179,6 +183,60 @@ class FaultProcessTest(unittest.TestCase):
             # found its step done or pushed it again and was told ALREADY_EXISTS): the weights
             # equal the undisturbed run's bit for bit. A step counted twice, or lost, differs.
             self.assertEqual(job.weights(), baseline_weights)
+
+    def test_push_pull_whose_reply_is_lost_and_resent_is_counted_once(self):
+        # A real retry: at step 100 rank 1 sends its push-pull, drops the reply and sends it
+        # again, on each of 8 partitions. Counted once: 8 duplicates, and weights bit for bit
+        # those of the undisturbed run (whose layout is one partition: the update is elementwise).
+        _, baseline_weights = self.undisturbed()
+        with ProcessGroup() as g:
+            job = Job(g, 2, ["--partition_bytes=65536"])
+            job.start_worker(0)
+            job.start_worker(1, "--fault_repeat_pushpull_at=100")
+            outs = self.finish(g, job)
+            self.assertIn("dropping the reply to the push-pull of step 100", outs[1])
+            status = job.status()
+            self.assertEqual(int(status["partitionCount"]), 8)
+            self.assertEqual(int(status["duplicatePushes"]), 8)
+            self.assertEqual(int(status["version"]), STEPS)
+            self.assertEqual(job.weights(), baseline_weights)
+
+    def test_worker_lost_before_the_epoch_end_collective_under_wait_is_waited_for(self):
+        # Rank 1 dies after the last push of epoch 1, before the loss collective that rank 0 is
+        # already in. Rank 0 waits (not the 10-minute barrier deadline: the test allows 240 s),
+        # the restarted rank 1 rejoins at step 125, catches up on that round, and the job ends
+        # with the undisturbed run's weights.
+        _, baseline_weights = self.undisturbed()
+        with ProcessGroup() as g:
+            job = Job(g, 2, ["--on_worker_loss=wait", "--rejoin_deadline=60s"])
+            job.start_worker(0)
+            lost = job.start_worker(1, "--fault_exit_before_epoch_end=0")
+            self.assertEqual(g.wait(lost, 120), 137, g.log(lost))
+            self.assertIn("exiting before round 0 of 'summa.train.loss'", g.log(lost))
+            self.assertEqual(int(job.status()["version"]), 125)
+            job.start_worker(1)
+            outs = self.finish(g, job)
+            self.assertRegex(outs[1], r"joined at step 125 ")
+            self.assertEqual(len(accuracies(outs[0])), 3)
+            self.assertEqual(int(job.status()["version"]), STEPS)
+            self.assertEqual(job.weights(), baseline_weights)
+
+    def test_worker_lost_before_the_epoch_end_collective_under_shrink_is_left_out(self):
+        with ProcessGroup() as g:
+            job = Job(g, 2, ["--on_worker_loss=shrink"])
+            job.start_worker(0)
+            lost = job.start_worker(1, "--fault_exit_before_epoch_end=0")
+            self.assertEqual(g.wait(lost, 120), 137, g.log(lost))
+            self.assertEqual(g.wait(job.workers[0], 240), 0, g.log(job.workers[0]))
+            out = g.log(job.workers[0])
+            self.assertEqual(len(accuracies(out)), 3)
+            self.assertIn("epoch 3/3", out)
+            status = job.status()
+            members = {m.get("rank", 0): m for m in status["members"]}
+            self.assertEqual(members[1]["state"], "dropped", members)
+            self.assertEqual(int(status["version"]), STEPS)
+            self.assertEqual(int(members[1]["pushes"]), 125)
+            self.assertEqual(int(members[0]["pushes"]), STEPS)
 
     def test_async_and_ssp_workers_train_in_small_partitions(self):
         # LeNet (0.5 MB) cut into partitions of 64 KiB (8 of them): every offset of the flat buffer is

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
 namespace summa::worker {
@@ -15,20 +16,37 @@ absl::StatusOr<JoinInfo> FaultInjectingStore::Join(int rank, int world,
   return joined;
 }
 
+void FaultInjectingStore::Exit(const std::string& why) {
+  std::fprintf(out_, "rank %d: fault injection: exiting %s\n", rank_, why.c_str());
+  std::fflush(out_);
+  std::_Exit(137);
+}
+
 absl::Status FaultInjectingStore::PushPull(uint64_t step, int64_t num_examples,
                                            const float* gradients, float* weights,
                                            std::vector<int>* live_ranks) {
-  if (exit_from_step_ < 0 || static_cast<int64_t>(step) < exit_from_step_) {
+  const int64_t s = static_cast<int64_t>(step);
+  if (s == plan_.repeat_push_pull_at) {
+    SUMMA_RETURN_IF_ERROR(inner_->PushPull(step, num_examples, gradients, weights, live_ranks));
+    std::fprintf(out_, "rank %d: fault injection: dropping the reply to the push-pull of step %lld "
+                 "and sending it again\n", rank_, static_cast<long long>(s));
+    std::fflush(out_);
+    return inner_->PushPull(step, num_examples, gradients, weights, live_ranks);
+  }
+  if (plan_.exit_after_push < 0 || s < plan_.exit_after_push) {
     return inner_->PushPull(step, num_examples, gradients, weights, live_ranks);
   }
   SUMMA_ASSIGN_OR_RETURN(bool completed, inner_->Push(step, num_examples, gradients));
-  if (!completed) {
-    std::fprintf(out_, "rank %d: fault injection: exiting after the push of step %llu\n", rank_,
-                 static_cast<unsigned long long>(step));
-    std::fflush(out_);
-    std::_Exit(137);
-  }
+  if (!completed) Exit(absl::StrCat("after the push of step ", step));
   return inner_->PullAll(step + 1, weights).status();
+}
+
+absl::StatusOr<std::vector<float>> FaultInjectingStore::AllReduce(const Collective& group,
+                                                                  const std::vector<float>& values) {
+  if (group.members && static_cast<int64_t>(group.round) == plan_.exit_before_round) {
+    Exit(absl::StrCat("before round ", group.round, " of '", group.name, "'"));
+  }
+  return inner_->AllReduce(group, values);
 }
 
 }  // namespace summa::worker

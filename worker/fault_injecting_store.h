@@ -1,10 +1,16 @@
-// FaultInjectingStore: a ParameterStore that forwards to another and kills the process the way a
-// worker killed between its push and the reply would die, for the fault tests
-// (summa-worker --fault_exit_after_push). From step `exit_from_step` on, each PushPull becomes a
-// Push (which replies at once) and, when that push left its step waiting for other workers, the
-// process exits at once with status 137; when the push completed the step, the next weights are
-// pulled and training goes on. The live group is not updated on that path. A negative
-// `exit_from_step` never exits.
+// FaultInjectingStore: a ParameterStore that forwards to another and injects the faults of the
+// process tests (summa-worker --fault_*), each at a step or round the test chooses:
+//  - exit_after_push: from that step on, each PushPull becomes a Push (which replies at once)
+//    and, when that push left its step waiting for other workers, the process exits at once with
+//    status 137, as a worker killed between its push and the reply would; when the push completed
+//    the step, the next weights are pulled and training goes on (the live group is not updated
+//    on that path);
+//  - repeat_push_pull_at: at that step the PushPull is sent, its reply dropped, and sent again,
+//    as a client whose first reply was lost retries: the server must count it once;
+//  - exit_before_round: at the member collective of that round (the trainer's epoch-end loss),
+//    the process exits with status 137 before contributing: lost after the last push of an
+//    epoch.
+// A negative value injects nothing.
 //
 // Owns nothing: the inner store and `out` are borrowed. Thread safety as the inner store's.
 #ifndef SUMMA_WORKER_FAULT_INJECTING_STORE_H_
@@ -19,11 +25,18 @@
 
 namespace summa::worker {
 
+struct FaultPlan {
+  int64_t exit_after_push = -1;
+  int64_t repeat_push_pull_at = -1;
+  int64_t exit_before_round = -1;
+  bool any() const { return exit_after_push >= 0 || repeat_push_pull_at >= 0 || exit_before_round >= 0; }
+};
+
 class FaultInjectingStore final : public ParameterStore {
  public:
-  // `inner` and `out` (where the exit is announced) must outlive this store.
-  FaultInjectingStore(ParameterStore* inner, int64_t exit_from_step, std::FILE* out)
-      : inner_(inner), exit_from_step_(exit_from_step), out_(out) {}
+  // `inner` and `out` (where each fault is announced) must outlive this store.
+  FaultInjectingStore(ParameterStore* inner, FaultPlan plan, std::FILE* out)
+      : inner_(inner), plan_(plan), out_(out) {}
 
   absl::StatusOr<JoinInfo> Join(int rank, int world, const std::vector<TensorSpec>& specs,
                                 const float* initial, const std::string& status_address) override;
@@ -38,14 +51,14 @@ class FaultInjectingStore final : public ParameterStore {
   absl::Status Heartbeat(int rank) const override { return inner_->Heartbeat(rank); }
   absl::Status Leave(int rank) override { return inner_->Leave(rank); }
   absl::StatusOr<std::vector<float>> AllReduce(const Collective& group,
-                                               const std::vector<float>& values) override {
-    return inner_->AllReduce(group, values);
-  }
+                                               const std::vector<float>& values) override;
   std::string address() const override { return inner_->address(); }
 
  private:
   ParameterStore* const inner_;  // Not owned.
-  const int64_t exit_from_step_;
+  [[noreturn]] void Exit(const std::string& why);
+
+  const FaultPlan plan_;
   std::FILE* const out_;  // Not owned.
   int rank_ = -1;         // from the last Join, for the message
 };

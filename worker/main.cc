@@ -47,6 +47,12 @@ ABSL_FLAG(int64_t, fault_exit_after_push, -1,
           "fault injection for tests: from this step on, at the first push that leaves its step "
           "waiting for other workers, exit right after the push (status 137), as a worker killed "
           "between its push and the reply would; -1: never");
+ABSL_FLAG(int64_t, fault_repeat_pushpull_at, -1,
+          "fault injection for tests: at this step, drop the reply to the push-pull and send it "
+          "again, as a client whose reply was lost retries; -1: never");
+ABSL_FLAG(int64_t, fault_exit_before_epoch_end, -1,
+          "fault injection for tests: exit (status 137) after the last push of this epoch "
+          "(0-based), before the epoch-end loss collective; -1: never");
 ABSL_FLAG(absl::Duration, join_deadline, absl::Minutes(2),
           "how long to keep retrying to join while the server is not up or has no model yet");
 
@@ -88,7 +94,9 @@ int main(int argc, char** argv) {
   o.call_deadline = absl::GetFlag(FLAGS_call_deadline);
   o.join_deadline = absl::GetFlag(FLAGS_join_deadline);
   o.trainer.retry_deadline = absl::GetFlag(FLAGS_retry_deadline);
-  o.fault_exit_after_push = absl::GetFlag(FLAGS_fault_exit_after_push);
+  o.faults.exit_after_push = absl::GetFlag(FLAGS_fault_exit_after_push);
+  o.faults.repeat_push_pull_at = absl::GetFlag(FLAGS_fault_repeat_pushpull_at);
+  o.faults.exit_before_round = absl::GetFlag(FLAGS_fault_exit_before_epoch_end);
   absl::Status status = summa::worker::RunWorker(o);
   if (!status.ok()) {
     std::fprintf(stderr, "summa-worker: %s\n", status.ToString().c_str());

@@ -133,8 +133,8 @@ absl::Status RunWorker(const WorkerOptions& options) {
   ParameterClient client(options.server, options.call_deadline, options.join_deadline);
   ParameterStore* store = &client;
   std::unique_ptr<FaultInjectingStore> faulty;
-  if (options.fault_exit_after_push >= 0) {
-    faulty = std::make_unique<FaultInjectingStore>(&client, options.fault_exit_after_push, stdout);
+  if (options.faults.any()) {
+    faulty = std::make_unique<FaultInjectingStore>(&client, options.faults, stdout);
     store = faulty.get();
   }
   Trainer trainer(trainer_options, &train, &test, devices, store, &board, stdout);

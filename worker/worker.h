@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "worker/fault_injecting_store.h"
 #include "worker/trainer.h"
 
 namespace summa::worker {
@@ -26,10 +27,8 @@ struct WorkerOptions {
   std::string metrics_port_file;
   absl::Duration call_deadline = absl::Minutes(11);
   absl::Duration join_deadline = absl::Minutes(2);
-  // Fault injection for tests: from this step on, at the first push that leaves its step waiting
-  // for others, exit at once after the push (status 137), as a worker killed between its push and
-  // the reply would (FaultInjectingStore). -1: never.
-  int64_t fault_exit_after_push = -1;
+  // Fault injection for the process tests (FaultInjectingStore); nothing by default.
+  FaultPlan faults;
 };
 
 absl::Status RunWorker(const WorkerOptions& options);

@@ -125,13 +125,31 @@ class TrainProcessTest(unittest.TestCase):
                          "summa_worker_test_accuracy"]:
                 value(seen, name)
             self.assertEqual(g.wait(w, 120), 0, g.log(w))
-            text = scrape(int(g.wait_for_file(server_metrics, server)))
-            time.sleep(0.3)  # one tick of the server's metrics
-            text = scrape(int(g.wait_for_file(server_metrics, server)))
+            # The server refreshes its series every tick (100 ms): poll until the last step shows,
+            # with a deadline, instead of sleeping for a tick.
+            sport = int(g.wait_for_file(server_metrics, server))
+            deadline = time.monotonic() + 30
+            text = scrape(sport)
+            while value(text, "summa_server_members_alive") != 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+                text = scrape(sport)
+            # LeNet: 20*9 + 20 + 50*20*25 + 50 + 800*128 + 128 + 128*10 + 10 parameters, one partition.
+            params = 129068
+            status = Reflector(f"127.0.0.1:{port}").call("summa.v1.ParameterServer/GetStatus")
+            self.assertEqual(int(status["parameterCount"]), params)
             self.assertEqual(value(text, "summa_server_steps_total"), 50)
+            self.assertEqual(value(text, "summa_server_version"), 50)
             self.assertEqual(value(text, "summa_server_pushes_total"), 50)
             self.assertEqual(value(text, "summa_server_step_seconds_count"), 50)
-            self.assertGreater(value(text, "summa_server_received_bytes_total"), 50 * 500000)
+            self.assertEqual(value(text, "summa_server_received_bytes_total"), 50 * params * 4)
+            # The first pull at join, then one reply per push-pull.
+            self.assertEqual(value(text, "summa_server_pulls_total"), 51)
+            self.assertEqual(value(text, "summa_server_sent_bytes_total"), 51 * params * 4)
+            self.assertEqual(value(text, "summa_server_duplicate_pushes_total"), 0)
+            self.assertEqual(value(text, "summa_server_nonfinite_pushes_total"), 0)
+            # The device list at the start and the epoch's loss.
+            self.assertEqual(value(text, "summa_server_allreduce_rounds_total"), 2)
+            self.assertEqual(value(text, "summa_server_learning_rate"), 0.1)
             self.assertEqual(value(text, "summa_server_members_alive"), 0)  # it left when done
             self.assertEqual(value(text, "summa_server_checkpoint_age_seconds"), -1)
 

@@ -8,11 +8,16 @@
 namespace summa::server {
 namespace {
 
+// A fixed group's barrier and its deadline message are sized by the group: bound what one
+// request can make the server allocate.
+constexpr int kMaxGroupSize = 4096;
+
 absl::Status Validate(const AllReduceContribution& c, int world_size) {
   if (c.name.empty()) return absl::InvalidArgumentError("the collective needs a name");
   const int group = c.members ? world_size : c.group_size;
-  if (!c.members && c.group_size < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("group size must be at least 1, got ", c.group_size));
+  if (!c.members && (c.group_size < 1 || c.group_size > kMaxGroupSize)) {
+    return absl::InvalidArgumentError(absl::StrCat("group size must be in [1, ", kMaxGroupSize,
+                                                   "], got ", c.group_size));
   }
   if (c.rank < 0 || c.rank >= group) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", c.rank, " is outside the ",
@@ -49,11 +54,16 @@ absl::Status AllReduceHub::Admit(Collective& col, const AllReduceContribution& c
     if (members_->excluded(c.rank)) {
       return absl::FailedPreconditionError(absl::StrCat("rank ", c.rank, " is no longer in the group"));
     }
+    if (c.round > col.round && col.barrier.arrived() == 0) {
+      // Rounds this hub never saw (it restarted, or a round was abandoned): start at the caller's.
+      col.round = c.round;
+      col.has_last = false;
+    }
     if (c.round > col.round) {
       return absl::OutOfRangeError(absl::StrCat("collective '", c.name, "' is at round ", col.round,
                                                 "; rank ", c.rank, " asked for round ", c.round));
     }
-    if (c.round + 1 < col.round) {
+    if (c.round + 1 < col.round || (c.round + 1 == col.round && !col.has_last)) {
       return absl::FailedPreconditionError(absl::StrCat("round ", c.round, " of collective '", c.name,
                                                         "' is long past (it is at round ", col.round, ")"));
     }
@@ -121,7 +131,7 @@ void AllReduceHub::MaybeComplete(Collective& col, CallsToFinish& done) {
   col.parked.Release(col.round, col.sum, done);
   if (col.members) {
     col.last = col.sum;
-    col.last_spec = col.spec;
+    col.has_last = true;
   }
 }
 
@@ -163,6 +173,7 @@ absl::Time AllReduceHub::ExpireRounds(absl::Time now) {
           "; missing rank", missing.size() == 1 ? " " : "s ", absl::StrJoin(missing, ", ")));
       col->parked.FailAll(status, expired);
       col->barrier.Reset();
+      col->has_last = false;  // the abandoned round has no sum to give late members
     }
   }
   return next;

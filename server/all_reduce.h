@@ -9,7 +9,8 @@
 // contributed, so a member dropped under `shrink` is left out and a lapsed one under `wait` is
 // waited for as a step is; rounds are named explicitly, a late contribution to the round just
 // completed (a member that rejoined after it) is answered with its sum, and the job's end aborts
-// the round. Thread-safe; lock order: the hub's lock, then nothing.
+// the round. A member collective that is idle follows a caller to a later round (after a server
+// restart, or an abandoned round). Thread-safe; lock order: the hub's lock, then Membership's.
 #ifndef SUMMA_SERVER_ALL_REDUCE_H_
 #define SUMMA_SERVER_ALL_REDUCE_H_
 
@@ -74,7 +75,7 @@ class AllReduceHub {
     TensorSpec spec;           // this round's shape (set by its first member)
     std::vector<float> sum;    // reused across rounds of the same size
     std::vector<float> last;   // member collectives: the last round's sum, for late members
-    TensorSpec last_spec;
+    bool has_last = false;     // whether `last` is the sum of round `round - 1`
     uint64_t round = 0;        // rounds completed
     ParkingLot parked;
   };

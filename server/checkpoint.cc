@@ -94,6 +94,7 @@ summa::v1::Checkpoint EncodeCheckpoint(const ServerSnapshot& s) {
     summa::v1::PartitionCheckpoint* out = c.add_partitions();
     out->set_id(p.id);
     out->set_version(p.version);
+    out->set_updates(p.updates);
     out->set_weights(Floats(p.weights));
     for (const std::vector<float>& slot : p.slots) out->add_slots(Floats(slot));
     for (uint64_t next : p.next_steps) out->add_next_steps(next);
@@ -144,6 +145,21 @@ absl::StatusOr<ServerSnapshot> DecodeCheckpoint(const summa::v1::Checkpoint& c, 
     PartitionSnapshot p;
     p.id = range.id;
     p.version = in.version();
+    p.updates = in.updates();
+    if (p.updates > p.version) return absl::DataLossError(absl::StrCat(what, " has more updates than steps"));
+    if (theirs.mode == Mode::kSync) {
+      // A sync checkpoint is taken with every partition at one version, and no rank past it.
+      if (in.version() != c.version()) {
+        return absl::DataLossError(absl::StrCat(what, " is at version ", in.version(),
+                                                "; a sync checkpoint's partitions are all at ", c.version()));
+      }
+      for (uint64_t next : in.next_steps()) {
+        if (next > in.version()) {
+          return absl::DataLossError(absl::StrCat(what, " has a push of step ", next - 1,
+                                                  " recorded at version ", in.version()));
+        }
+      }
+    }
     absl::StatusOr<std::vector<float>> weights = FloatsOf(in.weights(), range.length, what + "'s weights");
     if (!weights.ok()) return weights.status();
     p.weights = *std::move(weights);

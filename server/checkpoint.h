@@ -32,6 +32,7 @@ struct JobDescription {
 struct PartitionSnapshot {
   uint32_t id = 0;
   uint64_t version = 0;
+  uint64_t updates = 0;
   std::vector<float> weights;
   std::vector<std::vector<float>> slots;  // by JobDescription::slot_names
   std::vector<uint64_t> next_steps;       // per rank

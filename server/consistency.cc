@@ -184,7 +184,11 @@ std::unique_ptr<const ConsistencyPolicy> ConsistencyPolicy::Create(Mode mode, Po
 void ConsistencyPolicy::Advance(Partition& p, absl::Span<const float> grad_sum, int64_t examples,
                                 bool skip, absl::Time now, CallsToFinish& out) const
     ABSL_NO_THREAD_SAFETY_ANALYSIS {  // the callers hold p.mu
-  if (!skip) ctx_.optimizer->Apply(p.version, absl::MakeSpan(p.weights), p.slot_views, grad_sum, examples);
+  if (!skip && examples > 0) {
+    ctx_.optimizer->Apply(p.updates, ctx_.optimizer->LearningRate(p.version), absl::MakeSpan(p.weights),
+                          p.slot_views, grad_sum, examples);
+    ++p.updates;
+  }
   ++p.version;
   p.last_step = now - p.last_completion;
   p.last_completion = now;

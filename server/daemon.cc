@@ -68,8 +68,14 @@ absl::StatusOr<std::unique_ptr<SummaServer>> SummaServer::Start(const std::strin
 }
 
 void SummaServer::RunInBackground(std::function<void()> task) {
-  absl::MutexLock lock(&mu_);
-  tasks_.push_back(std::move(task));
+  {
+    absl::MutexLock lock(&mu_);
+    if (!ticker_done_) {
+      tasks_.push_back(std::move(task));
+      return;
+    }
+  }
+  task();  // shutting down: no thread is left to run it later
 }
 
 void SummaServer::StopOnTerminationSignals() {
@@ -112,7 +118,10 @@ void SummaServer::TickLoop() {
     std::string error = core_.job_error();
     mu_.Lock();
     if (!error.empty()) job_error_ = error;
-    if (stopping && tasks_.empty()) return;
+    if (stopping && tasks_.empty()) {
+      ticker_done_ = true;
+      return;
+    }
   }
 }
 

@@ -45,7 +45,8 @@ class SummaServer {
   // did not rejoin in time); returns why the job ended, or "" otherwise.
   std::string Wait();
   // Writes a last checkpoint (when a directory is set), answers every waiting call with
-  // UNAVAILABLE, then stops the gRPC server. Returns when that is done, for every caller.
+  // UNAVAILABLE, then stops the gRPC server. Returns when that is done, for every caller. A
+  // blocking task the edge hands over after the ticker stopped runs on the caller's thread.
   void Shutdown();
 
  private:
@@ -83,6 +84,7 @@ class SummaServer {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   bool signalled_ ABSL_GUARDED_BY(mu_) = false;
+  bool ticker_done_ ABSL_GUARDED_BY(mu_) = false;  // later tasks run on their caller's thread
   std::string job_error_ ABSL_GUARDED_BY(mu_);
   std::vector<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
   std::thread ticker_;   // leases, deadlines, checkpoints, metrics, background tasks

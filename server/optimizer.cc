@@ -28,11 +28,12 @@ class Sgd final : public Optimizer {
     return {"momentum_buffer"};
   }
 
-  void Apply(uint64_t t, absl::Span<float> weights, absl::Span<const absl::Span<float>> slots,
-             absl::Span<const float> grad_sum, int64_t num_examples) const override {
+  void Apply(uint64_t t, double learning_rate, absl::Span<float> weights,
+             absl::Span<const absl::Span<float>> slots, absl::Span<const float> grad_sum,
+             int64_t num_examples) const override {
     if (num_examples <= 0) return;
     const float scale = static_cast<float>(1.0 / static_cast<double>(num_examples));
-    const float lr = static_cast<float>(LearningRate(t));
+    const float lr = static_cast<float>(learning_rate);
     const float wd = static_cast<float>(options().weight_decay);
     const float mu = static_cast<float>(options().momentum);
     const size_t n = weights.size();
@@ -67,12 +68,13 @@ class Adam final : public Optimizer {
 
   std::vector<std::string> SlotNames() const override { return {"exp_avg", "exp_avg_sq"}; }
 
-  void Apply(uint64_t t, absl::Span<float> weights, absl::Span<const absl::Span<float>> slots,
-             absl::Span<const float> grad_sum, int64_t num_examples) const override {
+  void Apply(uint64_t t, double learning_rate, absl::Span<float> weights,
+             absl::Span<const absl::Span<float>> slots, absl::Span<const float> grad_sum,
+             int64_t num_examples) const override {
     if (num_examples <= 0) return;
     const OptimizerOptions& o = options();
     const float scale = static_cast<float>(1.0 / static_cast<double>(num_examples));
-    const double lr = LearningRate(t);
+    const double lr = learning_rate;
     const double step = static_cast<double>(t + 1);
     // 1 - beta in double, then float, as PyTorch's Python scalars are (1.0f - 0.999f is 1e-5 off).
     const float one_minus_b1 = static_cast<float>(1.0 - o.beta1);

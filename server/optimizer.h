@@ -53,11 +53,13 @@ class Optimizer {
   // The per-weight state, in order; each slot has the weights' length and starts at zero.
   virtual std::vector<std::string> SlotNames() const = 0;
 
-  // Update number `t` (0-based: how many this partition has taken before) on `weights`, from a
+  // Update number `t` (0-based: how many updates these weights have taken before; Adam's bias
+  // correction counts them) at `learning_rate` (the schedule's, LearningRate(step)), from a
   // gradient summed over `num_examples` examples. `slots` are SlotNames()' buffers. With zero
-  // examples nothing changes: there is nothing to average.
-  virtual void Apply(uint64_t t, absl::Span<float> weights, absl::Span<const absl::Span<float>> slots,
-                     absl::Span<const float> grad_sum, int64_t num_examples) const = 0;
+  // examples nothing changes: there is nothing to average, and the caller counts no update.
+  virtual void Apply(uint64_t t, double learning_rate, absl::Span<float> weights,
+                     absl::Span<const absl::Span<float>> slots, absl::Span<const float> grad_sum,
+                     int64_t num_examples) const = 0;
 
   const OptimizerOptions& options() const { return options_; }
   const std::string& name() const { return options_.name; }

@@ -119,6 +119,11 @@ absl::StatusOr<JoinResult> ParameterServer::Join(const JoinRequestView& request)
                                                    " workers but the server was started for ",
                                                    options_.world_size));
   }
+  if (request.rank < -1 || request.rank >= options_.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", request.rank, " is outside the group of ",
+                                                   options_.world_size, " (ranks 0..",
+                                                   options_.world_size - 1, "; -1 to be assigned one)"));
+  }
   for (const JoinTensor& t : request.params) {
     absl::Status shape = ValidateShape(t.spec.shape);
     if (!shape.ok()) {
@@ -250,6 +255,9 @@ void ParameterServer::PullFrom(const Model& m, uint32_t partition, uint64_t min_
       answer.Add(std::move(call), absl::OkStatus());
     } else if (absl::Status refused = policy_->CheckPull(p, min_version); !refused.ok()) {
       if (call->Claim()) refusal.Add(std::move(call), std::move(refused));
+    } else if (absl::Status gone = Answerable(); !gone.ok()) {
+      // Checked under the lock that FailParked takes: a call parked now would never be failed.
+      if (call->Claim()) refusal.Add(std::move(call), std::move(gone));
     } else {
       p.parked.Park(std::move(call), min_version, options_.clock->Now() + options_.barrier_deadline);
     }
@@ -278,11 +286,15 @@ void ParameterServer::PushPull(const PushRequestView& request, std::shared_ptr<P
     return;
   }
   Partition& p = *model()->partitions[request.partition];
-  CallsToFinish answer;
+  CallsToFinish answer, refusal;
   {
     absl::MutexLock lock(&p.mu);
-    policy_->AnswerPushPull(p, request.step, std::move(call),
-                            options_.clock->Now() + options_.barrier_deadline, answer);
+    if (absl::Status gone = Answerable(); !gone.ok()) {
+      if (call->Claim()) refusal.Add(std::move(call), std::move(gone));
+    } else {
+      policy_->AnswerPushPull(p, request.step, std::move(call),
+                              options_.clock->Now() + options_.barrier_deadline, answer);
+    }
   }
   CountAnswers(answer, p.range.length);
 }

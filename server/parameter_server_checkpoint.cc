@@ -30,6 +30,7 @@ absl::Status ParameterServer::Restore(const summa::v1::Checkpoint& c) {
     Partition& p = *model_owner_->partitions[snap.id];
     absl::MutexLock plock(&p.mu);
     p.version = snap.version;
+    p.updates = snap.updates;
     for (size_t i = 0; i < snap.slots.size(); ++i) p.slots[i] = snap.slots[i];
     p.next_step = snap.next_steps;
   }
@@ -64,7 +65,7 @@ absl::Status ParameterServer::MaybeCheckpoint(bool force) {
   const bool consistent = !policy_->CheckpointNeedsOneVersion() || low == high;
   if (due && consistent && (low != last || force)) {
     for (const auto& p : m->partitions) {
-      s.partitions.push_back({p->range.id, p->version, p->weights, p->slots, p->next_step});
+      s.partitions.push_back({p->range.id, p->version, p->updates, p->weights, p->slots, p->next_step});
     }
   }
   for (auto it = m->partitions.rbegin(); it != m->partitions.rend(); ++it) (*it)->mu.Unlock();

@@ -36,6 +36,9 @@ struct Partition {
   mutable absl::Mutex mu;
   // Updates applied: steps completed (sync) or pushes applied (async, ssp).
   uint64_t version ABSL_GUARDED_BY(mu) = 0;
+  // Optimizer updates applied: the version less the steps that applied none (skipped, or no
+  // examples). Adam's bias correction counts these; the schedule counts versions.
+  uint64_t updates ABSL_GUARDED_BY(mu) = 0;
   std::vector<float> weights ABSL_GUARDED_BY(mu);
   std::vector<std::vector<float>> slots ABSL_GUARDED_BY(mu);  // the optimizer's, by SlotNames()
   std::vector<absl::Span<float>> slot_views ABSL_GUARDED_BY(mu);

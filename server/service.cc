@@ -57,7 +57,8 @@ PushRequestView PushView(grpc::CallbackServerContext* context, const pb::PushReq
   return v;
 }
 
-// Fill runs under the partition's lock, where the live set is stable.
+// Fill runs under the partition's lock: the live ranks sent are those the step was answered
+// under (an exclusion completes steps under the same lock).
 ParkedReactor* PullReactor(const ParameterServer* core, pb::PullResponse* response, uint32_t partition) {
   return new ParkedReactor([core, response, partition](uint64_t version, absl::Span<const float> w) {
     response->set_partition(partition);

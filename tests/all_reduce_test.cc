@@ -152,10 +152,11 @@ TEST_F(MemberCollectiveTest, WaitHoldsTheRoundForARejoinedMemberThatCatchesUp) {
   auto again = Send(1, 0, 100);
   ASSERT_TRUE(again->Wait().ok());
   EXPECT_EQ(again->values(), std::vector<float>{12});
-  EXPECT_EQ(Send(0, 3, 1)->Wait().code(), absl::StatusCode::kOutOfRange);
   EXPECT_EQ(hub_->rounds_completed(), 1u);
-  // Round 1: rank 1 is lost for good; the job ends and the round is aborted.
+  // Round 1 is under way: a contribution to a round past it is refused.
   auto next = Send(0, 1, 1);
+  EXPECT_EQ(Send(1, 3, 1)->Wait().code(), absl::StatusCode::kOutOfRange);
+  // Rank 1 is lost for good; the job ends and round 1 is aborted.
   clock_.Advance(absl::Seconds(2));
   ASSERT_TRUE(members_->Touch(0).ok());
   members_->Tick(clock_.Now());
@@ -163,6 +164,33 @@ TEST_F(MemberCollectiveTest, WaitHoldsTheRoundForARejoinedMemberThatCatchesUp) {
   members_->Tick(clock_.Now());
   EXPECT_EQ(next->Wait().code(), absl::StatusCode::kAborted);
   EXPECT_EQ(Send(0, 1, 1)->Wait().code(), absl::StatusCode::kAborted);
+}
+
+TEST_F(MemberCollectiveTest, AnIdleCollectiveFollowsACallerToALaterRound) {
+  // A restarted server's hub starts at round 0 while the workers are at epoch 3.
+  Start(OnWorkerLoss::kWait);
+  auto a = Send(0, 3, 1);
+  auto b = Send(1, 3, 2);
+  ASSERT_TRUE(a->Wait().ok());
+  EXPECT_EQ(a->values(), std::vector<float>{3});
+  EXPECT_EQ(a->counter(), 4u);
+  // Round 2 was never seen here: a late member gets no stale sum.
+  EXPECT_EQ(Send(1, 2, 0)->Wait().code(), absl::StatusCode::kFailedPrecondition);
+  // An abandoned round leaves no sum to hand out either.
+  auto alone = Send(0, 4, 1);
+  hub_->ExpireRounds(clock_.Now() + absl::Minutes(11));
+  EXPECT_EQ(alone->Wait().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(Send(1, 3, 0)->Wait().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(AllReduceHubTest, AGroupTooLargeIsRefusedBeforeAnythingIsAllocated) {
+  AllReduceHub hub(absl::Seconds(30));
+  const std::string one = Bytes({1});
+  auto call = std::make_shared<FakeCall>();
+  hub.Contribute(Contribution(0, one, {1}, /*group=*/2147483647), call);
+  absl::Status s = call->Wait();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("[1, 4096]"), absl::string_view::npos) << s;
 }
 
 }  // namespace

@@ -73,8 +73,8 @@ ServerSnapshot Snapshot() {
   ServerSnapshot s;
   s.job = {2, Mode::kAsync, 16, "adam", "adam(lr=0.001)", {"exp_avg", "exp_avg_sq"}};
   s.specs = {{"w", DType::kFloat32, {2, 2}}, {"b", DType::kFloat32, {2}}};
-  s.partitions = {{0, 7, {1, 2, 3, 4}, {{.1f, .2f, .3f, .4f}, {1, 1, 1, 1}}, {4, 3}},
-                  {1, 6, {5, 6}, {{.5f, .6f}, {2, 2}}, {3, 3}}};
+  s.partitions = {{0, 7, 7, {1, 2, 3, 4}, {{.1f, .2f, .3f, .4f}, {1, 1, 1, 1}}, {4, 3}},
+                  {1, 6, 5, {5, 6}, {{.5f, .6f}, {2, 2}}, {3, 3}}};
   s.created = absl::FromUnixSeconds(1700000000);
   return s;
 }
@@ -88,6 +88,7 @@ TEST(CheckpointCodecTest, EveryPartitionRoundTrips) {
   ASSERT_EQ(back->partitions.size(), 2u);
   for (size_t i = 0; i < 2; ++i) {
     EXPECT_EQ(back->partitions[i].version, s.partitions[i].version);
+    EXPECT_EQ(back->partitions[i].updates, s.partitions[i].updates);
     EXPECT_EQ(back->partitions[i].weights, s.partitions[i].weights);
     EXPECT_EQ(back->partitions[i].slots, s.partitions[i].slots);
     EXPECT_EQ(back->partitions[i].next_steps, s.partitions[i].next_steps);
@@ -117,6 +118,19 @@ TEST(CheckpointCodecTest, AJobThatDiffersIsRefusedNamingBothSides) {
   ours = Snapshot().job;
   ours.optimizer = "adam(lr=0.0001)";
   EXPECT_TRUE(DecodeCheckpoint(c, ours).ok());
+}
+
+TEST(CheckpointCodecTest, SyncPartitionsAtDifferentVersionsAreDataLoss) {
+  ServerSnapshot s = Snapshot();
+  s.job.mode = Mode::kSync;
+  EXPECT_EQ(DecodeCheckpoint(EncodeCheckpoint(s), s.job).status().code(), absl::StatusCode::kDataLoss);
+  s.partitions[0].version = 6;
+  s.partitions[0].updates = 6;
+  s.partitions[0].next_steps = {6, 6};
+  s.partitions[1].next_steps = {6, 7};  // a push of step 6 recorded at version 6
+  EXPECT_EQ(DecodeCheckpoint(EncodeCheckpoint(s), s.job).status().code(), absl::StatusCode::kDataLoss);
+  s.partitions[1].next_steps = {6, 6};
+  EXPECT_TRUE(DecodeCheckpoint(EncodeCheckpoint(s), s.job).ok());
 }
 
 TEST(CheckpointCodecTest, PartitionsThatDoNotTileTheModelAreDataLoss) {

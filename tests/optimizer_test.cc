@@ -85,7 +85,7 @@ TEST(OptimizerTest, MatchesTorchOptimOnTheRecordedTrajectories) {
       // Pushed as a sum over 4 examples: the optimizer divides it back to the mean.
       std::vector<float> sum(kWeights);
       for (int i = 0; i < kWeights; ++i) sum[i] = 4.0f * MeanGradient(static_cast<int>(t), i);
-      (*opt)->Apply(t, absl::MakeSpan(w), views, sum, 4);
+      (*opt)->Apply(t, (*opt)->LearningRate(t), absl::MakeSpan(w), views, sum, 4);
       for (int i = 0; i < kWeights; ++i) {
         const float want = c.steps[t][i];
         EXPECT_NEAR(w[i], want, 1e-6 * std::max(1.0f, std::fabs(want)))
@@ -110,7 +110,7 @@ TEST(OptimizerTest, ZeroExamplesLeaveTheWeightsAlone) {
   auto opt = *Optimizer::Create(o);
   std::vector<float> w = {1, 2}, m = {0, 0}, v = {0, 0};
   std::vector<absl::Span<float>> slots = {absl::MakeSpan(m), absl::MakeSpan(v)};
-  opt->Apply(0, absl::MakeSpan(w), slots, std::vector<float>{5, 5}, 0);
+  opt->Apply(0, opt->LearningRate(0), absl::MakeSpan(w), slots, std::vector<float>{5, 5}, 0);
   EXPECT_EQ(w, (std::vector<float>{1, 2}));
   EXPECT_EQ(m, (std::vector<float>{0, 0}));
 }
@@ -144,7 +144,7 @@ TEST(OptimizerTest, SchedulesGiveTheRateOfEachUpdate) {
   o.schedule = LrSchedule::kStep;
   auto sgd = *Optimizer::Create(o);
   std::vector<float> w = {0};
-  sgd->Apply(3, absl::MakeSpan(w), {}, std::vector<float>{1}, 1);
+  sgd->Apply(3, sgd->LearningRate(3), absl::MakeSpan(w), {}, std::vector<float>{1}, 1);
   EXPECT_FLOAT_EQ(w[0], -0.4f);
 }
 

@@ -594,5 +594,50 @@ TEST(CheckpointConsistencyTest, MomentumStateSurvivesARestore) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(AdamTest, AStepThatAppliesNothingIsNotCountedByTheBiasCorrection) {
+  // torch counts only the updates it made: Adam after (skipped step, g) equals Adam after (g).
+  auto run = [](bool skip_first) {
+    ServerOptions o;
+    o.world_size = 1;
+    o.optimizer.name = "adam";
+    o.optimizer.learning_rate = 0.1;
+    o.nonfinite = NonFinite::kSkipStep;
+    ParameterServer ps(o);
+    const std::vector<float> init = {1, 2};
+    JoinRequestView v;
+    v.rank = 0;
+    v.world_size = 1;
+    const std::string bytes(reinterpret_cast<const char*>(init.data()), 8);
+    v.params = {{{"w", DType::kFloat32, {2}}, bytes}};
+    EXPECT_TRUE(ps.Join(v).ok());
+    uint64_t step = 0;
+    auto push = [&](std::vector<float> g) {
+      const std::string data(reinterpret_cast<const char*>(g.data()), 8);
+      PushRequestView r;
+      r.step = step++;
+      r.num_examples = 1;
+      r.data = data;
+      EXPECT_TRUE(ps.Push(r).ok());
+    };
+    if (skip_first) push({std::nanf(""), 1});
+    push({0.5f, -0.25f});
+    return ps.WeightsForTest();
+  };
+  EXPECT_EQ(run(true), run(false));
+}
+
+TEST(JoinTest, ARefusedJoinDefinesNoModel) {
+  ServerOptions o;
+  o.world_size = 2;
+  ParameterServer ps(o);
+  JoinRequestView v;
+  v.rank = 7;
+  v.world_size = 2;
+  const std::string bytes(8, '\0');
+  v.params = {{{"w", DType::kFloat32, {2}}, bytes}};
+  EXPECT_EQ(ps.Join(v).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(ps.Status().model_defined);
+}
+
 }  // namespace
 }  // namespace summa::server

@@ -66,30 +66,3 @@ TEST(LeNetTest, EmptyShardGivesZeroGradient) {
 
 }  // namespace
 }  // namespace summa::worker
-
-namespace summa::worker {
-namespace {
-
-TEST(LeNetTest, ChunkedPassesSumToTheWholeBatchGradient) {
-  auto backend = NewCpuBackend(1);
-  auto whole = LeNet::Create(backend.get(), 5);
-  auto chunked = LeNet::Create(backend.get(), 5, 2);  // chunks of 2, 2 and 1
-  ASSERT_TRUE(whole.ok() && chunked.ok());
-  const std::vector<float> w = LeNet::SeedWeights(4);
-  std::vector<float> images(5 * 784);
-  for (size_t i = 0; i < images.size(); ++i) images[i] = float(i % 97) / 97;
-  const std::vector<float> labels = {0, 3, 3, 9, 1};
-  std::vector<float> g1(w.size()), g2(w.size());
-  for (auto* net : {&*whole, &*chunked}) ASSERT_TRUE((*net)->SetWeights(w.data()).ok());
-  const double l1 = *(*whole)->ComputeGradients(images.data(), labels.data(), 5);
-  const double l2 = *(*chunked)->ComputeGradients(images.data(), labels.data(), 5);
-  EXPECT_NEAR(l1, l2, 1e-5);
-  ASSERT_TRUE((*whole)->GetGradients(g1.data()).ok());
-  ASSERT_TRUE((*chunked)->GetGradients(g2.data()).ok());
-  for (size_t i = 0; i < g1.size(); ++i) ASSERT_NEAR(g1[i], g2[i], 1e-6 + 1e-4 * std::abs(g1[i])) << i;
-  EXPECT_EQ(*(*whole)->CountCorrect(images.data(), labels.data(), 5),
-            *(*chunked)->CountCorrect(images.data(), labels.data(), 5));
-}
-
-}  // namespace
-}  // namespace summa::worker

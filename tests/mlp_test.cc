@@ -46,51 +46,5 @@ TEST(MlpTest, GradientMatchesFiniteDifferencesThroughEveryLayer) {
   ExpectGradientMatchesFiniteDifferences(**net, w, images, {1, 7, 4});
 }
 
-TEST(MlpTest, ChunkedPassesSumToTheWholeBatchGradient) {
-  auto backend = NewCpuBackend(1);
-  auto whole = Mlp::Create(backend.get(), 5);
-  auto chunked = Mlp::Create(backend.get(), 5, 2);  // chunks of 2, 2 and 1
-  ASSERT_TRUE(whole.ok() && chunked.ok());
-  const std::vector<float> w = Mlp::SeedWeights(4);
-  std::vector<float> images(5 * 784);
-  for (size_t i = 0; i < images.size(); ++i) images[i] = float(i % 97) / 97;
-  const std::vector<float> labels = {0, 3, 3, 9, 1};
-  std::vector<float> g1(w.size()), g2(w.size());
-  for (auto* net : {&*whole, &*chunked}) ASSERT_TRUE((*net)->SetWeights(w.data()).ok());
-  const double l1 = *(*whole)->ComputeGradients(images.data(), labels.data(), 5);
-  const double l2 = *(*chunked)->ComputeGradients(images.data(), labels.data(), 5);
-  EXPECT_NEAR(l1, l2, 1e-5);
-  ASSERT_TRUE((*whole)->GetGradients(g1.data()).ok());
-  ASSERT_TRUE((*chunked)->GetGradients(g2.data()).ok());
-  for (size_t i = 0; i < g1.size(); ++i) ASSERT_NEAR(g1[i], g2[i], 1e-6 + 1e-4 * std::abs(g1[i])) << i;
-  EXPECT_EQ(*(*whole)->CountCorrect(images.data(), labels.data(), 5),
-            *(*chunked)->CountCorrect(images.data(), labels.data(), 5));
-  auto empty = (*whole)->ComputeGradients(nullptr, nullptr, 0);
-  ASSERT_TRUE(empty.ok());
-  EXPECT_EQ(*empty, 0.0);
-  ASSERT_TRUE((*whole)->GetGradients(g1.data()).ok());
-  EXPECT_EQ(g1, std::vector<float>(w.size(), 0.0f));
-  EXPECT_FALSE((*whole)->ComputeGradients(images.data(), labels.data(), 6).ok());
-}
-
-TEST(MlpTest, TheFactoryKnowsEveryModelAndNamesTheChoices) {
-  auto backend = NewCpuBackend(1);
-  EXPECT_EQ(ModelNames(), (std::vector<std::string>{"lenet", "mlp"}));
-  for (const std::string& name : ModelNames()) {
-    auto model = NewModel(name, backend.get(), 2);
-    ASSERT_TRUE(model.ok()) << model.status();
-    EXPECT_EQ((*model)->name(), name);
-    EXPECT_EQ((*model)->image_floats(), 784);
-    EXPECT_EQ((*model)->classes(), 10);
-    EXPECT_EQ((*model)->num_params(), CountParams(*ModelSpecs(name)));
-    EXPECT_EQ(static_cast<int64_t>((*model)->InitialWeights(1).size()), (*model)->num_params());
-  }
-  const auto unknown = NewModel("vgg", backend.get(), 2);
-  ASSERT_FALSE(unknown.ok());
-  EXPECT_TRUE(absl::IsInvalidArgument(unknown.status()));
-  EXPECT_EQ(unknown.status().message(), "unknown model 'vgg' (choose one of lenet, mlp)");
-  EXPECT_TRUE(absl::IsInvalidArgument(ModelSpecs("vgg").status()));
-}
-
 }  // namespace
 }  // namespace summa::worker

@@ -70,8 +70,8 @@ absl::StatusOr<std::unique_ptr<LeNet>> LeNet::Create(Backend* backend, int max_b
   return net;
 }
 
-float* LeNet::W(std::unique_ptr<DeviceBuffer>& buf, int tensor) const {
-  return buf->data() + offsets_[tensor];
+float* LeNet::W(DeviceBuffer& buf, int tensor) const {
+  return buf.data() + offsets_[tensor];
 }
 
 absl::Status LeNet::SetWeights(const float* host_flat) {
@@ -86,77 +86,55 @@ absl::Status LeNet::Forward(const float* images, const float* labels, int n) {
   Backend& be = *backend_;
   SUMMA_RETURN_IF_ERROR(be.Upload(images, int64_t{n} * kImageFloats, x_->data()));
   SUMMA_RETURN_IF_ERROR(be.Upload(labels, n, labels_->data()));
-  SUMMA_RETURN_IF_ERROR(be.Conv2dForward(Conv1(n), x_->data(), W(params_, kW1), W(params_, kB1),
+  SUMMA_RETURN_IF_ERROR(be.Conv2dForward(Conv1(n), x_->data(), W(*params_, kW1), W(*params_, kB1),
                                          c1_->data(), workspace_->data()));
   SUMMA_RETURN_IF_ERROR(be.ReluForward(c1_->data(), c1_->data(), int64_t{n} * kC1 * 26 * 26));
   SUMMA_RETURN_IF_ERROR(be.AvgPool2Forward(c1_->data(), p1_->data(), n * kC1, 26, 26));
-  SUMMA_RETURN_IF_ERROR(be.Conv2dForward(Conv2(n), p1_->data(), W(params_, kW2), W(params_, kB2),
+  SUMMA_RETURN_IF_ERROR(be.Conv2dForward(Conv2(n), p1_->data(), W(*params_, kW2), W(*params_, kB2),
                                          c2_->data(), workspace_->data()));
   SUMMA_RETURN_IF_ERROR(be.ReluForward(c2_->data(), c2_->data(), int64_t{n} * kC2 * 9 * 9));
   SUMMA_RETURN_IF_ERROR(be.AvgPool2Forward(c2_->data(), p2_->data(), n * kC2, 9, 9));
-  SUMMA_RETURN_IF_ERROR(be.LinearForward(p2_->data(), W(params_, kW3), W(params_, kB3),
+  SUMMA_RETURN_IF_ERROR(be.LinearForward(p2_->data(), W(*params_, kW3), W(*params_, kB3),
                                          h3_->data(), n, kFlat, kHidden));
   SUMMA_RETURN_IF_ERROR(be.ReluForward(h3_->data(), h3_->data(), int64_t{n} * kHidden));
-  return be.LinearForward(h3_->data(), W(params_, kW4), W(params_, kB4), logits_->data(), n,
+  return be.LinearForward(h3_->data(), W(*params_, kW4), W(*params_, kB4), logits_->data(), n,
                           kHidden, kClasses);
 }
 
-absl::StatusOr<double> LeNet::Backward(int n, std::unique_ptr<DeviceBuffer>& grads) {
+absl::StatusOr<double> LeNet::Backward(int n, DeviceBuffer& grads) {
   Backend& be = *backend_;
   SUMMA_ASSIGN_OR_RETURN(double loss, be.SoftmaxCrossEntropy(logits_->data(), labels_->data(),
                                                              dlogits_->data(), n, kClasses));
-  SUMMA_RETURN_IF_ERROR(be.LinearBackward(h3_->data(), W(params_, kW4), dlogits_->data(),
+  SUMMA_RETURN_IF_ERROR(be.LinearBackward(h3_->data(), W(*params_, kW4), dlogits_->data(),
                                           dh3_->data(), W(grads, kW4), W(grads, kB4), n, kHidden,
                                           kClasses));
   SUMMA_RETURN_IF_ERROR(be.ReluBackward(h3_->data(), dh3_->data(), dh3_->data(), int64_t{n} * kHidden));
-  SUMMA_RETURN_IF_ERROR(be.LinearBackward(p2_->data(), W(params_, kW3), dh3_->data(), dp2_->data(),
+  SUMMA_RETURN_IF_ERROR(be.LinearBackward(p2_->data(), W(*params_, kW3), dh3_->data(), dp2_->data(),
                                           W(grads, kW3), W(grads, kB3), n, kFlat, kHidden));
   SUMMA_RETURN_IF_ERROR(be.AvgPool2Backward(dp2_->data(), dc2_->data(), n * kC2, 9, 9));
   SUMMA_RETURN_IF_ERROR(be.ReluBackward(c2_->data(), dc2_->data(), dc2_->data(), int64_t{n} * kC2 * 9 * 9));
-  SUMMA_RETURN_IF_ERROR(be.Conv2dBackward(Conv2(n), p1_->data(), W(params_, kW2), dc2_->data(),
+  SUMMA_RETURN_IF_ERROR(be.Conv2dBackward(Conv2(n), p1_->data(), W(*params_, kW2), dc2_->data(),
                                           dp1_->data(), W(grads, kW2), W(grads, kB2),
                                           workspace_->data()));
   SUMMA_RETURN_IF_ERROR(be.AvgPool2Backward(dp1_->data(), dc1_->data(), n * kC1, 26, 26));
   SUMMA_RETURN_IF_ERROR(be.ReluBackward(c1_->data(), dc1_->data(), dc1_->data(), int64_t{n} * kC1 * 26 * 26));
-  SUMMA_RETURN_IF_ERROR(be.Conv2dBackward(Conv1(n), x_->data(), W(params_, kW1), dc1_->data(),
+  SUMMA_RETURN_IF_ERROR(be.Conv2dBackward(Conv1(n), x_->data(), W(*params_, kW1), dc1_->data(),
                                           /*dx=*/nullptr, W(grads, kW1), W(grads, kB1),
                                           workspace_->data()));
   return loss;
 }
 
 absl::StatusOr<double> LeNet::ComputeGradients(const float* images, const float* labels, int n) {
-  if (n < 0 || n > max_batch_) {
-    return absl::InvalidArgumentError(absl::StrCat("batch of ", n, " exceeds the model's ", max_batch_));
-  }
-  if (n <= chunk_) {
-    if (n == 0) {
-      SUMMA_RETURN_IF_ERROR(backend_->Zero(grads_->data(), NumParams()));
-      return 0.0;
-    }
-    SUMMA_RETURN_IF_ERROR(Forward(images, labels, n));
-    return Backward(n, grads_);
-  }
-  SUMMA_RETURN_IF_ERROR(backend_->Zero(grads_->data(), NumParams()));
-  double loss = 0;
-  for (int begin = 0; begin < n; begin += chunk_) {
-    const int m = std::min(chunk_, n - begin);
-    SUMMA_RETURN_IF_ERROR(Forward(images + int64_t{begin} * kImageFloats, labels + begin, m));
-    SUMMA_ASSIGN_OR_RETURN(double chunk_loss, Backward(m, chunk_grads_));
-    SUMMA_RETURN_IF_ERROR(backend_->Axpy(1.0f, chunk_grads_->data(), grads_->data(), NumParams()));
-    loss += chunk_loss;
-  }
-  return loss;
+  return ChunkedGradients(*backend_, {max_batch_, chunk_, kImageFloats}, *this, images, labels, n, *grads_,
+                          *chunk_grads_);
 }
 
 absl::StatusOr<int64_t> LeNet::CountCorrect(const float* images, const float* labels, int n) {
-  int64_t correct = 0;
-  for (int begin = 0; begin < n; begin += chunk_) {
-    const int m = std::min(chunk_, n - begin);
-    SUMMA_RETURN_IF_ERROR(Forward(images + int64_t{begin} * kImageFloats, labels + begin, m));
-    SUMMA_ASSIGN_OR_RETURN(int64_t c, backend_->CountCorrect(logits_->data(), labels_->data(), m, kClasses));
-    correct += c;
-  }
-  return correct;
+  return ChunkedCountCorrect({max_batch_, chunk_, kImageFloats}, *this, images, labels, n);
+}
+
+absl::StatusOr<int64_t> LeNet::CountLastCorrect(int n) {
+  return backend_->CountCorrect(logits_->data(), labels_->data(), n, kClasses);
 }
 
 }  // namespace summa::worker

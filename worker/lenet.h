@@ -17,7 +17,7 @@
 
 namespace summa::worker {
 
-class LeNet final : public Model {
+class LeNet final : public Model, private ChunkPasses {
  public:
   static constexpr char kName[] = "lenet";
   static constexpr int kClasses = 10;
@@ -55,12 +55,12 @@ class LeNet final : public Model {
  private:
   LeNet(Backend* backend, int max_batch, int chunk)
       : backend_(backend), max_batch_(max_batch), chunk_(chunk) {}
-  // Forward for n <= chunk_ examples; logits land in logits_.
-  absl::Status Forward(const float* images, const float* labels, int n);
-  // Backward for the n examples of the last Forward, writing the gradient to `grads`.
-  absl::StatusOr<double> Backward(int n, std::unique_ptr<DeviceBuffer>& grads);
+  // ChunkPasses, for n <= chunk_ examples; logits land in logits_.
+  absl::Status Forward(const float* images, const float* labels, int n) override;
+  absl::StatusOr<double> Backward(int n, DeviceBuffer& grads) override;
+  absl::StatusOr<int64_t> CountLastCorrect(int n) override;
   // Offsets into the flat buffers.
-  float* W(std::unique_ptr<DeviceBuffer>& buf, int tensor) const;
+  float* W(DeviceBuffer& buf, int tensor) const;
 
   Backend* const backend_;  // Not owned.
   const int max_batch_;

@@ -88,39 +88,16 @@ absl::StatusOr<double> Mlp::Backward(int n, DeviceBuffer& grads) {
 }
 
 absl::StatusOr<double> Mlp::ComputeGradients(const float* images, const float* labels, int n) {
-  if (n < 0 || n > max_batch_) {
-    return absl::InvalidArgumentError(absl::StrCat("batch of ", n, " exceeds the model's ", max_batch_));
-  }
-  if (n <= chunk_) {
-    if (n == 0) {
-      SUMMA_RETURN_IF_ERROR(backend_->Zero(grads_->data(), kParams));
-      return 0.0;
-    }
-    SUMMA_RETURN_IF_ERROR(Forward(images, labels, n));
-    return Backward(n, *grads_);
-  }
-  SUMMA_RETURN_IF_ERROR(backend_->Zero(grads_->data(), kParams));
-  double loss = 0;
-  for (int begin = 0; begin < n; begin += chunk_) {
-    const int m = std::min(chunk_, n - begin);
-    SUMMA_RETURN_IF_ERROR(Forward(images + int64_t{begin} * kImageFloats, labels + begin, m));
-    SUMMA_ASSIGN_OR_RETURN(double chunk_loss, Backward(m, *chunk_grads_));
-    SUMMA_RETURN_IF_ERROR(backend_->Axpy(1.0f, chunk_grads_->data(), grads_->data(), kParams));
-    loss += chunk_loss;
-  }
-  return loss;
+  return ChunkedGradients(*backend_, {max_batch_, chunk_, kImageFloats}, *this, images, labels, n, *grads_,
+                          *chunk_grads_);
 }
 
 absl::StatusOr<int64_t> Mlp::CountCorrect(const float* images, const float* labels, int n) {
-  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("negative batch ", n));
-  int64_t correct = 0;
-  for (int begin = 0; begin < n; begin += chunk_) {
-    const int m = std::min(chunk_, n - begin);
-    SUMMA_RETURN_IF_ERROR(Forward(images + int64_t{begin} * kImageFloats, labels + begin, m));
-    SUMMA_ASSIGN_OR_RETURN(int64_t c, backend_->CountCorrect(logits_->data(), labels_->data(), m, kClasses));
-    correct += c;
-  }
-  return correct;
+  return ChunkedCountCorrect({max_batch_, chunk_, kImageFloats}, *this, images, labels, n);
+}
+
+absl::StatusOr<int64_t> Mlp::CountLastCorrect(int n) {
+  return backend_->CountCorrect(logits_->data(), labels_->data(), n, kClasses);
 }
 
 }  // namespace summa::worker

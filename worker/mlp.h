@@ -17,7 +17,7 @@
 
 namespace summa::worker {
 
-class Mlp final : public Model {
+class Mlp final : public Model, private ChunkPasses {
  public:
   static constexpr char kName[] = "mlp";
   static constexpr int kClasses = 10;
@@ -52,10 +52,10 @@ class Mlp final : public Model {
  private:
   Mlp(Backend* backend, int max_batch, int chunk)
       : backend_(backend), max_batch_(max_batch), chunk_(chunk) {}
-  // Forward for n <= chunk_ examples; logits land in logits_.
-  absl::Status Forward(const float* images, const float* labels, int n);
-  // Backward for the n examples of the last Forward, writing the gradient to `grads`.
-  absl::StatusOr<double> Backward(int n, DeviceBuffer& grads);
+  // ChunkPasses, for n <= chunk_ examples; logits land in logits_.
+  absl::Status Forward(const float* images, const float* labels, int n) override;
+  absl::StatusOr<double> Backward(int n, DeviceBuffer& grads) override;
+  absl::StatusOr<int64_t> CountLastCorrect(int n) override;
 
   Backend* const backend_;  // Not owned.
   const int max_batch_;

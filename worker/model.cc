@@ -1,8 +1,10 @@
 #include "worker/model.h"
 
+#include <algorithm>
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "absl/strings/str_join.h"
 #include "worker/lenet.h"
 #include "worker/mlp.h"
@@ -59,6 +61,48 @@ std::vector<float> NormalWeights(const std::vector<TensorSpec>& specs, uint64_t 
     for (int64_t i = 0; i < s.num_elements(); ++i) flat.push_back(bias ? 0.0f : normal(rng));
   }
   return flat;
+}
+
+absl::StatusOr<double> ChunkedGradients(Backend& backend, const ChunkShape& shape,
+                                        ChunkPasses& passes, const float* images,
+                                        const float* labels, int n, DeviceBuffer& grads,
+                                        DeviceBuffer& chunk_grads) {
+  if (n < 0 || n > shape.max_batch) {
+    return absl::InvalidArgumentError(absl::StrCat("batch of ", n, " exceeds the model's ", shape.max_batch));
+  }
+  if (n == 0) {
+    SUMMA_RETURN_IF_ERROR(backend.Zero(grads.data(), grads.size()));
+    return 0.0;
+  }
+  if (n <= shape.chunk) {
+    SUMMA_RETURN_IF_ERROR(passes.Forward(images, labels, n));
+    return passes.Backward(n, grads);
+  }
+  SUMMA_RETURN_IF_ERROR(backend.Zero(grads.data(), grads.size()));
+  double loss = 0;
+  for (int begin = 0; begin < n; begin += shape.chunk) {
+    const int m = std::min(shape.chunk, n - begin);
+    SUMMA_RETURN_IF_ERROR(passes.Forward(images + int64_t{begin} * shape.image_floats, labels + begin, m));
+    SUMMA_ASSIGN_OR_RETURN(double chunk_loss, passes.Backward(m, chunk_grads));
+    SUMMA_RETURN_IF_ERROR(backend.Axpy(1.0f, chunk_grads.data(), grads.data(), grads.size()));
+    loss += chunk_loss;
+  }
+  return loss;
+}
+
+absl::StatusOr<int64_t> ChunkedCountCorrect(const ChunkShape& shape, ChunkPasses& passes,
+                                            const float* images, const float* labels, int n) {
+  if (n < 0 || n > shape.max_batch) {
+    return absl::InvalidArgumentError(absl::StrCat("batch of ", n, " exceeds the model's ", shape.max_batch));
+  }
+  int64_t correct = 0;
+  for (int begin = 0; begin < n; begin += shape.chunk) {
+    const int m = std::min(shape.chunk, n - begin);
+    SUMMA_RETURN_IF_ERROR(passes.Forward(images + int64_t{begin} * shape.image_floats, labels + begin, m));
+    SUMMA_ASSIGN_OR_RETURN(int64_t c, passes.CountLastCorrect(m));
+    correct += c;
+  }
+  return correct;
 }
 
 }  // namespace summa::worker

@@ -65,6 +65,35 @@ absl::StatusOr<std::unique_ptr<Model>> NewModel(const std::string& name, Backend
 // Model `name`'s tensors without a device; the same error as NewModel for an unknown name.
 absl::StatusOr<std::vector<TensorSpec>> ModelSpecs(const std::string& name);
 
+// The chunk loop every implementation shares runs these passes of a model, n <= its chunk each.
+class ChunkPasses {
+ public:
+  // Forward of n examples (host images and labels); logits stay on the device.
+  virtual absl::Status Forward(const float* images, const float* labels, int n) = 0;
+  // Backward of the last forward's n examples: the summed loss's gradient overwrites `grads`;
+  // returns the summed loss.
+  virtual absl::StatusOr<double> Backward(int n, DeviceBuffer& grads) = 0;
+  // How many of the last forward's n examples are classified right.
+  virtual absl::StatusOr<int64_t> CountLastCorrect(int n) = 0;
+
+ protected:
+  ~ChunkPasses() = default;
+};
+struct ChunkShape {
+  int max_batch = 0;
+  int chunk = 0;  // examples per pass; the whole batch when it is not smaller
+  int image_floats = 0;
+};
+// Model::ComputeGradients over chunks: each chunk's gradient lands in `chunk_grads` and is summed
+// into `grads` (one pass straight into `grads` when the batch fits one chunk).
+absl::StatusOr<double> ChunkedGradients(Backend& backend, const ChunkShape& shape,
+                                        ChunkPasses& passes, const float* images,
+                                        const float* labels, int n, DeviceBuffer& grads,
+                                        DeviceBuffer& chunk_grads);
+// Model::CountCorrect over chunks.
+absl::StatusOr<int64_t> ChunkedCountCorrect(const ChunkShape& shape, ChunkPasses& passes,
+                                            const float* images, const float* labels, int n);
+
 // Helpers for implementations: how many floats `specs` hold, and the seed's initialisation:
 // weights drawn from N(0, stddev^2) with `seed` in specs order, biases (names starting with 'b')
 // zero and drawing nothing.

@@ -5,6 +5,7 @@
 // never counts).
 #include <algorithm>
 #include <memory>
+#include <ostream>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -96,6 +97,9 @@ struct Planted {
   ::testing::AssertionResult (*check)(Backend&, Backend&);
   const char* names;
 };
+
+// How gtest (and so the ctest names) shows a case: the bug, not the bytes of a function pointer.
+void PrintTo(const Planted& p, std::ostream* os) { *os << Name(p.bug); }
 
 ::testing::AssertionResult LeNetSteps(Backend& ref, Backend& cand) {
   return checks::CheckLeNetSteps(ref, cand);

@@ -40,7 +40,9 @@ std::string GpusTheSystemShows() {
   if (FILE* smi = ::popen("nvidia-smi -L 2>/dev/null", "r")) {
     char line[512];
     while (std::fgets(line, sizeof(line), smi) != nullptr) {
-      if (std::string(line).rfind("GPU ", 0) == 0) absl::StrAppend(&seen, "nvidia-smi: ", line);
+      std::string text(line);
+      while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+      if (text.rfind("GPU ", 0) == 0) absl::StrAppend(&seen, "nvidia-smi: ", text, " ");
     }
     ::pclose(smi);
   }

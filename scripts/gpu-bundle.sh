@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Packs what scripts/gpu-check.sh needs on a GPU machine that has no Debian packages into the
+# Packs what scripts/gpu-check.sh needs on a machine with a GPU but no Debian packages into the
 # ignored folder .bundle/ (kept under 64 MiB): summa.tar.xz with the binaries, the CUDA tests,
 # launch.sh and every shared library they need that is not the C library or CUDA's own
 # (resolved with ldd: gRPC, Protobuf, Abseil, OpenBLAS, ...), and data/ with Fashion-MNIST.
-# The GPU machine brings its CUDA runtime and driver.
+# The machine with the GPU brings its driver and cuBLAS (gpu-check.sh finds libcublas.so.13).
 #   scripts/gpu-bundle.sh        (after scripts/build.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,11 +18,12 @@ mkdir -p "$out/bin/worker/cuda"
 # The CUDA backend plugin, found beside the executables that load it.
 cp "$build/worker/cuda/libsumma_cuda.so" "$out/bin/worker/cuda/"
 cp "$build/worker/cuda/libsumma_cuda.so" "$out/bin/tests/"
-cp "$build/tests/cuda_backend_test" "$build/tests/lenet_test" "$build/tests/cpu_backend_test" "$out/bin/tests/"
+cp "$build/tests/cuda_backend_test" "$build/tests/backend_checks_test" "$build/tests/lenet_test" \
+  "$build/tests/cpu_backend_test" "$out/bin/tests/"
 cp scripts/launch.sh "$out/scripts/"
 cp /usr/share/datasets/fashion-mnist/*.gz "$bundle/data/"
 
-# Libraries the system of any Linux machine has, and CUDA's, which the GPU machine brings.
+# Libraries the system of any Linux machine has, and CUDA's, which the machine with the GPU brings.
 skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libgcc_s|libstdc\+\+|libcuda|libcudart|libcublas|libnvidia)'
 for bin in "$out"/bin/*/* "$out"/bin/worker/cuda/*; do
   [[ -f "$bin" ]] || continue
@@ -38,6 +39,6 @@ rm -rf "$out"
 size=$(du -sm "$bundle" | cut -f1)
 echo "gpu-bundle: $bundle is ${size} MiB (summa.tar.xz with $libs libraries, and data/)"
 if ((size >= 64)); then
-  echo "gpu-bundle: over the 64 MiB a device run can carry" >&2
+  echo "gpu-bundle: over its 64 MiB limit" >&2
   exit 1
 fi

@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# The GPU check, for a machine with an NVIDIA GPU.
-# Uses .bundle/ from scripts/gpu-bundle.sh when present (a machine with no Debian packages),
-# else build/. Runs the CUDA-vs-CPU tests, compute-sanitizer on them where it works, and trains
-# the seed's job on the GPU for 2 epochs with 1 worker and with 2 workers sharing the GPU,
-# printing seconds per epoch and test accuracy. Everything it prints is also kept in $OUT (or
-# gpu-check-out/) when that is set.
+# The GPU check, for a machine with an NVIDIA GPU. It prints PASS only if all of this held:
+# - nvidia-smi -L lists a GPU;
+# - libcublas.so.13 is found (ldconfig, /usr/local/cuda*/lib64, or a Python package's
+#   nvidia/cublas/lib, as GPU images with PyTorch carry it); its folder joins LD_LIBRARY_PATH;
+# - the CUDA-vs-CPU tests pass with SUMMA_REQUIRE_GPU=1 (a skip is a failure) and none skipped;
+# - training the seed's job with --device=cuda:0 (never auto, which may fall back to the CPU) for
+#   2 epochs, with 1 worker and with 2 workers sharing the GPU, succeeds and every epoch line says
+#   it ran on cuda:0.
+# Also runs compute-sanitizer (memcheck) on the CUDA tests where it works, and prints seconds per
+# epoch and test accuracy. Uses .bundle/ from scripts/gpu-bundle.sh when present (a machine with
+# no Debian packages), else build/. Everything it prints is also kept in $OUT (or gpu-check-out/)
+# when that is set.
 #   scripts/gpu-check.sh [--epochs N]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -14,36 +20,119 @@ out=${OUT:-gpu-check-out}
 mkdir -p "$out"
 exec > >(tee "$out/gpu-check.log") 2>&1
 
+status=0
+failures=()
+fail() {
+  echo "gpu-check: FAIL: $*"
+  failures+=("$*")
+  status=1
+}
+
 if [[ -f .bundle/summa.tar.xz ]]; then
   unpacked=$(mktemp -d "${TMPDIR:-/tmp}/summa-bundle.XXXXXX")
   tar -C "$unpacked" -xJf .bundle/summa.tar.xz
   bin=$unpacked/bin data=$PWD/.bundle/data launch=$unpacked/scripts/launch.sh
-  export LD_LIBRARY_PATH="$unpacked/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+  export LD_LIBRARY_PATH="$unpacked/lib:${LD_LIBRARY_PATH:-}"
 else
   bin=build data=/usr/share/datasets/fashion-mnist launch=scripts/launch.sh
 fi
 echo "== gpu-check: binaries from $bin, data from $data"
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-ldd "$bin/worker/summa-worker" | grep -E "not found|cublas|cudart" || true
 
-status=0
-echo "== CUDA vs CPU tests"
-"$bin/tests/cuda_backend_test" || status=1
-"$bin/tests/lenet_test" || status=1
+echo "== the GPU"
+gpus=""
+if command -v nvidia-smi >/dev/null; then
+  gpus=$(nvidia-smi -L 2>&1 | grep '^GPU ' || true)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
+fi
+if [[ -n "$gpus" ]]; then
+  echo "$gpus"
+else
+  fail "no GPU: $(command -v nvidia-smi >/dev/null && echo 'nvidia-smi -L lists none' || echo 'nvidia-smi is not installed')"
+fi
+
+echo "== cuBLAS (libcublas.so.13)"
+# Prints "<path> (<how found>)" for the first libcublas.so.13 found, nothing if none.
+find_cublas() {
+  local p
+  p=$(ldconfig -p 2>/dev/null | awk '$1 == "libcublas.so.13" {print $NF; exit}')
+  [[ -n "$p" ]] && { echo "$p (ldconfig)"; return; }
+  for p in /usr/local/cuda*/lib64/libcublas.so.13 /usr/local/cuda*/lib/libcublas.so.13 \
+           /usr/local/cuda*/targets/*/lib/libcublas.so.13; do
+    [[ -e "$p" ]] && { echo "$p (CUDA toolkit)"; return; }
+  done
+  local roots=()
+  if command -v python3 >/dev/null; then
+    mapfile -t roots < <(python3 -c 'import site; print("\n".join(site.getsitepackages() + [site.getusersitepackages()]))' 2>/dev/null)
+  fi
+  for p in /usr/lib/python3* /usr/local/lib/python3* /opt /root /home; do [[ -d "$p" ]] && roots+=("$p"); done
+  local existing=()
+  for p in "${roots[@]}"; do [[ -d "$p" ]] && existing+=("$p"); done
+  ((${#existing[@]})) || return 0
+  p=$(find "${existing[@]}" -path '*/nvidia/cublas/lib/libcublas.so.13' -print -quit 2>/dev/null)
+  [[ -n "$p" ]] && echo "$p (Python package)"
+}
+cublas=$(find_cublas)
+if [[ -n "$cublas" ]]; then
+  cublas_dir=$(dirname "${cublas% (*}")
+  echo "gpu-check: libcublas.so.13 found: $cublas; $cublas_dir joins LD_LIBRARY_PATH"
+  export LD_LIBRARY_PATH="$cublas_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+else
+  fail "libcublas.so.13 not found (ldconfig -p, /usr/local/cuda*/lib64, Python packages' nvidia/cublas/lib)"
+fi
+plugin=$bin/worker/cuda/libsumma_cuda.so
+if [[ -f "$plugin" ]]; then
+  ldd "$plugin" | grep -E "not found|cublas" || true
+  ldd "$plugin" | grep -q "not found" && fail "$plugin: a library it needs is not found (above)"
+else
+  fail "$plugin is missing: this build has no CUDA backend"
+fi
+
+echo "== CUDA vs CPU tests (SUMMA_REQUIRE_GPU=1: a skip is a failure)"
+export SUMMA_REQUIRE_GPU=1
+"$bin/tests/backend_checks_test" || fail "backend_checks_test (the checks, CPU against CPU)"
+test_log=$out/cuda_backend_test.log
+"$bin/tests/cuda_backend_test" 2>&1 | tee "$test_log"
+rc=${PIPESTATUS[0]}
+((rc == 0)) || fail "cuda_backend_test exited with status $rc"
+if grep -q '^\[  SKIPPED \]' "$test_log"; then
+  if [[ -n "$gpus" ]]; then
+    fail "CUDA tests skipped although nvidia-smi lists a GPU"
+  else
+    fail "CUDA tests skipped: no GPU"
+  fi
+fi
+grep -qE '^\[  PASSED  \] [1-9]' "$test_log" || fail "no CUDA test passed"
+"$bin/tests/lenet_test" || fail "lenet_test"
 
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
 if [[ -n "$sanitizer" ]]; then
   echo "== compute-sanitizer (memcheck) on the CUDA tests"
   "$sanitizer" --tool memcheck --error-exitcode 3 "$bin/tests/cuda_backend_test" \
-    --gtest_filter='-*LeNetSteps*' || echo "compute-sanitizer: exit $? (see above; 'Device not supported' means it cannot run here)"
+    --gtest_filter='-*LeNetSteps*:*EveryOperationSelectsItsDevice*' ||
+    echo "compute-sanitizer: exit $? (see above; 'Device not supported' means it cannot run here)"
 else
   echo "== compute-sanitizer: not installed here"
 fi
 
 for workers in 1 2; do
-  echo "== training: $workers worker(s) on the GPU, $epochs epochs, batch 256, lr 0.2"
+  echo "== training: $workers worker(s) on cuda:0, $epochs epochs, batch 256, lr 0.2"
+  train_log=$out/train-$workers.log
   "$launch" --bin "$bin" --workers "$workers" --epochs "$epochs" --batch_size 256 --lr 0.2 -- \
-    --device=auto --data_dir="$data" --progress=never || status=1
+    --device=cuda:0 --data_dir="$data" --progress=never 2>&1 | tee "$train_log"
+  rc=${PIPESTATUS[0]}
+  ((rc == 0)) || { fail "training with $workers worker(s) on cuda:0 exited with status $rc"; continue; }
+  lines=$(grep -cE '^epoch [0-9]+/[0-9]+: .* on \[' "$train_log")
+  ((lines == epochs)) || fail "training with $workers worker(s): $lines epoch lines, want $epochs"
+  while read -r line; do
+    on=${line##* on }
+    [[ "$on" == *cuda:0* && "$on" != *cpu* ]] || fail "training with $workers worker(s) did not run on cuda:0: $line"
+  done < <(grep -E '^epoch [0-9]+/[0-9]+: .* on \[' "$train_log")
 done
-echo "== gpu-check: $([[ $status == 0 ]] && echo PASS || echo FAIL)"
+
+if ((status == 0)); then
+  echo "== gpu-check: PASS"
+else
+  echo "== gpu-check: FAIL (${#failures[@]} problems):"
+  printf '  - %s\n' "${failures[@]}"
+fi
 exit $status

@@ -18,6 +18,7 @@ namespace {
 struct CudaPlugin {
   decltype(&SummaCudaDeviceCount) device_count = nullptr;
   decltype(&SummaCudaNewBackend) new_backend = nullptr;
+  decltype(&SummaCudaProbe) probe = nullptr;
   std::string error;
 };
 
@@ -49,10 +50,12 @@ const CudaPlugin& Plugin() {
     }
     p.device_count = reinterpret_cast<decltype(p.device_count)>(::dlsym(handle, "SummaCudaDeviceCount"));
     p.new_backend = reinterpret_cast<decltype(p.new_backend)>(::dlsym(handle, "SummaCudaNewBackend"));
-    if (p.device_count == nullptr || p.new_backend == nullptr) {
-      p.error = "libsumma_cuda.so lacks its entry points";
+    p.probe = reinterpret_cast<decltype(p.probe)>(::dlsym(handle, "SummaCudaProbe"));
+    if (p.device_count == nullptr || p.new_backend == nullptr || p.probe == nullptr) {
+      p.error = "libsumma_cuda.so lacks its entry points (a plugin from another build?)";
       p.device_count = nullptr;
       p.new_backend = nullptr;
+      p.probe = nullptr;
     }
 #else
     p.error = "this build has no CUDA backend (nvcc was not found at configure time)";
@@ -82,6 +85,21 @@ int UsableCudaDevices(std::string* why) {
   const int count = plugin.device_count(reason, sizeof(reason));
   *why = reason;
   return count;
+}
+
+CudaProbe ProbeCuda() {
+  CudaProbe result;
+  const CudaPlugin& plugin = Plugin();
+  if (plugin.probe == nullptr) {
+    result.why = plugin.error;
+    return result;
+  }
+  result.plugin_loaded = true;
+  char error[128] = "", why[512] = "";
+  result.devices = plugin.probe(error, sizeof(error), why, sizeof(why));
+  result.error = error;
+  result.why = why;
+  return result;
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& device, int cpu_threads) {

@@ -23,6 +23,16 @@ absl::StatusOr<std::vector<std::unique_ptr<Backend>>> MakeBackends(const std::st
 bool BuiltWithCuda();
 int UsableCudaDevices(std::string* why);
 
+// What the CUDA runtime says about this machine, for a caller that must tell "no GPU here" from
+// "a GPU that does not work" (tests/cuda_backend_test.cc).
+struct CudaProbe {
+  bool plugin_loaded = false;  // false: no CUDA build, or libsumma_cuda.so did not load
+  int devices = 0;
+  std::string error;  // cudaGetDeviceCount's error by name ("cudaErrorNoDevice"); empty if none
+  std::string why;    // why there are no devices, in words
+};
+CudaProbe ProbeCuda();
+
 }  // namespace summa::worker
 
 #endif  // SUMMA_WORKER_DEVICES_H_

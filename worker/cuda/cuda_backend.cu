@@ -70,13 +70,21 @@ class CudaBackend final : public Backend {
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
 
+  // Makes this backend's device current: the first thing every operation that allocates or
+  // launches does, since the stream, cuBLAS handle and buffers all belong to device_ and a
+  // caller may have used another device (a worker with --devices=cuda:0,cuda:1) in between.
+  absl::Status OnDevice() const {
+    SUMMA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "cudaSetDevice");
+    return absl::OkStatus();
+  }
+
   absl::Status Error(cudaError_t e, const char* op) const {
     return absl::InternalError(absl::StrCat(name(), " ", op, ": ", cudaGetErrorName(e), ": ",
                                             cudaGetErrorString(e)));
   }
 
   absl::StatusOr<std::unique_ptr<DeviceBuffer>> Alloc(int64_t floats) override {
-    SUMMA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "cudaSetDevice");
+    SUMMA_RETURN_IF_ERROR(OnDevice());
     void* p = nullptr;
     const size_t bytes = std::max<int64_t>(floats, 1) * sizeof(float);
     SUMMA_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, bytes), "cudaMalloc");
@@ -85,7 +93,7 @@ class CudaBackend final : public Backend {
     return std::unique_ptr<DeviceBuffer>(std::move(buffer));
   }
   absl::StatusOr<std::unique_ptr<DeviceBuffer>> AllocHost(int64_t floats) override {
-    SUMMA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "cudaSetDevice");
+    SUMMA_RETURN_IF_ERROR(OnDevice());
     void* p = nullptr;
     const size_t bytes = std::max<int64_t>(floats, 1) * sizeof(float);
     SUMMA_CUDA_RETURN_IF_ERROR(cudaMallocHost(&p, bytes), "cudaMallocHost");
@@ -93,19 +101,20 @@ class CudaBackend final : public Backend {
     return std::unique_ptr<DeviceBuffer>(new PinnedBuffer(static_cast<float*>(p), floats));
   }
   absl::Status Upload(const float* host, int64_t n, float* device) override {
-    SUMMA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "cudaSetDevice");
+    SUMMA_RETURN_IF_ERROR(OnDevice());
     SUMMA_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(device, host, n * sizeof(float), cudaMemcpyHostToDevice, stream_), "Upload");
     return absl::OkStatus();
   }
   absl::Status Download(const float* device, int64_t n, float* host) override {
-    SUMMA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "cudaSetDevice");
+    SUMMA_RETURN_IF_ERROR(OnDevice());
     SUMMA_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(host, device, n * sizeof(float), cudaMemcpyDeviceToHost, stream_), "Download");
     SUMMA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "Download (synchronize)");
     return absl::OkStatus();
   }
   absl::Status Zero(float* device, int64_t n) override {
+    SUMMA_RETURN_IF_ERROR(OnDevice());
     SUMMA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(device, 0, n * sizeof(float), stream_), "Zero");
     return absl::OkStatus();
   }
@@ -115,7 +124,7 @@ class CudaBackend final : public Backend {
       return absl::UnimplementedError(absl::StrCat("cannot copy from ", from.name(), " to ", name()));
     }
     SUMMA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(peer->stream()), "CopyFromPeer (source)");
-    SUMMA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "cudaSetDevice");
+    SUMMA_RETURN_IF_ERROR(OnDevice());
     SUMMA_CUDA_RETURN_IF_ERROR(
         cudaMemcpyPeerAsync(dst, device_, src, peer->device(), n * sizeof(float), stream_),
         "CopyFromPeer");
@@ -124,7 +133,7 @@ class CudaBackend final : public Backend {
 
   absl::Status Gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a,
                     const float* b, float beta, float* c) override {
-    SUMMA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "cudaSetDevice");
+    SUMMA_RETURN_IF_ERROR(OnDevice());
     // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
     SUMMA_CUBLAS_RETURN_IF_ERROR(
         cublasSgemm(cublas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k,
@@ -140,7 +149,7 @@ class CudaBackend final : public Backend {
     const int np = static_cast<int>(s.batch * s.pixels());
     float* col = workspace;
     float* out = workspace + 2 * s.col_floats();
-    SUMMA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "cudaSetDevice");
+    SUMMA_RETURN_IF_ERROR(OnDevice());
     SUMMA_KERNEL_RETURN_IF_ERROR(cuda::Im2Col(d, x, col, stream_), "Conv2dForward im2col");
     SUMMA_RETURN_IF_ERROR(Gemm(false, false, s.out_channels, np, ckk, 1.0f, w, col, 0.0f, out));
     SUMMA_KERNEL_RETURN_IF_ERROR(cuda::ChannelMajorToNchwBias(d, out, bias, y, stream_),
@@ -156,7 +165,7 @@ class CudaBackend final : public Backend {
     float* col = workspace;
     float* dcol = workspace + s.col_floats();
     float* dyt = workspace + 2 * s.col_floats();
-    SUMMA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "cudaSetDevice");
+    SUMMA_RETURN_IF_ERROR(OnDevice());
     SUMMA_KERNEL_RETURN_IF_ERROR(cuda::NchwToChannelMajor(d, dy, dyt, stream_), "Conv2dBackward transpose");
     SUMMA_KERNEL_RETURN_IF_ERROR(cuda::RowSums(dyt, s.out_channels, np, dbias, stream_), "Conv2dBackward dbias");
     SUMMA_KERNEL_RETURN_IF_ERROR(cuda::Im2Col(d, x, col, stream_), "Conv2dBackward im2col");
@@ -169,29 +178,35 @@ class CudaBackend final : public Backend {
   }
 
   absl::Status ReluForward(const float* x, float* y, int64_t n) override {
+    SUMMA_RETURN_IF_ERROR(OnDevice());
     SUMMA_KERNEL_RETURN_IF_ERROR(cuda::ReluForward(x, y, n, stream_), "ReluForward");
     return absl::OkStatus();
   }
   absl::Status ReluBackward(const float* y, const float* dy, float* dx, int64_t n) override {
+    SUMMA_RETURN_IF_ERROR(OnDevice());
     SUMMA_KERNEL_RETURN_IF_ERROR(cuda::ReluBackward(y, dy, dx, n, stream_), "ReluBackward");
     return absl::OkStatus();
   }
   absl::Status AvgPool2Forward(const float* x, float* y, int planes, int h, int w) override {
+    SUMMA_RETURN_IF_ERROR(OnDevice());
     SUMMA_KERNEL_RETURN_IF_ERROR(cuda::AvgPool2Forward(x, y, planes, h, w, stream_), "AvgPool2Forward");
     return absl::OkStatus();
   }
   absl::Status AvgPool2Backward(const float* dy, float* dx, int planes, int h, int w) override {
+    SUMMA_RETURN_IF_ERROR(OnDevice());
     SUMMA_KERNEL_RETURN_IF_ERROR(cuda::AvgPool2Backward(dy, dx, planes, h, w, stream_), "AvgPool2Backward");
     return absl::OkStatus();
   }
 
   absl::Status LinearForward(const float* x, const float* w, const float* bias, float* y, int batch,
                              int in, int out) override {
+    SUMMA_RETURN_IF_ERROR(OnDevice());
     SUMMA_KERNEL_RETURN_IF_ERROR(cuda::BroadcastRows(bias, batch, out, y, stream_), "LinearForward bias");
     return Gemm(false, false, batch, out, in, 1.0f, x, w, 1.0f, y);
   }
   absl::Status LinearBackward(const float* x, const float* w, const float* dy, float* dx, float* dw,
                               float* dbias, int batch, int in, int out) override {
+    SUMMA_RETURN_IF_ERROR(OnDevice());
     SUMMA_RETURN_IF_ERROR(Gemm(true, false, in, out, batch, 1.0f, x, dy, 0.0f, dw));
     SUMMA_KERNEL_RETURN_IF_ERROR(cuda::ColumnSums(dy, batch, out, dbias, stream_), "LinearBackward dbias");
     if (dx != nullptr) return Gemm(false, true, batch, in, out, 1.0f, dy, w, 0.0f, dx);
@@ -200,6 +215,7 @@ class CudaBackend final : public Backend {
 
   absl::StatusOr<double> SoftmaxCrossEntropy(const float* logits, const float* labels,
                                              float* dlogits, int batch, int classes) override {
+    SUMMA_RETURN_IF_ERROR(OnDevice());
     SUMMA_CUDA_RETURN_IF_ERROR(EnsureScratch(batch), "SoftmaxCrossEntropy scratch");
     float* row_loss = scratch_;
     float* total = scratch_ + scratch_floats_ - 2;
@@ -223,6 +239,7 @@ class CudaBackend final : public Backend {
 
   absl::StatusOr<int64_t> CountCorrect(const float* logits, const float* labels, int batch,
                                        int classes) override {
+    SUMMA_RETURN_IF_ERROR(OnDevice());
     SUMMA_CUDA_RETURN_IF_ERROR(EnsureScratch(batch), "CountCorrect scratch");
     auto* correct = reinterpret_cast<unsigned long long*>(scratch_);
     SUMMA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(correct, 0, sizeof(*correct), stream_), "CountCorrect");
@@ -237,28 +254,37 @@ class CudaBackend final : public Backend {
   }
 
   absl::Status Axpy(float alpha, const float* x, float* y, int64_t n) override {
-    SUMMA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "cudaSetDevice");
+    SUMMA_RETURN_IF_ERROR(OnDevice());
     SUMMA_CUBLAS_RETURN_IF_ERROR(cublasSaxpy(cublas_, static_cast<int>(n), &alpha, x, 1, y, 1), "Axpy");
     return absl::OkStatus();
   }
 
  private:
-  // Grows (rarely: once per new batch size) the scratch for per-row losses and scalars.
+  // Grows (rarely: once per new batch size) the scratch for per-row losses and scalars, on
+  // device_ (current: the caller has called OnDevice). scratch_floats_ only ever describes memory
+  // that exists: a failed allocation leaves none recorded, so the next call tries again.
   cudaError_t EnsureScratch(int batch) {
-    const int64_t need = batch + 4;
-    if (need <= scratch_floats_) return cudaSuccess;
-    cudaError_t e = cudaSetDevice(device_);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(stream_);
+    cudaError_t e = cudaSuccess;
+    if (host_scalars_ == nullptr) {
+      e = cudaMallocHost(reinterpret_cast<void**>(&host_scalars_), 4 * sizeof(float));
+      if (e != cudaSuccess) {
+        host_scalars_ = nullptr;
+        return e;
+      }
+    }
+    const int64_t need = int64_t{batch} + 4;
+    if (scratch_ != nullptr && need <= scratch_floats_) return cudaSuccess;
+    e = cudaStreamSynchronize(stream_);  // the old scratch may still be in use
     if (e != cudaSuccess) return e;
     if (scratch_ != nullptr) cudaFree(scratch_);
     scratch_ = nullptr;
-    e = cudaMalloc(reinterpret_cast<void**>(&scratch_), need * sizeof(float));
+    scratch_floats_ = 0;
+    float* fresh = nullptr;
+    e = cudaMalloc(reinterpret_cast<void**>(&fresh), need * sizeof(float));
     if (e != cudaSuccess) return e;
+    scratch_ = fresh;
     scratch_floats_ = need;
-    if (host_scalars_ == nullptr) {
-      e = cudaMallocHost(reinterpret_cast<void**>(&host_scalars_), 4 * sizeof(float));
-    }
-    return e;
+    return cudaSuccess;
   }
 
   const int device_;
@@ -271,9 +297,10 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-int CudaDeviceCount(std::string* why) {
+int CudaDeviceCount(std::string* why, std::string* error_name) {
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
+  if (error_name != nullptr) *error_name = e == cudaSuccess ? "" : cudaGetErrorName(e);
   if (e != cudaSuccess) {
     if (why != nullptr) *why = absl::StrCat(cudaGetErrorName(e), ": ", cudaGetErrorString(e));
     cudaGetLastError();  // clear the sticky error so later calls are not confused
@@ -323,6 +350,14 @@ void CopyOut(const std::string& text, char* buffer, int size) {
 extern "C" int SummaCudaDeviceCount(char* why, int why_size) {
   std::string reason;
   const int count = summa::worker::CudaDeviceCount(&reason);
+  CopyOut(reason, why, why_size);
+  return count;
+}
+
+extern "C" int SummaCudaProbe(char* error_name, int error_name_size, char* why, int why_size) {
+  std::string name, reason;
+  const int count = summa::worker::CudaDeviceCount(&reason, &name);
+  CopyOut(name, error_name, error_name_size);
   CopyOut(reason, why, why_size);
   return count;
 }

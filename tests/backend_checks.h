@@ -1,0 +1,488 @@
+// Test helper: one Backend (the candidate: CUDA, or a CPU with a bug planted) against another (the
+// reference: the CPU) on the same inputs. Each check returns an AssertionResult that names the
+// first thing that differs, so that the same checks run CUDA-vs-CPU where a GPU exists
+// (cuda_backend_test.cc) and CPU-vs-CPU everywhere, with and without planted bugs
+// (backend_checks_test.cc proves each bug fails the check meant to catch it).
+//
+// Comparisons are per tensor, relative to the tensor's largest |value| in the reference, and a
+// reference tensor that is all zero fails the check: a candidate that writes nothing must not pass
+// by matching zeros.
+#ifndef SUMMA_TESTS_BACKEND_CHECKS_H_
+#define SUMMA_TESTS_BACKEND_CHECKS_H_
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "worker/backend.h"
+#include "worker/model.h"
+
+namespace summa::worker::checks {
+
+// Returns a failure from the enclosing check when `expr` (a Status) is not OK.
+#define SUMMA_CHECK_OK(expr)                                                              \
+  do {                                                                                    \
+    const absl::Status summa_check_status_ = (expr);                                      \
+    if (!summa_check_status_.ok()) {                                                      \
+      return ::testing::AssertionFailure() << #expr << ": " << summa_check_status_;       \
+    }                                                                                     \
+  } while (0)
+#define SUMMA_CHECK_CONCAT_INNER(a, b) a##b
+#define SUMMA_CHECK_CONCAT(a, b) SUMMA_CHECK_CONCAT_INNER(a, b)
+#define SUMMA_CHECK_ASSIGN_IMPL(tmp, lhs, expr)                                           \
+  auto tmp = (expr);                                                                      \
+  if (!tmp.ok()) return ::testing::AssertionFailure() << #expr << ": " << tmp.status();   \
+  lhs = *std::move(tmp)
+// Assigns the value of `expr` (a StatusOr) to `lhs`, or returns a failure from the check.
+#define SUMMA_CHECK_ASSIGN(lhs, expr) \
+  SUMMA_CHECK_ASSIGN_IMPL(SUMMA_CHECK_CONCAT(summa_check_or_, __LINE__), lhs, expr)
+// Returns `result` from the enclosing check when it is a failure.
+#define SUMMA_CHECK(result)                                     \
+  do {                                                          \
+    ::testing::AssertionResult summa_check_result_ = (result);  \
+    if (!summa_check_result_) return summa_check_result_;       \
+  } while (0)
+
+inline std::vector<float> Random(size_t n, uint64_t seed, float lo = -1, float hi = 1) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+// max |got - want| <= tolerance * max |want|, with want not all zero.
+inline ::testing::AssertionResult CloseScaled(const std::vector<float>& got,
+                                              const std::vector<float>& want,
+                                              const std::string& what, double tolerance) {
+  if (got.size() != want.size()) {
+    return ::testing::AssertionFailure() << what << ": " << got.size() << " values, want "
+                                         << want.size();
+  }
+  double scale = 0, worst = 0;
+  size_t worst_at = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    scale = std::max(scale, std::abs(double{want[i]}));
+    const double d = std::abs(double{got[i]} - double{want[i]});
+    if (!(d <= worst)) {  // NaN counts as worst
+      worst = std::isnan(d) ? INFINITY : d;
+      worst_at = i;
+    }
+  }
+  if (!(scale > 0)) {
+    return ::testing::AssertionFailure()
+           << what << ": the reference is all zero, so the comparison would prove nothing";
+  }
+  if (!(worst <= tolerance * scale)) {
+    return ::testing::AssertionFailure()
+           << what << ": element " << worst_at << " is " << got[worst_at] << ", want "
+           << want[worst_at] << " (off by " << worst / scale << " of the tensor's largest |value| "
+           << scale << "; tolerance " << tolerance << ")";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Host values to and from one backend's memory.
+class Staging {
+ public:
+  explicit Staging(Backend* backend) : backend_(backend) {}
+  absl::StatusOr<std::unique_ptr<DeviceBuffer>> On(const std::vector<float>& host) {
+    auto b = backend_->Alloc(static_cast<int64_t>(host.size()));
+    if (!b.ok()) return b.status();
+    absl::Status s = backend_->Upload(host.data(), static_cast<int64_t>(host.size()), (*b)->data());
+    if (!s.ok()) return s;
+    return b;
+  }
+  absl::StatusOr<std::unique_ptr<DeviceBuffer>> Zeros(int64_t n) { return backend_->Alloc(n); }
+  absl::StatusOr<std::vector<float>> Back(const DeviceBuffer& b) {
+    std::vector<float> host(b.size());
+    absl::Status s = backend_->Download(b.data(), b.size(), host.data());
+    if (!s.ok()) return s;
+    return host;
+  }
+
+ private:
+  Backend* backend_;  // Not owned.
+};
+
+// C = alpha op(A) op(B) + beta C in all four transpositions.
+inline ::testing::AssertionResult CheckGemm(Backend& ref, Backend& cand) {
+  Staging dev(&cand);
+  const int m = 37, n = 29, k = 41;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      auto a = Random(m * k, 1), b = Random(k * n, 2), c = Random(m * n, 3);
+      SUMMA_CHECK_ASSIGN(auto da, dev.On(a));
+      SUMMA_CHECK_ASSIGN(auto db, dev.On(b));
+      SUMMA_CHECK_ASSIGN(auto dc, dev.On(c));
+      SUMMA_CHECK_OK(ref.Gemm(ta, tb, m, n, k, 1.5f, a.data(), b.data(), 0.5f, c.data()));
+      SUMMA_CHECK_OK(cand.Gemm(ta, tb, m, n, k, 1.5f, da->data(), db->data(), 0.5f, dc->data()));
+      SUMMA_CHECK_ASSIGN(auto got, dev.Back(*dc));
+      SUMMA_CHECK(CloseScaled(got, c, absl::StrCat("gemm ta=", ta, " tb=", tb), 1e-4));
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Conv2dForward and Conv2dBackward (y, dx, dw, dbias) on LeNet's two layer shapes.
+inline ::testing::AssertionResult CheckConvolution(Backend& ref, Backend& cand) {
+  Staging dev(&cand);
+  for (const ConvShape& s : {ConvShape{3, 1, 28, 28, 20, 3}, ConvShape{4, 20, 13, 13, 50, 5}}) {
+    const std::string at = absl::StrCat(" (conv ", s.in_channels, "->", s.out_channels, ")");
+    const int64_t xs = int64_t{s.batch} * s.in_channels * s.height * s.width;
+    const int64_t ws = int64_t{s.out_channels} * s.in_channels * s.kernel * s.kernel;
+    const int64_t ys = int64_t{s.batch} * s.out_channels * s.pixels();
+    auto x = Random(xs, 4), w = Random(ws, 5, -0.1f, 0.1f), b = Random(s.out_channels, 6),
+         dy = Random(ys, 7);
+    std::vector<float> y(ys), dx(xs), dw(ws), db(s.out_channels), work(s.workspace_floats());
+    SUMMA_CHECK_OK(ref.Conv2dForward(s, x.data(), w.data(), b.data(), y.data(), work.data()));
+    SUMMA_CHECK_OK(ref.Conv2dBackward(s, x.data(), w.data(), dy.data(), dx.data(), dw.data(),
+                                      db.data(), work.data()));
+    SUMMA_CHECK_ASSIGN(auto gx, dev.On(x));
+    SUMMA_CHECK_ASSIGN(auto gw, dev.On(w));
+    SUMMA_CHECK_ASSIGN(auto gb, dev.On(b));
+    SUMMA_CHECK_ASSIGN(auto gdy, dev.On(dy));
+    SUMMA_CHECK_ASSIGN(auto gy, dev.Zeros(ys));
+    SUMMA_CHECK_ASSIGN(auto gdx, dev.Zeros(xs));
+    SUMMA_CHECK_ASSIGN(auto gdw, dev.Zeros(ws));
+    SUMMA_CHECK_ASSIGN(auto gdb, dev.Zeros(s.out_channels));
+    SUMMA_CHECK_ASSIGN(auto gwork, dev.Zeros(s.workspace_floats()));
+    SUMMA_CHECK_OK(cand.Conv2dForward(s, gx->data(), gw->data(), gb->data(), gy->data(), gwork->data()));
+    SUMMA_CHECK_OK(cand.Conv2dBackward(s, gx->data(), gw->data(), gdy->data(), gdx->data(),
+                                       gdw->data(), gdb->data(), gwork->data()));
+    SUMMA_CHECK_ASSIGN(auto got_y, dev.Back(*gy));
+    SUMMA_CHECK_ASSIGN(auto got_dx, dev.Back(*gdx));
+    SUMMA_CHECK_ASSIGN(auto got_dw, dev.Back(*gdw));
+    SUMMA_CHECK_ASSIGN(auto got_db, dev.Back(*gdb));
+    SUMMA_CHECK(CloseScaled(got_y, y, "conv y" + at, 1e-4));
+    SUMMA_CHECK(CloseScaled(got_dx, dx, "conv dx" + at, 1e-4));
+    SUMMA_CHECK(CloseScaled(got_dw, dw, "conv dw" + at, 1e-3));  // sums of up to 2028 products
+    SUMMA_CHECK(CloseScaled(got_db, db, "conv dbias" + at, 1e-3));
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// 2x2 average pooling forward and backward (odd edges), ReLU forward and backward.
+inline ::testing::AssertionResult CheckPoolingAndRelu(Backend& ref, Backend& cand) {
+  Staging dev(&cand);
+  const int planes = 6, h = 9, w = 9;
+  auto x = Random(planes * h * w, 8);
+  auto dy = Random(planes * 4 * 4, 9);
+  std::vector<float> y(planes * 16), dx(planes * h * w), r(x.size()), dr(x.size());
+  SUMMA_CHECK_OK(ref.AvgPool2Forward(x.data(), y.data(), planes, h, w));
+  SUMMA_CHECK_OK(ref.AvgPool2Backward(dy.data(), dx.data(), planes, h, w));
+  SUMMA_CHECK_OK(ref.ReluForward(x.data(), r.data(), static_cast<int64_t>(x.size())));
+  SUMMA_CHECK_OK(ref.ReluBackward(r.data(), x.data(), dr.data(), static_cast<int64_t>(x.size())));
+  SUMMA_CHECK_ASSIGN(auto gx, dev.On(x));
+  SUMMA_CHECK_ASSIGN(auto gdy, dev.On(dy));
+  SUMMA_CHECK_ASSIGN(auto gy, dev.Zeros(y.size()));
+  SUMMA_CHECK_ASSIGN(auto gdx, dev.Zeros(dx.size()));
+  SUMMA_CHECK_ASSIGN(auto gr, dev.Zeros(r.size()));
+  SUMMA_CHECK_ASSIGN(auto gdr, dev.Zeros(dr.size()));
+  SUMMA_CHECK_OK(cand.AvgPool2Forward(gx->data(), gy->data(), planes, h, w));
+  SUMMA_CHECK_OK(cand.AvgPool2Backward(gdy->data(), gdx->data(), planes, h, w));
+  SUMMA_CHECK_OK(cand.ReluForward(gx->data(), gr->data(), static_cast<int64_t>(x.size())));
+  SUMMA_CHECK_OK(cand.ReluBackward(gr->data(), gx->data(), gdr->data(), static_cast<int64_t>(x.size())));
+  SUMMA_CHECK_ASSIGN(auto got_y, dev.Back(*gy));
+  SUMMA_CHECK_ASSIGN(auto got_dx, dev.Back(*gdx));
+  SUMMA_CHECK_ASSIGN(auto got_r, dev.Back(*gr));
+  SUMMA_CHECK_ASSIGN(auto got_dr, dev.Back(*gdr));
+  SUMMA_CHECK(CloseScaled(got_y, y, "pool y", 1e-5));
+  SUMMA_CHECK(CloseScaled(got_dx, dx, "pool dx", 1e-5));
+  SUMMA_CHECK(CloseScaled(got_r, r, "relu y", 0));
+  SUMMA_CHECK(CloseScaled(got_dr, dr, "relu dx", 0));
+  return ::testing::AssertionSuccess();
+}
+
+// LinearForward and LinearBackward (y, dx, dw, dbias).
+inline ::testing::AssertionResult CheckLinear(Backend& ref, Backend& cand) {
+  Staging dev(&cand);
+  const int n = 7, in = 800, out = 128;
+  auto x = Random(n * in, 10), w = Random(in * out, 11, -0.05f, 0.05f), b = Random(out, 12),
+       dy = Random(n * out, 13);
+  std::vector<float> y(n * out), dx(n * in), dw(in * out), db(out);
+  SUMMA_CHECK_OK(ref.LinearForward(x.data(), w.data(), b.data(), y.data(), n, in, out));
+  SUMMA_CHECK_OK(ref.LinearBackward(x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(),
+                                    n, in, out));
+  SUMMA_CHECK_ASSIGN(auto gx, dev.On(x));
+  SUMMA_CHECK_ASSIGN(auto gw, dev.On(w));
+  SUMMA_CHECK_ASSIGN(auto gb, dev.On(b));
+  SUMMA_CHECK_ASSIGN(auto gdy, dev.On(dy));
+  SUMMA_CHECK_ASSIGN(auto gy, dev.Zeros(y.size()));
+  SUMMA_CHECK_ASSIGN(auto gdx, dev.Zeros(dx.size()));
+  SUMMA_CHECK_ASSIGN(auto gdw, dev.Zeros(dw.size()));
+  SUMMA_CHECK_ASSIGN(auto gdb, dev.Zeros(out));
+  SUMMA_CHECK_OK(cand.LinearForward(gx->data(), gw->data(), gb->data(), gy->data(), n, in, out));
+  SUMMA_CHECK_OK(cand.LinearBackward(gx->data(), gw->data(), gdy->data(), gdx->data(), gdw->data(),
+                                     gdb->data(), n, in, out));
+  SUMMA_CHECK_ASSIGN(auto got_y, dev.Back(*gy));
+  SUMMA_CHECK_ASSIGN(auto got_dx, dev.Back(*gdx));
+  SUMMA_CHECK_ASSIGN(auto got_dw, dev.Back(*gdw));
+  SUMMA_CHECK_ASSIGN(auto got_db, dev.Back(*gdb));
+  SUMMA_CHECK(CloseScaled(got_y, y, "linear y", 1e-4));
+  SUMMA_CHECK(CloseScaled(got_dx, dx, "linear dx", 1e-4));
+  SUMMA_CHECK(CloseScaled(got_dw, dw, "linear dw", 1e-4));
+  SUMMA_CHECK(CloseScaled(got_db, db, "linear dbias", 1e-4));
+  return ::testing::AssertionSuccess();
+}
+
+// Softmax cross-entropy: the summed loss, dlogits, and INVALID_ARGUMENT for a label out of range.
+inline ::testing::AssertionResult CheckSoftmaxCrossEntropy(Backend& ref, Backend& cand) {
+  Staging dev(&cand);
+  auto z = Random(5 * 10, 14, -3, 3);
+  const std::vector<float> labels = {1, 0, 9, 4, 4};
+  std::vector<float> dz(z.size());
+  SUMMA_CHECK_ASSIGN(const double loss, ref.SoftmaxCrossEntropy(z.data(), labels.data(), dz.data(), 5, 10));
+  SUMMA_CHECK_ASSIGN(auto gz, dev.On(z));
+  SUMMA_CHECK_ASSIGN(auto glabels, dev.On(labels));
+  SUMMA_CHECK_ASSIGN(auto gdz, dev.Zeros(dz.size()));
+  SUMMA_CHECK_ASSIGN(const double got_loss,
+                     cand.SoftmaxCrossEntropy(gz->data(), glabels->data(), gdz->data(), 5, 10));
+  if (!(std::abs(got_loss - loss) <= 1e-4 * loss)) {
+    return ::testing::AssertionFailure() << "softmax loss " << got_loss << ", want " << loss;
+  }
+  SUMMA_CHECK_ASSIGN(auto got_dz, dev.Back(*gdz));
+  SUMMA_CHECK(CloseScaled(got_dz, dz, "softmax dz", 1e-5));
+  SUMMA_CHECK_ASSIGN(auto bad, dev.On({1, 0, 12, 4, 4}));
+  const auto rejected = cand.SoftmaxCrossEntropy(gz->data(), bad->data(), gdz->data(), 5, 10);
+  if (rejected.status().code() != absl::StatusCode::kInvalidArgument) {
+    return ::testing::AssertionFailure() << "label 12 of 10 classes: got " << rejected.status()
+                                         << ", want INVALID_ARGUMENT";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// CountCorrect on logits whose largest entry is planted at the label in a known subset of rows
+// (and planted as the smallest in the others), so the answer is known without the reference:
+// 300 rows (more than one block of threads on a GPU) with 128 right, then 7 rows with none right
+// (a count that is not reset between calls fails), then the same 7 all right.
+inline ::testing::AssertionResult CheckCountCorrect(Backend& ref, Backend& cand) {
+  Staging dev(&cand);
+  const int classes = 10;
+  auto count_on = [&](Backend& be, int rows, auto right) -> absl::StatusOr<int64_t> {
+    std::vector<float> logits = Random(size_t(rows) * classes, 16 + rows, -3, 3), labels(rows);
+    for (int i = 0; i < rows; ++i) {
+      labels[i] = float((i * 7) % classes);
+      logits[size_t(i) * classes + (i * 7) % classes] = right(i) ? 4.0f : -4.0f;
+    }
+    if (&be == &ref) return ref.CountCorrect(logits.data(), labels.data(), rows, classes);
+    auto gl = dev.On(logits);
+    if (!gl.ok()) return gl.status();
+    auto glabels = dev.On(labels);
+    if (!glabels.ok()) return glabels.status();
+    return cand.CountCorrect((*gl)->data(), (*glabels)->data(), rows, classes);
+  };
+  struct Case {
+    int rows;
+    bool (*right)(int);
+    int64_t want;
+  };
+  const Case cases[] = {
+      {300, [](int i) { return i % 3 == 0 || i % 7 == 0; }, 100 + 43 - 15},
+      {7, [](int) { return false; }, 0},
+      {7, [](int) { return true; }, 7},
+  };
+  for (const Case& c : cases) {
+    for (Backend* be : {&ref, &cand}) {
+      SUMMA_CHECK_ASSIGN(const int64_t got, count_on(*be, c.rows, c.right));
+      if (got != c.want) {
+        return ::testing::AssertionFailure()
+               << (be == &ref ? "reference" : "candidate") << " CountCorrect on " << c.rows
+               << " rows: " << got << " right, want " << c.want;
+      }
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Every operation check above.
+inline ::testing::AssertionResult CheckOperations(Backend& ref, Backend& cand) {
+  SUMMA_CHECK(CheckGemm(ref, cand));
+  SUMMA_CHECK(CheckConvolution(ref, cand));
+  SUMMA_CHECK(CheckPoolingAndRelu(ref, cand));
+  SUMMA_CHECK(CheckLinear(ref, cand));
+  SUMMA_CHECK(CheckSoftmaxCrossEntropy(ref, cand));
+  SUMMA_CHECK(CheckCountCorrect(ref, cand));
+  return ::testing::AssertionSuccess();
+}
+
+// `steps` SGD steps of the real LeNet (NewModel) on a batch of 64, each backend at its preferred
+// chunk. The weights are N(0, 0.1^2), large enough that every layer shapes the loss (at the
+// seed's 0.01 the loss is ~64 ln 10 whatever the forward does); every step both models get the
+// reference's weights, and the loss and each tensor's gradient must match, relative to that
+// tensor's largest |value|. Both then step with the reference's gradient.
+inline ::testing::AssertionResult CheckLeNetSteps(Backend& ref, Backend& cand, int steps = 3) {
+  const int batch = 64;
+  SUMMA_CHECK_ASSIGN(auto rnet, NewModel("lenet", &ref, batch, ref.preferred_chunk()));
+  SUMMA_CHECK_ASSIGN(auto cnet, NewModel("lenet", &cand, batch, cand.preferred_chunk()));
+  const std::vector<TensorSpec> specs = rnet->specs();
+  std::vector<float> w = NormalWeights(specs, 3, 0.1f);
+  const auto images = Random(size_t(batch) * rnet->image_floats(), 15, 0, 1);
+  std::vector<float> labels(batch);
+  for (int i = 0; i < batch; ++i) labels[i] = float(i % rnet->classes());
+  std::vector<float> rg(w.size()), cg(w.size());
+  for (int step = 0; step < steps; ++step) {
+    SUMMA_CHECK_OK(rnet->SetWeights(w.data()));
+    SUMMA_CHECK_OK(cnet->SetWeights(w.data()));
+    SUMMA_CHECK_ASSIGN(const double rl, rnet->ComputeGradients(images.data(), labels.data(), batch));
+    SUMMA_CHECK_ASSIGN(const double cl, cnet->ComputeGradients(images.data(), labels.data(), batch));
+    if (!(std::abs(cl - rl) <= 1e-4 * std::abs(rl))) {
+      return ::testing::AssertionFailure() << "step " << step << ": loss " << cl << ", want " << rl;
+    }
+    SUMMA_CHECK_OK(rnet->GetGradients(rg.data()));
+    SUMMA_CHECK_OK(cnet->GetGradients(cg.data()));
+    size_t offset = 0;
+    for (const TensorSpec& s : specs) {
+      const size_t n = static_cast<size_t>(s.num_elements());
+      const std::vector<float> r(rg.begin() + offset, rg.begin() + offset + n);
+      const std::vector<float> c(cg.begin() + offset, cg.begin() + offset + n);
+      SUMMA_CHECK(CloseScaled(c, r, absl::StrCat("step ", step, ": gradient of ", s.name), 1e-3));
+      offset += n;
+    }
+    for (size_t i = 0; i < w.size(); ++i) w[i] -= 0.5f * rg[i] / batch;
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// dst's backend sums a gradient held by src's backend (CopyFromPeer then Axpy).
+inline ::testing::AssertionResult CheckPeerSum(Backend& dst, Backend& src) {
+  Staging on_dst(&dst), on_src(&src);
+  SUMMA_CHECK_ASSIGN(auto a, on_dst.On({1, 2, 3}));
+  SUMMA_CHECK_ASSIGN(auto b, on_src.On({10, 20, 30}));
+  SUMMA_CHECK_ASSIGN(auto staging, on_dst.Zeros(3));
+  SUMMA_CHECK_OK(dst.CopyFromPeer(src, b->data(), 3, staging->data()));
+  SUMMA_CHECK_OK(dst.Axpy(1.0f, staging->data(), a->data(), 3));
+  SUMMA_CHECK_ASSIGN(auto got, on_dst.Back(*a));
+  if (got != std::vector<float>{11, 22, 33}) {
+    return ::testing::AssertionFailure() << "peer sum: got " << got[0] << ", " << got[1] << ", "
+                                         << got[2] << ", want 11, 22, 33";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// A Backend that forwards every operation to another, for wrappers that change one thing
+// (a planted bug, a device switch before every call).
+class ForwardingBackend : public Backend {
+ public:
+  explicit ForwardingBackend(Backend* target) : target_(target) {}
+  std::string name() const override { return target_->name(); }
+  int preferred_chunk() const override { return target_->preferred_chunk(); }
+  absl::StatusOr<std::unique_ptr<DeviceBuffer>> Alloc(int64_t floats) override {
+    Before();
+    return target_->Alloc(floats);
+  }
+  absl::StatusOr<std::unique_ptr<DeviceBuffer>> AllocHost(int64_t floats) override {
+    Before();
+    return target_->AllocHost(floats);
+  }
+  absl::Status Upload(const float* host, int64_t n, float* device) override {
+    Before();
+    return target_->Upload(host, n, device);
+  }
+  absl::Status Download(const float* device, int64_t n, float* host) override {
+    Before();
+    return target_->Download(device, n, host);
+  }
+  absl::Status Zero(float* device, int64_t n) override {
+    Before();
+    return target_->Zero(device, n);
+  }
+  absl::Status CopyFromPeer(const Backend& from, const float* src, int64_t n, float* dst) override {
+    Before();
+    return target_->CopyFromPeer(from, src, n, dst);
+  }
+  absl::Status Gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a,
+                    const float* b, float beta, float* c) override {
+    Before();
+    return target_->Gemm(ta, tb, m, n, k, alpha, a, b, beta, c);
+  }
+  absl::Status Conv2dForward(const ConvShape& shape, const float* x, const float* w,
+                             const float* bias, float* y, float* workspace) override {
+    Before();
+    return target_->Conv2dForward(shape, x, w, bias, y, workspace);
+  }
+  absl::Status Conv2dBackward(const ConvShape& shape, const float* x, const float* w,
+                              const float* dy, float* dx, float* dw, float* dbias,
+                              float* workspace) override {
+    Before();
+    return target_->Conv2dBackward(shape, x, w, dy, dx, dw, dbias, workspace);
+  }
+  absl::Status ReluForward(const float* x, float* y, int64_t n) override {
+    Before();
+    return target_->ReluForward(x, y, n);
+  }
+  absl::Status ReluBackward(const float* y, const float* dy, float* dx, int64_t n) override {
+    Before();
+    return target_->ReluBackward(y, dy, dx, n);
+  }
+  absl::Status AvgPool2Forward(const float* x, float* y, int planes, int h, int w) override {
+    Before();
+    return target_->AvgPool2Forward(x, y, planes, h, w);
+  }
+  absl::Status AvgPool2Backward(const float* dy, float* dx, int planes, int h, int w) override {
+    Before();
+    return target_->AvgPool2Backward(dy, dx, planes, h, w);
+  }
+  absl::Status LinearForward(const float* x, const float* w, const float* bias, float* y,
+                             int batch, int in, int out) override {
+    Before();
+    return target_->LinearForward(x, w, bias, y, batch, in, out);
+  }
+  absl::Status LinearBackward(const float* x, const float* w, const float* dy, float* dx,
+                              float* dw, float* dbias, int batch, int in, int out) override {
+    Before();
+    return target_->LinearBackward(x, w, dy, dx, dw, dbias, batch, in, out);
+  }
+  absl::StatusOr<double> SoftmaxCrossEntropy(const float* logits, const float* labels,
+                                             float* dlogits, int batch, int classes) override {
+    Before();
+    return target_->SoftmaxCrossEntropy(logits, labels, dlogits, batch, classes);
+  }
+  absl::StatusOr<int64_t> CountCorrect(const float* logits, const float* labels, int batch,
+                                       int classes) override {
+    Before();
+    return target_->CountCorrect(logits, labels, batch, classes);
+  }
+  absl::Status Axpy(float alpha, const float* x, float* y, int64_t n) override {
+    Before();
+    return target_->Axpy(alpha, x, y, n);
+  }
+
+ protected:
+  // Runs before every forwarded operation.
+  virtual void Before() {}
+  Backend* target() const { return target_; }
+
+ private:
+  Backend* target_;  // Not owned.
+};
+
+// Forwards to `target`, but first runs a small operation on `other` (another device's backend),
+// so that `target` finds another device current before each of its operations: one that launches
+// without selecting its own device then runs on the wrong one (on a machine with two GPUs).
+class DeviceHoppingBackend final : public ForwardingBackend {
+ public:
+  DeviceHoppingBackend(Backend* target, Backend* other, float* other_buffer)
+      : ForwardingBackend(target), other_(other), other_buffer_(other_buffer) {}
+  bool ok() const { return status_.ok(); }
+  const absl::Status& status() const { return status_; }
+
+ private:
+  void Before() override {
+    const absl::Status s = other_->Zero(other_buffer_, 1);
+    if (status_.ok()) status_ = s;
+  }
+  Backend* other_;       // Not owned.
+  float* other_buffer_;  // Not owned: one float on other_.
+  absl::Status status_;
+};
+
+}  // namespace summa::worker::checks
+
+#endif  // SUMMA_TESTS_BACKEND_CHECKS_H_

@@ -1,0 +1,141 @@
+// The checks that hold the CUDA backend to the CPU one (backend_checks.h), run where no GPU is
+// needed: the CPU passes every check against itself, and a CPU with a bug planted fails the check
+// meant to catch that bug, naming what differs. These are the bugs the GPU comparison once let
+// through (a missing conv or linear gradient hidden by near-zero weights, a CountCorrect that
+// never counts).
+#include <algorithm>
+#include <memory>
+#include <ostream>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "tests/backend_checks.h"
+#include "worker/backend.h"
+
+namespace summa::worker {
+namespace {
+
+enum class Bug {
+  kConvDw,           // Conv2dBackward leaves dw zero
+  kConvDbias,        // ... dbias zero
+  kConvDx,           // ... dx zero
+  kLinearDw,         // LinearBackward leaves dw zero
+  kNeverCount,       // CountCorrect answers 0
+  kCountAccumulates  // CountCorrect adds to the previous call's count (a counter never reset)
+};
+
+std::string Name(Bug bug) {
+  switch (bug) {
+    case Bug::kConvDw: return "ConvDw";
+    case Bug::kConvDbias: return "ConvDbias";
+    case Bug::kConvDx: return "ConvDx";
+    case Bug::kLinearDw: return "LinearDw";
+    case Bug::kNeverCount: return "NeverCount";
+    case Bug::kCountAccumulates: return "CountAccumulates";
+  }
+  return "?";
+}
+
+// The CPU backend with one bug planted.
+class PlantedBugBackend final : public checks::ForwardingBackend {
+ public:
+  PlantedBugBackend(Backend* cpu, Bug bug) : ForwardingBackend(cpu), bug_(bug) {}
+
+  absl::Status Conv2dBackward(const ConvShape& s, const float* x, const float* w, const float* dy,
+                              float* dx, float* dw, float* dbias, float* workspace) override {
+    absl::Status st = target()->Conv2dBackward(s, x, w, dy, dx, dw, dbias, workspace);
+    if (!st.ok()) return st;
+    const int64_t ws = int64_t{s.out_channels} * s.in_channels * s.kernel * s.kernel;
+    const int64_t xs = int64_t{s.batch} * s.in_channels * s.height * s.width;
+    if (bug_ == Bug::kConvDw) std::fill(dw, dw + ws, 0.0f);
+    if (bug_ == Bug::kConvDbias) std::fill(dbias, dbias + s.out_channels, 0.0f);
+    if (bug_ == Bug::kConvDx && dx != nullptr) std::fill(dx, dx + xs, 0.0f);
+    return st;
+  }
+  absl::Status LinearBackward(const float* x, const float* w, const float* dy, float* dx, float* dw,
+                              float* dbias, int batch, int in, int out) override {
+    absl::Status st = target()->LinearBackward(x, w, dy, dx, dw, dbias, batch, in, out);
+    if (st.ok() && bug_ == Bug::kLinearDw) std::fill(dw, dw + int64_t{in} * out, 0.0f);
+    return st;
+  }
+  absl::StatusOr<int64_t> CountCorrect(const float* logits, const float* labels, int batch,
+                                       int classes) override {
+    absl::StatusOr<int64_t> n = target()->CountCorrect(logits, labels, batch, classes);
+    if (!n.ok()) return n;
+    if (bug_ == Bug::kNeverCount) return int64_t{0};
+    if (bug_ == Bug::kCountAccumulates) return count_ += *n;
+    return n;
+  }
+
+ private:
+  const Bug bug_;
+  int64_t count_ = 0;
+};
+
+TEST(CpuBackendChecks, TheCpuPassesEveryCheckAgainstItself) {
+  auto reference = NewCpuBackend(1), candidate = NewCpuBackend(1);
+  EXPECT_TRUE(checks::CheckOperations(*reference, *candidate));
+  EXPECT_TRUE(checks::CheckLeNetSteps(*reference, *candidate));
+  EXPECT_TRUE(checks::CheckPeerSum(*reference, *candidate));
+}
+
+// The wrapper the CUDA test uses to make another device current before every operation changes
+// nothing on its own.
+TEST(CpuBackendChecks, DeviceHoppingForwardsEveryOperation) {
+  auto reference = NewCpuBackend(1), target = NewCpuBackend(1), other = NewCpuBackend(1);
+  auto one = other->Alloc(1);
+  ASSERT_TRUE(one.ok());
+  checks::DeviceHoppingBackend hopping(target.get(), other.get(), (*one)->data());
+  EXPECT_TRUE(checks::CheckOperations(*reference, hopping));
+  EXPECT_TRUE(checks::CheckLeNetSteps(*reference, hopping, 2));
+  EXPECT_TRUE(hopping.ok()) << hopping.status();
+}
+
+struct Planted {
+  Bug bug;
+  // The check meant to catch it, and what its message must name.
+  ::testing::AssertionResult (*check)(Backend&, Backend&);
+  const char* names;
+};
+
+// How gtest (and so the ctest names) shows a case: the bug, not the bytes of a function pointer.
+void PrintTo(const Planted& p, std::ostream* os) { *os << Name(p.bug); }
+
+::testing::AssertionResult LeNetSteps(Backend& ref, Backend& cand) {
+  return checks::CheckLeNetSteps(ref, cand);
+}
+
+class PlantedBugTest : public ::testing::TestWithParam<Planted> {};
+
+TEST_P(PlantedBugTest, FailsTheCheckMeantToCatchIt) {
+  const Planted& p = GetParam();
+  auto reference = NewCpuBackend(1), cpu = NewCpuBackend(1);
+  PlantedBugBackend planted(cpu.get(), p.bug);
+  const ::testing::AssertionResult result = p.check(*reference, planted);
+  ASSERT_FALSE(result) << Name(p.bug) << " passed the check";
+  EXPECT_NE(std::string(result.message()).find(p.names), std::string::npos) << result.message();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    CpuBackendChecks, PlantedBugTest,
+    ::testing::Values(
+        // The LeNet comparison alone catches every missing gradient, naming the tensor.
+        Planted{Bug::kConvDw, LeNetSteps, "gradient of W1"},
+        Planted{Bug::kConvDbias, LeNetSteps, "gradient of b1"},
+        Planted{Bug::kConvDx, LeNetSteps, "gradient of W1"},  // conv2's dx feeds conv1's
+        Planted{Bug::kLinearDw, LeNetSteps, "gradient of W3"},
+        // And each operation's own check catches it too.
+        Planted{Bug::kConvDw, checks::CheckConvolution, "conv dw"},
+        Planted{Bug::kConvDbias, checks::CheckConvolution, "conv dbias"},
+        Planted{Bug::kConvDx, checks::CheckConvolution, "conv dx"},
+        Planted{Bug::kLinearDw, checks::CheckLinear, "linear dw"},
+        Planted{Bug::kNeverCount, checks::CheckCountCorrect, "candidate CountCorrect on 300 rows: 0"},
+        Planted{Bug::kCountAccumulates, checks::CheckCountCorrect,
+                "candidate CountCorrect on 7 rows: 128"}),
+    [](const ::testing::TestParamInfo<Planted>& info) {
+      const std::string check = info.param.check == LeNetSteps ? "LeNetSteps" : "OwnCheck";
+      return Name(info.param.bug) + "_" + check;
+    });
+
+}  // namespace
+}  // namespace summa::worker

@@ -66,6 +66,11 @@ absl::Status ParameterServer::MaybeCheckpoint(bool force) {
   if (due && consistent && (low != last || force)) {
     for (const auto& p : m->partitions) {
       s.partitions.push_back({p->range.id, p->version, p->updates, p->weights, p->slots, p->next_step});
+      if (policy_->CheckpointNeedsOneVersion()) {
+        // Sync: pushes to the step in progress are summed, not applied, and the checkpoint does
+        // not hold that sum; after a restore their ranks push that step again.
+        for (uint64_t& next : s.partitions.back().next_steps) next = std::min(next, p->version);
+      }
     }
   }
   for (auto it = m->partitions.rbegin(); it != m->partitions.rend(); ++it) (*it)->mu.Unlock();

@@ -639,5 +639,33 @@ TEST(JoinTest, ARefusedJoinDefinesNoModel) {
   EXPECT_FALSE(ps.Status().model_defined);
 }
 
+TEST_F(MembershipTest, SyncCheckpointTakenMidStepRestoresAndTheStepIsPushedAgain) {
+  const std::string dir =
+      std::filesystem::temp_directory_path() / ("summa-midstep-ckpt-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  ServerOptions o;
+  o.checkpoint_dir = dir;
+  auto ps = Make(o);
+  ASSERT_TRUE(ps->Push(Push(0, 0, twos_, 2)).ok());
+  ASSERT_TRUE(ps->Push(Push(1, 0, twos_, 2)).ok());
+  ASSERT_TRUE(ps->Push(Push(0, 1, twos_, 2)).ok());  // step 1 in progress: its sum is not saved
+  ASSERT_TRUE(ps->MaybeCheckpoint(true).ok());
+  std::vector<std::string> warnings;
+  auto saved = LoadNewestCheckpoint(dir, &warnings);
+  ASSERT_TRUE(saved.has_value());
+  ServerOptions o2 = o;
+  o2.world_size = 2;
+  o2.optimizer.learning_rate = 1.0;
+  o2.clock = &clock_;
+  ParameterServer again(o2);
+  absl::Status restored = again.Restore(saved->checkpoint);
+  ASSERT_TRUE(restored.ok()) << restored;
+  for (int rank : {0, 1}) ASSERT_TRUE(again.Join(Rejoin(rank)).ok());
+  ASSERT_TRUE(again.Push(Push(0, 1, twos_, 2)).ok()) << "rank 0 pushes step 1 again";
+  ASSERT_EQ(*again.Push(Push(1, 1, twos_, 2)), true);
+  EXPECT_EQ(again.WeightsForTest(), std::vector<float>(4, -2));
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace summa::server

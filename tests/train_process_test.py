@@ -24,6 +24,17 @@ def accuracies(text):
     return [float(a) for a in re.findall(r"test acc ([0-9.]+)", text)]
 
 
+def started_status(reflector, seconds=60):
+    """A worker's status once its trainer has started. The status service is up before the
+    data is loaded ("starting"): wait for the event the worker reports, not for a time."""
+    deadline = time.monotonic() + seconds
+    status = reflector.call("summa.v1.Worker/GetStatus")
+    while status.get("state") == "starting" and time.monotonic() < deadline:
+        time.sleep(0.05)
+        status = reflector.call("summa.v1.Worker/GetStatus")
+    return status
+
+
 class TrainProcessTest(unittest.TestCase):
     def test_two_worker_processes_train_and_serve_status(self):
         with ProcessGroup() as g:
@@ -40,7 +51,7 @@ class TrainProcessTest(unittest.TestCase):
             status_port = int(g.wait_for_file(workers[0][1], workers[0][0]))
             r = Reflector(f"127.0.0.1:{status_port}")
             self.assertIn("summa.v1.Worker", r.list_services())
-            status = r.call("summa.v1.Worker/GetStatus")
+            status = started_status(r)
             self.assertEqual(status.get("worldSize"), 2, status)
             self.assertEqual(status.get("device"), "cpu", status)
             self.assertEqual(status.get("model"), "lenet", status)
@@ -71,7 +82,7 @@ class TrainProcessTest(unittest.TestCase):
                     "--status_address=127.0.0.1:0", f"--status_port_file={status_file}"]),
                     status_file))
             status_port = int(g.wait_for_file(workers[0][1], workers[0][0]))
-            status = Reflector(f"127.0.0.1:{status_port}").call("summa.v1.Worker/GetStatus")
+            status = started_status(Reflector(f"127.0.0.1:{status_port}"))
             self.assertEqual(status.get("model"), "mlp", status)
             for proc, _ in workers:
                 self.assertEqual(g.wait(proc, 240), 0, g.log(proc))

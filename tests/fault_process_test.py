@@ -136,7 +136,7 @@ class FaultProcessTest(unittest.TestCase):
             job.workers[1].wait()
             self.assertEqual(g.wait(job.workers[0], 240), 0, g.log(job.workers[0]))
             out = g.log(job.workers[0])
-            self.assertIn("1 worker on", out, "the epoch line counts the members left")
+            self.assertIn("1 worker on [cpu]\n", out, "the epoch line names the members left")
             status = job.status()
             members = {m.get("rank", 0): m for m in status["members"]}
             self.assertEqual(members[1]["state"], "dropped", members)

@@ -107,7 +107,7 @@ absl::StatusOr<double> Trainer::TestAccuracy() {
 
 // Every worker's device, gathered with the server's AllReduce: each rank writes a code into its
 // own slot (1 for cpu, 2 + g for cuda:g).
-absl::StatusOr<std::string> Trainer::DeviceList() {
+absl::StatusOr<std::vector<std::string>> Trainer::DeviceNames() {
   // Two slots per rank: the first device's code, and how many devices the rank drives.
   std::vector<float> slots(2 * options_.world_size, 0.0f);
   const std::string mine = backends_[0]->name();
@@ -130,6 +130,13 @@ absl::StatusOr<std::string> Trainer::DeviceList() {
     if (count > 1) absl::StrAppend(&name, " x", count);
     names.push_back(name);
   }
+  return names;
+}
+
+std::string Trainer::DevicesOf(const std::vector<int>& ranks) const {
+  if (device_names_.empty()) return absl::StrCat("[", backends_[0]->name(), " ...]");
+  std::vector<std::string> names;
+  for (int r : ranks) names.push_back(device_names_[r]);
   return absl::StrCat("[", absl::StrJoin(names, ", "), "]");
 }
 
@@ -279,10 +286,9 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
       return caught_up;
     }
   }
-  if (devices_.empty()) {
-    absl::StatusOr<std::string> devices =
-        step == 0 && !rejoining ? DeviceList() : absl::StatusOr<std::string>(absl::UnavailableError(""));
-    devices_ = devices.ok() ? *devices : absl::StrCat("[", backends_[0]->name(), " ...]");
+  if (device_names_.empty() && step == 0 && !rejoining) {
+    absl::StatusOr<std::vector<std::string>> names = DeviceNames();
+    if (names.ok()) device_names_ = *std::move(names);  // else the epoch line says "[cpu ...]"
   }
   std::fprintf(out_, "rank %d of %d %s at step %llu (model %s, %s)\n", rank_, options_.world_size,
                rejoining ? "rejoined" : "joined", static_cast<unsigned long long>(step),
@@ -370,7 +376,7 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
     std::fprintf(out_, "epoch %d/%d: loss %.3f%s, %.1f sec/epoch, %.0f examples/s, %d worker%s on %s\n",
                  result.epoch, options_.epochs, result.loss, accuracy.c_str(), seconds,
                  result.examples_per_second, static_cast<int>(live_.size()),
-                 live_.size() == 1 ? "" : "s", devices_.c_str());
+                 live_.size() == 1 ? "" : "s", DevicesOf(live_).c_str());
     std::fflush(out_);
   }
   final_weights_.assign(weights_->data(), weights_->data() + params);

@@ -81,7 +81,10 @@ class Trainer {
   absl::StatusOr<double> ComputeGradients(int n);
   absl::Status LoadWeights();
   absl::StatusOr<double> TestAccuracy();
-  absl::StatusOr<std::string> DeviceList();
+  // Every rank's device ("cpu", "cuda:0 x2"), by rank, through the server's AllReduce.
+  absl::StatusOr<std::vector<std::string>> DeviceNames();
+  // "[cpu, cuda:0]": the devices of `ranks`; "[cpu ...]" when the names are not known.
+  std::string DevicesOf(const std::vector<int>& ranks) const;
   // The job's {summed loss, examples} of epoch `epoch` (0-based) from this member's, summed by
   // the member collective "summa.train.loss" (round = epoch); this member's own where the
   // collective fails for a reason other than a lost server (UNAVAILABLE) or an ended job
@@ -105,7 +108,7 @@ class Trainer {
   std::vector<float> initial_weights_;  // the model's seeded weights, defining it at the server
   std::vector<EpochResult> results_;
   std::vector<int> live_;      // the group the data is sharded over
-  std::string devices_;        // "[cpu, cpu]"
+  std::vector<std::string> device_names_;  // by rank; empty when not gathered
   std::string mode_;           // "sync mode", "async mode" or "ssp mode, staleness K"
   uint64_t steps_done_ = 0;    // steps this process completed, over all attempts
 

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "common/vector_ops.h"
+
 namespace summa::server {
 
 Aggregator::Aggregator(int64_t length) : sum_(length, 0.0f) {}
@@ -19,9 +21,7 @@ void Aggregator::Add(absl::Span<const float> gradient, int64_t num_examples, boo
   } else if (contributions_ == 0) {
     std::memcpy(sum_.data(), gradient.data(), sum_.size() * sizeof(float));
   } else {
-    float* s = sum_.data();
-    const float* g = gradient.data();
-    for (size_t i = 0, n = sum_.size(); i < n; ++i) s[i] += g[i];
+    AddInto(absl::MakeSpan(sum_), gradient);
   }
   num_examples_ += num_examples;
   ++contributions_;

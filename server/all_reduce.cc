@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "common/vector_ops.h"
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -37,7 +39,7 @@ absl::Status Validate(const AllReduceContribution& c, int world_size) {
 }  // namespace
 
 absl::Status AllReduceHub::Admit(Collective& col, const AllReduceContribution& c) {
-  if (shut_down_) return absl::UnavailableError("the server is shutting down");
+  if (shut_down_.load()) return absl::UnavailableError("the server is shutting down");
   if (col.members != c.members) {
     return absl::InvalidArgumentError(absl::StrCat("collective '", c.name, "' is ",
                                                    col.members ? "over the job's members" : "a fixed group",
@@ -81,18 +83,31 @@ absl::Status AllReduceHub::Admit(Collective& col, const AllReduceContribution& c
   return absl::OkStatus();
 }
 
+AllReduceHub::Collective* AllReduceHub::Find(const AllReduceContribution& c) {
+  absl::MutexLock lock(&mu_);
+  std::unique_ptr<Collective>& slot = collectives_[c.name];
+  if (slot == nullptr) {
+    slot = std::make_unique<Collective>(c.members ? members_->world_size() : c.group_size, c.members);
+  }
+  return slot.get();
+}
+
+std::vector<std::pair<const std::string*, AllReduceHub::Collective*>> AllReduceHub::All() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::pair<const std::string*, Collective*>> all;
+  all.reserve(collectives_.size());
+  for (const auto& [name, col] : collectives_) all.push_back({&name, col.get()});
+  return all;
+}
+
 void AllReduceHub::Contribute(const AllReduceContribution& c, std::shared_ptr<ParkedCall> call) {
   CallsToFinish done;
   absl::Status refused = c.members && members_ == nullptr
                              ? absl::FailedPreconditionError("this server keeps no membership")
                              : Validate(c, members_ != nullptr ? members_->world_size() : 0);
   if (refused.ok()) {
-    absl::MutexLock lock(&mu_);
-    std::unique_ptr<Collective>& slot = collectives_[c.name];
-    if (slot == nullptr) {
-      slot = std::make_unique<Collective>(c.members ? members_->world_size() : c.group_size, c.members);
-    }
-    Collective& col = *slot;
+    Collective& col = *Find(c);
+    absl::MutexLock lock(&col.mu);
     refused = Admit(col, c);
     if (refused.ok() && col.members && c.round + 1 == col.round) {
       // A member that rejoined after the round completed: it gets the round's sum, adding nothing.
@@ -103,15 +118,14 @@ void AllReduceHub::Contribute(const AllReduceContribution& c, std::shared_ptr<Pa
     } else if (refused.ok()) {
       const int64_t n = c.spec.num_elements();
       const absl::Time now = clock_->Now();
-      const bool first = col.barrier.arrived() == 0;
       col.barrier.Arrive(c.rank, now).IgnoreError();  // rank and duplicates checked above
       const float* in = reinterpret_cast<const float*>(c.data.data());
-      if (first) {
+      if (col.sum.empty()) {
         col.spec = c.spec;
-        col.sum.resize(n);
-        std::memcpy(col.sum.data(), in, n * sizeof(float));
+        col.sum = col.pool.Acquire(n, &col.sum_data);
+        std::memcpy(col.sum_data, in, n * sizeof(float));
       } else {
-        for (int64_t i = 0; i < n; ++i) col.sum[i] += in[i];
+        AddInto(absl::MakeSpan(col.sum_data, n), absl::MakeConstSpan(in, n));
       }
       col.parked.Park(std::move(call), col.round + 1, now + deadline_);
       MaybeComplete(col, done);
@@ -126,25 +140,28 @@ void AllReduceHub::MaybeComplete(Collective& col, CallsToFinish& done) {
     if (!col.barrier.has_arrived(r) && !(col.members && members_->excluded(r))) return;
   }
   ++col.round;
-  ++rounds_completed_;
+  rounds_completed_.fetch_add(1, std::memory_order_relaxed);
   col.barrier.Reset();
-  col.parked.Release(col.round, col.sum, done);
+  Snapshot sum = std::move(col.sum);
+  col.sum = Snapshot();
+  col.sum_data = nullptr;
+  col.parked.Release(col.round, [&]() -> const Snapshot& { return sum; }, done);
   if (col.members) {
-    col.last = col.sum;
+    col.last = std::move(sum);
     col.has_last = true;
   }
 }
 
 void AllReduceHub::OnMembershipChange() {
   if (members_ == nullptr) return;
-  CallsToFinish done;
-  absl::MutexLock lock(&mu_);
   const bool ended = members_->job_ended();
-  for (auto& [name, col] : collectives_) {
+  for (const auto& [name, col] : All()) {
     if (!col->members) continue;
+    CallsToFinish done;
+    absl::MutexLock lock(&col->mu);
     if (ended) {
       col->parked.FailAll(absl::AbortedError(absl::StrCat("the job has ended: ", members_->job_error())), done);
-      col->barrier.Reset();
+      Reset(*col);
     } else {
       MaybeComplete(*col, done);
     }
@@ -152,46 +169,45 @@ void AllReduceHub::OnMembershipChange() {
 }
 
 absl::Time AllReduceHub::ExpireRounds(absl::Time now) {
-  CallsToFinish expired;
   absl::Time next = absl::InfiniteFuture();
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto& [name, col] : collectives_) {
-      if (col->barrier.arrived() == 0) continue;
-      const absl::Time round_deadline = col->barrier.first_arrival() + deadline_;
-      if (round_deadline > now) {
-        next = std::min(next, round_deadline);
-        continue;
-      }
-      std::vector<int> missing;
-      for (int r : col->barrier.Missing()) {
-        if (!(col->members && members_->excluded(r))) missing.push_back(r);
-      }
-      const absl::Status status = absl::DeadlineExceededError(absl::StrCat(
-          "collective '", name, "' round ", col->round, " abandoned: ", col->barrier.arrived(), " of ",
-          col->barrier.group_size(), " ranks arrived within ", absl::FormatDuration(deadline_),
-          "; missing rank", missing.size() == 1 ? " " : "s ", absl::StrJoin(missing, ", ")));
-      col->parked.FailAll(status, expired);
-      col->barrier.Reset();
-      col->has_last = false;  // the abandoned round has no sum to give late members
+  for (const auto& [name, col] : All()) {
+    CallsToFinish expired;
+    absl::MutexLock lock(&col->mu);
+    if (col->barrier.arrived() == 0) continue;
+    const absl::Time round_deadline = col->barrier.first_arrival() + deadline_;
+    if (round_deadline > now) {
+      next = std::min(next, round_deadline);
+      continue;
     }
+    std::vector<int> missing;
+    for (int r : col->barrier.Missing()) {
+      if (!(col->members && members_->excluded(r))) missing.push_back(r);
+    }
+    const absl::Status status = absl::DeadlineExceededError(absl::StrCat(
+        "collective '", *name, "' round ", col->round, " abandoned: ", col->barrier.arrived(), " of ",
+        col->barrier.group_size(), " ranks arrived within ", absl::FormatDuration(deadline_),
+        "; missing rank", missing.size() == 1 ? " " : "s ", absl::StrJoin(missing, ", ")));
+    col->parked.FailAll(status, expired);
+    Reset(*col);
+    col->has_last = false;  // the abandoned round has no sum to give late members
   }
   return next;
 }
 
 void AllReduceHub::Shutdown() {
-  CallsToFinish failed;
-  absl::MutexLock lock(&mu_);
   shut_down_ = true;
-  for (auto& [name, col] : collectives_) {
+  for (const auto& [name, col] : All()) {
+    CallsToFinish failed;
+    absl::MutexLock lock(&col->mu);
     col->parked.FailAll(absl::UnavailableError("the server is shutting down"), failed);
-    col->barrier.Reset();
+    Reset(*col);
   }
 }
 
-uint64_t AllReduceHub::rounds_completed() const {
-  absl::MutexLock lock(&mu_);
-  return rounds_completed_;
+void AllReduceHub::Reset(Collective& col) {
+  col.barrier.Reset();
+  col.sum = Snapshot();
+  col.sum_data = nullptr;
 }
 
 }  // namespace summa::server

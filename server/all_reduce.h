@@ -1,8 +1,12 @@
 // AllReduceHub: the seed's allreduce as a service. Callers of one named collective each
 // contribute a float32 tensor; when the round's group is complete every one of them receives
-// the elementwise sum, and the collective moves to its next round. The sum is kept in one buffer
-// per collective, reused across rounds. A round that does not fill before the barrier deadline
-// is abandoned: all its callers get DEADLINE_EXCEEDED naming the missing ranks.
+// the elementwise sum, and the collective moves to its next round. The sum is kept in a buffer of
+// the collective's pool, summed in place, and handed to every caller's reply as it is (no copy);
+// the next round takes another buffer of the pool. A round that does not fill before the barrier
+// deadline is abandoned: all its callers get DEADLINE_EXCEEDED naming the missing ranks.
+//
+// Each collective has a lock of its own: collectives (a big tensor cut into chunks by the client
+// is one collective a chunk) sum in parallel; the hub's lock only finds or adds a collective.
 //
 // Two kinds of group: a fixed one (`group_size` ranks, numbered 0..group_size-1), or the job's
 // members (`members`): a round then completes when every member still in the group has
@@ -10,10 +14,12 @@
 // waited for as a step is; rounds are named explicitly, a late contribution to the round just
 // completed (a member that rejoined after it) is answered with its sum, and the job's end aborts
 // the round. A member collective that is idle follows a caller to a later round (after a server
-// restart, or an abandoned round). Thread-safe; lock order: the hub's lock, then Membership's.
+// restart, or an abandoned round). Thread-safe; lock order: a collective's lock, then
+// Membership's; the hub's lock is never held with another.
 #ifndef SUMMA_SERVER_ALL_REDUCE_H_
 #define SUMMA_SERVER_ALL_REDUCE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -25,6 +31,7 @@
 #include "common/tensor.h"
 #include "server/membership.h"
 #include "server/parked_call.h"
+#include "server/snapshot.h"
 #include "server/step_barrier.h"
 
 namespace summa::server {
@@ -65,32 +72,42 @@ class AllReduceHub {
 
   void Shutdown();
 
-  uint64_t rounds_completed() const;
+  uint64_t rounds_completed() const { return rounds_completed_.load(std::memory_order_relaxed); }
 
  private:
   struct Collective {
-    Collective(int group_size, bool members) : barrier(group_size), members(members) {}
-    StepBarrier barrier;
+    Collective(int group_size, bool members) : members(members), barrier(group_size) {}
     const bool members;
-    TensorSpec spec;           // this round's shape (set by its first member)
-    std::vector<float> sum;    // reused across rounds of the same size
-    std::vector<float> last;   // member collectives: the last round's sum, for late members
-    bool has_last = false;     // whether `last` is the sum of round `round - 1`
-    uint64_t round = 0;        // rounds completed
-    ParkingLot parked;
+    absl::Mutex mu;
+    StepBarrier barrier ABSL_GUARDED_BY(mu);
+    TensorSpec spec ABSL_GUARDED_BY(mu);      // this round's shape (set by its first member)
+    SnapshotPool pool ABSL_GUARDED_BY(mu);    // the sums' buffers, reused across rounds
+    Snapshot sum ABSL_GUARDED_BY(mu);         // this round's, while it fills
+    float* sum_data ABSL_GUARDED_BY(mu) = nullptr;
+    Snapshot last ABSL_GUARDED_BY(mu);        // member collectives: the last round's, for late members
+    bool has_last ABSL_GUARDED_BY(mu) = false;  // whether `last` is the sum of round `round - 1`
+    uint64_t round ABSL_GUARDED_BY(mu) = 0;   // rounds completed
+    ParkingLot parked ABSL_GUARDED_BY(mu);
   };
 
-  absl::Status Admit(Collective& col, const AllReduceContribution& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The collective of that name, added (as `c` describes it) when new. Never null.
+  Collective* Find(const AllReduceContribution& c);
+  // Every collective, for sweeps; collectives are never removed, so the pointers stay valid.
+  std::vector<std::pair<const std::string*, Collective*>> All() const;
+
+  absl::Status Admit(Collective& col, const AllReduceContribution& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(col.mu);
   // Completes the round when its group is whole.
-  void MaybeComplete(Collective& col, CallsToFinish& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeComplete(Collective& col, CallsToFinish& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(col.mu);
+  // Forgets the round in progress (its calls were failed).
+  static void Reset(Collective& col) ABSL_EXCLUSIVE_LOCKS_REQUIRED(col.mu);
 
   const absl::Duration deadline_;
   const Clock* const clock_;          // Not owned.
   const Membership* const members_;   // Not owned; may be null.
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Collective>> collectives_ ABSL_GUARDED_BY(mu_);
-  uint64_t rounds_completed_ ABSL_GUARDED_BY(mu_) = 0;
-  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<uint64_t> rounds_completed_{0};
+  std::atomic<bool> shut_down_{false};
 };
 
 }  // namespace summa::server

@@ -56,7 +56,7 @@ class SyncPolicy final : public ConsistencyPolicy {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu) {
     if (p.version >= step + 1) {
       if (!call->Claim()) return;
-      call->Fill(p.version, p.weights);
+      call->Fill(p.version, p.Published());
       out.Add(std::move(call), absl::OkStatus());
     } else {
       p.parked.Park(std::move(call), step + 1, deadline);
@@ -127,13 +127,13 @@ class AsyncPolicy final : public ConsistencyPolicy {
     } else {
       Advance(p, AsFloats(r.data), r.num_examples, values == PushValues::kSkip, now, out);
     }
-    p.clock_parked.Release(Slowest(p), p.version, p.weights, out);
+    p.clock_parked.Release(Slowest(p), p.version, [&p]() -> const Snapshot& { return p.Published(); }, out);
     return true;
   }
 
   void OnExcluded(Partition& p, absl::Time now, CallsToFinish& out) const override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu) {
-    p.clock_parked.Release(Slowest(p), p.version, p.weights, out);
+    p.clock_parked.Release(Slowest(p), p.version, [&p]() -> const Snapshot& { return p.Published(); }, out);
   }
 
   void AnswerPushPull(Partition& p, uint64_t step, std::shared_ptr<ParkedCall> call,
@@ -144,7 +144,7 @@ class AsyncPolicy final : public ConsistencyPolicy {
     const uint64_t need = bounded_ && step + 1 > staleness ? step + 1 - staleness : 0;
     if (Slowest(p) >= need) {
       if (!call->Claim()) return;
-      call->Fill(p.version, p.weights);
+      call->Fill(p.version, p.Published());
       out.Add(std::move(call), absl::OkStatus());
     } else {
       p.clock_parked.Park(std::move(call), need, deadline);
@@ -193,7 +193,7 @@ void ConsistencyPolicy::Advance(Partition& p, absl::Span<const float> grad_sum, 
   p.last_step = now - p.last_completion;
   p.last_completion = now;
   if (p.range.id == 0 && ctx_.step_observer) ctx_.step_observer(p.last_step);
-  p.parked.Release(p.version, p.weights, out);
+  p.parked.Release(p.version, [&p]() -> const Snapshot& { return p.Published(); }, out);
 }
 
 absl::Status ConsistencyPolicy::Duplicate(const PushRequestView& r) const {

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "common/vector_ops.h"
 #include "server/checkpoint.h"
 
 namespace summa::server {
@@ -172,14 +173,14 @@ absl::Status ParameterServer::Leave(int rank) { return membership_.Leave(rank); 
 
 absl::StatusOr<PushValues> ParameterServer::CheckValues(const PushRequestView& r) {
   const absl::Span<const float> values = AsFloats(r.data);
-  const auto bad = std::find_if(values.begin(), values.end(), [](float v) { return !std::isfinite(v); });
-  if (bad == values.end()) return PushValues::kAsSent;
+  const int64_t bad = FirstNonFinite(values);
+  if (bad < 0) return PushValues::kAsSent;
   nonfinite_pushes_.fetch_add(1, std::memory_order_relaxed);
   switch (options_.nonfinite) {
     case NonFinite::kReject:
       return absl::InvalidArgumentError(absl::StrCat(
           "rank ", r.rank, " pushed a non-finite gradient for step ", r.step, ", partition ", r.partition,
-          ": element ", bad - values.begin(), " is ", *bad, " (refused; --nonfinite=skip_step or zero "
+          ": element ", bad, " is ", values[bad], " (refused; --nonfinite=skip_step or zero "
           "would take it)"));
     case NonFinite::kSkipStep: return PushValues::kSkip;
     case NonFinite::kZero: return PushValues::kZeroNonFinite;
@@ -251,7 +252,7 @@ void ParameterServer::PullFrom(const Model& m, uint32_t partition, uint64_t min_
     absl::MutexLock lock(&p.mu);
     if (p.version >= min_version) {
       if (!call->Claim()) return;
-      call->Fill(p.version, p.weights);
+      call->Fill(p.version, p.Published());
       answer.Add(std::move(call), absl::OkStatus());
     } else if (absl::Status refused = policy_->CheckPull(p, min_version); !refused.ok()) {
       if (call->Claim()) refusal.Add(std::move(call), std::move(refused));

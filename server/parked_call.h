@@ -4,7 +4,7 @@
 //
 // Protocol, which keeps a cancelled call from being touched after gRPC frees it: whoever wants
 // to answer first calls Claim(); only a successful claimer may then call Fill (under the owner's
-// lock, to copy the result) and Finish (outside every lock).
+// lock, to take the result) and Finish (outside every lock).
 #ifndef SUMMA_SERVER_PARKED_CALL_H_
 #define SUMMA_SERVER_PARKED_CALL_H_
 
@@ -12,9 +12,10 @@
 #include <memory>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "absl/types/span.h"
+#include "server/snapshot.h"
 
 namespace summa::server {
 
@@ -24,8 +25,9 @@ class ParkedCall {
   // True exactly once over the call's life; false when the call was already answered or
   // cancelled.
   virtual bool Claim() = 0;
-  // Copies the result; `counter` is the version (or round) the values belong to.
-  virtual void Fill(uint64_t counter, absl::Span<const float> values) = 0;
+  // Takes the result, a reference to immutable values shared by every call answered with them
+  // (no copy); `counter` is the version (or round) the values belong to.
+  virtual void Fill(uint64_t counter, const Snapshot& values) = 0;
   virtual void Finish(absl::Status status) = 0;
 };
 
@@ -59,15 +61,18 @@ class ParkingLot {
   }
 
   // Claims and fills every call whose target is <= counter; adds them to `out` with OK. The
-  // calls are filled with `values` as of `version` (by default the counter itself).
-  void Release(uint64_t counter, absl::Span<const float> values, CallsToFinish& out) {
+  // calls are filled with `values()` as of `version` (by default the counter itself); `values`
+  // is called only when some call is answered, and then once.
+  void Release(uint64_t counter, absl::FunctionRef<const Snapshot&()> values, CallsToFinish& out) {
     Release(counter, counter, values, out);
   }
-  void Release(uint64_t counter, uint64_t version, absl::Span<const float> values,
+  void Release(uint64_t counter, uint64_t version, absl::FunctionRef<const Snapshot&()> values,
                CallsToFinish& out) {
+    const Snapshot* taken = nullptr;
     Sweep([&](const Entry& e) { return e.target <= counter; },
           [&](ParkedCall& call) {
-            call.Fill(version, values);
+            if (taken == nullptr) taken = &values();
+            call.Fill(version, *taken);
             return absl::OkStatus();
           },
           out);

@@ -5,6 +5,7 @@
 #ifndef SUMMA_SERVER_PARTITION_H_
 #define SUMMA_SERVER_PARTITION_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "common/partition_map.h"
 #include "server/aggregator.h"
 #include "server/parked_call.h"
+#include "server/snapshot.h"
 #include "server/step_barrier.h"
 
 namespace summa::server {
@@ -50,6 +52,21 @@ struct Partition {
   ParkingLot clock_parked ABSL_GUARDED_BY(mu);  // ssp: waiting for the slowest member
   absl::Time last_completion ABSL_GUARDED_BY(mu);
   absl::Duration last_step ABSL_GUARDED_BY(mu) = absl::ZeroDuration();
+
+  // The weights as of `version`, shared by every reply that sends them: copied once per version
+  // (the first time a reply needs it) into a buffer of `snapshots`, never once per reply.
+  const Snapshot& Published() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (published.empty() || published_version != version) {
+      float* out;
+      published = snapshots.Acquire(range.length, &out);
+      std::copy(weights.begin(), weights.end(), out);
+      published_version = version;
+    }
+    return published;
+  }
+  SnapshotPool snapshots ABSL_GUARDED_BY(mu);
+  Snapshot published ABSL_GUARDED_BY(mu);
+  uint64_t published_version ABSL_GUARDED_BY(mu) = 0;
 };
 
 }  // namespace summa::server

@@ -8,6 +8,7 @@
 #include "common/grpc_status.h"
 #include "common/tensor_proto.h"
 #include "common/logging.h"
+#include "common/wire.h"
 
 namespace summa::server {
 namespace {
@@ -18,13 +19,13 @@ namespace pb = ::summa::v1;
 // answering and the client cancelling; only the winner touches the response and calls Finish.
 class ParkedReactor final : public grpc::ServerUnaryReactor {
  public:
-  using FillFn = std::function<void(uint64_t, absl::Span<const float>)>;
+  using FillFn = std::function<void(uint64_t, const Snapshot&)>;
 
   class Call final : public ParkedCall {
    public:
     Call(ParkedReactor* reactor, FillFn fill) : reactor_(reactor), fill_(std::move(fill)) {}
     bool Claim() override { return !claimed_.exchange(true); }
-    void Fill(uint64_t counter, absl::Span<const float> values) override { fill_(counter, values); }
+    void Fill(uint64_t counter, const Snapshot& values) override { fill_(counter, values); }
     void Finish(absl::Status status) override { reactor_->Finish(ToGrpcStatus(status)); }
 
    private:
@@ -45,28 +46,56 @@ class ParkedReactor final : public grpc::ServerUnaryReactor {
   const std::shared_ptr<Call> call_;
 };
 
-PushRequestView PushView(grpc::CallbackServerContext* context, const pb::PushRequest& r) {
+// The values of a request, read once out of gRPC's receive slices into this thread's buffer
+// (its capacity kept across calls, so a step allocates nothing). Valid until the handler
+// returns, which is all the core needs: it sums or applies pushed values before returning.
+std::string& RequestValues() {
+  thread_local std::string values;
+  values.clear();
+  return values;
+}
+
+// Gives back a buffer that an unusually large request grew (a whole tensor sent in one piece).
+void TrimRequestValues(std::string& values) {
+  constexpr size_t kKeepBytes = 16 << 20;
+  if (values.capacity() > kKeepBytes) std::string().swap(values);
+}
+
+// The snapshot's bytes as a slice that gRPC sends without a copy, holding a reference until
+// it is done with them.
+grpc::Slice SliceOf(const Snapshot& s) {
+  const absl::Span<const float> v = s.values();
+  return grpc::Slice(const_cast<float*>(v.data()), v.size() * sizeof(float), &Snapshot::Return, s.Lend());
+}
+
+absl::StatusOr<PushRequestView> ParsePush(grpc::CallbackServerContext* context, const grpc::ByteBuffer& buffer,
+                                          pb::PushRequest* header, std::string* values) {
+  constexpr int kDataPath[] = {pb::PushRequest::kDataFieldNumber};
+  absl::Status parsed = ParseWithBytes(buffer, kDataPath, IntoScratch(values), header);
+  if (!parsed.ok()) return parsed;
   PushRequestView v;
-  v.rank = r.rank();
-  v.step = r.step();
-  v.partition = r.partition();
-  v.num_examples = r.num_examples();
-  v.dtype_is_float32 = r.dtype() == pb::DTYPE_FLOAT32;
-  v.data = r.data();
+  v.rank = header->rank();
+  v.step = header->step();
+  v.partition = header->partition();
+  v.num_examples = header->num_examples();
+  v.dtype_is_float32 = header->dtype() == pb::DTYPE_FLOAT32;
+  v.data = *values;
   v.peer = context->peer();
   return v;
 }
 
 // Fill runs under the partition's lock: the live ranks sent are those the step was answered
 // under (an exclusion completes steps under the same lock).
-ParkedReactor* PullReactor(const ParameterServer* core, pb::PullResponse* response, uint32_t partition) {
-  return new ParkedReactor([core, response, partition](uint64_t version, absl::Span<const float> w) {
-    response->set_partition(partition);
-    response->set_version(version);
-    response->set_dtype(pb::DTYPE_FLOAT32);
-    response->mutable_data()->assign(reinterpret_cast<const char*>(w.data()), w.size() * 4);
-    response->clear_live_ranks();
-    for (int r : core->LiveRanks()) response->add_live_ranks(r);
+ParkedReactor* PullReactor(const ParameterServer* core, grpc::ByteBuffer* response, uint32_t partition) {
+  return new ParkedReactor([core, response, partition](uint64_t version, const Snapshot& w) {
+    pb::PullResponse header;
+    header.set_partition(partition);
+    header.set_version(version);
+    header.set_dtype(pb::DTYPE_FLOAT32);
+    for (int r : core->LiveRanks()) header.add_live_ranks(r);
+    std::string prefix = header.SerializeAsString();
+    AppendFieldHeader(pb::PullResponse::kDataFieldNumber, w.values().size() * sizeof(float), &prefix);
+    *response = TwoSlices(prefix, SliceOf(w));
   });
 }
 
@@ -154,56 +183,80 @@ grpc::ServerUnaryReactor* ParameterServerService::Checkpoint(grpc::CallbackServe
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::Push(grpc::CallbackServerContext* context,
-                                                       const pb::PushRequest* request,
-                                                       pb::PushResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::StatusOr<bool> completed = core_->Push(PushView(context, *request));
-  if (completed.ok()) response->set_completed_step(*completed);
-  reactor->Finish(ToGrpcStatus(completed.status()));
-  return reactor;
+                                                       const grpc::ByteBuffer* request,
+                                                       grpc::ByteBuffer* response) {
+  pb::PushRequest header;
+  std::string& values = RequestValues();
+  absl::StatusOr<PushRequestView> view = ParsePush(context, *request, &header, &values);
+  if (!view.ok()) return Done(context, view.status());
+  absl::StatusOr<bool> completed = core_->Push(*view);
+  TrimRequestValues(values);
+  if (completed.ok()) {
+    pb::PushResponse reply;
+    reply.set_completed_step(*completed);
+    *response = Encode(reply);
+  }
+  return Done(context, completed.status());
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::Pull(grpc::CallbackServerContext* context,
-                                                       const pb::PullRequest* request,
-                                                       pb::PullResponse* response) {
-  ParkedReactor* reactor = PullReactor(core_, response, request->partition());
-  core_->Pull(request->rank(), request->partition(), request->min_version(), reactor->call());
+                                                       const grpc::ByteBuffer* request,
+                                                       grpc::ByteBuffer* response) {
+  pb::PullRequest r;
+  absl::Status parsed = ParseWithBytes(*request, {}, nullptr, &r);
+  if (!parsed.ok()) return Done(context, parsed);
+  ParkedReactor* reactor = PullReactor(core_, response, r.partition());
+  core_->Pull(r.rank(), r.partition(), r.min_version(), reactor->call());
   return reactor;
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::PushPull(grpc::CallbackServerContext* context,
-                                                           const pb::PushRequest* request,
-                                                           pb::PullResponse* response) {
-  ParkedReactor* reactor = PullReactor(core_, response, request->partition());
-  core_->PushPull(PushView(context, *request), reactor->call());
+                                                           const grpc::ByteBuffer* request,
+                                                           grpc::ByteBuffer* response) {
+  pb::PushRequest header;
+  std::string& values = RequestValues();
+  absl::StatusOr<PushRequestView> view = ParsePush(context, *request, &header, &values);
+  if (!view.ok()) return Done(context, view.status());
+  ParkedReactor* reactor = PullReactor(core_, response, header.partition());
+  core_->PushPull(*view, reactor->call());
+  TrimRequestValues(values);
   return reactor;
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::AllReduce(grpc::CallbackServerContext* context,
-                                                            const pb::AllReduceRequest* request,
-                                                            pb::AllReduceResponse* response) {
-  absl::StatusOr<TensorSpec> spec = SpecFromProto(request->tensor());
-  if (!spec.ok()) {
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    reactor->Finish(ToGrpcStatus(spec.status()));
-    return reactor;
-  }
+                                                            const grpc::ByteBuffer* request,
+                                                            grpc::ByteBuffer* response) {
+  pb::AllReduceRequest header;
+  std::string& values = RequestValues();
+  constexpr int kDataPath[] = {pb::AllReduceRequest::kTensorFieldNumber, pb::Tensor::kDataFieldNumber};
+  absl::Status parsed = ParseWithBytes(*request, kDataPath, IntoScratch(&values), &header);
+  if (!parsed.ok()) return Done(context, parsed);
+  absl::StatusOr<TensorSpec> spec = SpecFromProto(header.tensor());
+  if (!spec.ok()) return Done(context, spec.status());
   ParkedReactor* reactor =
-      new ParkedReactor([response, spec = *spec](uint64_t round, absl::Span<const float> sum) {
-        SpecToProto(spec, response->mutable_tensor());
-        response->mutable_tensor()->mutable_data()->assign(reinterpret_cast<const char*>(sum.data()),
-                                                           sum.size() * 4);
-        response->set_round(round - 1);
+      new ParkedReactor([response, spec = *spec](uint64_t round, const Snapshot& sum) {
+        pb::Tensor tensor;
+        SpecToProto(spec, &tensor);
+        const uint64_t bytes = sum.values().size() * sizeof(float);
+        std::string tensor_prefix = tensor.SerializeAsString();
+        AppendFieldHeader(pb::Tensor::kDataFieldNumber, bytes, &tensor_prefix);
+        pb::AllReduceResponse outer;
+        outer.set_round(round - 1);
+        std::string prefix = outer.SerializeAsString();
+        AppendFieldHeader(pb::AllReduceResponse::kTensorFieldNumber, tensor_prefix.size() + bytes, &prefix);
+        prefix += tensor_prefix;
+        *response = TwoSlices(prefix, SliceOf(sum));
       });
   AllReduceContribution c;
-  c.name = request->name();
-  c.group_size = request->group_size();
-  c.rank = request->rank();
-  c.members = request->members();
-  c.round = request->round();
+  c.name = header.name();
+  c.group_size = header.group_size();
+  c.rank = header.rank();
+  c.members = header.members();
+  c.round = header.round();
   c.spec = *std::move(spec);
-  c.data = request->tensor().data();
+  c.data = values;
   hub_->Contribute(c, reactor->call());
+  TrimRequestValues(values);
   return reactor;
 }
 

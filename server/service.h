@@ -13,7 +13,16 @@
 
 namespace summa::server {
 
-class ParameterServerService final : public summa::v1::ParameterServer::CallbackService {
+// The data path (Push, Pull, PushPull, AllReduce) is served raw: values are read from gRPC's
+// receive slices straight into the core's buffers, and replies send the core's immutable
+// snapshots as slices, without protobuf's copies (common/wire.h). The wire is unchanged.
+using ServiceBase = summa::v1::ParameterServer::WithRawCallbackMethod_Push<
+    summa::v1::ParameterServer::WithRawCallbackMethod_Pull<
+        summa::v1::ParameterServer::WithRawCallbackMethod_PushPull<
+            summa::v1::ParameterServer::WithRawCallbackMethod_AllReduce<
+                summa::v1::ParameterServer::CallbackService>>>>;
+
+class ParameterServerService final : public ServiceBase {
  public:
   // Runs a task off the gRPC threads, later.
   using Background = std::function<void(std::function<void()>)>;
@@ -34,17 +43,17 @@ class ParameterServerService final : public summa::v1::ParameterServer::Callback
                                        const summa::v1::CheckpointRequest* request,
                                        summa::v1::CheckpointResponse* response) override;
   grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* context,
-                                 const summa::v1::PushRequest* request,
-                                 summa::v1::PushResponse* response) override;
+                                 const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* context,
-                                 const summa::v1::PullRequest* request,
-                                 summa::v1::PullResponse* response) override;
+                                 const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* PushPull(grpc::CallbackServerContext* context,
-                                     const summa::v1::PushRequest* request,
-                                     summa::v1::PullResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* AllReduce(grpc::CallbackServerContext* context,
-                                      const summa::v1::AllReduceRequest* request,
-                                      summa::v1::AllReduceResponse* response) override;
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
                                       const summa::v1::GetStatusRequest* request,
                                       summa::v1::ServerStatus* response) override;

@@ -13,9 +13,9 @@ namespace summa::server {
 class FakeCall : public ParkedCall {
  public:
   bool Claim() override { return !claimed_.exchange(true); }
-  void Fill(uint64_t counter, absl::Span<const float> values) override {
+  void Fill(uint64_t counter, const Snapshot& values) override {
     counter_ = counter;
-    values_.assign(values.begin(), values.end());
+    values_.assign(values.values().begin(), values.values().end());
   }
   void Finish(absl::Status status) override { done_.set_value(std::move(status)); }
 

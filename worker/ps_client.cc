@@ -1,5 +1,6 @@
 #include "worker/ps_client.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -8,16 +9,51 @@
 #include "common/logging.h"
 #include "common/server_builder.h"
 #include "common/status_macros.h"
+#include "common/wire.h"
 
 namespace summa::worker {
 
 namespace pb = ::summa::v1;
 
+namespace {
+
+constexpr char kPush[] = "/summa.v1.ParameterServer/Push";
+constexpr char kPull[] = "/summa.v1.ParameterServer/Pull";
+constexpr char kPushPull[] = "/summa.v1.ParameterServer/PushPull";
+constexpr char kAllReduce[] = "/summa.v1.ParameterServer/AllReduce";
+
+// A slice over memory that outlives the call (the caller's buffer; every call here completes
+// before the method that started it returns): sent without a copy.
+grpc::Slice Borrowed(const float* values, int64_t count) {
+  return grpc::Slice(values, count * sizeof(float), grpc::Slice::STATIC_SLICE);
+}
+
+// A destination for a reply's values: exactly `count` floats at `out`.
+BytesDestination Exactly(float* out, int64_t count, bool* got, absl::string_view what) {
+  return [=](uint64_t length) -> absl::StatusOr<char*> {
+    if (length != static_cast<uint64_t>(count) * sizeof(float)) {
+      return absl::DataLossError(absl::StrCat(what, " came back with ", length, " bytes, expected ",
+                                              count * sizeof(float)));
+    }
+    *got = true;
+    return reinterpret_cast<char*>(out);
+  };
+}
+
+}  // namespace
+
 ParameterClient::ParameterClient(const std::string& address, absl::Duration call_deadline,
-                                 absl::Duration join_deadline)
+                                 absl::Duration join_deadline, int channels)
     : address_(address), call_deadline_(call_deadline), join_deadline_(join_deadline) {
-  stub_ = pb::ParameterServer::NewStub(grpc::CreateCustomChannel(
-      address, grpc::InsecureChannelCredentials(), DefaultChannelArguments()));
+  for (int i = 0; i < std::max(1, channels); ++i) {
+    grpc::ChannelArguments args = DefaultChannelArguments();
+    // Channels with unlike arguments never share a connection.
+    args.SetInt("summa.channel_index", i);
+    std::shared_ptr<grpc::Channel> channel =
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    if (i == 0) stub_ = pb::ParameterServer::NewStub(channel);
+    generic_.push_back(std::make_unique<grpc::GenericStub>(channel));
+  }
 }
 
 std::unique_ptr<grpc::ClientContext> ParameterClient::NewContext() const {
@@ -90,21 +126,23 @@ absl::StatusOr<JoinInfo> ParameterClient::Join(int rank, int world,
   rank_ = info.rank;
   mode_ = info.mode;
   partitions_ = info.partitions;
-  push_requests_.assign(partitions_.size(), pb::PushRequest());
+  push_headers_.assign(partitions_.size(), pb::PushRequest());
   pull_requests_.assign(partitions_.size(), pb::PullRequest());
-  responses_.assign(partitions_.size(), pb::PullResponse());
+  requests_.assign(partitions_.size(), grpc::ByteBuffer());
+  replies_.assign(partitions_.size(), grpc::ByteBuffer());
+  pull_headers_.assign(partitions_.size(), pb::PullResponse());
   for (size_t i = 0; i < partitions_.size(); ++i) {
-    push_requests_[i].set_rank(rank_);
-    push_requests_[i].set_partition(partitions_[i].id);
-    push_requests_[i].set_dtype(pb::DTYPE_FLOAT32);
+    push_headers_[i].set_rank(rank_);
+    push_headers_[i].set_partition(partitions_[i].id);
+    push_headers_[i].set_dtype(pb::DTYPE_FLOAT32);
     pull_requests_[i].set_rank(rank_);
     pull_requests_[i].set_partition(partitions_[i].id);
   }
   return info;
 }
 
-template <typename Start>
-absl::Status ParameterClient::ForEachPartition(Start start) {
+template <typename Start, typename What>
+absl::Status ParameterClient::ForEach(size_t n, Start start, What what) {
   // Shared with the callbacks, which may still be leaving the lock when the wait below returns.
   struct Pending {
     absl::Mutex mu;
@@ -112,15 +150,15 @@ absl::Status ParameterClient::ForEachPartition(Start start) {
     absl::Status first_error ABSL_GUARDED_BY(mu);
   };
   auto pending = std::make_shared<Pending>();
-  pending->left = partitions_.size();
+  pending->left = n;
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
-  for (size_t i = 0; i < partitions_.size(); ++i) contexts.push_back(NewContext());
-  for (size_t i = 0; i < partitions_.size(); ++i) {
-    start(i, contexts[i].get(), [pending, id = partitions_[i].id](grpc::Status s) {
+  for (size_t i = 0; i < n; ++i) contexts.push_back(NewContext());
+  for (size_t i = 0; i < n; ++i) {
+    start(i, contexts[i].get(), [pending, name = what(i)](grpc::Status s) {
       absl::MutexLock lock(&pending->mu);
       if (!s.ok() && pending->first_error.ok()) {
         absl::Status st = FromGrpcStatus(s);
-        pending->first_error = absl::Status(st.code(), absl::StrCat("partition ", id, ": ", st.message()));
+        pending->first_error = absl::Status(st.code(), absl::StrCat(name, ": ", st.message()));
       }
       --pending->left;
     });
@@ -131,13 +169,22 @@ absl::Status ParameterClient::ForEachPartition(Start start) {
   return pending->first_error;
 }
 
-absl::Status ParameterClient::CopyOut(const pb::PullResponse& r, const PartitionRange& p,
-                                      float* weights) {
-  if (static_cast<int64_t>(r.data().size()) != p.length * 4) {
-    return absl::DataLossError(absl::StrCat("partition ", p.id, " came back with ", r.data().size(),
-                                            " bytes, expected ", p.length * 4));
-  }
-  std::memcpy(weights + p.offset, r.data().data(), r.data().size());
+template <typename Start>
+absl::Status ParameterClient::ForEachPartition(Start start) {
+  return ForEach(partitions_.size(), start,
+                 [this](size_t i) { return absl::StrCat("partition ", partitions_[i].id); });
+}
+
+absl::Status ParameterClient::DecodePull(size_t i, float* weights) {
+  const PartitionRange& p = partitions_[i];
+  constexpr int kDataPath[] = {pb::PullResponse::kDataFieldNumber};
+  bool got = false;
+  SUMMA_RETURN_IF_ERROR(ParseWithBytes(replies_[i], kDataPath,
+                                       Exactly(weights + p.offset, p.length, &got,
+                                               absl::StrCat("partition ", p.id)),
+                                       &pull_headers_[i]));
+  replies_[i].Clear();
+  if (!got) return absl::DataLossError(absl::StrCat("partition ", p.id, " came back without values"));
   return absl::OkStatus();
 }
 
@@ -145,42 +192,43 @@ absl::StatusOr<uint64_t> ParameterClient::PullAll(uint64_t min_version, float* w
   if (rank_ < 0) return absl::FailedPreconditionError("PullAll before Join");
   SUMMA_RETURN_IF_ERROR(ForEachPartition([&](size_t i, grpc::ClientContext* ctx, auto done) {
     pull_requests_[i].set_min_version(min_version);
-    stub_->async()->Pull(ctx, &pull_requests_[i], &responses_[i], std::move(done));
+    requests_[i] = Encode(pull_requests_[i]);
+    Generic(i).UnaryCall(ctx, kPull, grpc::StubOptions(), &requests_[i], &replies_[i], std::move(done));
   }));
   uint64_t version = UINT64_MAX;
   for (size_t i = 0; i < partitions_.size(); ++i) {
-    SUMMA_RETURN_IF_ERROR(CopyOut(responses_[i], partitions_[i], weights));
-    version = std::min(version, responses_[i].version());
+    SUMMA_RETURN_IF_ERROR(DecodePull(i, weights));
+    version = std::min(version, pull_headers_[i].version());
   }
   return version;
 }
 
-const pb::PushRequest& ParameterClient::PushRequestFor(size_t i, uint64_t step, int64_t num_examples,
-                                                      const float* gradients) {
+void ParameterClient::EncodePush(size_t i, uint64_t step, int64_t num_examples, const float* gradients) {
   const PartitionRange& p = partitions_[i];
-  pb::PushRequest& req = push_requests_[i];
-  req.set_step(step);
-  req.set_num_examples(num_examples);
-  req.mutable_data()->assign(reinterpret_cast<const char*>(gradients + p.offset), p.length * 4);
-  return req;
+  pb::PushRequest& header = push_headers_[i];
+  header.set_step(step);
+  header.set_num_examples(num_examples);
+  std::string prefix = header.SerializeAsString();
+  AppendFieldHeader(pb::PushRequest::kDataFieldNumber, p.length * sizeof(float), &prefix);
+  requests_[i] = TwoSlices(prefix, Borrowed(gradients + p.offset, p.length));
 }
 
 absl::Status ParameterClient::PushPull(uint64_t step, int64_t num_examples, const float* gradients,
                                        float* weights, std::vector<int>* live_ranks) {
   if (rank_ < 0) return absl::FailedPreconditionError("PushPull before Join");
   SUMMA_RETURN_IF_ERROR(ForEachPartition([&](size_t i, grpc::ClientContext* ctx, auto done) {
-    stub_->async()->PushPull(ctx, &PushRequestFor(i, step, num_examples, gradients), &responses_[i],
-                             std::move(done));
+    EncodePush(i, step, num_examples, gradients);
+    Generic(i).UnaryCall(ctx, kPushPull, grpc::StubOptions(), &requests_[i], &replies_[i], std::move(done));
   }));
   for (size_t i = 0; i < partitions_.size(); ++i) {
-    if (mode_ == pb::MODE_SYNC && responses_[i].version() != step + 1) {
+    SUMMA_RETURN_IF_ERROR(DecodePull(i, weights));
+    if (mode_ == pb::MODE_SYNC && pull_headers_[i].version() != step + 1) {
       return absl::InternalError(absl::StrCat("asked for version ", step + 1, " of partition ",
-                                              partitions_[i].id, ", got ", responses_[i].version()));
+                                              partitions_[i].id, ", got ", pull_headers_[i].version()));
     }
-    SUMMA_RETURN_IF_ERROR(CopyOut(responses_[i], partitions_[i], weights));
   }
-  if (live_ranks != nullptr && !responses_.empty()) {
-    live_ranks->assign(responses_[0].live_ranks().begin(), responses_[0].live_ranks().end());
+  if (live_ranks != nullptr && !pull_headers_.empty()) {
+    live_ranks->assign(pull_headers_[0].live_ranks().begin(), pull_headers_[0].live_ranks().end());
   }
   return absl::OkStatus();
 }
@@ -188,13 +236,18 @@ absl::Status ParameterClient::PushPull(uint64_t step, int64_t num_examples, cons
 absl::StatusOr<bool> ParameterClient::Push(uint64_t step, int64_t num_examples,
                                            const float* gradients) {
   if (rank_ < 0) return absl::FailedPreconditionError("Push before Join");
-  std::vector<pb::PushResponse> replies(partitions_.size());
   SUMMA_RETURN_IF_ERROR(ForEachPartition([&](size_t i, grpc::ClientContext* ctx, auto done) {
-    stub_->async()->Push(ctx, &PushRequestFor(i, step, num_examples, gradients), &replies[i],
-                         std::move(done));
+    EncodePush(i, step, num_examples, gradients);
+    Generic(i).UnaryCall(ctx, kPush, grpc::StubOptions(), &requests_[i], &replies_[i], std::move(done));
   }));
-  return std::all_of(replies.begin(), replies.end(),
-                     [](const pb::PushResponse& r) { return r.completed_step(); });
+  bool completed = true;
+  for (size_t i = 0; i < partitions_.size(); ++i) {
+    pb::PushResponse reply;
+    SUMMA_RETURN_IF_ERROR(ParseWithBytes(replies_[i], {}, nullptr, &reply));
+    replies_[i].Clear();
+    completed = completed && reply.completed_step();
+  }
+  return completed;
 }
 
 absl::Status ParameterClient::Heartbeat(int rank) const {
@@ -217,27 +270,65 @@ absl::Status ParameterClient::Leave(int rank) {
 
 absl::StatusOr<std::vector<float>> ParameterClient::AllReduce(const Collective& group,
                                                               const std::vector<float>& values) {
-  pb::AllReduceRequest request;
-  request.set_name(group.name);
-  request.set_group_size(group.group_size);
-  request.set_rank(group.rank);
-  request.set_members(group.members);
-  request.set_round(group.round);
-  pb::Tensor* t = request.mutable_tensor();
-  t->set_name(group.name);
-  t->set_dtype(pb::DTYPE_FLOAT32);
-  t->add_shape(static_cast<int64_t>(values.size()));
-  t->set_data(reinterpret_cast<const char*>(values.data()), values.size() * 4);
-  pb::AllReduceResponse response;
-  std::unique_ptr<grpc::ClientContext> ctx = NewContext();
-  grpc::Status s = stub_->AllReduce(ctx.get(), request, &response);
-  if (!s.ok()) return FromGrpcStatus(s);
-  if (response.tensor().data().size() != values.size() * 4) {
-    return absl::DataLossError("AllReduce returned a tensor of the wrong size");
-  }
   std::vector<float> sum(values.size());
-  std::memcpy(sum.data(), response.tensor().data().data(), values.size() * 4);
+  SUMMA_RETURN_IF_ERROR(AllReduceInto(group, values, absl::MakeSpan(sum)));
   return sum;
+}
+
+absl::Status ParameterClient::AllReduceInto(const Collective& group, absl::Span<const float> values,
+                                            absl::Span<float> sum) {
+  if (sum.size() != values.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("AllReduce of ", values.size(), " values into ",
+                                                   sum.size()));
+  }
+  const int64_t total = static_cast<int64_t>(values.size());
+  const int64_t chunk = kAllReduceChunkBytes / sizeof(float);
+  const size_t chunks = static_cast<size_t>(std::max<int64_t>(1, (total + chunk - 1) / chunk));
+  auto name = [&](size_t k) {
+    return chunks == 1 ? group.name : absl::StrCat(group.name, "/", k, "of", chunks);
+  };
+  auto range = [&](size_t k) {
+    const int64_t begin = static_cast<int64_t>(k) * chunk;
+    return std::make_pair(begin, std::min(total, begin + chunk) - begin);
+  };
+  std::vector<grpc::ByteBuffer> requests(chunks), replies(chunks);
+  // The requests' values are read from `values` while the calls run: `sum` (which may be the
+  // same memory) is written only after every call has completed.
+  SUMMA_RETURN_IF_ERROR(ForEach(
+      chunks,
+      [&](size_t k, grpc::ClientContext* ctx, auto done) {
+        const auto [begin, count] = range(k);
+        pb::AllReduceRequest outer;
+        outer.set_name(name(k));
+        outer.set_group_size(group.group_size);
+        outer.set_rank(group.rank);
+        outer.set_members(group.members);
+        outer.set_round(group.round);
+        pb::Tensor tensor;
+        tensor.set_name(outer.name());
+        tensor.set_dtype(pb::DTYPE_FLOAT32);
+        tensor.add_shape(count);
+        const uint64_t bytes = count * sizeof(float);
+        std::string tensor_prefix = tensor.SerializeAsString();
+        AppendFieldHeader(pb::Tensor::kDataFieldNumber, bytes, &tensor_prefix);
+        std::string prefix = outer.SerializeAsString();
+        AppendFieldHeader(pb::AllReduceRequest::kTensorFieldNumber, tensor_prefix.size() + bytes, &prefix);
+        prefix += tensor_prefix;
+        requests[k] = TwoSlices(prefix, Borrowed(values.data() + begin, count));
+        Generic(k).UnaryCall(ctx, kAllReduce, grpc::StubOptions(), &requests[k], &replies[k], std::move(done));
+      },
+      [&](size_t k) { return absl::StrCat("AllReduce '", name(k), "'"); }));
+  for (size_t k = 0; k < chunks; ++k) {
+    const auto [begin, count] = range(k);
+    constexpr int kDataPath[] = {pb::AllReduceResponse::kTensorFieldNumber, pb::Tensor::kDataFieldNumber};
+    bool got = false;
+    pb::AllReduceResponse header;
+    SUMMA_RETURN_IF_ERROR(ParseWithBytes(
+        replies[k], kDataPath, Exactly(sum.data() + begin, count, &got, absl::StrCat("AllReduce '", name(k), "'")),
+        &header));
+    if (!got) return absl::DataLossError(absl::StrCat("AllReduce '", name(k), "' came back without values"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace summa::worker

@@ -1,12 +1,15 @@
 // ParameterClient: the worker's side of summa.v1.ParameterServer, the ParameterStore the trainer
-// uses outside tests. Joins (retrying while the
-// server is not up or the model not yet defined), pulls, and push-pulls the flat gradient and
-// weight buffers partition by partition, all partitions in flight at once. Messages are
-// allocated once and reused every step. Every call carries a deadline. Not thread-safe, except
-// Heartbeat, which a second thread may call at any time.
+// uses outside tests. Joins (retrying while the server is not up or the model not yet defined),
+// pulls, and push-pulls the flat gradient and weight buffers partition by partition, all
+// partitions in flight at once, spread over `channels` connections. The data path is raw
+// (common/wire.h): a pushed gradient goes out as a slice of the caller's buffer (no copy), and a
+// reply's values are copied once, from gRPC's receive slices straight into the caller's weights.
+// Every call carries a deadline. Not thread-safe, except Heartbeat, which a second thread may
+// call at any time.
 #ifndef SUMMA_WORKER_PS_CLIENT_H_
 #define SUMMA_WORKER_PS_CLIENT_H_
 
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include <cstdint>
@@ -16,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "common/partition_map.h"
 #include "common/tensor.h"
 #include "summa/v1/summa.grpc.pb.h"
@@ -27,8 +31,10 @@ class ParameterClient final : public ParameterStore {
  public:
   // `call_deadline` bounds each RPC (a push-pull waits for the slowest worker, so keep it longer
   // than the server's barrier deadline); `join_deadline` bounds the whole join with retries.
+  // `channels` (at least 1) TCP connections carry the partitions, partition i on channel
+  // i % channels.
   ParameterClient(const std::string& address, absl::Duration call_deadline,
-                  absl::Duration join_deadline);
+                  absl::Duration join_deadline, int channels = 1);
 
   // ParameterStore:
   absl::StatusOr<JoinInfo> Join(int rank, int world, const std::vector<TensorSpec>& specs,
@@ -43,27 +49,40 @@ class ParameterClient final : public ParameterStore {
                                                const std::vector<float>& values) override;
   std::string address() const override { return address_; }
 
+  // The AllReduce of `values` into `sum` (of the same length; it may be `values` itself).
+  // Tensors over kAllReduceChunkBytes travel as chunks, each a collective of its own (named
+  // "<name>/<k>of<n>"), all in flight at once, so that the server sums them in parallel.
+  absl::Status AllReduceInto(const Collective& group, absl::Span<const float> values, absl::Span<float> sum);
+  static constexpr int64_t kAllReduceChunkBytes = 4 << 20;
+
  private:
   std::unique_ptr<grpc::ClientContext> NewContext() const;
-  // Runs `start(i, context, done)` for each partition at once and waits for all.
+  grpc::GenericStub& Generic(size_t i) const { return *generic_[i % generic_.size()]; }
+  // Runs `start(i, context, done)` for i in [0, n) at once and waits for all; `what(i)` names
+  // call i in an error.
+  template <typename Start, typename What>
+  absl::Status ForEach(size_t n, Start start, What what);
   template <typename Start>
   absl::Status ForEachPartition(Start start);
-  absl::Status CopyOut(const summa::v1::PullResponse& r, const PartitionRange& p, float* weights);
-  // Partition i's reused request, filled with its slice of `gradients`.
-  const summa::v1::PushRequest& PushRequestFor(size_t i, uint64_t step, int64_t num_examples,
-                                               const float* gradients);
+  // Partition i's push: its header, then its slice of `gradients`, sent without a copy.
+  void EncodePush(size_t i, uint64_t step, int64_t num_examples, const float* gradients);
+  // Reads partition i's pull reply: the header into pull_headers_[i], the values into `weights`.
+  absl::Status DecodePull(size_t i, float* weights);
 
   const std::string address_;
   const absl::Duration call_deadline_;
   const absl::Duration join_deadline_;
-  std::unique_ptr<summa::v1::ParameterServer::Stub> stub_;
+  std::unique_ptr<summa::v1::ParameterServer::Stub> stub_;  // the control calls
+  std::vector<std::unique_ptr<grpc::GenericStub>> generic_;  // the data path, one per channel
   int rank_ = -1;
   summa::v1::Mode mode_ = summa::v1::MODE_SYNC;
   std::vector<PartitionRange> partitions_;
-  // One request and response per partition, reused across steps.
-  std::vector<summa::v1::PushRequest> push_requests_;
+  // One request, reply and header per partition, reused across steps.
+  std::vector<summa::v1::PushRequest> push_headers_;
   std::vector<summa::v1::PullRequest> pull_requests_;
-  std::vector<summa::v1::PullResponse> responses_;
+  std::vector<grpc::ByteBuffer> requests_;
+  std::vector<grpc::ByteBuffer> replies_;
+  std::vector<summa::v1::PullResponse> pull_headers_;
 };
 
 }  // namespace summa::worker

@@ -1,0 +1,21 @@
+// Elementwise float32 loops of the data path, written so that the compiler vectorises them
+// (no aliasing, no early exit): the server sums gradients and checks them for NaN and infinity
+// at memory speed.
+#ifndef SUMMA_COMMON_VECTOR_OPS_H_
+#define SUMMA_COMMON_VECTOR_OPS_H_
+
+#include <cstdint>
+
+#include "absl/types/span.h"
+
+namespace summa {
+
+// sum[i] += values[i]. The spans have one length and do not overlap.
+void AddInto(absl::Span<float> sum, absl::Span<const float> values);
+
+// The index of the first NaN or infinite value, or -1 when all are finite.
+int64_t FirstNonFinite(absl::Span<const float> values);
+
+}  // namespace summa
+
+#endif  // SUMMA_COMMON_VECTOR_OPS_H_

@@ -1,0 +1,55 @@
+#include "server/snapshot.h"
+
+#include <algorithm>
+
+namespace summa::server {
+
+void Snapshot::Ref(Buffer* b) {
+  if (b != nullptr) b->refs.fetch_add(1, std::memory_order_relaxed);
+}
+
+void Snapshot::Unref(Buffer* b) {
+  // Release: a reader's last access happens before the pool sees the buffer free (acquire).
+  if (b != nullptr && b->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete b;
+}
+
+Snapshot Snapshot::Copy(absl::Span<const float> values) {
+  auto* b = new Buffer;
+  b->data.assign(values.begin(), values.end());
+  return Snapshot(b);
+}
+
+absl::Span<const float> Snapshot::values() const {
+  if (buffer_ == nullptr) return {};
+  return buffer_->data;
+}
+
+void* Snapshot::Lend() const {
+  Ref(buffer_);
+  return buffer_;
+}
+
+void Snapshot::Return(void* token) { Unref(static_cast<Buffer*>(token)); }
+
+SnapshotPool::~SnapshotPool() {
+  for (Snapshot::Buffer* b : buffers_) Snapshot::Unref(b);
+}
+
+Snapshot SnapshotPool::Acquire(int64_t length, float** data) {
+  auto free = std::find_if(buffers_.begin(), buffers_.end(), [](Snapshot::Buffer* b) {
+    return b->refs.load(std::memory_order_acquire) == 1;
+  });
+  Snapshot::Buffer* b;
+  if (free != buffers_.end()) {
+    b = *free;
+  } else {
+    b = new Snapshot::Buffer;
+    buffers_.push_back(b);
+  }
+  b->data.resize(length);
+  *data = b->data.data();
+  Snapshot::Ref(b);
+  return Snapshot(b);
+}
+
+}  // namespace summa::server

@@ -1,0 +1,66 @@
+#include "server/snapshot.h"
+
+#include "gtest/gtest.h"
+
+namespace summa::server {
+namespace {
+
+Snapshot Filled(SnapshotPool& pool, int64_t n, float value) {
+  float* data;
+  Snapshot s = pool.Acquire(n, &data);
+  std::fill(data, data + n, value);
+  return s;
+}
+
+TEST(SnapshotPoolTest, ABufferIsReusedOnlyOnceEveryReaderHasLetGo) {
+  SnapshotPool pool;
+  Snapshot first = Filled(pool, 4, 1.0f);
+  Snapshot reader = first;          // a reply holding it
+  void* sending = first.Lend();     // gRPC sending it
+  first = Snapshot();
+  reader = Snapshot();
+  // Still being sent: the next snapshot gets a buffer of its own, and the first keeps its values.
+  Snapshot second = Filled(pool, 4, 2.0f);
+  EXPECT_EQ(pool.size(), 2u);
+  second = Snapshot();
+  Snapshot::Return(sending);
+  // Both free now: no new buffer.
+  Snapshot third = Filled(pool, 4, 3.0f);
+  Snapshot fourth = Filled(pool, 4, 4.0f);
+  EXPECT_EQ(pool.size(), 2u);
+  EXPECT_EQ(third.values()[0], 3.0f);
+  EXPECT_EQ(fourth.values()[0], 4.0f);
+}
+
+TEST(SnapshotPoolTest, ValuesHeldByAReaderAreNeverOverwritten) {
+  SnapshotPool pool;
+  Snapshot held = Filled(pool, 3, 7.0f);
+  for (int i = 0; i < 10; ++i) Filled(pool, 3, float(i));  // each dropped at once
+  EXPECT_EQ(std::vector<float>(held.values().begin(), held.values().end()), std::vector<float>(3, 7.0f));
+  EXPECT_EQ(pool.size(), 2u);
+}
+
+TEST(SnapshotPoolTest, StepsInSteadyStateAllocateNothing) {
+  // One version published and sent while the next is filled, as a partition does every step.
+  SnapshotPool pool;
+  Snapshot published = Filled(pool, 1000, 0.0f);
+  for (int step = 1; step <= 100; ++step) {
+    void* in_flight = published.Lend();
+    published = Filled(pool, 1000, float(step));
+    Snapshot::Return(in_flight);
+  }
+  EXPECT_EQ(pool.size(), 2u);
+  EXPECT_EQ(published.values()[999], 100.0f);
+}
+
+TEST(SnapshotTest, AHandleOutlivesItsPool) {
+  Snapshot kept;
+  {
+    SnapshotPool pool;
+    kept = Filled(pool, 2, 5.0f);
+  }
+  EXPECT_EQ(kept.values()[1], 5.0f);
+}
+
+}  // namespace
+}  // namespace summa::server

@@ -1,0 +1,239 @@
+// The raw data path: common/wire.h's codec against protobuf's own encoding, and the worker's
+// ParameterClient (raw on both sides) against a real server on 127.0.0.1:0.
+#include "common/wire.h"
+
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+
+#include <cstring>
+#include <thread>
+
+#include "absl/synchronization/notification.h"
+#include "gtest/gtest.h"
+#include "server/daemon.h"
+#include "summa/v1/summa.pb.h"
+#include "worker/ps_client.h"
+
+namespace summa {
+namespace {
+
+namespace pb = ::summa::v1;
+
+std::string Bytes(const std::vector<float>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
+// `encoded` cut into slices at the given offsets, as gRPC's receive path hands a message over.
+grpc::ByteBuffer Sliced(const std::string& encoded, std::vector<size_t> cuts) {
+  std::vector<grpc::Slice> slices;
+  size_t begin = 0;
+  cuts.push_back(encoded.size());
+  for (size_t end : cuts) {
+    slices.emplace_back(encoded.data() + begin, end - begin);
+    begin = end;
+  }
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+std::string Flatten(const grpc::ByteBuffer& b) {
+  std::vector<grpc::Slice> slices;
+  EXPECT_TRUE(b.Dump(&slices).ok());
+  std::string out;
+  for (const grpc::Slice& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  return out;
+}
+
+pb::AllReduceRequest SampleRequest() {
+  pb::AllReduceRequest r;
+  r.set_name("loss");
+  r.set_group_size(3);
+  r.set_rank(2);
+  r.set_round(7);
+  r.mutable_tensor()->set_name("t");
+  r.mutable_tensor()->set_dtype(pb::DTYPE_FLOAT32);
+  r.mutable_tensor()->add_shape(5);
+  r.mutable_tensor()->set_data(Bytes({1.5f, -2, 3, 4e20f, 5}));
+  return r;
+}
+
+constexpr int kTensorData[] = {pb::AllReduceRequest::kTensorFieldNumber, pb::Tensor::kDataFieldNumber};
+
+TEST(WireTest, TheValuesComeOutWholeAndEveryOtherFieldIntoTheHeader) {
+  const pb::AllReduceRequest sent = SampleRequest();
+  const std::string encoded = sent.SerializeAsString();
+  // Cuts inside the tag, the nested header and the values (a float split across slices).
+  grpc::ByteBuffer buffer = Sliced(encoded, {1, 9, encoded.size() - 7, encoded.size() - 1});
+  std::string values;
+  pb::AllReduceRequest header;
+  ASSERT_TRUE(ParseWithBytes(buffer, kTensorData, IntoScratch(&values), &header).ok());
+  EXPECT_EQ(values, sent.tensor().data());
+  pb::AllReduceRequest expected = sent;
+  expected.mutable_tensor()->clear_data();
+  EXPECT_EQ(header.SerializeAsString(), expected.SerializeAsString());
+}
+
+TEST(WireTest, APrefixAndAValuesSliceAreTheMessageProtobufWouldEncode) {
+  const pb::AllReduceRequest whole = SampleRequest();
+  pb::Tensor tensor = whole.tensor();
+  tensor.clear_data();
+  const std::string& data = whole.tensor().data();
+  std::string tensor_prefix = tensor.SerializeAsString();
+  AppendFieldHeader(pb::Tensor::kDataFieldNumber, data.size(), &tensor_prefix);
+  pb::AllReduceRequest outer = whole;
+  outer.clear_tensor();
+  std::string prefix = outer.SerializeAsString();
+  AppendFieldHeader(pb::AllReduceRequest::kTensorFieldNumber, tensor_prefix.size() + data.size(), &prefix);
+  prefix += tensor_prefix;
+  const grpc::ByteBuffer b = TwoSlices(prefix, grpc::Slice(data));
+  pb::AllReduceRequest parsed;
+  ASSERT_TRUE(parsed.ParseFromString(Flatten(b)));
+  EXPECT_EQ(parsed.SerializeAsString(), whole.SerializeAsString());
+}
+
+TEST(WireTest, BadMessagesAreRefusedAndAbsentValuesNeverAskForMemory) {
+  const std::string encoded = SampleRequest().SerializeAsString();
+  std::string values;
+  pb::AllReduceRequest header;
+  // Cut short inside the values.
+  EXPECT_EQ(ParseWithBytes(Sliced(encoded.substr(0, encoded.size() - 3), {}), kTensorData,
+                           IntoScratch(&values), &header).code(),
+            absl::StatusCode::kInvalidArgument);
+  // Field number 0 (tag 0x02: field 0, length-delimited).
+  EXPECT_EQ(ParseWithBytes(Sliced(std::string("\x02\x01x", 3), {}), kTensorData, IntoScratch(&values), &header)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  // The destination's refusal is the parse's.
+  auto refuse = [](uint64_t) -> absl::StatusOr<char*> { return absl::DataLossError("wrong length"); };
+  EXPECT_EQ(ParseWithBytes(Sliced(encoded, {}), kTensorData, refuse, &header).code(),
+            absl::StatusCode::kDataLoss);
+  // No values field: the destination is not called.
+  pb::AllReduceRequest bare = SampleRequest();
+  bare.mutable_tensor()->clear_data();
+  bool called = false;
+  auto note = [&](uint64_t) -> absl::StatusOr<char*> {
+    called = true;
+    return absl::InternalError("unreachable");
+  };
+  EXPECT_TRUE(ParseWithBytes(Sliced(bare.SerializeAsString(), {}), kTensorData, note, &header).ok());
+  EXPECT_FALSE(called);
+  EXPECT_EQ(header.tensor().shape(0), 5);
+}
+
+class RawPathTest : public ::testing::Test {
+ protected:
+  void StartServer(int workers, int64_t partition_bytes) {
+    server::ServerOptions o;
+    o.world_size = workers;
+    o.optimizer.learning_rate = 0.5;
+    o.partition_bytes = partition_bytes;
+    o.barrier_deadline = absl::Seconds(20);
+    auto s = server::SummaServer::Start("127.0.0.1:0", o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = *std::move(s);
+    address_ = "127.0.0.1:" + std::to_string(server_->port());
+  }
+  std::unique_ptr<worker::ParameterClient> Client(int channels) {
+    return std::make_unique<worker::ParameterClient>(address_, absl::Seconds(20), absl::Seconds(20), channels);
+  }
+
+  std::unique_ptr<server::SummaServer> server_;
+  std::string address_;
+};
+
+TEST_F(RawPathTest, WorkersOverSeveralChannelsTakeExactSyncSteps) {
+  constexpr int kWorkers = 2;
+  constexpr int kSteps = 4;
+  StartServer(kWorkers, /*partition_bytes=*/12);  // 8 floats in partitions of 3, 3, 2
+  const std::vector<TensorSpec> specs = {{"w", DType::kFloat32, {8}}};
+  const std::vector<float> initial = {0, 1, 2, 3, 4, 5, 6, 7};
+  std::vector<std::vector<float>> finals(kWorkers);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kWorkers; ++rank) {
+    threads.emplace_back([&, rank] {
+      std::unique_ptr<worker::ParameterClient> client = Client(/*channels=*/2);
+      absl::StatusOr<worker::JoinInfo> joined = client->Join(rank, kWorkers, specs, initial.data(), "");
+      ASSERT_TRUE(joined.ok()) << joined.status();
+      ASSERT_EQ(joined->partitions.size(), 3u);
+      std::vector<float> w(8, -1);
+      ASSERT_TRUE(client->PullAll(0, w.data()).ok());
+      ASSERT_EQ(w, initial);
+      std::vector<float> grad(8);
+      for (int step = 0; step < kSteps; ++step) {
+        // Rank r pushes element i as (r + 1) * (i + 1) over r + 1 examples.
+        for (int i = 0; i < 8; ++i) grad[i] = float((rank + 1) * (i + 1));
+        absl::Status s = client->PushPull(step, rank + 1, grad.data(), w.data(), nullptr);
+        ASSERT_TRUE(s.ok()) << s;
+      }
+      finals[rank] = w;
+    });
+  }
+  for (auto& t : threads) t.join();
+  // Each step: the sum is 3 * (i + 1) over 3 examples, so w[i] -= 0.5 * (i + 1).
+  std::vector<float> expected(8);
+  for (int i = 0; i < 8; ++i) expected[i] = float(i) - kSteps * 0.5f * float(i + 1);
+  for (int rank = 0; rank < kWorkers; ++rank) EXPECT_EQ(finals[rank], expected) << "rank " << rank;
+  EXPECT_EQ(server_->core().WeightsForTest(), expected);
+}
+
+TEST_F(RawPathTest, ABigTensorIsSummedInChunksInPlace) {
+  StartServer(1, 4 << 20);
+  constexpr int kGroup = 2;
+  // Two whole chunks and a tail of 5.
+  const int64_t n = 2 * worker::ParameterClient::kAllReduceChunkBytes / 4 + 5;
+  std::vector<std::vector<float>> tensors(kGroup, std::vector<float>(n));
+  std::vector<absl::Status> results(kGroup);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kGroup; ++rank) {
+    for (int64_t i = 0; i < n; ++i) tensors[rank][i] = float((rank + 1) * (i % 1000));
+    threads.emplace_back([&, rank] {
+      worker::Collective group;
+      group.name = "big";
+      group.group_size = kGroup;
+      group.rank = rank;
+      results[rank] = Client(/*channels=*/3)->AllReduceInto(group, tensors[rank], absl::MakeSpan(tensors[rank]));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int rank = 0; rank < kGroup; ++rank) {
+    ASSERT_TRUE(results[rank].ok()) << results[rank];
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < n; ++i) wrong += tensors[rank][i] != float(3 * (i % 1000));
+    EXPECT_EQ(wrong, 0) << "rank " << rank;
+  }
+  grpc::ClientContext ctx;
+  pb::ServerStatus status;
+  auto stub = pb::ParameterServer::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  ASSERT_TRUE(stub->GetStatus(&ctx, pb::GetStatusRequest(), &status).ok());
+  EXPECT_EQ(status.allreduce_rounds(), 3u);  // one round of each chunk's collective
+}
+
+TEST_F(RawPathTest, GarbageOnTheWireIsInvalidArgumentAndChangesNothing) {
+  StartServer(1, 4 << 20);
+  auto channel = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
+  grpc::GenericStub generic(channel);
+  for (const char* method : {"/summa.v1.ParameterServer/Push", "/summa.v1.ParameterServer/PushPull",
+                             "/summa.v1.ParameterServer/Pull", "/summa.v1.ParameterServer/AllReduce"}) {
+    grpc::Slice garbage(std::string("\x02\x01x\xff", 4));
+    grpc::ByteBuffer request(&garbage, 1), reply;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    absl::Notification done;
+    grpc::Status status;
+    generic.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &reply, [&](grpc::Status s) {
+      status = std::move(s);
+      done.Notify();
+    });
+    done.WaitForNotification();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method;
+    EXPECT_NE(status.error_message().find("malformed"), std::string::npos) << status.error_message();
+  }
+  auto stub = pb::ParameterServer::NewStub(channel);
+  grpc::ClientContext ctx;
+  pb::ServerStatus status;
+  ASSERT_TRUE(stub->GetStatus(&ctx, pb::GetStatusRequest(), &status).ok());
+  EXPECT_EQ(status.pushes_served(), 0u);
+  EXPECT_FALSE(status.model_defined());
+}
+
+}  // namespace
+}  // namespace summa

@@ -47,7 +47,7 @@ absl::Status ParameterServer::Answerable() const {
 
 absl::Status ParameterServer::BuildModel(std::vector<TensorSpec> specs, const std::vector<float>& flat) {
   SUMMA_ASSIGN_OR_RETURN(PartitionMap map, PartitionMap::Create(std::move(specs), options_.partition_bytes));
-  if (static_cast<int64_t>(flat.size()) != map.num_elements()) {
+  if (!flat.empty() && static_cast<int64_t>(flat.size()) != map.num_elements()) {
     return absl::InvalidArgumentError(absl::StrCat("the model has ", map.num_elements(),
                                                    " parameters but ", flat.size(), " values came"));
   }
@@ -56,8 +56,11 @@ absl::Status ParameterServer::BuildModel(std::vector<TensorSpec> specs, const st
   const absl::Time now = options_.clock->Now();
   for (const PartitionRange& range : model->map.partitions()) {
     model->partitions.push_back(std::make_unique<Partition>(
-        range, options_.world_size, absl::MakeConstSpan(flat.data() + range.offset, range.length), slots, now));
+        range, options_.world_size,
+        flat.empty() ? absl::Span<const float>() : absl::MakeConstSpan(flat.data() + range.offset, range.length),
+        slots, now));
   }
+  if (flat.empty()) model->pending = static_cast<int>(model->partitions.size());
   model_owner_ = std::move(model);
   model_.store(model_owner_.get(), std::memory_order_release);
   return absl::OkStatus();
@@ -68,23 +71,24 @@ absl::Status ParameterServer::DefineModel(const JoinRequestView& request) {
   int64_t total = 0;
   for (const JoinTensor& t : request.params) {
     specs.push_back(t.spec);
-    if (static_cast<int64_t>(t.data.size()) != t.spec.num_bytes()) {
+    if (request.values_follow ? !t.data.empty() : static_cast<int64_t>(t.data.size()) != t.spec.num_bytes()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tensor '", t.spec.name, "' of shape ", ShapeString(t.spec.shape), " needs ",
           t.spec.num_bytes(), " bytes of float32 values, got ", t.data.size()));
     }
     total += t.spec.num_elements();
   }
-  std::vector<float> flat(total);
+  std::vector<float> flat(request.values_follow ? 0 : total);
   int64_t offset = 0;
   for (const JoinTensor& t : request.params) {
-    std::memcpy(flat.data() + offset, t.data.data(), t.data.size());
+    if (!request.values_follow) std::memcpy(flat.data() + offset, t.data.data(), t.data.size());
     offset += t.spec.num_elements();
   }
   SUMMA_RETURN_IF_ERROR(BuildModel(std::move(specs), flat));
   SUMMA_LOG(INFO) << "model defined by rank " << request.rank << ": " << request.params.size()
                   << " tensors, " << model()->map.num_elements() << " parameters in "
-                  << model()->partitions.size() << " partitions";
+                  << model()->partitions.size() << " partitions"
+                  << (request.values_follow ? "; the initial values follow partition by partition" : "");
   return absl::OkStatus();
 }
 
@@ -137,7 +141,7 @@ absl::StatusOr<JoinResult> ParameterServer::Join(const JoinRequestView& request)
       const bool has_values = !request.params.empty() &&
                               std::all_of(request.params.begin(), request.params.end(),
                                           [](const JoinTensor& t) { return !t.data.empty(); });
-      if (!has_values) {
+      if (!has_values && !request.values_follow) {
         return absl::UnavailableError(absl::StrCat(
             "no model yet: rank ", request.rank, " must wait until a worker (rank 0) joins with the "
             "initial values; retry"));
@@ -147,6 +151,12 @@ absl::StatusOr<JoinResult> ParameterServer::Join(const JoinRequestView& request)
   }
   const Model& m = *model();
   SUMMA_RETURN_IF_ERROR(CheckSameModel(m, request));
+  const int pending = m.pending.load(std::memory_order_acquire);
+  if (pending > 0 && !request.values_follow) {
+    return absl::UnavailableError(absl::StrCat("the model's initial values are still arriving (",
+                                               m.partitions.size() - pending, " of ", m.partitions.size(),
+                                               " partitions have them); retry"));
+  }
   SUMMA_ASSIGN_OR_RETURN(const int rank, membership_.Admit(request.rank, request.peer, request.status_address));
   JoinResult result;
   result.rank = rank;
@@ -159,6 +169,7 @@ absl::StatusOr<JoinResult> ParameterServer::Join(const JoinRequestView& request)
     result.next_step = std::min(result.next_step, policy_->NextStep(*p, rank));
   }
   result.live_ranks = LiveRanks();
+  result.initialize = pending > 0;
   SUMMA_LOG(INFO) << "rank " << rank << " joined from " << request.peer << " at version "
                   << result.version << " (" << ModeName(options_.mode) << " mode)";
   return result;
@@ -188,10 +199,49 @@ absl::StatusOr<PushValues> ParameterServer::CheckValues(const PushRequestView& r
   return PushValues::kAsSent;
 }
 
-absl::StatusOr<bool> ParameterServer::Push(const PushRequestView& request) {
-  SUMMA_RETURN_IF_ERROR(Answerable());
+absl::StatusOr<const ParameterServer::Model*> ParameterServer::ReadyModel() const {
   const Model* m = model();
   if (m == nullptr) return absl::FailedPreconditionError("no model yet: no worker has joined");
+  if (const int pending = m->pending.load(std::memory_order_acquire); pending > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        pending, " of ", m->partitions.size(), " partitions have no initial values yet: the worker "
+        "that defined the model sends them (Initialize) before anyone pushes or pulls"));
+  }
+  return m;
+}
+
+absl::StatusOr<bool> ParameterServer::Initialize(const InitializeView& request) {
+  SUMMA_RETURN_IF_ERROR(Answerable());
+  const Model* m = model();
+  if (m == nullptr) return absl::FailedPreconditionError("no model yet: Join with values_follow first");
+  if (request.partition >= m->partitions.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown partition ", request.partition,
+                                                   "; the model has ", m->partitions.size()));
+  }
+  Partition& p = *m->partitions[request.partition];
+  if (!request.dtype_is_float32) return absl::InvalidArgumentError("initial values must be float32");
+  if (static_cast<int64_t>(request.data.size()) != p.range.length * 4) {
+    return absl::InvalidArgumentError(absl::StrCat("partition ", request.partition, " holds ", p.range.length,
+                                                   " floats (", p.range.length * 4, " bytes); got ",
+                                                   request.data.size(), " bytes"));
+  }
+  SUMMA_RETURN_IF_ERROR(membership_.Touch(request.rank));
+  {
+    absl::MutexLock lock(&p.mu);
+    if (p.initialized) return false;
+    std::memcpy(p.weights.data(), request.data.data(), request.data.size());
+    p.initialized = true;
+  }
+  if (m->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    SUMMA_LOG(INFO) << "every partition has its initial values (" << m->partitions.size()
+                    << " partitions, sent by rank " << request.rank << ")";
+  }
+  return true;
+}
+
+absl::StatusOr<bool> ParameterServer::Push(const PushRequestView& request) {
+  SUMMA_RETURN_IF_ERROR(Answerable());
+  SUMMA_ASSIGN_OR_RETURN(const Model* m, ReadyModel());
   if (request.rank < 0 || request.rank >= options_.world_size) return membership_.Touch(request.rank);
   if (request.partition >= m->partitions.size()) {
     return absl::InvalidArgumentError(absl::StrCat("unknown partition ", request.partition,
@@ -268,15 +318,15 @@ void ParameterServer::PullFrom(const Model& m, uint32_t partition, uint64_t min_
 
 void ParameterServer::Pull(int rank, uint32_t partition, uint64_t min_version,
                            std::shared_ptr<ParkedCall> call) {
-  const Model* m = model();
   absl::Status ok = Answerable();
-  if (ok.ok() && m == nullptr) ok = absl::FailedPreconditionError("no model yet: no worker has joined");
+  absl::StatusOr<const Model*> m = ReadyModel();
+  if (ok.ok()) ok = m.status();
   if (ok.ok() && rank != -1) ok = membership_.Touch(rank);
   if (!ok.ok()) {
     if (call->Claim()) call->Finish(ok);
     return;
   }
-  PullFrom(*m, partition, min_version, std::move(call));
+  PullFrom(**m, partition, min_version, std::move(call));
 }
 
 void ParameterServer::PushPull(const PushRequestView& request, std::shared_ptr<ParkedCall> call) {
@@ -363,6 +413,7 @@ StatusSnapshot ParameterServer::Status() const {
   s.job_error = job_error();
   if (const Model* m = model(); m != nullptr) {
     s.model_defined = true;
+    s.partitions_pending = m->pending.load();
     s.params = m->map.specs();
     s.parameter_count = m->map.num_elements();
     s.partition_count = static_cast<int>(m->partitions.size());

@@ -46,6 +46,15 @@ struct JoinRequestView {
   std::vector<JoinTensor> params;
   std::string peer;
   std::string status_address;
+  // The params carry no values; this joiner sends them through Initialize when asked.
+  bool values_follow = false;
+};
+
+struct InitializeView {
+  int rank = 0;
+  uint32_t partition = 0;
+  bool dtype_is_float32 = true;
+  absl::string_view data;
 };
 
 struct JoinResult {
@@ -55,6 +64,8 @@ struct JoinResult {
   uint64_t next_step = 0;
   std::vector<PartitionRange> partitions;
   std::vector<int> live_ranks;
+  // Some partitions have no initial values yet: this joiner (values_follow) must send them.
+  bool initialize = false;
 };
 
 struct CheckpointInfo {
@@ -66,6 +77,7 @@ struct CheckpointInfo {
 struct StatusSnapshot {
   uint64_t version = 0;
   bool model_defined = false;
+  int partitions_pending = 0;  // without initial values yet
   std::vector<TensorSpec> params;
   int64_t parameter_count = 0;
   int partition_count = 0;
@@ -98,8 +110,15 @@ class ParameterServer {
 
   // Admits (or readmits) a member. INVALID_ARGUMENT for a wrong world size, a rank outside the
   // group or a bad tensor; FAILED_PRECONDITION when the model differs from the server's or the
-  // rank was dropped; UNAVAILABLE when no one has supplied initial values yet (retry).
+  // rank was dropped; UNAVAILABLE when no one has supplied initial values yet (retry). A join
+  // with `values_follow` defines the model without values (when there is none) and is asked to
+  // send them (`initialize`) while any partition lacks them.
   absl::StatusOr<JoinResult> Join(const JoinRequestView& request);
+
+  // One partition's initial values from a member; true when they were taken, false when the
+  // partition already had values (nothing changes). INVALID_ARGUMENT for a bad partition, dtype
+  // or length, NOT_FOUND for a caller that is not a member, FAILED_PRECONDITION with no model.
+  absl::StatusOr<bool> Initialize(const InitializeView& request);
 
   // Renews `rank`'s lease. NOT_FOUND when it is not a member, FAILED_PRECONDITION when dropped.
   absl::Status Heartbeat(int rank);
@@ -157,11 +176,17 @@ class ParameterServer {
     explicit Model(PartitionMap m) : map(std::move(m)) {}
     PartitionMap map;
     std::vector<std::unique_ptr<Partition>> partitions;
+    // Partitions still without initial values (a model defined by a values_follow join); pushes
+    // and pulls are refused until none is left.
+    mutable std::atomic<int> pending{0};
   };
 
   const Model* model() const { return model_.load(std::memory_order_acquire); }
+  // `flat` holds every initial value, or is empty: the values follow through Initialize.
   absl::Status BuildModel(std::vector<TensorSpec> specs, const std::vector<float>& flat)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(define_mu_);
+  // The model, once it has every initial value; FAILED_PRECONDITION otherwise.
+  absl::StatusOr<const Model*> ReadyModel() const;
   absl::Status DefineModel(const JoinRequestView& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(define_mu_);
   absl::Status CheckSameModel(const Model& model, const JoinRequestView& request) const;
   // Checks a push's values under --nonfinite; how to take them, or the refusal.

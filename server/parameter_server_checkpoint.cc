@@ -44,7 +44,7 @@ absl::Status ParameterServer::MaybeCheckpoint(bool force) {
   if (options_.checkpoint_dir.empty()) return absl::OkStatus();
   absl::MutexLock checkpoint_lock(&checkpoint_mu_);
   const Model* m = model();
-  if (m == nullptr) return absl::OkStatus();
+  if (m == nullptr || m->pending.load() > 0) return absl::OkStatus();  // nothing to keep yet
   uint64_t last;
   {
     absl::MutexLock info(&info_mu_);

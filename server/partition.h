@@ -25,7 +25,9 @@ struct Partition {
   Partition(PartitionRange r, int world_size, absl::Span<const float> initial, int num_slots,
             absl::Time now)
       : range(r),
-        weights(initial.begin(), initial.end()),
+        weights(initial.empty() ? std::vector<float>(r.length, 0.0f)
+                                : std::vector<float>(initial.begin(), initial.end())),
+        initialized(!initial.empty()),
         slots(num_slots, std::vector<float>(r.length, 0.0f)),
         aggregator(r.length),
         barrier(world_size),
@@ -42,6 +44,7 @@ struct Partition {
   // examples). Adam's bias correction counts these; the schedule counts versions.
   uint64_t updates ABSL_GUARDED_BY(mu) = 0;
   std::vector<float> weights ABSL_GUARDED_BY(mu);
+  bool initialized ABSL_GUARDED_BY(mu);  // the weights hold the model's initial values
   std::vector<std::vector<float>> slots ABSL_GUARDED_BY(mu);  // the optimizer's, by SlotNames()
   std::vector<absl::Span<float>> slot_views ABSL_GUARDED_BY(mu);
   Aggregator aggregator ABSL_GUARDED_BY(mu);

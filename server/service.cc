@@ -116,6 +116,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Join(grpc::CallbackServerConte
   view.world_size = request->world_size();
   view.peer = context->peer();
   view.status_address = request->status_address();
+  view.values_follow = request->values_follow();
   for (const pb::Tensor& t : request->params()) {
     absl::StatusOr<TensorSpec> spec = SpecFromProto(t);
     if (!spec.ok()) {
@@ -137,6 +138,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Join(grpc::CallbackServerConte
   response->set_partition_bytes(core_->options().partition_bytes);
   response->set_lease_seconds(absl::ToDoubleSeconds(core_->options().lease));
   response->set_staleness(core_->options().staleness);
+  response->set_initialize(joined->initialize);
   for (int r : joined->live_ranks) response->add_live_ranks(r);
   for (const PartitionRange& p : joined->partitions) {
     pb::Partition* out = response->add_partitions();
@@ -197,6 +199,29 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(grpc::CallbackServerConte
     *response = Encode(reply);
   }
   return Done(context, completed.status());
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::Initialize(grpc::CallbackServerContext* context,
+                                                             const grpc::ByteBuffer* request,
+                                                             grpc::ByteBuffer* response) {
+  pb::InitializeRequest header;
+  std::string& values = RequestValues();
+  constexpr int kDataPath[] = {pb::InitializeRequest::kDataFieldNumber};
+  absl::Status parsed = ParseWithBytes(*request, kDataPath, IntoScratch(&values), &header);
+  if (!parsed.ok()) return Done(context, parsed);
+  InitializeView view;
+  view.rank = header.rank();
+  view.partition = header.partition();
+  view.dtype_is_float32 = header.dtype() == pb::DTYPE_FLOAT32;
+  view.data = values;
+  absl::StatusOr<bool> applied = core_->Initialize(view);
+  TrimRequestValues(values);
+  if (applied.ok()) {
+    pb::InitializeResponse reply;
+    reply.set_applied(*applied);
+    *response = Encode(reply);
+  }
+  return Done(context, applied.status());
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::Pull(grpc::CallbackServerContext* context,
@@ -282,6 +307,7 @@ grpc::ServerUnaryReactor* ParameterServerService::GetStatus(grpc::CallbackServer
     out->set_last_seen_seconds_ago(absl::ToDoubleSeconds(now - m.last_seen));
   }
   response->set_model_defined(s.model_defined);
+  response->set_partitions_pending(s.partitions_pending);
   response->set_parameter_count(s.parameter_count);
   response->set_parameter_bytes(s.parameter_count * 4);
   response->set_partition_count(s.partition_count);

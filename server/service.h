@@ -13,14 +13,15 @@
 
 namespace summa::server {
 
-// The data path (Push, Pull, PushPull, AllReduce) is served raw: values are read from gRPC's
+// The data path (Initialize, Push, Pull, PushPull, AllReduce) is served raw: values are read from gRPC's
 // receive slices straight into the core's buffers, and replies send the core's immutable
 // snapshots as slices, without protobuf's copies (common/wire.h). The wire is unchanged.
-using ServiceBase = summa::v1::ParameterServer::WithRawCallbackMethod_Push<
+using ServiceBase = summa::v1::ParameterServer::WithRawCallbackMethod_Initialize<
+    summa::v1::ParameterServer::WithRawCallbackMethod_Push<
     summa::v1::ParameterServer::WithRawCallbackMethod_Pull<
         summa::v1::ParameterServer::WithRawCallbackMethod_PushPull<
             summa::v1::ParameterServer::WithRawCallbackMethod_AllReduce<
-                summa::v1::ParameterServer::CallbackService>>>>;
+                summa::v1::ParameterServer::CallbackService>>>>>;
 
 class ParameterServerService final : public ServiceBase {
  public:
@@ -45,6 +46,9 @@ class ParameterServerService final : public ServiceBase {
   grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* context,
                                  const grpc::ByteBuffer* request,
                                  grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* Initialize(grpc::CallbackServerContext* context,
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* context,
                                  const grpc::ByteBuffer* request,
                                  grpc::ByteBuffer* response) override;

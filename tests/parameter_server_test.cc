@@ -64,6 +64,48 @@ class ParameterServerTest : public ::testing::Test {
   ParameterServer ps_;
 };
 
+TEST_F(ParameterServerTest, InitialValuesFollowPartitionByPartition) {
+  JoinRequestView definer = JoinView(0, false);
+  definer.values_follow = true;
+  auto joined = ps_.Join(definer);
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  EXPECT_TRUE(joined->initialize);
+  ASSERT_EQ(joined->partitions.size(), 2u);
+  EXPECT_EQ(ps_.Status().partitions_pending, 2);
+  // Until every partition has values: joins without them wait, pushes and pulls are refused.
+  absl::Status waiting = ps_.Join(JoinView(1, false)).status();
+  EXPECT_EQ(waiting.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(waiting.message().find("0 of 2 partitions"), absl::string_view::npos) << waiting;
+  const std::string grad = Bytes({1, 1, 1, 1});
+  EXPECT_EQ(ps_.Push(PushView(0, 0, 0, grad, 1)).status().code(), absl::StatusCode::kFailedPrecondition);
+  auto early = std::make_shared<FakeCall>();
+  ps_.Pull(0, 0, 0, early);
+  EXPECT_EQ(early->Wait().code(), absl::StatusCode::kFailedPrecondition);
+  // Bad values change nothing; a stranger is refused.
+  const std::string wb = w_;
+  EXPECT_EQ(ps_.Initialize({0, 0, true, absl::string_view(wb).substr(4)}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ps_.Initialize({0, 7, true, wb}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ps_.Initialize({0, 0, false, wb}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ps_.Initialize({1, 0, true, wb}).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ps_.Status().partitions_pending, 2);
+  // The first values a partition gets are kept.
+  EXPECT_EQ(*ps_.Initialize({0, 0, true, wb}), true);
+  const std::string other = Bytes({9, 9, 9, 9});
+  EXPECT_EQ(*ps_.Initialize({0, 0, true, other}), false);
+  EXPECT_EQ(ps_.Status().partitions_pending, 1);
+  EXPECT_EQ(*ps_.Initialize({0, 1, true, b_}), true);
+  EXPECT_EQ(ps_.Status().partitions_pending, 0);
+  EXPECT_EQ(ps_.WeightsForTest(), (std::vector<float>{1, 2, 3, 4, 10, 20}));
+  auto second = ps_.Join(JoinView(1, false));
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_FALSE(second->initialize);
+  auto pulled = std::make_shared<FakeCall>();
+  ps_.Pull(1, 1, 0, pulled);
+  ASSERT_TRUE(pulled->Wait().ok());
+  EXPECT_EQ(pulled->values(), (std::vector<float>{10, 20}));
+}
+
 TEST_F(ParameterServerTest, FirstJoinWithValuesDefinesTheModel) {
   EXPECT_EQ(ps_.Join(JoinView(1, false)).status().code(), absl::StatusCode::kUnavailable);
   auto joined = ps_.Join(JoinView(0, true));

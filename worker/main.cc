@@ -53,6 +53,9 @@ ABSL_FLAG(int64_t, fault_repeat_pushpull_at, -1,
 ABSL_FLAG(int64_t, fault_exit_before_epoch_end, -1,
           "fault injection for tests: exit (status 137) after the last push of this epoch "
           "(0-based), before the epoch-end loss collective; -1: never");
+ABSL_FLAG(int, channels, 1,
+          "TCP connections to summa-server; the model's partitions are spread over them (partition i "
+          "on connection i mod channels). More than 1 helps only where one connection is the limit");
 ABSL_FLAG(absl::Duration, join_deadline, absl::Minutes(2),
           "how long to keep retrying to join while the server is not up or has no model yet");
 
@@ -93,6 +96,7 @@ int main(int argc, char** argv) {
   o.metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
   o.call_deadline = absl::GetFlag(FLAGS_call_deadline);
   o.join_deadline = absl::GetFlag(FLAGS_join_deadline);
+  o.channels = absl::GetFlag(FLAGS_channels);
   o.trainer.retry_deadline = absl::GetFlag(FLAGS_retry_deadline);
   o.faults.exit_after_push = absl::GetFlag(FLAGS_fault_exit_after_push);
   o.faults.repeat_push_pull_at = absl::GetFlag(FLAGS_fault_repeat_pushpull_at);

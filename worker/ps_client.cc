@@ -17,6 +17,7 @@ namespace pb = ::summa::v1;
 
 namespace {
 
+constexpr char kInitialize[] = "/summa.v1.ParameterServer/Initialize";
 constexpr char kPush[] = "/summa.v1.ParameterServer/Push";
 constexpr char kPull[] = "/summa.v1.ParameterServer/Pull";
 constexpr char kPushPull[] = "/summa.v1.ParameterServer/PushPull";
@@ -76,11 +77,11 @@ absl::StatusOr<JoinInfo> ParameterClient::Join(int rank, int world,
     t->set_name(s.name);
     t->set_dtype(pb::DTYPE_FLOAT32);
     for (int64_t d : s.shape) t->add_shape(d);
-    if (initial != nullptr) {
-      t->set_data(reinterpret_cast<const char*>(initial + offset), s.num_bytes());
-    }
     offset += s.num_elements();
   }
+  // The values, when this worker has them, follow partition by partition (SendInitialValues):
+  // no message holds the whole model.
+  request.set_values_follow(initial != nullptr);
   const absl::Time give_up = absl::Now() + join_deadline_;
   absl::Duration backoff = absl::Milliseconds(50);
   pb::JoinResponse response;
@@ -138,7 +139,41 @@ absl::StatusOr<JoinInfo> ParameterClient::Join(int rank, int world,
     pull_requests_[i].set_rank(rank_);
     pull_requests_[i].set_partition(partitions_[i].id);
   }
+  if (response.initialize()) SUMMA_RETURN_IF_ERROR(SendInitialValues(initial));
   return info;
+}
+
+absl::Status ParameterClient::SendInitialValues(const float* initial) {
+  // A window of partitions in flight: the server buffers at most that many at once.
+  constexpr size_t kWindow = 8;
+  size_t applied = 0;
+  for (size_t first = 0; first < partitions_.size(); first += kWindow) {
+    const size_t n = std::min(kWindow, partitions_.size() - first);
+    SUMMA_RETURN_IF_ERROR(ForEach(
+        n,
+        [&](size_t k, grpc::ClientContext* ctx, auto done) {
+          const size_t i = first + k;
+          const PartitionRange& p = partitions_[i];
+          pb::InitializeRequest header;
+          header.set_rank(rank_);
+          header.set_partition(p.id);
+          header.set_dtype(pb::DTYPE_FLOAT32);
+          std::string prefix = header.SerializeAsString();
+          AppendFieldHeader(pb::InitializeRequest::kDataFieldNumber, p.length * sizeof(float), &prefix);
+          requests_[i] = TwoSlices(prefix, Borrowed(initial + p.offset, p.length));
+          Generic(i).UnaryCall(ctx, kInitialize, grpc::StubOptions(), &requests_[i], &replies_[i], std::move(done));
+        },
+        [&](size_t k) { return absl::StrCat("initial values of partition ", partitions_[first + k].id); }));
+    for (size_t i = first; i < first + n; ++i) {
+      pb::InitializeResponse reply;
+      SUMMA_RETURN_IF_ERROR(ParseWithBytes(replies_[i], {}, nullptr, &reply));
+      replies_[i].Clear();
+      applied += reply.applied();
+    }
+  }
+  SUMMA_LOG(INFO) << "sent the initial values of " << applied << " of " << partitions_.size()
+                  << " partitions (the others had theirs)";
+  return absl::OkStatus();
 }
 
 template <typename Start, typename What>

@@ -64,6 +64,9 @@ class ParameterClient final : public ParameterStore {
   absl::Status ForEach(size_t n, Start start, What what);
   template <typename Start>
   absl::Status ForEachPartition(Start start);
+  // Sends every partition's initial values (after a Join that the server answered with
+  // `initialize`), a window of partitions at a time.
+  absl::Status SendInitialValues(const float* initial);
   // Partition i's push: its header, then its slice of `gradients`, sent without a copy.
   void EncodePush(size_t i, uint64_t step, int64_t num_examples, const float* gradients);
   // Reads partition i's pull reply: the header into pull_headers_[i], the values into `weights`.

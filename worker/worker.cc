@@ -87,6 +87,9 @@ absl::Status RunWorker(const WorkerOptions& options) {
   if (options.trainer.epochs < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--epochs must be at least 1, got ", options.trainer.epochs));
   }
+  if (options.channels < 1 || options.channels > 64) {
+    return absl::InvalidArgumentError(absl::StrCat("--channels must be in [1, 64], got ", options.channels));
+  }
   SUMMA_RETURN_IF_ERROR(ModelSpecs(options.trainer.model).status());
   // Metrics first: a bad address fails before the data is loaded.
   std::unique_ptr<MetricsEndpoint> metrics;
@@ -130,7 +133,7 @@ absl::Status RunWorker(const WorkerOptions& options) {
     prometheus::Histogram* steps = worker_metrics->step_seconds();
     trainer_options.step_observer = [steps](absl::Duration d) { steps->Observe(absl::ToDoubleSeconds(d)); };
   }
-  ParameterClient client(options.server, options.call_deadline, options.join_deadline);
+  ParameterClient client(options.server, options.call_deadline, options.join_deadline, options.channels);
   ParameterStore* store = &client;
   std::unique_ptr<FaultInjectingStore> faulty;
   if (options.faults.any()) {

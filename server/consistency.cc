@@ -185,6 +185,7 @@ void ConsistencyPolicy::Advance(Partition& p, absl::Span<const float> grad_sum, 
                                 bool skip, absl::Time now, CallsToFinish& out) const
     ABSL_NO_THREAD_SAFETY_ANALYSIS {  // the callers hold p.mu
   if (!skip && examples > 0) {
+    TraceSpan span(ctx_.tracer, "optimizer", "server", p.range.id);
     ctx_.optimizer->Apply(p.updates, ctx_.optimizer->LearningRate(p.version), absl::MakeSpan(p.weights),
                           p.slot_views, grad_sum, examples);
     ++p.updates;

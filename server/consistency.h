@@ -45,6 +45,7 @@ struct PolicyContext {
   const Membership* members = nullptr;    // Not owned.
   int staleness = 0;
   std::function<void(absl::Duration)> step_observer;  // may be null
+  Tracer* tracer = nullptr;                            // Not owned; may be null.
 };
 
 class ConsistencyPolicy {

@@ -11,6 +11,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/trace.h"
 #include "server/optimizer.h"
 #include "summa/v1/summa.pb.h"
 
@@ -52,6 +53,8 @@ struct ServerOptions {
   // Called with each step's duration (partition 0, under its lock: keep it cheap), or null.
   std::function<void(absl::Duration)> step_observer;
   const Clock* clock = Clock::Real();  // Not owned.
+  // Records the data path's stages (sum, optimizer, wait) per partition when not null. Not owned.
+  Tracer* tracer = nullptr;
 };
 
 absl::Status ValidateOptions(const ServerOptions& options);

@@ -22,6 +22,7 @@ PolicyContext MakeContext(const ServerOptions& o, const Optimizer* optimizer, co
   c.members = members;
   c.staleness = o.staleness;
   c.step_observer = o.step_observer;
+  c.tracer = o.tracer;
   return c;
 }
 
@@ -265,6 +266,7 @@ absl::StatusOr<bool> ParameterServer::Push(const PushRequestView& request) {
   CallsToFinish released;
   absl::StatusOr<bool> applied;
   {
+    TraceSpan span(options_.tracer, "sum", "server", p.range.id);
     absl::MutexLock lock(&p.mu);
     if (membership_.excluded(request.rank)) {
       return absl::FailedPreconditionError(

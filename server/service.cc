@@ -21,20 +21,34 @@ class ParkedReactor final : public grpc::ServerUnaryReactor {
  public:
   using FillFn = std::function<void(uint64_t, const Snapshot&)>;
 
+  // What the trace calls the time from the call's arrival to its answer.
+  struct WaitSpan {
+    Tracer* tracer = nullptr;  // Not owned; may be null.
+    const char* name = "wait";
+    int64_t partition = -1;
+  };
+
   class Call final : public ParkedCall {
    public:
-    Call(ParkedReactor* reactor, FillFn fill) : reactor_(reactor), fill_(std::move(fill)) {}
+    Call(ParkedReactor* reactor, FillFn fill, WaitSpan wait)
+        : reactor_(reactor), fill_(std::move(fill)), wait_(wait),
+          arrived_(wait.tracer != nullptr ? absl::Now() : absl::InfinitePast()) {}
     bool Claim() override { return !claimed_.exchange(true); }
-    void Fill(uint64_t counter, const Snapshot& values) override { fill_(counter, values); }
+    void Fill(uint64_t counter, const Snapshot& values) override {
+      if (wait_.tracer != nullptr) wait_.tracer->Complete(wait_.name, "server", arrived_, absl::Now(), wait_.partition);
+      fill_(counter, values);
+    }
     void Finish(absl::Status status) override { reactor_->Finish(ToGrpcStatus(status)); }
 
    private:
     std::atomic<bool> claimed_{false};
     ParkedReactor* const reactor_;  // Not owned; alive until Finish has been called.
     const FillFn fill_;
+    const WaitSpan wait_;
+    const absl::Time arrived_;
   };
 
-  explicit ParkedReactor(FillFn fill) : call_(std::make_shared<Call>(this, std::move(fill))) {}
+  ParkedReactor(FillFn fill, WaitSpan wait) : call_(std::make_shared<Call>(this, std::move(fill), wait)) {}
   std::shared_ptr<Call> call() const { return call_; }
 
   void OnCancel() override {
@@ -69,9 +83,13 @@ grpc::Slice SliceOf(const Snapshot& s) {
 }
 
 absl::StatusOr<PushRequestView> ParsePush(grpc::CallbackServerContext* context, const grpc::ByteBuffer& buffer,
-                                          pb::PushRequest* header, std::string* values) {
+                                          pb::PushRequest* header, std::string* values, Tracer* tracer) {
   constexpr int kDataPath[] = {pb::PushRequest::kDataFieldNumber};
-  absl::Status parsed = ParseWithBytes(buffer, kDataPath, IntoScratch(values), header);
+  absl::Status parsed;
+  {
+    TraceSpan span(tracer, "receive", "server");
+    parsed = ParseWithBytes(buffer, kDataPath, IntoScratch(values), header);
+  }
   if (!parsed.ok()) return parsed;
   PushRequestView v;
   v.rank = header->rank();
@@ -87,6 +105,7 @@ absl::StatusOr<PushRequestView> ParsePush(grpc::CallbackServerContext* context, 
 // Fill runs under the partition's lock: the live ranks sent are those the step was answered
 // under (an exclusion completes steps under the same lock).
 ParkedReactor* PullReactor(const ParameterServer* core, grpc::ByteBuffer* response, uint32_t partition) {
+  const ParkedReactor::WaitSpan wait{core->options().tracer, "wait", partition};
   return new ParkedReactor([core, response, partition](uint64_t version, const Snapshot& w) {
     pb::PullResponse header;
     header.set_partition(partition);
@@ -96,7 +115,7 @@ ParkedReactor* PullReactor(const ParameterServer* core, grpc::ByteBuffer* respon
     std::string prefix = header.SerializeAsString();
     AppendFieldHeader(pb::PullResponse::kDataFieldNumber, w.values().size() * sizeof(float), &prefix);
     *response = TwoSlices(prefix, SliceOf(w));
-  });
+  }, wait);
 }
 
 grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context, const absl::Status& status) {
@@ -189,7 +208,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(grpc::CallbackServerConte
                                                        grpc::ByteBuffer* response) {
   pb::PushRequest header;
   std::string& values = RequestValues();
-  absl::StatusOr<PushRequestView> view = ParsePush(context, *request, &header, &values);
+  absl::StatusOr<PushRequestView> view = ParsePush(context, *request, &header, &values, core_->options().tracer);
   if (!view.ok()) return Done(context, view.status());
   absl::StatusOr<bool> completed = core_->Push(*view);
   TrimRequestValues(values);
@@ -240,7 +259,7 @@ grpc::ServerUnaryReactor* ParameterServerService::PushPull(grpc::CallbackServerC
                                                            grpc::ByteBuffer* response) {
   pb::PushRequest header;
   std::string& values = RequestValues();
-  absl::StatusOr<PushRequestView> view = ParsePush(context, *request, &header, &values);
+  absl::StatusOr<PushRequestView> view = ParsePush(context, *request, &header, &values, core_->options().tracer);
   if (!view.ok()) return Done(context, view.status());
   ParkedReactor* reactor = PullReactor(core_, response, header.partition());
   core_->PushPull(*view, reactor->call());
@@ -271,7 +290,8 @@ grpc::ServerUnaryReactor* ParameterServerService::AllReduce(grpc::CallbackServer
         AppendFieldHeader(pb::AllReduceResponse::kTensorFieldNumber, tensor_prefix.size() + bytes, &prefix);
         prefix += tensor_prefix;
         *response = TwoSlices(prefix, SliceOf(sum));
-      });
+      },
+      ParkedReactor::WaitSpan{core_->options().tracer, "allreduce wait"});
   AllReduceContribution c;
   c.name = header.name();
   c.group_size = header.group_size();

@@ -163,7 +163,8 @@ absl::Status ParameterClient::SendInitialValues(const float* initial) {
           requests_[i] = TwoSlices(prefix, Borrowed(initial + p.offset, p.length));
           Generic(i).UnaryCall(ctx, kInitialize, grpc::StubOptions(), &requests_[i], &replies_[i], std::move(done));
         },
-        [&](size_t k) { return absl::StrCat("initial values of partition ", partitions_[first + k].id); }));
+        [&](size_t k) { return absl::StrCat("initial values of partition ", partitions_[first + k].id); },
+        "initialize"));
     for (size_t i = first; i < first + n; ++i) {
       pb::InitializeResponse reply;
       SUMMA_RETURN_IF_ERROR(ParseWithBytes(replies_[i], {}, nullptr, &reply));
@@ -177,7 +178,7 @@ absl::Status ParameterClient::SendInitialValues(const float* initial) {
 }
 
 template <typename Start, typename What>
-absl::Status ParameterClient::ForEach(size_t n, Start start, What what) {
+absl::Status ParameterClient::ForEach(size_t n, Start start, What what, const char* trace_name) {
   // Shared with the callbacks, which may still be leaving the lock when the wait below returns.
   struct Pending {
     absl::Mutex mu;
@@ -189,7 +190,9 @@ absl::Status ParameterClient::ForEach(size_t n, Start start, What what) {
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
   for (size_t i = 0; i < n; ++i) contexts.push_back(NewContext());
   for (size_t i = 0; i < n; ++i) {
-    start(i, contexts[i].get(), [pending, name = what(i)](grpc::Status s) {
+    start(i, contexts[i].get(), [pending, name = what(i), tracer = tracer_, trace_name, i,
+                                 begun = tracer_ != nullptr ? absl::Now() : absl::InfinitePast()](grpc::Status s) {
+      if (tracer != nullptr) tracer->Complete(trace_name, "client", begun, absl::Now(), static_cast<int64_t>(i));
       absl::MutexLock lock(&pending->mu);
       if (!s.ok() && pending->first_error.ok()) {
         absl::Status st = FromGrpcStatus(s);
@@ -205,9 +208,10 @@ absl::Status ParameterClient::ForEach(size_t n, Start start, What what) {
 }
 
 template <typename Start>
-absl::Status ParameterClient::ForEachPartition(Start start) {
-  return ForEach(partitions_.size(), start,
-                 [this](size_t i) { return absl::StrCat("partition ", partitions_[i].id); });
+absl::Status ParameterClient::ForEachPartition(Start start, const char* trace_name) {
+  return ForEach(
+      partitions_.size(), start, [this](size_t i) { return absl::StrCat("partition ", partitions_[i].id); },
+      trace_name);
 }
 
 absl::Status ParameterClient::DecodePull(size_t i, float* weights) {
@@ -229,7 +233,7 @@ absl::StatusOr<uint64_t> ParameterClient::PullAll(uint64_t min_version, float* w
     pull_requests_[i].set_min_version(min_version);
     requests_[i] = Encode(pull_requests_[i]);
     Generic(i).UnaryCall(ctx, kPull, grpc::StubOptions(), &requests_[i], &replies_[i], std::move(done));
-  }));
+  }, "pull"));
   uint64_t version = UINT64_MAX;
   for (size_t i = 0; i < partitions_.size(); ++i) {
     SUMMA_RETURN_IF_ERROR(DecodePull(i, weights));
@@ -254,7 +258,7 @@ absl::Status ParameterClient::PushPull(uint64_t step, int64_t num_examples, cons
   SUMMA_RETURN_IF_ERROR(ForEachPartition([&](size_t i, grpc::ClientContext* ctx, auto done) {
     EncodePush(i, step, num_examples, gradients);
     Generic(i).UnaryCall(ctx, kPushPull, grpc::StubOptions(), &requests_[i], &replies_[i], std::move(done));
-  }));
+  }, "pushpull"));
   for (size_t i = 0; i < partitions_.size(); ++i) {
     SUMMA_RETURN_IF_ERROR(DecodePull(i, weights));
     if (mode_ == pb::MODE_SYNC && pull_headers_[i].version() != step + 1) {
@@ -274,7 +278,7 @@ absl::StatusOr<bool> ParameterClient::Push(uint64_t step, int64_t num_examples,
   SUMMA_RETURN_IF_ERROR(ForEachPartition([&](size_t i, grpc::ClientContext* ctx, auto done) {
     EncodePush(i, step, num_examples, gradients);
     Generic(i).UnaryCall(ctx, kPush, grpc::StubOptions(), &requests_[i], &replies_[i], std::move(done));
-  }));
+  }, "push"));
   bool completed = true;
   for (size_t i = 0; i < partitions_.size(); ++i) {
     pb::PushResponse reply;
@@ -352,7 +356,7 @@ absl::Status ParameterClient::AllReduceInto(const Collective& group, absl::Span<
         requests[k] = TwoSlices(prefix, Borrowed(values.data() + begin, count));
         Generic(k).UnaryCall(ctx, kAllReduce, grpc::StubOptions(), &requests[k], &replies[k], std::move(done));
       },
-      [&](size_t k) { return absl::StrCat("AllReduce '", name(k), "'"); }));
+      [&](size_t k) { return absl::StrCat("AllReduce '", name(k), "'"); }, "allreduce"));
   for (size_t k = 0; k < chunks; ++k) {
     const auto [begin, count] = range(k);
     constexpr int kDataPath[] = {pb::AllReduceResponse::kTensorFieldNumber, pb::Tensor::kDataFieldNumber};

@@ -22,6 +22,7 @@
 #include "absl/types/span.h"
 #include "common/partition_map.h"
 #include "common/tensor.h"
+#include "common/trace.h"
 #include "summa/v1/summa.grpc.pb.h"
 #include "worker/parameter_store.h"
 
@@ -55,15 +56,19 @@ class ParameterClient final : public ParameterStore {
   absl::Status AllReduceInto(const Collective& group, absl::Span<const float> values, absl::Span<float> sum);
   static constexpr int64_t kAllReduceChunkBytes = 4 << 20;
 
+  // Records every partition's push-pull (from its start to its reply) when not null. Not owned;
+  // outlives the client.
+  void set_tracer(Tracer* tracer) { tracer_ = tracer; }
+
  private:
   std::unique_ptr<grpc::ClientContext> NewContext() const;
   grpc::GenericStub& Generic(size_t i) const { return *generic_[i % generic_.size()]; }
   // Runs `start(i, context, done)` for i in [0, n) at once and waits for all; `what(i)` names
-  // call i in an error.
+  // call i in an error, `trace_name` its span in the trace.
   template <typename Start, typename What>
-  absl::Status ForEach(size_t n, Start start, What what);
+  absl::Status ForEach(size_t n, Start start, What what, const char* trace_name);
   template <typename Start>
-  absl::Status ForEachPartition(Start start);
+  absl::Status ForEachPartition(Start start, const char* trace_name);
   // Sends every partition's initial values (after a Join that the server answered with
   // `initialize`), a window of partitions at a time.
   absl::Status SendInitialValues(const float* initial);
@@ -86,6 +91,7 @@ class ParameterClient final : public ParameterStore {
   std::vector<grpc::ByteBuffer> requests_;
   std::vector<grpc::ByteBuffer> replies_;
   std::vector<summa::v1::PullResponse> pull_headers_;
+  Tracer* tracer_ = nullptr;
 };
 
 }  // namespace summa::worker

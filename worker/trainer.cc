@@ -1,6 +1,7 @@
 #include "worker/trainer.h"
 
 #include <algorithm>
+#include <optional>
 #include <thread>
 #include <cstdlib>
 #include <cstring>
@@ -324,17 +325,28 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
         return absl::InternalError(absl::StrCat("shard of ", shard.size(), " examples exceeds the ",
                                                 labels_->size(), " staged"));
       }
+      Tracer* const tracer = options_.tracer;
+      std::optional<TraceSpan> stage(std::in_place, tracer, "stage", "worker");
       for (int64_t i = 0; i < shard.size(); ++i) {
         const int64_t example = order[shard.begin + i];
         std::memcpy(images_->data() + i * image_floats, train_->images.data() + example * image_floats,
                     image_floats * sizeof(float));
         labels_->data()[i] = static_cast<float>(train_->labels[example]);
       }
+      stage.reset();
+      std::optional<TraceSpan> compute(std::in_place, tracer, "compute", "worker");
       SUMMA_ASSIGN_OR_RETURN(double loss, ComputeGradients(static_cast<int>(shard.size())));
       SUMMA_RETURN_IF_ERROR(models_[0]->GetGradients(gradients_->data()));
-      SUMMA_RETURN_IF_ERROR(
-          store_->PushPull(step, shard.size(), gradients_->data(), weights_->data(), &live_));
-      SUMMA_RETURN_IF_ERROR(LoadWeights());
+      compute.reset();
+      {
+        TraceSpan exchange(tracer, "exchange", "worker");
+        SUMMA_RETURN_IF_ERROR(
+            store_->PushPull(step, shard.size(), gradients_->data(), weights_->data(), &live_));
+      }
+      {
+        TraceSpan load(tracer, "load", "worker");
+        SUMMA_RETURN_IF_ERROR(LoadWeights());
+      }
       ++step;
       ++steps_done_;
       loss_sum += loss;

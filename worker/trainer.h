@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/trace.h"
 #include "common/idx.h"
 #include "worker/backend.h"
 #include "worker/model.h"
@@ -41,6 +42,8 @@ struct TrainerOptions {
   absl::Duration retry_deadline = absl::Minutes(5);
   // Called with each step's wall time (compute, push and pull), or null.
   std::function<void(absl::Duration)> step_observer;
+  // Records each step's stages (stage, compute, exchange, load) when not null. Not owned.
+  Tracer* tracer = nullptr;
 };
 
 struct EpochResult {

@@ -1,0 +1,383 @@
+#include "bench/allreduce_driver.h"
+
+#include <sched.h>
+#include <stdlib.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "bench/allreduce_report.h"
+#include "bench/child_process.h"
+#include "common/status_macros.h"
+
+namespace summa::bench {
+namespace {
+
+namespace fs = std::filesystem;
+
+// How long a server gets to exit after SIGTERM before it is killed.
+constexpr absl::Duration kStopGrace = absl::Seconds(10);
+
+bool Contains(const std::vector<std::string>& list, absl::string_view item) {
+  return std::find(list.begin(), list.end(), item) != list.end();
+}
+
+// The first executable named `name` on PATH, or "".
+std::string FindOnPath(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  if (path == nullptr) return "";
+  for (absl::string_view dir : absl::StrSplit(path, ':', absl::SkipEmpty())) {
+    const std::string candidate = absl::StrCat(dir, "/", name);
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return "";
+}
+
+std::string Environment() {
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  const int cores = ::sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 0;
+  utsname un = {};
+  ::uname(&un);
+  std::string load = "?";
+  std::ifstream loadavg("/proc/loadavg");
+  if (loadavg) loadavg >> load;
+  return absl::StrCat("Environment: ", cores, " cores (nproc), ", un.sysname, " ", un.release, " ",
+                      un.machine, ", load average ", load, " at start, ",
+                      absl::FormatTime("%Y-%m-%d %H:%M:%S %Z", absl::Now(), absl::LocalTimeZone()));
+}
+
+std::string ConfigName(absl::string_view impl, int ranks, int64_t bytes) {
+  return absl::StrCat(impl, ", ", ranks, " ranks, ", bytes > 0 ? FormatByteSize(bytes) : "every size");
+}
+
+// Builds the table from what ranks reported for one size: checks that every rank reported once.
+absl::StatusOr<TableRow> RowFromReports(absl::string_view impl, int ranks, int64_t bytes,
+                                        const std::vector<RankReport>& all) {
+  std::vector<RankReport> reports;
+  for (const RankReport& r : all) {
+    if (r.bytes == bytes) reports.push_back(r);
+  }
+  std::sort(reports.begin(), reports.end(),
+            [](const RankReport& a, const RankReport& b) { return a.rank < b.rank; });
+  std::vector<int> seen;
+  for (const RankReport& r : reports) seen.push_back(r.rank);
+  std::vector<int> expected(ranks);
+  for (int r = 0; r < ranks; ++r) expected[r] = r;
+  if (seen != expected) {
+    return absl::DataLossError(absl::StrCat("expected one result line from each of ranks 0..",
+                                            ranks - 1, " for ", FormatByteSize(bytes), ", got ranks [",
+                                            absl::StrJoin(seen, ","), "]"));
+  }
+  TableRow row;
+  row.impl = std::string(impl);
+  row.ranks = ranks;
+  row.bytes = bytes;
+  SUMMA_ASSIGN_OR_RETURN(row.time_us, MedianOfSlowestRankUs(reports));
+  row.correct = std::all_of(reports.begin(), reports.end(), [](const RankReport& r) { return r.correct; });
+  return row;
+}
+
+// Starts every child; on an error the ones already started are killed as the vector goes away.
+absl::StatusOr<std::vector<std::unique_ptr<ChildProcess>>> StartAll(const std::vector<ChildOptions>& all) {
+  std::vector<std::unique_ptr<ChildProcess>> children;
+  for (const ChildOptions& options : all) {
+    SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<ChildProcess> child, ChildProcess::Start(options));
+    children.push_back(std::move(child));
+  }
+  return children;
+}
+
+std::vector<ChildProcess*> Pointers(const std::vector<std::unique_ptr<ChildProcess>>& children) {
+  std::vector<ChildProcess*> pointers;
+  for (const auto& c : children) pointers.push_back(c.get());
+  return pointers;
+}
+
+class Benchmark {
+ public:
+  Benchmark(const DriverOptions& options, std::string run_dir)
+      : o_(options), run_dir_(std::move(run_dir)) {}
+
+  absl::StatusOr<bool> Run();
+  bool keep_run_dir() const { return !failures_.empty(); }
+
+ private:
+  // One size of summa or raw: a fresh server, `ranks` rank processes, the server's peak RSS.
+  absl::StatusOr<TableRow> RunServerConfig(const std::string& impl, int ranks, int64_t bytes);
+  // Every size of gloo at one rank count, in one torch.distributed job.
+  absl::StatusOr<std::vector<TableRow>> RunGloo(int ranks);
+
+  // Prints a line of the report (and keeps it for --out).
+  void Emit(const std::string& line);
+  // A row for a configuration that failed, its error kept for the notes under the table.
+  TableRow FailedRow(const std::string& impl, int ranks, int64_t bytes, const absl::Status& error);
+  void EmitRow(const TableRow& row);
+  // Marks `row` not correct when a rank's result for its size was wrong, and says which.
+  void ExplainIfIncorrect(TableRow& row, const std::vector<RankReport>& reports);
+  std::string RunPath(const std::string& name) const { return absl::StrCat(run_dir_, "/", name); }
+
+  const DriverOptions& o_;
+  const std::string run_dir_;
+  std::string report_;
+  std::vector<std::string> failures_;  // "[k] config: what went wrong"
+  bool all_correct_ = true;
+};
+
+void Benchmark::Emit(const std::string& line) {
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+  absl::StrAppend(&report_, line, "\n");
+}
+
+TableRow Benchmark::FailedRow(const std::string& impl, int ranks, int64_t bytes,
+                              const absl::Status& error) {
+  TableRow row;
+  row.impl = impl;
+  row.ranks = ranks;
+  row.bytes = bytes;
+  row.note = absl::StrCat("FAILED [", failures_.size() + 1, "]");
+  std::string why = error.ToString();
+  if (absl::IsDeadlineExceeded(error)) {
+    absl::StrAppend(&why, " (--timeout=", absl::FormatDuration(o_.timeout), ")");
+  }
+  failures_.push_back(absl::StrCat("[", failures_.size() + 1, "] ", ConfigName(impl, ranks, bytes),
+                                   ": ", why));
+  std::fprintf(stderr, "%s\n", failures_.back().c_str());
+  return row;
+}
+
+void Benchmark::ExplainIfIncorrect(TableRow& row, const std::vector<RankReport>& reports) {
+  for (const RankReport& r : reports) {
+    if (r.bytes == row.bytes && !r.correct) {
+      row.correct = false;
+      row.note = absl::StrCat("no [", failures_.size() + 1, "]");
+      failures_.push_back(absl::StrCat("[", failures_.size() + 1, "] ",
+                                       ConfigName(row.impl, row.ranks, row.bytes), ": rank ", r.rank,
+                                       ": ", r.detail));
+      return;
+    }
+  }
+}
+
+void Benchmark::EmitRow(const TableRow& row) {
+  all_correct_ = all_correct_ && row.correct;
+  Emit(FormatTableRow(row));
+}
+
+absl::StatusOr<TableRow> Benchmark::RunServerConfig(const std::string& impl, int ranks, int64_t bytes) {
+  const absl::Time deadline = absl::Now() + o_.timeout;
+  const std::string tag = absl::StrCat(impl, "-", ranks, "-", FormatByteSize(bytes));
+  const std::string port_file = RunPath(tag + ".port");
+  ChildOptions server;
+  server.log_path = RunPath(tag + "-server.log");
+  if (impl == "summa") {
+    server.name = "summa-server";
+    server.argv = {o_.server, "--address=127.0.0.1:0", absl::StrCat("--port_file=", port_file),
+                   absl::StrCat("--workers=", ranks),
+                   absl::StrCat("--barrier_deadline=", absl::FormatDuration(o_.timeout))};
+  } else {
+    server.name = "raw server";
+    server.argv = {o_.self, "--role=raw_server", absl::StrCat("--port_file=", port_file),
+                   absl::StrCat("--group_size=", ranks), absl::StrCat("--bytes=", bytes),
+                   absl::StrCat("--timeout=", absl::FormatDuration(o_.timeout))};
+  }
+  SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<ChildProcess> server_process, ChildProcess::Start(server));
+  SUMMA_ASSIGN_OR_RETURN(const std::string port, WaitForFile(port_file, *server_process, deadline));
+
+  std::vector<ChildOptions> rank_options(ranks);
+  for (int r = 0; r < ranks; ++r) {
+    ChildOptions& rank = rank_options[r];
+    rank.name = absl::StrCat(impl, " rank ", r);
+    rank.log_path = RunPath(absl::StrCat(tag, "-rank", r, ".log"));
+    rank.capture_stdout = true;
+    rank.argv = {o_.self, absl::StrCat("--role=", impl, "_rank"), "--target=127.0.0.1:" + port,
+                 absl::StrCat("--rank=", r), absl::StrCat("--group_size=", ranks),
+                 absl::StrCat("--bytes=", bytes), absl::StrCat("--iters=", o_.iters),
+                 absl::StrCat("--warmup=", o_.warmup),
+                 absl::StrCat("--timeout=", absl::FormatDuration(o_.timeout))};
+  }
+  SUMMA_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<ChildProcess>> rank_processes, StartAll(rank_options));
+  std::vector<std::string> outputs;
+  ChildProcess* const servers[] = {server_process.get()};
+  SUMMA_RETURN_IF_ERROR(RunToCompletion(Pointers(rank_processes), servers, deadline, &outputs));
+  SUMMA_ASSIGN_OR_RETURN(const int64_t peak_rss, PeakRssBytes(server_process->pid()));
+  SUMMA_RETURN_IF_ERROR(server_process->Stop(kStopGrace));
+
+  SUMMA_ASSIGN_OR_RETURN(std::vector<RankReport> reports, ParseRankReports(absl::StrJoin(outputs, "\n")));
+  SUMMA_ASSIGN_OR_RETURN(TableRow row, RowFromReports(impl, ranks, bytes, reports));
+  row.server_peak_rss_mib = static_cast<double>(peak_rss) / (1 << 20);
+  ExplainIfIncorrect(row, reports);
+  return row;
+}
+
+absl::StatusOr<std::vector<TableRow>> Benchmark::RunGloo(int ranks) {
+  // Every size runs in one job (starting torch costs seconds); it gets the timeout per size.
+  const absl::Time deadline = absl::Now() + o_.timeout * static_cast<double>(o_.sizes.size());
+  const std::string store = RunPath(absl::StrCat("gloo-", ranks, ".store"));
+  std::vector<ChildOptions> rank_options(ranks);
+  for (int r = 0; r < ranks; ++r) {
+    ChildOptions& rank = rank_options[r];
+    rank.name = absl::StrCat("gloo rank ", r);
+    rank.log_path = RunPath(absl::StrCat("gloo-", ranks, "-rank", r, ".log"));
+    rank.capture_stdout = true;
+    rank.env = {{"OMP_NUM_THREADS", "1"}};
+    rank.argv = {o_.python, o_.gloo_script, absl::StrCat("--rank=", r), absl::StrCat("--world=", ranks),
+                 absl::StrCat("--store=", store), absl::StrCat("--sizes=", absl::StrJoin(o_.sizes, ",")),
+                 absl::StrCat("--iters=", o_.iters), absl::StrCat("--warmup=", o_.warmup),
+                 absl::StrCat("--timeout=", absl::ToDoubleSeconds(o_.timeout))};
+  }
+  SUMMA_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<ChildProcess>> rank_processes, StartAll(rank_options));
+  std::vector<std::string> outputs;
+  SUMMA_RETURN_IF_ERROR(RunToCompletion(Pointers(rank_processes), {}, deadline, &outputs));
+
+  const std::string all = absl::StrJoin(outputs, "\n");
+  for (absl::string_view line : absl::StrSplit(all, '\n')) {
+    if (absl::ConsumePrefix(&line, "unavailable ")) {
+      TableRow row;
+      row.impl = "gloo";
+      row.ranks = ranks;
+      row.note = std::string(absl::StripAsciiWhitespace(line));
+      return std::vector<TableRow>{row};
+    }
+  }
+  SUMMA_ASSIGN_OR_RETURN(std::vector<RankReport> reports, ParseRankReports(all));
+  std::vector<TableRow> rows;
+  for (int64_t bytes : o_.sizes) {
+    absl::StatusOr<TableRow> row = RowFromReports("gloo", ranks, bytes, reports);
+    if (!row.ok()) {
+      rows.push_back(FailedRow("gloo", ranks, bytes, row.status()));
+      continue;
+    }
+    ExplainIfIncorrect(*row, reports);
+    rows.push_back(*std::move(row));
+  }
+  return rows;
+}
+
+absl::StatusOr<bool> Benchmark::Run() {
+  Emit(absl::StrCat("Command: ", o_.command_line));
+  Emit("");
+  Emit(Environment());
+  Emit("");
+  Emit(absl::StrCat(
+      "Each configuration makes ", o_.warmup, " untimed warm-up call(s), then ", o_.iters,
+      " timed call(s), of one AllReduce. time = the median over those calls of the slowest rank's "
+      "wall time of the call (each rank times its own calls; no barrier between calls; filling "
+      "and checking the tensor are not timed). algbw = size / time; busbw = algbw * 2(n-1)/n, "
+      "nccl-tests' factor for allreduce. correct = every element of every result (warm-up "
+      "included) equals the exact sum. server peak RSS = VmHWM of a fresh server per size "
+      "(summa-server, or the raw TCP server), read before it is stopped."));
+  if (Contains(o_.impls, "mpi")) {
+    Emit("");
+    const std::string mpirun = FindOnPath("mpirun");
+    Emit(mpirun.empty() ? "mpi: skipped, `mpirun` is not on PATH."
+                        : absl::StrCat("mpi: skipped, `mpirun` is at ", mpirun,
+                                       " but this bench has no mpi variant yet."));
+  }
+  Emit("");
+  Emit(TableHeader());
+
+  for (const std::string& impl : o_.impls) {
+    if (impl == "mpi") continue;
+    for (int ranks : o_.ranks) {
+      if (impl == "gloo") {
+        std::fprintf(stderr, "running gloo, %d ranks, every size ...\n", ranks);
+        absl::StatusOr<std::vector<TableRow>> rows = RunGloo(ranks);
+        if (absl::IsCancelled(rows.status())) return rows.status();
+        if (!rows.ok()) rows = std::vector<TableRow>{FailedRow("gloo", ranks, 0, rows.status())};
+        for (const TableRow& row : *rows) EmitRow(row);
+        continue;
+      }
+      for (int64_t bytes : o_.sizes) {
+        std::fprintf(stderr, "running %s ...\n", ConfigName(impl, ranks, bytes).c_str());
+        absl::StatusOr<TableRow> row = RunServerConfig(impl, ranks, bytes);
+        if (absl::IsCancelled(row.status())) return row.status();
+        EmitRow(row.ok() ? *row : FailedRow(impl, ranks, bytes, row.status()));
+      }
+    }
+  }
+  if (!failures_.empty()) {
+    Emit("");
+    for (const std::string& f : failures_) {
+      Emit(absl::StrCat("    ", absl::StrReplaceAll(f, {{"\n", "\n    "}})));
+    }
+  }
+  if (!o_.out_path.empty()) {
+    std::ofstream out(o_.out_path, std::ios::trunc);
+    out << report_;
+    out.close();
+    if (!out) return absl::InternalError(absl::StrCat("cannot write ", o_.out_path));
+  }
+  return all_correct_;
+}
+
+}  // namespace
+
+absl::Status ValidateDriverOptions(const DriverOptions& o) {
+  for (const std::string& impl : o.impls) {
+    if (std::none_of(std::begin(kImplementations), std::end(kImplementations),
+                     [&](const char* known) { return impl == known; })) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--impls: unknown implementation '", impl, "' (summa, raw, gloo, mpi)"));
+    }
+  }
+  if (o.impls.empty()) return absl::InvalidArgumentError("--impls: name at least one implementation");
+  if (o.sizes.empty()) return absl::InvalidArgumentError("--sizes: name at least one size");
+  for (int64_t bytes : o.sizes) {
+    if (bytes <= 0 || bytes % 4 != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--sizes: ", bytes, " bytes is not a positive multiple of 4 (float32)"));
+    }
+  }
+  if (o.ranks.empty()) return absl::InvalidArgumentError("--ranks: name at least one rank count");
+  for (int ranks : o.ranks) {
+    if (ranks < 1) return absl::InvalidArgumentError("--ranks: every rank count must be at least 1");
+  }
+  if (o.iters < 1) return absl::InvalidArgumentError("--iters must be at least 1");
+  if (o.warmup < 0) return absl::InvalidArgumentError("--warmup must not be negative");
+  if (o.timeout <= absl::ZeroDuration()) return absl::InvalidArgumentError("--timeout must be positive");
+  if (Contains(o.impls, "summa") && ::access(o.server.c_str(), X_OK) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--server: no executable summa-server at ", o.server, " (build it, or pass --server)"));
+  }
+  if (Contains(o.impls, "gloo") && ::access(o.gloo_script.c_str(), R_OK) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--gloo_script: cannot read ", o.gloo_script));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> RunAllReduceBenchmark(const DriverOptions& options) {
+  SUMMA_RETURN_IF_ERROR(ValidateDriverOptions(options));
+  const char* tmp = std::getenv("TMPDIR");
+  std::string dir_template = absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp",
+                                          "/summa-bench-allreduce.XXXXXX");
+  if (::mkdtemp(dir_template.data()) == nullptr) {
+    return absl::InternalError(absl::StrCat("cannot create a temporary directory like ", dir_template));
+  }
+  InstallStopHandler();
+  Benchmark benchmark(options, dir_template);
+  absl::StatusOr<bool> result = benchmark.Run();
+  // Logs of a failed configuration stay for a person to read; a clean run leaves nothing.
+  if (result.ok() && benchmark.keep_run_dir()) {
+    std::fprintf(stderr, "logs of every process are in %s\n", dir_template.c_str());
+  } else {
+    std::error_code ignored;
+    fs::remove_all(dir_template, ignored);
+  }
+  return result;
+}
+
+}  // namespace summa::bench

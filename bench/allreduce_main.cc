@@ -1,0 +1,181 @@
+// summa-bench-allreduce: parses flags and runs the AllReduce benchmark's driver, or (started by
+// the driver as a child) one of its roles: a Summa rank, a raw-TCP rank, or the raw TCP server.
+#include <limits.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "bench/allreduce_driver.h"
+#include "bench/allreduce_rank.h"
+#include "bench/allreduce_report.h"
+#include "bench/child_process.h"
+#include "bench/raw_allreduce.h"
+#include "common/flags.h"
+
+ABSL_FLAG(std::string, sizes, "4KiB,64KiB,1MiB,4MiB,16MiB,64MiB,256MiB",
+          "tensor sizes in bytes, comma-separated; K, KB and KiB all mean 1024 (likewise M, G); "
+          "each a multiple of 4 (float32 elements)");
+ABSL_FLAG(std::string, ranks, "2,4,8", "rank counts (processes taking part), comma-separated");
+ABSL_FLAG(int, iters, 20, "timed AllReduce calls per configuration");
+ABSL_FLAG(int, warmup, 3, "untimed AllReduce calls before the timed ones (still checked)");
+ABSL_FLAG(std::string, impls, "summa,raw,gloo,mpi",
+          "implementations, comma-separated, run in this order: summa (summa-server's AllReduce "
+          "RPC through summa::worker::ParameterClient), raw (the same exchange over plain TCP "
+          "sockets: the reference), gloo (torch.distributed with the gloo backend, through "
+          "--python and --gloo_script), mpi (skipped with a note unless mpirun is on PATH)");
+ABSL_FLAG(absl::Duration, timeout, absl::Minutes(10),
+          "deadline of each configuration (one size of one implementation at one rank count; a "
+          "gloo job runs every size and gets this per size); a child that has not finished by "
+          "then is named and killed, and the configuration is a FAILED row. Ranks and servers "
+          "also use it to bound each call. Generous by default: 23 calls of 64MiB through "
+          "summa-server take about two minutes on a 2-core machine");
+ABSL_FLAG(std::string, server, "",
+          "the summa-server binary; default: ../server/summa-server next to this binary's "
+          "directory (the build tree's layout)");
+ABSL_FLAG(std::string, python, "/usr/bin/python3", "the Python that runs --gloo_script (needs torch)");
+ABSL_FLAG(std::string, gloo_script, SUMMA_SOURCE_DIR "/bench/allreduce_gloo.py",
+          "the gloo rank script");
+ABSL_FLAG(std::string, out, "", "also write the report (command, environment, table) to this file");
+ABSL_FLAG(bool, check, false,
+          "exit with status 1 unless every row ran and is correct (for tests; no timing is checked)");
+ABSL_FLAG(std::string, role, "driver",
+          "driver (the default: runs the matrix); the others are how the driver starts its "
+          "children: summa_rank, raw_rank, raw_server");
+ABSL_FLAG(std::string, target, "", "summa_rank, raw_rank: the server's host:port");
+ABSL_FLAG(int, rank, 0, "summa_rank, raw_rank: this rank, in [0, group_size)");
+ABSL_FLAG(int, group_size, 1, "summa_rank, raw_rank, raw_server: ranks in the collective");
+ABSL_FLAG(int64_t, bytes, 0, "summa_rank, raw_rank, raw_server: the tensor size in bytes");
+ABSL_FLAG(std::string, port_file, "", "raw_server: write the port bound on 127.0.0.1 here");
+
+namespace {
+
+constexpr char kUsage[] =
+    "an nccl-tests-style benchmark of summa.v1.ParameterServer/AllReduce. For each implementation, "
+    "rank count and size it starts the processes needed on 127.0.0.1 (a fresh server per size), "
+    "times every AllReduce at every rank, checks every element of every result, and prints a "
+    "markdown table: time (median over iterations of the slowest rank), algbw, busbw, correct, "
+    "server peak RSS.\n\n"
+    "  summa-bench-allreduce --sizes=4KiB,1MiB,16MiB --ranks=2,4 --impls=summa,raw,gloo "
+    "--out=bench/results-allreduce.md";
+
+std::string ShellQuote(const std::string& arg) {
+  if (!arg.empty() && arg.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                            "0123456789-_=./,:@+%") == std::string::npos) {
+    return arg;
+  }
+  std::string quoted = "'";
+  for (char c : arg) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+std::string SelfPath() {
+  char path[PATH_MAX];
+  const ssize_t n = ::readlink("/proc/self/exe", path, sizeof(path) - 1);
+  return n > 0 ? std::string(path, n) : std::string();
+}
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "summa-bench-allreduce: %s\n", status.ToString().c_str());
+  return 1;
+}
+
+int FlagError(const std::string& message) {
+  std::fprintf(stderr, "summa-bench-allreduce: %s\n", message.c_str());
+  return 2;
+}
+
+summa::bench::RankOptions RankOptionsFromFlags() {
+  summa::bench::RankOptions o;
+  o.target = absl::GetFlag(FLAGS_target);
+  o.rank = absl::GetFlag(FLAGS_rank);
+  o.group_size = absl::GetFlag(FLAGS_group_size);
+  o.bytes = absl::GetFlag(FLAGS_bytes);
+  o.warmup = absl::GetFlag(FLAGS_warmup);
+  o.iters = absl::GetFlag(FLAGS_iters);
+  o.timeout = absl::GetFlag(FLAGS_timeout);
+  return o;
+}
+
+int RunRankRole(const std::string& role) {
+  const summa::bench::RankOptions o = RankOptionsFromFlags();
+  if (o.bytes <= 0 || o.bytes % 4 != 0) return FlagError("--bytes must be a positive multiple of 4");
+  absl::StatusOr<summa::bench::RankReport> report =
+      role == "summa_rank" ? summa::bench::RunSummaRank(o) : summa::bench::RunRawRank(o);
+  if (!report.ok()) return Fail(report.status());
+  std::printf("%s\n", summa::bench::FormatRankReport(*report).c_str());
+  return 0;
+}
+
+int RunDriver(int argc, char** argv) {
+  summa::bench::DriverOptions o;
+  for (absl::string_view size : absl::StrSplit(absl::GetFlag(FLAGS_sizes), ',', absl::SkipEmpty())) {
+    absl::StatusOr<int64_t> bytes = summa::bench::ParseByteSize(size);
+    if (!bytes.ok()) return FlagError(absl::StrCat("--sizes: ", bytes.status().message()));
+    o.sizes.push_back(*bytes);
+  }
+  for (absl::string_view ranks : absl::StrSplit(absl::GetFlag(FLAGS_ranks), ',', absl::SkipEmpty())) {
+    int n = 0;
+    if (!absl::SimpleAtoi(ranks, &n)) return FlagError(absl::StrCat("--ranks: '", ranks, "' is not a number"));
+    o.ranks.push_back(n);
+  }
+  o.impls = absl::StrSplit(absl::GetFlag(FLAGS_impls), ',', absl::SkipEmpty());
+  o.iters = absl::GetFlag(FLAGS_iters);
+  o.warmup = absl::GetFlag(FLAGS_warmup);
+  o.timeout = absl::GetFlag(FLAGS_timeout);
+  o.self = SelfPath();
+  o.server = absl::GetFlag(FLAGS_server);
+  if (o.server.empty()) {
+    o.server = (std::filesystem::path(o.self).parent_path().parent_path() / "server" / "summa-server")
+                   .string();
+  }
+  o.python = absl::GetFlag(FLAGS_python);
+  o.gloo_script = absl::GetFlag(FLAGS_gloo_script);
+  o.out_path = absl::GetFlag(FLAGS_out);
+  std::vector<std::string> words;
+  for (int i = 0; i < argc; ++i) words.push_back(ShellQuote(argv[i]));
+  o.command_line = absl::StrJoin(words, " ");
+
+  absl::Status valid = summa::bench::ValidateDriverOptions(o);
+  if (!valid.ok()) return FlagError(std::string(valid.message()));
+  absl::StatusOr<bool> all_correct = summa::bench::RunAllReduceBenchmark(o);
+  if (absl::IsCancelled(all_correct.status())) {
+    std::fprintf(stderr, "summa-bench-allreduce: %s; every child process was killed\n",
+                 std::string(all_correct.status().message()).c_str());
+    return 128 + summa::bench::StopSignal();
+  }
+  if (!all_correct.ok()) return Fail(all_correct.status());
+  if (absl::GetFlag(FLAGS_check) && !*all_correct) {
+    std::fprintf(stderr, "summa-bench-allreduce: --check: not every row ran and is correct\n");
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  summa::ParseFlagsOrDie(argc, argv, kUsage);
+  const std::string role = absl::GetFlag(FLAGS_role);
+  if (role == "driver") return RunDriver(argc, argv);
+  if (role == "summa_rank" || role == "raw_rank") return RunRankRole(role);
+  if (role == "raw_server") {
+    summa::bench::RawServerOptions o;
+    o.group_size = absl::GetFlag(FLAGS_group_size);
+    o.bytes = absl::GetFlag(FLAGS_bytes);
+    o.port_file = absl::GetFlag(FLAGS_port_file);
+    o.timeout = absl::GetFlag(FLAGS_timeout);
+    absl::Status status = summa::bench::RunRawServer(o);
+    return status.ok() ? 0 : Fail(status);
+  }
+  return FlagError(absl::StrCat("--role: unknown role '", role,
+                                "' (driver, summa_rank, raw_rank, raw_server)"));
+}

@@ -207,7 +207,9 @@ absl::StatusOr<TableRow> Benchmark::RunServerConfig(const std::string& impl, int
                  absl::StrCat("--rank=", r), absl::StrCat("--group_size=", ranks),
                  absl::StrCat("--bytes=", bytes), absl::StrCat("--iters=", o_.iters),
                  absl::StrCat("--warmup=", o_.warmup),
-                 absl::StrCat("--timeout=", absl::FormatDuration(o_.timeout))};
+                 absl::StrCat("--timeout=", absl::FormatDuration(o_.timeout)),
+                 absl::StrCat("--channels=", o_.channels)};
+    if (r == 0) rank.argv.push_back(absl::StrCat("--server_pid=", server_process->pid()));
   }
   SUMMA_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<ChildProcess>> rank_processes, StartAll(rank_options));
   std::vector<std::string> outputs;
@@ -219,6 +221,9 @@ absl::StatusOr<TableRow> Benchmark::RunServerConfig(const std::string& impl, int
   SUMMA_ASSIGN_OR_RETURN(std::vector<RankReport> reports, ParseRankReports(absl::StrJoin(outputs, "\n")));
   SUMMA_ASSIGN_OR_RETURN(TableRow row, RowFromReports(impl, ranks, bytes, reports));
   row.server_peak_rss_mib = static_cast<double>(peak_rss) / (1 << 20);
+  for (const RankReport& r : reports) {
+    if (r.server_faults >= 0 && o_.iters > 0) row.server_faults_per_call = double(r.server_faults) / o_.iters;
+  }
   ExplainIfIncorrect(row, reports);
   return row;
 }

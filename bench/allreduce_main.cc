@@ -19,6 +19,7 @@
 #include "bench/allreduce_report.h"
 #include "bench/child_process.h"
 #include "bench/raw_allreduce.h"
+#include "common/allocator.h"
 #include "common/flags.h"
 
 ABSL_FLAG(std::string, sizes, "4KiB,64KiB,1MiB,4MiB,16MiB,64MiB,256MiB",
@@ -54,6 +55,11 @@ ABSL_FLAG(std::string, target, "", "summa_rank, raw_rank: the server's host:port
 ABSL_FLAG(int, rank, 0, "summa_rank, raw_rank: this rank, in [0, group_size)");
 ABSL_FLAG(int, group_size, 1, "summa_rank, raw_rank, raw_server: ranks in the collective");
 ABSL_FLAG(int64_t, bytes, 0, "summa_rank, raw_rank, raw_server: the tensor size in bytes");
+ABSL_FLAG(int, channels, 1,
+          "summa: TCP connections each rank's client opens (chunks of a big tensor are spread over them)");
+ABSL_FLAG(int, server_pid, 0,
+          "summa_rank, raw_rank: count this server process's minor page faults over the timed calls "
+          "(the driver sets it for rank 0)");
 ABSL_FLAG(std::string, port_file, "", "raw_server: write the port bound on 127.0.0.1 here");
 
 namespace {
@@ -102,6 +108,8 @@ summa::bench::RankOptions RankOptionsFromFlags() {
   o.warmup = absl::GetFlag(FLAGS_warmup);
   o.iters = absl::GetFlag(FLAGS_iters);
   o.timeout = absl::GetFlag(FLAGS_timeout);
+  o.channels = absl::GetFlag(FLAGS_channels);
+  o.server_pid = absl::GetFlag(FLAGS_server_pid);
   return o;
 }
 
@@ -130,6 +138,7 @@ int RunDriver(int argc, char** argv) {
   o.impls = absl::StrSplit(absl::GetFlag(FLAGS_impls), ',', absl::SkipEmpty());
   o.iters = absl::GetFlag(FLAGS_iters);
   o.warmup = absl::GetFlag(FLAGS_warmup);
+  o.channels = absl::GetFlag(FLAGS_channels);
   o.timeout = absl::GetFlag(FLAGS_timeout);
   o.self = SelfPath();
   o.server = absl::GetFlag(FLAGS_server);
@@ -163,6 +172,7 @@ int RunDriver(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  summa::KeepFreedMemoryForReuse();
   summa::ParseFlagsOrDie(argc, argv, kUsage);
   const std::string role = absl::GetFlag(FLAGS_role);
   if (role == "driver") return RunDriver(argc, argv);

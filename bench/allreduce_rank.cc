@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <memory>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "bench/raw_allreduce.h"
 #include "common/status_macros.h"
 #include "worker/ps_client.h"
@@ -24,8 +27,7 @@ float ExpectedSum(int group_size, int iteration, int64_t element) {
 // chunked tensors), this function is the one place to adapt.
 absl::Status SummaAllReduce(worker::ParameterClient& client, const worker::Collective& group,
                             const std::vector<float>& in, std::vector<float>& out) {
-  SUMMA_ASSIGN_OR_RETURN(out, client.AllReduce(group, in));
-  return absl::OkStatus();
+  return client.AllReduceInto(group, in, absl::MakeSpan(out));
 }
 
 }  // namespace
@@ -56,7 +58,11 @@ absl::StatusOr<RankReport> RunRank(const RankOptions& options, const Exchange& e
   report.bytes = options.bytes;
   report.rank = options.rank;
   report.correct = true;
+  int64_t faults_before = 0;
   for (int k = 0; k < options.warmup + options.iters; ++k) {
+    if (k == options.warmup && options.server_pid > 0) {
+      SUMMA_ASSIGN_OR_RETURN(faults_before, MinorFaults(options.server_pid));
+    }
     FillContribution(options.rank, k, absl::MakeSpan(in));
     std::fill(out.begin(), out.end(), -1.0f);  // so a call that writes nothing is caught
     const auto start = std::chrono::steady_clock::now();
@@ -83,11 +89,31 @@ absl::StatusOr<RankReport> RunRank(const RankOptions& options, const Exchange& e
                                       out[wrong], ExpectedSum(options.group_size, k, wrong));
     }
   }
+  if (options.server_pid > 0) {
+    SUMMA_ASSIGN_OR_RETURN(const int64_t faults_after, MinorFaults(options.server_pid));
+    report.server_faults = faults_after - faults_before;
+  }
   return report;
 }
 
+absl::StatusOr<int64_t> MinorFaults(int pid) {
+  const std::string path = absl::StrCat("/proc/", pid, "/stat");
+  std::ifstream in(path);
+  std::string stat;
+  if (!in || !std::getline(in, stat)) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  // The command name (field 2) may hold spaces: count fields after its closing parenthesis.
+  const size_t close = stat.rfind(')');
+  std::vector<absl::string_view> fields =
+      absl::StrSplit(absl::string_view(stat).substr(close + 2), ' ', absl::SkipEmpty());
+  int64_t minflt = 0;
+  if (fields.size() < 8 || !absl::SimpleAtoi(fields[7], &minflt)) {
+    return absl::DataLossError(absl::StrCat(path, " has no minor fault count"));
+  }
+  return minflt;  // field 10 of the line: the 8th after the command name
+}
+
 absl::StatusOr<RankReport> RunSummaRank(const RankOptions& options) {
-  worker::ParameterClient client(options.target, options.timeout, options.timeout);
+  worker::ParameterClient client(options.target, options.timeout, options.timeout, options.channels);
   worker::Collective group;
   group.name = "summa-bench-allreduce";
   group.rank = options.rank;

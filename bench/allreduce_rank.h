@@ -27,6 +27,8 @@ struct RankOptions {
   int warmup = 0;      // calls not timed
   int iters = 1;       // calls timed
   absl::Duration timeout = absl::Minutes(10);  // bounds each call
+  int channels = 1;    // summa: TCP connections of the client
+  int server_pid = 0;  // when set, this rank counts the server's minor page faults over the timed calls
 };
 
 void FillContribution(int rank, int iteration, absl::Span<float> values);
@@ -34,6 +36,9 @@ void FillContribution(int rank, int iteration, absl::Span<float> values);
 int64_t FirstWrongElement(int group_size, int iteration, absl::Span<const float> sum);
 
 // One AllReduce of `in`, the sum written to `out` (already sized as `in`).
+// The minor page faults `pid` has taken so far (field 10 of /proc/PID/stat).
+absl::StatusOr<int64_t> MinorFaults(int pid);
+
 using Exchange = std::function<absl::Status(const std::vector<float>& in, std::vector<float>& out)>;
 
 // Runs warmup + iters exchanges. Fails only when an exchange fails; a wrong sum is reported in

@@ -66,6 +66,7 @@ std::string FormatRankReport(const RankReport& report) {
       absl::StrJoin(report.times_us, ",", [](std::string* out, double t) {
         absl::StrAppendFormat(out, "%.3f", t);
       }));
+  if (report.server_faults >= 0) absl::StrAppend(&line, " server_faults=", report.server_faults);
   if (!report.detail.empty()) absl::StrAppend(&line, " detail=", report.detail);
   return line;
 }
@@ -87,6 +88,8 @@ absl::StatusOr<std::vector<RankReport>> ParseRankReports(absl::string_view outpu
       std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(field, absl::MaxSplits('=', 1));
       if (kv.first == "bytes") {
         have_bytes = absl::SimpleAtoi(kv.second, &r.bytes);
+      } else if (kv.first == "server_faults") {
+        if (!absl::SimpleAtoi(kv.second, &r.server_faults)) r.server_faults = -1;
       } else if (kv.first == "rank") {
         have_rank = absl::SimpleAtoi(kv.second, &r.rank);
       } else if (kv.first == "correct") {
@@ -136,8 +139,8 @@ double BusBandwidthGBps(int64_t bytes, double time_us, int ranks) {
 
 std::string TableHeader() {
   return "| impl | ranks | size | time (µs, median) | algbw (GB/s) | busbw (GB/s) | correct | "
-         "server peak RSS (MiB) |\n"
-         "|---|---:|---:|---:|---:|---:|---|---:|";
+         "server peak RSS (MiB) | server minor faults per call |\n"
+         "|---|---:|---:|---:|---:|---:|---|---:|---:|";
 }
 
 std::string FormatTableRow(const TableRow& row) {
@@ -151,8 +154,10 @@ std::string FormatTableRow(const TableRow& row) {
   const std::string correct = row.correct ? "yes" : row.note.empty() ? "no" : row.note;
   const std::string rss =
       row.server_peak_rss_mib ? absl::StrFormat("%.1f", *row.server_peak_rss_mib) : "-";
+  const std::string faults =
+      row.server_faults_per_call ? absl::StrFormat("%.1f", *row.server_faults_per_call) : "-";
   return absl::StrCat("| ", row.impl, " | ", row.ranks, " | ", size, " | ", time, " | ", algbw,
-                      " | ", busbw, " | ", correct, " | ", rss, " |");
+                      " | ", busbw, " | ", correct, " | ", rss, " | ", faults, " |");
 }
 
 }  // namespace summa::bench

@@ -22,7 +22,7 @@ absl::StatusOr<int64_t> ParseByteSize(absl::string_view text);
 std::string FormatByteSize(int64_t bytes);
 
 // One rank's result for one tensor size, as it prints it on one stdout line:
-//   result bytes=4096 rank=0 correct=yes times_us=12.250,11.875[ detail=<text to end of line>]
+//   result bytes=4096 rank=0 correct=yes times_us=12.250,11.875[ server_faults=N][ detail=<text to end>]
 // `times_us` holds the wall time of each timed call (warm-up calls left out), in microseconds.
 struct RankReport {
   int64_t bytes = 0;
@@ -30,6 +30,7 @@ struct RankReport {
   bool correct = false;
   std::vector<double> times_us;
   std::string detail;  // why not correct: the first element that differed
+  int64_t server_faults = -1;  // the server's minor faults over the timed calls (-1: not counted)
 };
 std::string FormatRankReport(const RankReport& report);
 // Every "result" line of `output` (other lines are ignored).
@@ -54,6 +55,7 @@ struct TableRow {
   bool correct = false;
   std::string note;                         // shown in the correct column when not correct
   std::optional<double> server_peak_rss_mib;
+  std::optional<double> server_faults_per_call;  // minor page faults per timed call, steady state
 };
 std::string TableHeader();
 std::string FormatTableRow(const TableRow& row);

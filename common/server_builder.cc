@@ -16,6 +16,7 @@ absl::StatusOr<RunningServer> StartGrpcServer(const std::string& address,
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &running.port);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  for (const auto& [name, value] : DataPathArguments()) builder.AddChannelArgument(name, value);
   for (grpc::Service* service : services) builder.RegisterService(service);
   builder.RegisterService(running.health.get());
   running.server = builder.BuildAndStart();
@@ -26,10 +27,17 @@ absl::StatusOr<RunningServer> StartGrpcServer(const std::string& address,
   return running;
 }
 
+std::vector<std::pair<std::string, int>> DataPathArguments() {
+  return {{GRPC_ARG_TCP_READ_CHUNK_SIZE, kReadChunkBytes},
+          {GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, kReadChunkBytes},
+          {GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, kReadChunkBytes}};
+}
+
 grpc::ChannelArguments DefaultChannelArguments() {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
+  for (const auto& [name, value] : DataPathArguments()) args.SetInt(name, value);
   return args;
 }
 

@@ -5,6 +5,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/allocator.h"
 #include "common/flags.h"
 #include "server/daemon.h"
 
@@ -110,6 +111,7 @@ absl::StatusOr<summa::server::ServerOptions> OptionsFromFlags() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  summa::KeepFreedMemoryForReuse();
   summa::ParseFlagsOrDie(argc, argv,
                          "the Summa parameter server. Holds the master weights, sums "
                          "the gradients workers push, applies the optimizer and serves the new "

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "common/allocator.h"
 #include "common/flags.h"
 #include "common/idx.h"
 #include "worker/worker.h"
@@ -60,6 +61,7 @@ ABSL_FLAG(absl::Duration, join_deadline, absl::Minutes(2),
           "how long to keep retrying to join while the server is not up or has no model yet");
 
 int main(int argc, char** argv) {
+  summa::KeepFreedMemoryForReuse();
   summa::ParseFlagsOrDie(argc, argv,
                          "one worker of a Summa training job. Trains the seed's LeNet (or --model) "
                          "on its shard of every global batch of Fashion-MNIST, pushing gradients to "

@@ -23,7 +23,7 @@ struct DriverOptions {
   std::vector<int> ranks;
   std::vector<int64_t> sizes;  // bytes, multiples of 4
   int iters = 20;
-  int warmup = 3;
+  int warmup = 10;
   int channels = 1;  // summa ranks' TCP connections
   absl::Duration timeout = absl::Minutes(10);  // per configuration (gloo: per size)
   std::string self;         // this binary, started again as each rank and as the raw server

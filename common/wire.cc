@@ -78,11 +78,22 @@ absl::Status ParseWithBytes(const grpc::ByteBuffer& buffer, absl::Span<const int
   return absl::OkStatus();
 }
 
-BytesDestination IntoScratch(std::string* scratch) {
-  return [scratch](uint64_t length) -> absl::StatusOr<char*> {
-    scratch->resize(length);
-    return scratch->data();
-  };
+char* Scratch::Resize(size_t size) {
+  if (size > capacity_) {
+    data_.reset(new char[size]);  // uninitialised: the caller writes every byte
+    capacity_ = size;
+  }
+  size_ = size;
+  return data_.get();
+}
+
+void Scratch::Release() {
+  data_.reset();
+  size_ = capacity_ = 0;
+}
+
+BytesDestination IntoScratch(Scratch* scratch) {
+  return [scratch](uint64_t length) -> absl::StatusOr<char*> { return scratch->Resize(length); };
 }
 
 void AppendFieldHeader(int field, uint64_t length, std::string* out) {

@@ -12,11 +12,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "google/protobuf/message_lite.h"
 #include "grpcpp/support/byte_buffer.h"
@@ -34,8 +36,26 @@ using BytesDestination = std::function<absl::StatusOr<char*>(uint64_t length)>;
 absl::Status ParseWithBytes(const grpc::ByteBuffer& buffer, absl::Span<const int> path,
                             const BytesDestination& destination, google::protobuf::MessageLite* header);
 
-// A destination that resizes `scratch` (its capacity kept across calls) to the field's length.
-BytesDestination IntoScratch(std::string* scratch);
+// Bytes that grow without being zeroed first (a std::string's resize writes every new byte: a
+// wasted pass over a partition) and keep their capacity across uses. Not thread-safe.
+class Scratch {
+ public:
+  // Room for `size` bytes, their contents unspecified; reallocates only to grow.
+  char* Resize(size_t size);
+  void Clear() { size_ = 0; }
+  // Gives the memory back.
+  void Release();
+  absl::string_view view() const { return absl::string_view(data_.get(), size_); }
+  size_t capacity() const { return capacity_; }
+
+ private:
+  std::unique_ptr<char[]> data_;
+  size_t size_ = 0;
+  size_t capacity_ = 0;
+};
+
+// A destination that resizes `scratch` to the field's length.
+BytesDestination IntoScratch(Scratch* scratch);
 
 // Encodes a length-delimited field's tag and length.
 void AppendFieldHeader(int field, uint64_t length, std::string* out);

@@ -5,7 +5,10 @@
 # process; the exit status is non-zero if any process failed.
 #
 #   scripts/launch.sh [--workers N] [--epochs E] [--batch_size B] [--lr LR] [--bin DIR]
-#                     [--run_dir DIR] [--server_args "FLAGS"] [-- extra summa-worker flags]
+#                     [--run_dir DIR] [--trace_dir DIR] [--server_args "FLAGS"]
+#                     [-- extra summa-worker flags]
+# --trace_dir: every process writes its timeline there (server.json, worker<r>.json; Chrome
+# trace JSON); bench/trace_summary.py sums them up per stage.
 # e.g. --server_args "--mode=ssp --staleness=2 --checkpoint_dir=/tmp/ckpt"
 set -uo pipefail
 
@@ -14,7 +17,7 @@ bin="$(cd "$(dirname "$0")/.." && pwd)/build"
 run_dir=""
 server_args=""
 extra=()
-usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; }
 while (($#)); do
   case "$1" in
     --workers) workers=$2; shift 2 ;;
@@ -24,6 +27,7 @@ while (($#)); do
     --bin) bin=$2; shift 2 ;;
     --run_dir) run_dir=$2; shift 2 ;;
     --server_args) server_args=$2; shift 2 ;;
+    --trace_dir) trace_dir=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     --) shift; extra=("$@"); break ;;
     *) echo "launch: unknown argument '$1' (see --help)" >&2; exit 2 ;;
@@ -53,8 +57,13 @@ stop_all() {
 trap 'stop_all; exit 130' INT TERM
 trap 'stop_all' EXIT
 
+server_trace=()
+if [[ -n "${trace_dir:-}" ]]; then
+  mkdir -p "$trace_dir" || { echo "launch: cannot create --trace_dir $trace_dir" >&2; exit 2; }
+  server_trace=(--trace_file="$trace_dir/server.json")
+fi
 "$server_bin" --address=127.0.0.1:0 --port_file="$run_dir/server.port" --workers="$workers" \
-  --lr="$lr" $server_args >"$run_dir/server.log" 2>&1 &
+  --lr="$lr" "${server_trace[@]}" $server_args >"$run_dir/server.log" 2>&1 &
 server_pid=$!
 pids+=("$server_pid")
 echo "$server_pid" >"$run_dir/server.pid"
@@ -71,6 +80,7 @@ declare -A rank_of
 for ((r = 0; r < workers; r++)); do
   args=(--server="127.0.0.1:$port" --rank="$r" --world_size="$workers" --batch_size="$batch"
         --epochs="$epochs" --status_port_file="$run_dir/worker$r.status_port" "${extra[@]}")
+  [[ -n "${trace_dir:-}" ]] && args+=(--trace_file="$trace_dir/worker$r.json")
   if ((r == 0)); then
     "$worker_bin" "${args[@]}" 2> >(tee "$run_dir/worker0.log" >&2) &
   else

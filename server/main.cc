@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/allocator.h"
+#include "common/trace.h"
 #include "common/flags.h"
 #include "server/daemon.h"
 
@@ -17,6 +18,10 @@ ABSL_FLAG(std::string, metrics_address, "",
           "host:port for Prometheus metrics at /metrics (e.g. 0.0.0.0:9464; port 0: any free "
           "port); empty: no metrics");
 ABSL_FLAG(std::string, metrics_port_file, "", "if set, write the bound metrics port to this file");
+ABSL_FLAG(std::string, trace_file, "",
+          "if set, write a timeline of the data path (receive, sum, optimizer and wait, per "
+          "partition) to this file as Chrome trace JSON when the server stops (open it in "
+          "chrome://tracing or ui.perfetto.dev)");
 ABSL_FLAG(int, workers, 1, "number of workers in the job (the sync barrier waits for all of them)");
 ABSL_FLAG(std::string, mode, "sync",
           "consistency mode: sync (a step completes when every worker pushed, as the seed), async "
@@ -121,7 +126,18 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "summa-server: %s\n", std::string(parsed.status().message()).c_str());
     return 2;
   }
-  const summa::server::ServerOptions& options = *parsed;
+  summa::server::ServerOptions& options = *parsed;
+  std::unique_ptr<summa::Tracer> tracer;
+  if (!absl::GetFlag(FLAGS_trace_file).empty()) {
+    absl::StatusOr<std::unique_ptr<summa::Tracer>> opened =
+        summa::Tracer::Open(absl::GetFlag(FLAGS_trace_file), "summa-server");
+    if (!opened.ok()) {
+      std::fprintf(stderr, "summa-server: %s\n", std::string(opened.status().message()).c_str());
+      return 2;
+    }
+    tracer = *std::move(opened);
+    options.tracer = tracer.get();
+  }
   summa::BlockTerminationSignals();
   auto server = summa::server::SummaServer::Start(absl::GetFlag(FLAGS_address), options,
                                                   absl::GetFlag(FLAGS_metrics_address));
@@ -158,6 +174,11 @@ int main(int argc, char** argv) {
   running.StopOnTerminationSignals();
   const std::string job_error = running.Wait();
   running.Shutdown();
+  if (tracer != nullptr) {
+    if (absl::Status s = tracer->Close(); !s.ok()) {
+      std::fprintf(stderr, "summa-server: %s\n", std::string(s.message()).c_str());
+    }
+  }
   if (!job_error.empty()) {
     std::fprintf(stderr, "summa-server: the job ended: %s\n", job_error.c_str());
     return 1;

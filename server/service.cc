@@ -63,16 +63,16 @@ class ParkedReactor final : public grpc::ServerUnaryReactor {
 // The values of a request, read once out of gRPC's receive slices into this thread's buffer
 // (its capacity kept across calls, so a step allocates nothing). Valid until the handler
 // returns, which is all the core needs: it sums or applies pushed values before returning.
-std::string& RequestValues() {
-  thread_local std::string values;
-  values.clear();
+Scratch& RequestValues() {
+  thread_local Scratch values;
+  values.Clear();
   return values;
 }
 
 // Gives back a buffer that an unusually large request grew (a whole tensor sent in one piece).
-void TrimRequestValues(std::string& values) {
+void TrimRequestValues(Scratch& values) {
   constexpr size_t kKeepBytes = 16 << 20;
-  if (values.capacity() > kKeepBytes) std::string().swap(values);
+  if (values.capacity() > kKeepBytes) values.Release();
 }
 
 // The snapshot's bytes as a slice that gRPC sends without a copy, holding a reference until
@@ -83,7 +83,7 @@ grpc::Slice SliceOf(const Snapshot& s) {
 }
 
 absl::StatusOr<PushRequestView> ParsePush(grpc::CallbackServerContext* context, const grpc::ByteBuffer& buffer,
-                                          pb::PushRequest* header, std::string* values, Tracer* tracer) {
+                                          pb::PushRequest* header, Scratch* values, Tracer* tracer) {
   constexpr int kDataPath[] = {pb::PushRequest::kDataFieldNumber};
   absl::Status parsed;
   {
@@ -97,7 +97,7 @@ absl::StatusOr<PushRequestView> ParsePush(grpc::CallbackServerContext* context, 
   v.partition = header->partition();
   v.num_examples = header->num_examples();
   v.dtype_is_float32 = header->dtype() == pb::DTYPE_FLOAT32;
-  v.data = *values;
+  v.data = values->view();
   v.peer = context->peer();
   return v;
 }
@@ -207,7 +207,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(grpc::CallbackServerConte
                                                        const grpc::ByteBuffer* request,
                                                        grpc::ByteBuffer* response) {
   pb::PushRequest header;
-  std::string& values = RequestValues();
+  Scratch& values = RequestValues();
   absl::StatusOr<PushRequestView> view = ParsePush(context, *request, &header, &values, core_->options().tracer);
   if (!view.ok()) return Done(context, view.status());
   absl::StatusOr<bool> completed = core_->Push(*view);
@@ -224,7 +224,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Initialize(grpc::CallbackServe
                                                              const grpc::ByteBuffer* request,
                                                              grpc::ByteBuffer* response) {
   pb::InitializeRequest header;
-  std::string& values = RequestValues();
+  Scratch& values = RequestValues();
   constexpr int kDataPath[] = {pb::InitializeRequest::kDataFieldNumber};
   absl::Status parsed = ParseWithBytes(*request, kDataPath, IntoScratch(&values), &header);
   if (!parsed.ok()) return Done(context, parsed);
@@ -232,7 +232,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Initialize(grpc::CallbackServe
   view.rank = header.rank();
   view.partition = header.partition();
   view.dtype_is_float32 = header.dtype() == pb::DTYPE_FLOAT32;
-  view.data = values;
+  view.data = values.view();
   absl::StatusOr<bool> applied = core_->Initialize(view);
   TrimRequestValues(values);
   if (applied.ok()) {
@@ -258,7 +258,7 @@ grpc::ServerUnaryReactor* ParameterServerService::PushPull(grpc::CallbackServerC
                                                            const grpc::ByteBuffer* request,
                                                            grpc::ByteBuffer* response) {
   pb::PushRequest header;
-  std::string& values = RequestValues();
+  Scratch& values = RequestValues();
   absl::StatusOr<PushRequestView> view = ParsePush(context, *request, &header, &values, core_->options().tracer);
   if (!view.ok()) return Done(context, view.status());
   ParkedReactor* reactor = PullReactor(core_, response, header.partition());
@@ -271,7 +271,7 @@ grpc::ServerUnaryReactor* ParameterServerService::AllReduce(grpc::CallbackServer
                                                             const grpc::ByteBuffer* request,
                                                             grpc::ByteBuffer* response) {
   pb::AllReduceRequest header;
-  std::string& values = RequestValues();
+  Scratch& values = RequestValues();
   constexpr int kDataPath[] = {pb::AllReduceRequest::kTensorFieldNumber, pb::Tensor::kDataFieldNumber};
   absl::Status parsed = ParseWithBytes(*request, kDataPath, IntoScratch(&values), &header);
   if (!parsed.ok()) return Done(context, parsed);
@@ -299,7 +299,7 @@ grpc::ServerUnaryReactor* ParameterServerService::AllReduce(grpc::CallbackServer
   c.members = header.members();
   c.round = header.round();
   c.spec = *std::move(spec);
-  c.data = values;
+  c.data = values.view();
   hub_->Contribute(c, reactor->call());
   TrimRequestValues(values);
   return reactor;

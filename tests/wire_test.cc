@@ -63,10 +63,10 @@ TEST(WireTest, TheValuesComeOutWholeAndEveryOtherFieldIntoTheHeader) {
   const std::string encoded = sent.SerializeAsString();
   // Cuts inside the tag, the nested header and the values (a float split across slices).
   grpc::ByteBuffer buffer = Sliced(encoded, {1, 9, encoded.size() - 7, encoded.size() - 1});
-  std::string values;
+  Scratch values;
   pb::AllReduceRequest header;
   ASSERT_TRUE(ParseWithBytes(buffer, kTensorData, IntoScratch(&values), &header).ok());
-  EXPECT_EQ(values, sent.tensor().data());
+  EXPECT_EQ(values.view(), sent.tensor().data());
   pb::AllReduceRequest expected = sent;
   expected.mutable_tensor()->clear_data();
   EXPECT_EQ(header.SerializeAsString(), expected.SerializeAsString());
@@ -92,7 +92,7 @@ TEST(WireTest, APrefixAndAValuesSliceAreTheMessageProtobufWouldEncode) {
 
 TEST(WireTest, BadMessagesAreRefusedAndAbsentValuesNeverAskForMemory) {
   const std::string encoded = SampleRequest().SerializeAsString();
-  std::string values;
+  Scratch values;
   pb::AllReduceRequest header;
   // Cut short inside the values.
   EXPECT_EQ(ParseWithBytes(Sliced(encoded.substr(0, encoded.size() - 3), {}), kTensorData,

@@ -54,6 +54,10 @@ ABSL_FLAG(int64_t, fault_repeat_pushpull_at, -1,
 ABSL_FLAG(int64_t, fault_exit_before_epoch_end, -1,
           "fault injection for tests: exit (status 137) after the last push of this epoch "
           "(0-based), before the epoch-end loss collective; -1: never");
+ABSL_FLAG(std::string, trace_file, "",
+          "if set, write a timeline of every step (stage, compute, exchange, load, and each "
+          "partition's push-pull) to this file as Chrome trace JSON when the worker ends (open it "
+          "in chrome://tracing or ui.perfetto.dev, with the server's)");
 ABSL_FLAG(int, channels, 1,
           "TCP connections to summa-server; the model's partitions are spread over them (partition i "
           "on connection i mod channels). More than 1 helps only where one connection is the limit");
@@ -99,6 +103,7 @@ int main(int argc, char** argv) {
   o.call_deadline = absl::GetFlag(FLAGS_call_deadline);
   o.join_deadline = absl::GetFlag(FLAGS_join_deadline);
   o.channels = absl::GetFlag(FLAGS_channels);
+  o.trace_file = absl::GetFlag(FLAGS_trace_file);
   o.trainer.retry_deadline = absl::GetFlag(FLAGS_retry_deadline);
   o.faults.exit_after_push = absl::GetFlag(FLAGS_fault_exit_after_push);
   o.faults.repeat_push_pull_at = absl::GetFlag(FLAGS_fault_repeat_pushpull_at);

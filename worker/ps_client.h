@@ -36,6 +36,7 @@ class ParameterClient final : public ParameterStore {
   // i % channels.
   ParameterClient(const std::string& address, absl::Duration call_deadline,
                   absl::Duration join_deadline, int channels = 1);
+  ~ParameterClient() override;
 
   // ParameterStore:
   absl::StatusOr<JoinInfo> Join(int rank, int world, const std::vector<TensorSpec>& specs,
@@ -63,8 +64,14 @@ class ParameterClient final : public ParameterStore {
  private:
   std::unique_ptr<grpc::ClientContext> NewContext() const;
   grpc::GenericStub& Generic(size_t i) const { return *generic_[i % generic_.size()]; }
-  // Runs `start(i, context, done)` for i in [0, n) at once and waits for all; `what(i)` names
-  // call i in an error, `trace_name` its span in the trace.
+  // One data-path call: the method, and the request and reply buffers (alive until it ends).
+  struct CallSpec {
+    const char* method;
+    const grpc::ByteBuffer* request;
+    grpc::ByteBuffer* reply;
+  };
+  // Starts the call `start(i)` describes for each i in [0, n) at once and waits for all;
+  // `what(i)` names call i in an error, `trace_name` its span in the trace.
   template <typename Start, typename What>
   absl::Status ForEach(size_t n, Start start, What what, const char* trace_name);
   template <typename Start>
@@ -82,6 +89,7 @@ class ParameterClient final : public ParameterStore {
   const absl::Duration join_deadline_;
   std::unique_ptr<summa::v1::ParameterServer::Stub> stub_;  // the control calls
   std::vector<std::unique_ptr<grpc::GenericStub>> generic_;  // the data path, one per channel
+  grpc::CompletionQueue queue_;  // the data path's replies, collected by the calling thread
   int rank_ = -1;
   summa::v1::Mode mode_ = summa::v1::MODE_SYNC;
   std::vector<PartitionRange> partitions_;

@@ -133,7 +133,14 @@ absl::Status RunWorker(const WorkerOptions& options) {
     prometheus::Histogram* steps = worker_metrics->step_seconds();
     trainer_options.step_observer = [steps](absl::Duration d) { steps->Observe(absl::ToDoubleSeconds(d)); };
   }
+  std::unique_ptr<Tracer> tracer;
+  if (!options.trace_file.empty()) {
+    SUMMA_ASSIGN_OR_RETURN(tracer, Tracer::Open(options.trace_file,
+                                                absl::StrCat("summa-worker rank ", options.trainer.rank)));
+    trainer_options.tracer = tracer.get();
+  }
   ParameterClient client(options.server, options.call_deadline, options.join_deadline, options.channels);
+  client.set_tracer(tracer.get());
   ParameterStore* store = &client;
   std::unique_ptr<FaultInjectingStore> faulty;
   if (options.faults.any()) {
@@ -145,6 +152,10 @@ absl::Status RunWorker(const WorkerOptions& options) {
   worker_metrics.reset();
   if (!result.ok()) board.Update([](WorkerState& s) { s.state = "failed"; });
   status_server.server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  if (tracer != nullptr) {
+    absl::Status written = tracer->Close();
+    if (result.ok()) result = written;
+  }
   return result;
 }
 

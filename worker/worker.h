@@ -27,7 +27,8 @@ struct WorkerOptions {
   std::string metrics_port_file;
   absl::Duration call_deadline = absl::Minutes(11);
   absl::Duration join_deadline = absl::Minutes(2);
-  int channels = 1;  // TCP connections to the server; partition i travels on channel i % channels
+  int channels = 1;
+  std::string trace_file;  // when set: a Chrome trace of every step's stages, written at the end  // TCP connections to the server; partition i travels on channel i % channels
   // Fault injection for the process tests (FaultInjectingStore); nothing by default.
   FaultPlan faults;
 };

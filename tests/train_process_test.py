@@ -3,7 +3,9 @@ OS-chosen ports, train LeNet on Fashion-MNIST; workers serve their status throug
 data files and a model unlike the server's are refused with clear messages; the launcher stops
 every process it started."""
 import argparse
+import collections
 import gzip
+import json
 import os
 import re
 import shutil
@@ -204,13 +206,36 @@ class TrainProcessTest(unittest.TestCase):
 
     def test_launcher_trains_and_stops_everything_on_failure(self):
         run_dir = os.path.join(ProcessGroup().dir, "run")
+        trace_dir = os.path.join(run_dir, "trace")
         ok = subprocess.run([ARGS.launch, "--workers", "2", "--epochs", "1", "--batch_size", "64",
-                             "--lr", "0.5", "--bin", ARGS.bin, "--run_dir", run_dir, "--",
-                             "--train_limit=1000", "--test_limit=500"],
+                             "--lr", "0.5", "--bin", ARGS.bin, "--run_dir", run_dir,
+                             "--trace_dir", trace_dir, "--", "--train_limit=1000", "--test_limit=500"],
                             capture_output=True, text=True, timeout=240)
         self.assertEqual(ok.returncode, 0, ok.stdout + ok.stderr)
         self.assertIn("epoch 1/1", ok.stdout)
         self.assertIn("all 2 workers finished", ok.stdout)
+        # The timelines: every step's stages on each worker, every push's sum and every step's
+        # optimizer on the server (1000 examples in batches of 64: 16 steps; LeNet is one partition).
+        steps = -(-1000 // 64)
+        spans = {}
+        for name in ("server", "worker0", "worker1"):
+            with open(os.path.join(trace_dir, name + ".json")) as f:
+                events = json.load(f)["traceEvents"]
+            spans[name] = collections.Counter(e["name"] for e in events if e.get("ph") == "X")
+        for worker in ("worker0", "worker1"):
+            for stage in ("stage", "compute", "exchange", "load", "pushpull"):
+                self.assertEqual(spans[worker][stage], steps, (worker, stage, spans[worker]))
+        self.assertEqual(spans["server"]["sum"], 2 * steps, spans["server"])
+        self.assertEqual(spans["server"]["optimizer"], steps, spans["server"])
+        # Every push-pull's wait, and each worker's first pull after its join.
+        self.assertEqual(spans["server"]["wait"], 2 * steps + 2, spans["server"])
+        summary = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "..", "bench",
+                                                               "trace_summary.py"),
+                                  *[os.path.join(trace_dir, n + ".json") for n in ("server", "worker0", "worker1")]],
+                                 capture_output=True, text=True, timeout=60)
+        self.assertEqual(summary.returncode, 0, summary.stderr)
+        self.assertIn(f"communication per step (the last worker's exchange, {steps} steps of 2 workers)",
+                      summary.stdout)
         pids = [int(open(os.path.join(run_dir, f)).read()) for f in os.listdir(run_dir)
                 if f.endswith(".pid")]
         self.assertEqual(len(pids), 3)

@@ -53,6 +53,7 @@ absl::Status AllReduceHub::Admit(Collective& col, const AllReduceContribution& c
   }
   if (col.members) {
     if (members_->job_ended()) return absl::AbortedError(absl::StrCat("the job has ended: ", members_->job_error()));
+    if (absl::Status s = members_->CheckSession(c.rank, c.session); !s.ok()) return s;
     if (members_->excluded(c.rank)) {
       return absl::FailedPreconditionError(absl::StrCat("rank ", c.rank, " is no longer in the group"));
     }

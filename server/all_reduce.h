@@ -42,6 +42,7 @@ struct AllReduceContribution {
   int rank = 0;        // in the fixed group, or the member rank
   bool members = false;
   uint64_t round = 0;  // member collectives: the round meant
+  uint64_t session = 0;  // member collectives: the rank's session
   TensorSpec spec;
   absl::string_view data;  // raw little-endian float32
 };

@@ -28,6 +28,7 @@
 namespace summa::server {
 
 struct PushRequestView {
+  uint64_t session = 0;  // the pusher's, from its Join
   int rank = 0;
   uint64_t step = 0;
   uint32_t partition = 0;

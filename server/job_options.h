@@ -48,6 +48,9 @@ struct ServerOptions {
   OnWorkerLoss on_worker_loss = OnWorkerLoss::kWait;
   // wait: how long a lapsed member may take to rejoin before the job ends.
   absl::Duration rejoin_deadline = absl::Minutes(5);
+  // Refuse a member's call that carries no session (true), or take it as the rank's (false: for
+  // clients from before sessions; a call with a fenced session is refused either way).
+  bool require_sessions = true;
   std::string checkpoint_dir;    // empty: no checkpoints
   int64_t checkpoint_every = 0;  // steps between checkpoints; 0: only at shutdown
   // Called with each step's duration (partition 0, under its lock: keep it cheap), or null.

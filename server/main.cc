@@ -22,6 +22,10 @@ ABSL_FLAG(std::string, trace_file, "",
           "if set, write a timeline of the data path (receive, sum, optimizer and wait, per "
           "partition) to this file as Chrome trace JSON when the server stops (open it in "
           "chrome://tracing or ui.perfetto.dev)");
+ABSL_FLAG(bool, require_sessions, true,
+          "refuse a member's call that carries no session id (its Join returns one; a newer Join "
+          "for the same rank fences the older process). false takes session-less calls, from "
+          "clients older than sessions, as the rank's");
 ABSL_FLAG(int, workers, 1, "number of workers in the job (the sync barrier waits for all of them)");
 ABSL_FLAG(std::string, mode, "sync",
           "consistency mode: sync (a step completes when every worker pushed, as the seed), async "
@@ -109,6 +113,7 @@ absl::StatusOr<summa::server::ServerOptions> OptionsFromFlags() {
   o.rejoin_deadline = absl::GetFlag(FLAGS_rejoin_deadline);
   o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  o.require_sessions = absl::GetFlag(FLAGS_require_sessions);
   if (absl::Status valid = server::ValidateOptions(o); !valid.ok()) return valid;
   return o;
 }

@@ -24,8 +24,9 @@ const char* MemberStateName(MemberState state) {
 }
 
 Membership::Membership(int world_size, OnWorkerLoss on_loss, absl::Duration lease,
-                       absl::Duration rejoin_deadline, const Clock* clock)
+                       absl::Duration rejoin_deadline, const Clock* clock, bool require_sessions)
     : world_size_(world_size),
+      require_sessions_(require_sessions),
       on_loss_(on_loss),
       lease_(lease),
       rejoin_deadline_(rejoin_deadline),
@@ -46,8 +47,8 @@ void Membership::SetState(int rank, MemberState s) {
   }
 }
 
-absl::StatusOr<int> Membership::Admit(int rank, const std::string& peer,
-                                      const std::string& status_address) {
+absl::StatusOr<Admitted> Membership::Admit(int rank, const std::string& peer,
+                                           const std::string& status_address) {
   absl::MutexLock lock(&mu_);
   if (rank == -1) {
     for (rank = 0; rank < world_size_ && state(rank) != MemberState::kAbsent; ++rank) {
@@ -78,15 +79,48 @@ absl::StatusOr<int> Membership::Admit(int rank, const std::string& peer,
   d.peer = peer;
   d.status_address = status_address;
   ++d.joins;
+  uint64_t session = 0;
+  while (session == 0) session = absl::Uniform<uint64_t>(session_bits_);
+  const uint64_t fenced = slots_[rank].session.exchange(session, std::memory_order_acq_rel);
+  if (fenced != 0) {
+    SUMMA_LOG(WARNING) << "rank " << rank << ": the join from " << peer << " fences the rank's earlier "
+                       << "session; calls from the process that held it are refused from now on";
+  }
   slots_[rank].last_seen_ns.store(absl::ToUnixNanos(now), std::memory_order_relaxed);
   SetState(rank, MemberState::kAlive);
-  return rank;
+  return Admitted{rank, session};
 }
 
-absl::Status Membership::Touch(int rank) {
+absl::Status Membership::CheckSession(int rank, uint64_t session) const {
   if (rank < 0 || rank >= world_size_) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is outside ", RankRange(world_size_)));
   }
+  const uint64_t current = slots_[rank].session.load(std::memory_order_acquire);
+  if (current != 0 && (current == session || (session == 0 && !require_sessions_))) {
+    return absl::OkStatus();
+  }
+  if (current == 0) {
+    return absl::NotFoundError(absl::StrCat(
+        "rank ", rank, " is not a member (never joined, or the server restarted); Join again"));
+  }
+  if (session == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank, ": the call carries no session; Join, then send the session it returns with "
+        "every call"));
+  }
+  std::string peer;
+  {
+    absl::MutexLock lock(&mu_);
+    peer = details_[rank].peer;
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "rank ", rank, " is held by a newer process: a later Join from ", peer,
+      " fenced this session; two processes were started as rank ", rank,
+      ": stop this one (or give it another --rank)"));
+}
+
+absl::Status Membership::Touch(int rank, uint64_t session) {
+  if (absl::Status s = CheckSession(rank, session); !s.ok()) return s;
   Slot& slot = slots_[rank];
   if (state(rank) != MemberState::kAlive) {
     absl::MutexLock lock(&mu_);
@@ -116,8 +150,8 @@ void Membership::CountPush(int rank, int64_t examples) {
   slots_[rank].examples.fetch_add(examples, std::memory_order_relaxed);
 }
 
-absl::Status Membership::Leave(int rank) {
-  if (absl::Status s = Touch(rank); !s.ok()) return s;
+absl::Status Membership::Leave(int rank, uint64_t session) {
+  if (absl::Status s = Touch(rank, session); !s.ok()) return s;
   {
     absl::MutexLock lock(&mu_);
     SetState(rank, MemberState::kLeft);

@@ -3,6 +3,11 @@
 // lapsed member is dropped (left out of every later step), under `wait` it is waited for until
 // the rejoin deadline, when the job ends. Leave takes a member out for good.
 //
+// Sessions fence stale processes: every Admit gives the rank a new random session id, which
+// that member's later calls carry; a call with another id (an older process that held the rank,
+// or none) is refused, so a push can never be counted for a rank by a process that does not
+// hold its session.
+//
 // The push path only reads atomics: Touch() on an alive member stores its last-seen time and
 // counts its push, without a lock. The lock (mu_) is taken for joins, revivals, leaves, Tick and
 // snapshots. Observers registered before use are told, outside the lock, when ranks are excluded
@@ -20,6 +25,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/random/random.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "server/job_options.h"
@@ -42,11 +48,18 @@ struct MemberInfo {
   int joins = 0;
 };
 
+struct Admitted {
+  int rank = 0;
+  uint64_t session = 0;  // never 0
+};
+
 class Membership {
  public:
-  // `clock` is not owned and outlives the membership.
+  // `clock` is not owned and outlives the membership. Without `require_sessions`, a call that
+  // carries no session (a client from before sessions) is taken as the rank's; one that carries
+  // an older session is refused all the same.
   Membership(int world_size, OnWorkerLoss on_loss, absl::Duration lease,
-             absl::Duration rejoin_deadline, const Clock* clock);
+             absl::Duration rejoin_deadline, const Clock* clock, bool require_sessions = true);
   Membership(const Membership&) = delete;
   Membership& operator=(const Membership&) = delete;
 
@@ -57,18 +70,24 @@ class Membership {
 
   // Admits (or readmits) `rank`, or assigns the lowest absent rank for -1. INVALID_ARGUMENT for a
   // rank outside the group, RESOURCE_EXHAUSTED when every rank has joined, FAILED_PRECONDITION
-  // for a dropped or departed rank. Returns the rank.
-  absl::StatusOr<int> Admit(int rank, const std::string& peer, const std::string& status_address);
+  // for a dropped or departed rank. Returns the rank and its new session, which fences every
+  // earlier session of the rank.
+  absl::StatusOr<Admitted> Admit(int rank, const std::string& peer, const std::string& status_address);
 
-  // OK for an alive member (its lease renewed) or a lapsed one (revived); the status to refuse
-  // with otherwise: INVALID_ARGUMENT, NOT_FOUND (never joined: Join again), FAILED_PRECONDITION
-  // (dropped, left).
-  absl::Status Touch(int rank);
+  // OK when `session` is `rank`'s current session; FAILED_PRECONDITION naming the rank, the newer
+  // peer and what to do when it is an older one (fenced) or none; NOT_FOUND when the rank never
+  // joined; INVALID_ARGUMENT for a rank outside the group. Lock-free unless refusing.
+  absl::Status CheckSession(int rank, uint64_t session) const;
+
+  // CheckSession, then: OK for an alive member (its lease renewed) or a lapsed one (revived);
+  // the status to refuse with otherwise: NOT_FOUND (never joined: Join again),
+  // FAILED_PRECONDITION (dropped, left).
+  absl::Status Touch(int rank, uint64_t session);
   // Counts a push accepted from `rank` (which Touch admitted).
   void CountPush(int rank, int64_t examples);
 
-  // Takes `rank` out for good; its observers are told.
-  absl::Status Leave(int rank);
+  // Takes `rank` out for good (when `session` is its current one); its observers are told.
+  absl::Status Leave(int rank, uint64_t session);
 
   // Lapses expired leases, drops them under `shrink`, ends the job under `wait` when one has
   // been lapsed for the rejoin deadline.
@@ -95,6 +114,7 @@ class Membership {
     std::atomic<int64_t> last_seen_ns{0};  // absl::ToUnixNanos of the last call
     std::atomic<uint64_t> pushes{0};
     std::atomic<uint64_t> examples{0};
+    std::atomic<uint64_t> session{0};  // 0: never joined
   };
   struct Details {
     std::string peer;
@@ -110,6 +130,7 @@ class Membership {
   void Notify();
 
   const int world_size_;
+  const bool require_sessions_;
   const OnWorkerLoss on_loss_;
   const absl::Duration lease_;
   const absl::Duration rejoin_deadline_;
@@ -119,6 +140,7 @@ class Membership {
 
   mutable absl::Mutex mu_;
   std::vector<Details> details_ ABSL_GUARDED_BY(mu_);
+  absl::BitGen session_bits_ ABSL_GUARDED_BY(mu_);
   std::string job_error_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> job_ended_{false};
 };

@@ -32,7 +32,7 @@ ParameterServer::ParameterServer(ServerOptions options)
     : options_(std::move(options)),
       optimizer_(*Optimizer::Create(options_.optimizer)),
       membership_(options_.world_size, options_.on_worker_loss, options_.lease,
-                  options_.rejoin_deadline, options_.clock),
+                  options_.rejoin_deadline, options_.clock, options_.require_sessions),
       policy_(ConsistencyPolicy::Create(options_.mode, MakeContext(options_, optimizer_.get(), &membership_))),
       started_(options_.clock->Now()) {
   membership_.AddObserver([this] { OnMembershipChange(); });
@@ -158,9 +158,12 @@ absl::StatusOr<JoinResult> ParameterServer::Join(const JoinRequestView& request)
                                                m.partitions.size() - pending, " of ", m.partitions.size(),
                                                " partitions have them); retry"));
   }
-  SUMMA_ASSIGN_OR_RETURN(const int rank, membership_.Admit(request.rank, request.peer, request.status_address));
+  SUMMA_ASSIGN_OR_RETURN(const Admitted admitted,
+                         membership_.Admit(request.rank, request.peer, request.status_address));
+  const int rank = admitted.rank;
   JoinResult result;
   result.rank = rank;
+  result.session = admitted.session;
   result.partitions = m.map.partitions();
   result.version = UINT64_MAX;
   result.next_step = UINT64_MAX;
@@ -176,12 +179,12 @@ absl::StatusOr<JoinResult> ParameterServer::Join(const JoinRequestView& request)
   return result;
 }
 
-absl::Status ParameterServer::Heartbeat(int rank) {
+absl::Status ParameterServer::Heartbeat(int rank, uint64_t session) {
   SUMMA_RETURN_IF_ERROR(Answerable());
-  return membership_.Touch(rank);
+  return membership_.Touch(rank, session);
 }
 
-absl::Status ParameterServer::Leave(int rank) { return membership_.Leave(rank); }
+absl::Status ParameterServer::Leave(int rank, uint64_t session) { return membership_.Leave(rank, session); }
 
 absl::StatusOr<PushValues> ParameterServer::CheckValues(const PushRequestView& r) {
   const absl::Span<const float> values = AsFloats(r.data);
@@ -226,7 +229,7 @@ absl::StatusOr<bool> ParameterServer::Initialize(const InitializeView& request) 
                                                    " floats (", p.range.length * 4, " bytes); got ",
                                                    request.data.size(), " bytes"));
   }
-  SUMMA_RETURN_IF_ERROR(membership_.Touch(request.rank));
+  SUMMA_RETURN_IF_ERROR(membership_.Touch(request.rank, request.session));
   {
     absl::MutexLock lock(&p.mu);
     if (p.initialized) return false;
@@ -243,7 +246,7 @@ absl::StatusOr<bool> ParameterServer::Initialize(const InitializeView& request) 
 absl::StatusOr<bool> ParameterServer::Push(const PushRequestView& request) {
   SUMMA_RETURN_IF_ERROR(Answerable());
   SUMMA_ASSIGN_OR_RETURN(const Model* m, ReadyModel());
-  if (request.rank < 0 || request.rank >= options_.world_size) return membership_.Touch(request.rank);
+  if (request.rank < 0 || request.rank >= options_.world_size) return membership_.Touch(request.rank, request.session);
   if (request.partition >= m->partitions.size()) {
     return absl::InvalidArgumentError(absl::StrCat("unknown partition ", request.partition,
                                                    "; the model has ", m->partitions.size()));
@@ -262,7 +265,7 @@ absl::StatusOr<bool> ParameterServer::Push(const PushRequestView& request) {
         absl::StrCat("num_examples must not be negative, got ", request.num_examples));
   }
   SUMMA_ASSIGN_OR_RETURN(const PushValues values, CheckValues(request));
-  SUMMA_RETURN_IF_ERROR(membership_.Touch(request.rank));
+  SUMMA_RETURN_IF_ERROR(membership_.Touch(request.rank, request.session));
   CallsToFinish released;
   absl::StatusOr<bool> applied;
   {
@@ -318,12 +321,12 @@ void ParameterServer::PullFrom(const Model& m, uint32_t partition, uint64_t min_
   CountAnswers(answer, p.range.length);
 }
 
-void ParameterServer::Pull(int rank, uint32_t partition, uint64_t min_version,
+void ParameterServer::Pull(int rank, uint64_t session, uint32_t partition, uint64_t min_version,
                            std::shared_ptr<ParkedCall> call) {
   absl::Status ok = Answerable();
   absl::StatusOr<const Model*> m = ReadyModel();
   if (ok.ok()) ok = m.status();
-  if (ok.ok() && rank != -1) ok = membership_.Touch(rank);
+  if (ok.ok() && rank != -1) ok = membership_.Touch(rank, session);
   if (!ok.ok()) {
     if (call->Claim()) call->Finish(ok);
     return;

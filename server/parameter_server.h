@@ -55,10 +55,12 @@ struct InitializeView {
   uint32_t partition = 0;
   bool dtype_is_float32 = true;
   absl::string_view data;
+  uint64_t session = 0;
 };
 
 struct JoinResult {
   int rank = 0;
+  uint64_t session = 0;  // what this member's later calls carry
   uint64_t version = 0;
   // The step this rank pushes next: the version in sync mode, the rank's own count otherwise.
   uint64_t next_step = 0;
@@ -120,11 +122,14 @@ class ParameterServer {
   // or length, NOT_FOUND for a caller that is not a member, FAILED_PRECONDITION with no model.
   absl::StatusOr<bool> Initialize(const InitializeView& request);
 
+  // Every call of a member carries the session its Join returned; one from an older session of
+  // the rank (a process a newer Join fenced) or none is refused with FAILED_PRECONDITION.
+
   // Renews `rank`'s lease. NOT_FOUND when it is not a member, FAILED_PRECONDITION when dropped.
-  absl::Status Heartbeat(int rank);
+  absl::Status Heartbeat(int rank, uint64_t session);
 
   // Takes `rank` out of the group for good; the steps go on without it.
-  absl::Status Leave(int rank);
+  absl::Status Leave(int rank, uint64_t session);
 
   // Hands a gradient for one partition of one step to the consistency policy; true when it
   // completed the step (sync) or was applied. Every refusal changes nothing: INVALID_ARGUMENT
@@ -136,8 +141,9 @@ class ParameterServer {
 
   // Answers `call` with the partition's weights once its version is >= min_version; parks it
   // until then (up to the barrier deadline). Errors finish the call at once. rank -1: an
-  // operator's pull, not a member's.
-  void Pull(int rank, uint32_t partition, uint64_t min_version, std::shared_ptr<ParkedCall> call);
+  // operator's pull, not a member's (no session).
+  void Pull(int rank, uint64_t session, uint32_t partition, uint64_t min_version,
+            std::shared_ptr<ParkedCall> call);
 
   // Push, then answer with the partition's next weights: version step + 1 in sync mode (a
   // retried push that was already counted, even after its step completed, only pulls), the

@@ -93,6 +93,7 @@ absl::StatusOr<PushRequestView> ParsePush(grpc::CallbackServerContext* context, 
   if (!parsed.ok()) return parsed;
   PushRequestView v;
   v.rank = header->rank();
+  v.session = header->session();
   v.step = header->step();
   v.partition = header->partition();
   v.num_examples = header->num_examples();
@@ -150,6 +151,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Join(grpc::CallbackServerConte
     return reactor;
   }
   response->set_rank(joined->rank);
+  response->set_session(joined->session);
   response->set_world_size(core_->options().world_size);
   response->set_mode(ModeToProto(core_->options().mode));
   response->set_version(joined->version);
@@ -172,7 +174,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Join(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* ParameterServerService::Heartbeat(grpc::CallbackServerContext* context,
                                                             const pb::HeartbeatRequest* request,
                                                             pb::HeartbeatResponse* response) {
-  absl::Status s = core_->Heartbeat(request->rank());
+  absl::Status s = core_->Heartbeat(request->rank(), request->session());
   if (s.ok()) response->set_version(core_->Status().version);
   return Done(context, s);
 }
@@ -180,7 +182,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Heartbeat(grpc::CallbackServer
 grpc::ServerUnaryReactor* ParameterServerService::Leave(grpc::CallbackServerContext* context,
                                                         const pb::LeaveRequest* request,
                                                         pb::LeaveResponse* response) {
-  return Done(context, core_->Leave(request->rank()));
+  return Done(context, core_->Leave(request->rank(), request->session()));
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::Checkpoint(grpc::CallbackServerContext* context,
@@ -230,6 +232,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Initialize(grpc::CallbackServe
   if (!parsed.ok()) return Done(context, parsed);
   InitializeView view;
   view.rank = header.rank();
+  view.session = header.session();
   view.partition = header.partition();
   view.dtype_is_float32 = header.dtype() == pb::DTYPE_FLOAT32;
   view.data = values.view();
@@ -250,7 +253,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Pull(grpc::CallbackServerConte
   absl::Status parsed = ParseWithBytes(*request, {}, nullptr, &r);
   if (!parsed.ok()) return Done(context, parsed);
   ParkedReactor* reactor = PullReactor(core_, response, r.partition());
-  core_->Pull(r.rank(), r.partition(), r.min_version(), reactor->call());
+  core_->Pull(r.rank(), r.session(), r.partition(), r.min_version(), reactor->call());
   return reactor;
 }
 
@@ -298,6 +301,7 @@ grpc::ServerUnaryReactor* ParameterServerService::AllReduce(grpc::CallbackServer
   c.rank = header.rank();
   c.members = header.members();
   c.round = header.round();
+  c.session = header.session();
   c.spec = *std::move(spec);
   c.data = values.view();
   hub_->Contribute(c, reactor->call());

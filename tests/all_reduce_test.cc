@@ -101,7 +101,8 @@ TEST(AllReduceHubTest, UnfilledRoundIsAbandonedAtTheDeadline) {
 class MemberCollectiveTest : public ::testing::Test {
  protected:
   void Start(OnWorkerLoss policy) {
-    members_ = std::make_unique<Membership>(2, policy, absl::Seconds(1), absl::Seconds(30), &clock_);
+    members_ = std::make_unique<Membership>(2, policy, absl::Seconds(1), absl::Seconds(30), &clock_,
+                                            /*require_sessions=*/false);
     hub_ = std::make_unique<AllReduceHub>(absl::Minutes(10), &clock_, members_.get());
     members_->AddObserver([this] { hub_->OnMembershipChange(); });
     for (int r : {0, 1}) ASSERT_TRUE(members_->Admit(r, "", "").ok());
@@ -128,7 +129,7 @@ class MemberCollectiveTest : public ::testing::Test {
 TEST_F(MemberCollectiveTest, ShrinkLeavesADroppedMemberOut) {
   Start(OnWorkerLoss::kShrink);
   auto mine = Send(0, 0, 5);
-  ASSERT_TRUE(members_->Touch(0).ok());
+  ASSERT_TRUE(members_->Touch(0, 0).ok());
   clock_.Advance(absl::Milliseconds(1500));  // rank 1 silent past its lease
   ASSERT_FALSE(mine->answered());
   members_->Tick(clock_.Now());
@@ -158,7 +159,7 @@ TEST_F(MemberCollectiveTest, WaitHoldsTheRoundForARejoinedMemberThatCatchesUp) {
   EXPECT_EQ(Send(1, 3, 1)->Wait().code(), absl::StatusCode::kOutOfRange);
   // Rank 1 is lost for good; the job ends and round 1 is aborted.
   clock_.Advance(absl::Seconds(2));
-  ASSERT_TRUE(members_->Touch(0).ok());
+  ASSERT_TRUE(members_->Touch(0, 0).ok());
   members_->Tick(clock_.Now());
   clock_.Advance(absl::Seconds(31));
   members_->Tick(clock_.Now());

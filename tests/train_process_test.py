@@ -167,6 +167,33 @@ class TrainProcessTest(unittest.TestCase):
             self.assertEqual(value(text, "summa_server_members_alive"), 0)  # it left when done
             self.assertEqual(value(text, "summa_server_checkpoint_age_seconds"), -1)
 
+    def test_a_second_process_started_as_the_same_rank_fences_the_first(self):
+        with ProcessGroup() as g:
+            server, port = g.start_server(ARGS.server, "--workers=1", "--optimizer=adam", "--lr=0.001")
+            common = [ARGS.worker, f"--server=127.0.0.1:{port}", "--rank=0", "--world_size=1", "--device=cpu",
+                      "--batch_size=64", "--epochs=2", "--train_limit=8000", "--test_limit=500", "--seed=1",
+                      "--status_address=127.0.0.1:0"]
+            first_status = os.path.join(g.dir, "first.status")
+            first = g.start("first", common + [f"--status_port_file={first_status}"])
+            r = Reflector(f"127.0.0.1:{int(g.wait_for_file(first_status, first))}")
+            status = started_status(r)
+            deadline = time.monotonic() + 120
+            while int(status.get("step", 0)) < 5 and time.monotonic() < deadline:
+                time.sleep(0.05)
+                status = r.call("summa.v1.Worker/GetStatus")
+            self.assertGreaterEqual(int(status.get("step", 0)), 5, status)
+            # The same rank again, from another process: its join fences the first one's session.
+            second = g.start("second", common + [f"--status_port_file={os.path.join(g.dir, 'second.status')}"])
+            self.assertEqual(g.wait(first, 120), 1, g.log(first))
+            log = g.log(first)
+            self.assertIn("FAILED_PRECONDITION", log)
+            self.assertIn("rank 0 is held by a newer process", log)
+            self.assertEqual(g.wait(second, 240), 0, g.log(second))
+            srv = Reflector(f"127.0.0.1:{port}").call("summa.v1.ParameterServer/GetStatus")
+            # Every step of the job was taken once: by the first process, then by the second.
+            self.assertEqual(int(srv["version"]), 2 * 8000 // 64, srv)
+            self.assertEqual(srv["members"][0]["joins"], 2, srv)
+
     def test_bad_data_files_are_named(self):
         with ProcessGroup() as g:
             bad = os.path.join(g.dir, "data")

@@ -133,6 +133,7 @@ absl::StatusOr<JoinInfo> ParameterClient::Join(int rank, int world,
                                                       " parameters; this worker's model has ", offset));
   }
   rank_ = info.rank;
+  session_ = response.session();
   mode_ = info.mode;
   partitions_ = info.partitions;
   push_headers_.assign(partitions_.size(), pb::PushRequest());
@@ -142,9 +143,11 @@ absl::StatusOr<JoinInfo> ParameterClient::Join(int rank, int world,
   pull_headers_.assign(partitions_.size(), pb::PullResponse());
   for (size_t i = 0; i < partitions_.size(); ++i) {
     push_headers_[i].set_rank(rank_);
+    push_headers_[i].set_session(response.session());
     push_headers_[i].set_partition(partitions_[i].id);
     push_headers_[i].set_dtype(pb::DTYPE_FLOAT32);
     pull_requests_[i].set_rank(rank_);
+    pull_requests_[i].set_session(response.session());
     pull_requests_[i].set_partition(partitions_[i].id);
   }
   if (response.initialize()) SUMMA_RETURN_IF_ERROR(SendInitialValues(initial));
@@ -164,6 +167,7 @@ absl::Status ParameterClient::SendInitialValues(const float* initial) {
           const PartitionRange& p = partitions_[i];
           pb::InitializeRequest header;
           header.set_rank(rank_);
+          header.set_session(session_);
           header.set_partition(p.id);
           header.set_dtype(pb::DTYPE_FLOAT32);
           std::string prefix = header.SerializeAsString();
@@ -306,6 +310,7 @@ absl::StatusOr<bool> ParameterClient::Push(uint64_t step, int64_t num_examples,
 absl::Status ParameterClient::Heartbeat(int rank) const {
   pb::HeartbeatRequest request;
   request.set_rank(rank);
+  request.set_session(session_);
   pb::HeartbeatResponse response;
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
@@ -315,6 +320,7 @@ absl::Status ParameterClient::Heartbeat(int rank) const {
 absl::Status ParameterClient::Leave(int rank) {
   pb::LeaveRequest request;
   request.set_rank(rank);
+  request.set_session(session_);
   pb::LeaveResponse response;
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
@@ -357,6 +363,7 @@ absl::Status ParameterClient::AllReduceInto(const Collective& group, absl::Span<
         outer.set_rank(group.rank);
         outer.set_members(group.members);
         outer.set_round(group.round);
+        if (group.members) outer.set_session(session_);
         pb::Tensor tensor;
         tensor.set_name(outer.name());
         tensor.set_dtype(pb::DTYPE_FLOAT32);

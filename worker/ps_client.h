@@ -12,6 +12,7 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -91,6 +92,7 @@ class ParameterClient final : public ParameterStore {
   std::vector<std::unique_ptr<grpc::GenericStub>> generic_;  // the data path, one per channel
   grpc::CompletionQueue queue_;  // the data path's replies, collected by the calling thread
   int rank_ = -1;
+  std::atomic<uint64_t> session_{0};  // from the last Join; Heartbeat reads it from another thread
   summa::v1::Mode mode_ = summa::v1::MODE_SYNC;
   std::vector<PartitionRange> partitions_;
   // One request, reply and header per partition, reused across steps.

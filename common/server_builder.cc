@@ -8,12 +8,13 @@ namespace summa {
 
 absl::StatusOr<RunningServer> StartGrpcServer(const std::string& address,
                                               const std::vector<grpc::Service*>& services,
-                                              const std::vector<std::string>& service_names) {
+                                              const std::vector<std::string>& service_names,
+                                              std::shared_ptr<grpc::ServerCredentials> credentials) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   RunningServer running;
   running.health = std::make_unique<HealthService>(service_names);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &running.port);
+  builder.AddListeningPort(address, std::move(credentials), &running.port);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   for (const auto& [name, value] : DataPathArguments()) builder.AddChannelArgument(name, value);

@@ -26,9 +26,10 @@ struct RunningServer {
 
 // `services` are not owned and must outlive the server. Fails with UNAVAILABLE naming the
 // address when it cannot be bound.
-absl::StatusOr<RunningServer> StartGrpcServer(const std::string& address,
-                                              const std::vector<grpc::Service*>& services,
-                                              const std::vector<std::string>& service_names);
+absl::StatusOr<RunningServer> StartGrpcServer(
+    const std::string& address, const std::vector<grpc::Service*>& services,
+    const std::vector<std::string>& service_names,
+    std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials());
 
 // gRPC reads a socket into buffers of a size it adapts from call to call; buffers of many sizes,
 // each freed after its message is parsed, leave the allocator fragmented, and the next call

@@ -9,7 +9,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgtest-dev libgmock-dev
   libopenblas-dev zlib1g-dev prometheus-cpp-dev
-  dataset-fashion-mnist grpc-proto
+  dataset-fashion-mnist grpc-proto openssl
   python3 python3-grpcio python3-protobuf python3-yaml
 )
 if [[ "${1:-}" == "--bench" ]]; then

@@ -9,16 +9,20 @@
 
 namespace summa::server {
 
-SummaServer::SummaServer(ServerOptions options)
+SummaServer::SummaServer(ServerOptions options, TokenCheck tokens)
     : core_(options),
       hub_(options.barrier_deadline, options.clock, &core_.membership()),
-      service_(&core_, &hub_, [this](std::function<void()> task) { RunInBackground(std::move(task)); }) {
+      tokens_(std::move(tokens)),
+      service_(&core_, &hub_, [this](std::function<void()> task) { RunInBackground(std::move(task)); },
+               &tokens_) {
   core_.membership().AddObserver([this] { hub_.OnMembershipChange(); });
 }
 
 absl::StatusOr<std::unique_ptr<SummaServer>> SummaServer::Start(const std::string& address,
                                                                 ServerOptions options,
-                                                                const std::string& metrics_address) {
+                                                                const std::string& metrics_address,
+                                                                EndpointSecurity security) {
+  if (absl::Status tls = ValidateTls(security.tls, /*server=*/true); !tls.ok()) return tls;
   absl::Status valid = ValidateOptions(options);
   if (!valid.ok()) return valid;
   std::unique_ptr<MetricsEndpoint> metrics;
@@ -44,7 +48,7 @@ absl::StatusOr<std::unique_ptr<SummaServer>> SummaServer::Start(const std::strin
     prometheus::Histogram* histogram = m.step_seconds;
     options.step_observer = [histogram](absl::Duration d) { histogram->Observe(absl::ToDoubleSeconds(d)); };
   }
-  std::unique_ptr<SummaServer> server(new SummaServer(options));
+  std::unique_ptr<SummaServer> server(new SummaServer(options, std::move(security.tokens)));
   server->metrics_ = std::move(metrics);
   server->m_ = m;
   if (!options.checkpoint_dir.empty()) {
@@ -60,7 +64,8 @@ absl::StatusOr<std::unique_ptr<SummaServer>> SummaServer::Start(const std::strin
     }
   }
   absl::StatusOr<RunningServer> running =
-      StartGrpcServer(address, {&server->service_}, {"summa.v1.ParameterServer"});
+      StartGrpcServer(address, {&server->service_}, {"summa.v1.ParameterServer"},
+                      ServerCredentialsFor(security.tls));
   if (!running.ok()) return running.status();
   server->running_ = *std::move(running);
   server->ticker_ = std::thread([s = server.get()] { s->TickLoop(); });

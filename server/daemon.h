@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/metrics.h"
 #include "common/server_builder.h"
+#include "common/transport.h"
 #include "server/all_reduce.h"
 #include "server/parameter_server.h"
 #include "server/service.h"
@@ -27,10 +28,11 @@ class SummaServer {
  public:
   // Restores the newest whole checkpoint in options.checkpoint_dir (if any), then listens on
   // `address` ("127.0.0.1:0" picks a free port). With a `metrics_address`, also serves
-  // Prometheus metrics there.
+  // Prometheus metrics there. `security`: TLS and the tokens calls need (common/transport.h).
   static absl::StatusOr<std::unique_ptr<SummaServer>> Start(const std::string& address,
                                                             ServerOptions options,
-                                                            const std::string& metrics_address = "");
+                                                            const std::string& metrics_address = "",
+                                                            EndpointSecurity security = {});
   ~SummaServer();
 
   int port() const { return running_.port; }
@@ -50,7 +52,7 @@ class SummaServer {
   void Shutdown();
 
  private:
-  explicit SummaServer(ServerOptions options);
+  SummaServer(ServerOptions options, TokenCheck tokens);
   void TickLoop();
   // Queues `task` for the ticker thread.
   void RunInBackground(std::function<void()> task);
@@ -76,6 +78,7 @@ class SummaServer {
 
   ParameterServer core_;
   AllReduceHub hub_;
+  const TokenCheck tokens_;
   ParameterServerService service_;
   RunningServer running_;
   absl::Mutex shutdown_mu_;  // held through a whole Shutdown, so later callers wait for it

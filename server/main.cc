@@ -3,10 +3,12 @@
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/allocator.h"
 #include "common/trace.h"
+#include "common/transport.h"
 #include "common/flags.h"
 #include "server/daemon.h"
 
@@ -22,6 +24,20 @@ ABSL_FLAG(std::string, trace_file, "",
           "if set, write a timeline of the data path (receive, sum, optimizer and wait, per "
           "partition) to this file as Chrome trace JSON when the server stops (open it in "
           "chrome://tracing or ui.perfetto.dev)");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain of this server: serve TLS (with --tls_key); reloaded when the "
+          "file changes");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA: require every client to present a certificate it signed (mutual TLS)");
+ABSL_FLAG(std::string, token_file, "",
+          "file holding the bearer token members must send (Join, Push, Pull, PushPull, "
+          "Heartbeat, Leave, Initialize, AllReduce); empty: those calls are open");
+ABSL_FLAG(std::string, admin_token_file, "",
+          "file holding the operators' bearer token, needed for Checkpoint (and accepted for every "
+          "member call); with any token set and no admin token, admin calls are refused");
+ABSL_FLAG(bool, status_needs_token, false,
+          "GetStatus needs a worker or admin token too (health and reflection stay open)");
 ABSL_FLAG(bool, require_sessions, true,
           "refuse a member's call that carries no session id (its Join returns one; a newer Join "
           "for the same rank fences the older process). false takes session-less calls, from "
@@ -118,6 +134,35 @@ absl::StatusOr<summa::server::ServerOptions> OptionsFromFlags() {
   return o;
 }
 
+absl::StatusOr<summa::EndpointSecurity> SecurityFromFlags() {
+  summa::EndpointSecurity s;
+  s.tls = {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca)};
+  if (absl::Status valid = summa::ValidateTls(s.tls, /*server=*/true); !valid.ok()) return valid;
+  std::string worker, admin;
+  if (!absl::GetFlag(FLAGS_token_file).empty()) {
+    absl::StatusOr<std::string> t = summa::ReadTokenFile(absl::GetFlag(FLAGS_token_file));
+    if (!t.ok()) return t.status();
+    worker = *std::move(t);
+  }
+  if (!absl::GetFlag(FLAGS_admin_token_file).empty()) {
+    absl::StatusOr<std::string> t = summa::ReadTokenFile(absl::GetFlag(FLAGS_admin_token_file));
+    if (!t.ok()) return t.status();
+    admin = *std::move(t);
+  }
+  if (!worker.empty() && worker == admin) {
+    return absl::InvalidArgumentError("--token_file and --admin_token_file hold the same token: give "
+                                      "operators a token of their own");
+  }
+  if (absl::GetFlag(FLAGS_status_needs_token) && worker.empty() && admin.empty()) {
+    return absl::InvalidArgumentError("--status_needs_token needs --token_file or --admin_token_file");
+  }
+  if (absl::Status m = summa::CheckMetricsAddress(absl::GetFlag(FLAGS_metrics_address), s.tls); !m.ok()) {
+    return m;
+  }
+  s.tokens = summa::TokenCheck(worker, admin, absl::GetFlag(FLAGS_status_needs_token));
+  return s;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -143,9 +188,14 @@ int main(int argc, char** argv) {
     tracer = *std::move(opened);
     options.tracer = tracer.get();
   }
+  absl::StatusOr<summa::EndpointSecurity> security = SecurityFromFlags();
+  if (!security.ok()) {
+    std::fprintf(stderr, "summa-server: %s\n", std::string(security.status().message()).c_str());
+    return 2;
+  }
   summa::BlockTerminationSignals();
   auto server = summa::server::SummaServer::Start(absl::GetFlag(FLAGS_address), options,
-                                                  absl::GetFlag(FLAGS_metrics_address));
+                                                  absl::GetFlag(FLAGS_metrics_address), *std::move(security));
   if (!server.ok()) {
     std::fprintf(stderr, "summa-server: %s\n", std::string(server.status().message()).c_str());
     return 1;

@@ -130,6 +130,7 @@ grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context, const absl:
 grpc::ServerUnaryReactor* ParameterServerService::Join(grpc::CallbackServerContext* context,
                                                        const pb::JoinRequest* request,
                                                        pb::JoinResponse* response) {
+  if (absl::Status auth = tokens_->Check(*context, Role::kWorker); !auth.ok()) return Done(context, auth);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   JoinRequestView view;
   view.rank = request->rank();
@@ -174,6 +175,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Join(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* ParameterServerService::Heartbeat(grpc::CallbackServerContext* context,
                                                             const pb::HeartbeatRequest* request,
                                                             pb::HeartbeatResponse* response) {
+  if (absl::Status auth = tokens_->Check(*context, Role::kWorker); !auth.ok()) return Done(context, auth);
   absl::Status s = core_->Heartbeat(request->rank(), request->session());
   if (s.ok()) response->set_version(core_->Status().version);
   return Done(context, s);
@@ -182,12 +184,14 @@ grpc::ServerUnaryReactor* ParameterServerService::Heartbeat(grpc::CallbackServer
 grpc::ServerUnaryReactor* ParameterServerService::Leave(grpc::CallbackServerContext* context,
                                                         const pb::LeaveRequest* request,
                                                         pb::LeaveResponse* response) {
+  if (absl::Status auth = tokens_->Check(*context, Role::kWorker); !auth.ok()) return Done(context, auth);
   return Done(context, core_->Leave(request->rank(), request->session()));
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::Checkpoint(grpc::CallbackServerContext* context,
                                                              const pb::CheckpointRequest* request,
                                                              pb::CheckpointResponse* response) {
+  if (absl::Status auth = tokens_->Check(*context, Role::kAdmin); !auth.ok()) return Done(context, auth);
   if (core_->options().checkpoint_dir.empty()) {
     return Done(context, absl::FailedPreconditionError(
                              "no --checkpoint_dir: this server does not write checkpoints"));
@@ -208,6 +212,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Checkpoint(grpc::CallbackServe
 grpc::ServerUnaryReactor* ParameterServerService::Push(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer* request,
                                                        grpc::ByteBuffer* response) {
+  if (absl::Status auth = tokens_->Check(*context, Role::kWorker); !auth.ok()) return Done(context, auth);
   pb::PushRequest header;
   Scratch& values = RequestValues();
   absl::StatusOr<PushRequestView> view = ParsePush(context, *request, &header, &values, core_->options().tracer);
@@ -225,6 +230,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* ParameterServerService::Initialize(grpc::CallbackServerContext* context,
                                                              const grpc::ByteBuffer* request,
                                                              grpc::ByteBuffer* response) {
+  if (absl::Status auth = tokens_->Check(*context, Role::kWorker); !auth.ok()) return Done(context, auth);
   pb::InitializeRequest header;
   Scratch& values = RequestValues();
   constexpr int kDataPath[] = {pb::InitializeRequest::kDataFieldNumber};
@@ -249,6 +255,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Initialize(grpc::CallbackServe
 grpc::ServerUnaryReactor* ParameterServerService::Pull(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer* request,
                                                        grpc::ByteBuffer* response) {
+  if (absl::Status auth = tokens_->Check(*context, Role::kWorker); !auth.ok()) return Done(context, auth);
   pb::PullRequest r;
   absl::Status parsed = ParseWithBytes(*request, {}, nullptr, &r);
   if (!parsed.ok()) return Done(context, parsed);
@@ -260,6 +267,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Pull(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* ParameterServerService::PushPull(grpc::CallbackServerContext* context,
                                                            const grpc::ByteBuffer* request,
                                                            grpc::ByteBuffer* response) {
+  if (absl::Status auth = tokens_->Check(*context, Role::kWorker); !auth.ok()) return Done(context, auth);
   pb::PushRequest header;
   Scratch& values = RequestValues();
   absl::StatusOr<PushRequestView> view = ParsePush(context, *request, &header, &values, core_->options().tracer);
@@ -273,6 +281,7 @@ grpc::ServerUnaryReactor* ParameterServerService::PushPull(grpc::CallbackServerC
 grpc::ServerUnaryReactor* ParameterServerService::AllReduce(grpc::CallbackServerContext* context,
                                                             const grpc::ByteBuffer* request,
                                                             grpc::ByteBuffer* response) {
+  if (absl::Status auth = tokens_->Check(*context, Role::kWorker); !auth.ok()) return Done(context, auth);
   pb::AllReduceRequest header;
   Scratch& values = RequestValues();
   constexpr int kDataPath[] = {pb::AllReduceRequest::kTensorFieldNumber, pb::Tensor::kDataFieldNumber};
@@ -312,6 +321,7 @@ grpc::ServerUnaryReactor* ParameterServerService::AllReduce(grpc::CallbackServer
 grpc::ServerUnaryReactor* ParameterServerService::GetStatus(grpc::CallbackServerContext* context,
                                                             const pb::GetStatusRequest* request,
                                                             pb::ServerStatus* response) {
+  if (absl::Status auth = tokens_->Check(*context, Role::kStatus); !auth.ok()) return Done(context, auth);
   const StatusSnapshot s = core_->Status();
   const ServerOptions& o = core_->options();
   const absl::Time now = o.clock->Now();

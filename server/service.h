@@ -7,6 +7,7 @@
 
 #include <functional>
 
+#include "common/transport.h"
 #include "server/all_reduce.h"
 #include "server/parameter_server.h"
 #include "summa/v1/summa.grpc.pb.h"
@@ -28,8 +29,10 @@ class ParameterServerService final : public ServiceBase {
   // Runs a task off the gRPC threads, later.
   using Background = std::function<void(std::function<void()>)>;
   // Neither is owned; both outlive the service.
-  ParameterServerService(ParameterServer* core, AllReduceHub* hub, Background background)
-      : core_(core), hub_(hub), background_(std::move(background)) {}
+  // `tokens` (not owned; outlives the service) says which calls need which token.
+  ParameterServerService(ParameterServer* core, AllReduceHub* hub, Background background,
+                         const TokenCheck* tokens)
+      : core_(core), hub_(hub), background_(std::move(background)), tokens_(tokens) {}
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
                                  const summa::v1::JoinRequest* request,
@@ -66,6 +69,7 @@ class ParameterServerService final : public ServiceBase {
   ParameterServer* const core_;  // Not owned.
   AllReduceHub* const hub_;      // Not owned.
   const Background background_;
+  const TokenCheck* const tokens_;  // Not owned.
 };
 
 }  // namespace summa::server

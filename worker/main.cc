@@ -58,6 +58,14 @@ ABSL_FLAG(std::string, trace_file, "",
           "if set, write a timeline of every step (stage, compute, exchange, load, and each "
           "partition's push-pull) to this file as Chrome trace JSON when the worker ends (open it "
           "in chrome://tracing or ui.perfetto.dev, with the server's)");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA that signed the server's certificate: talk TLS to the server (needed for TLS)");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate of this worker: sent to a server that asks for client certificates "
+          "(mTLS), and served on the status endpoint; with --tls_key");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, token_file, "",
+          "file holding the bearer token the server asks members for (summa-server --token_file)");
 ABSL_FLAG(int, channels, 1,
           "TCP connections to summa-server; the model's partitions are spread over them (partition i "
           "on connection i mod channels). More than 1 helps only where one connection is the limit");
@@ -104,6 +112,8 @@ int main(int argc, char** argv) {
   o.join_deadline = absl::GetFlag(FLAGS_join_deadline);
   o.channels = absl::GetFlag(FLAGS_channels);
   o.trace_file = absl::GetFlag(FLAGS_trace_file);
+  o.tls = {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca)};
+  o.token_file = absl::GetFlag(FLAGS_token_file);
   o.trainer.retry_deadline = absl::GetFlag(FLAGS_retry_deadline);
   o.faults.exit_after_push = absl::GetFlag(FLAGS_fault_exit_after_push);
   o.faults.repeat_push_pull_at = absl::GetFlag(FLAGS_fault_repeat_pushpull_at);

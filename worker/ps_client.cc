@@ -44,14 +44,16 @@ BytesDestination Exactly(float* out, int64_t count, bool* got, absl::string_view
 }  // namespace
 
 ParameterClient::ParameterClient(const std::string& address, absl::Duration call_deadline,
-                                 absl::Duration join_deadline, int channels)
-    : address_(address), call_deadline_(call_deadline), join_deadline_(join_deadline) {
+                                 absl::Duration join_deadline, int channels, ClientSecurity security)
+    : address_(address), call_deadline_(call_deadline), join_deadline_(join_deadline),
+      token_(std::move(security.token)) {
+  const std::shared_ptr<grpc::ChannelCredentials> credentials = ChannelCredentialsFor(security.tls);
   for (int i = 0; i < std::max(1, channels); ++i) {
     grpc::ChannelArguments args = DefaultChannelArguments();
     // Channels with unlike arguments never share a connection.
     args.SetInt("summa.channel_index", i);
     std::shared_ptr<grpc::Channel> channel =
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+        grpc::CreateCustomChannel(address, credentials, args);
     if (i == 0) stub_ = pb::ParameterServer::NewStub(channel);
     generic_.push_back(std::make_unique<grpc::GenericStub>(channel));
   }
@@ -68,6 +70,7 @@ ParameterClient::~ParameterClient() {
 std::unique_ptr<grpc::ClientContext> ParameterClient::NewContext() const {
   auto ctx = std::make_unique<grpc::ClientContext>();
   ctx->set_deadline(absl::ToChronoTime(absl::Now() + call_deadline_));
+  AttachToken(token_, ctx.get());
   return ctx;
 }
 
@@ -96,6 +99,7 @@ absl::StatusOr<JoinInfo> ParameterClient::Join(int rank, int world,
   for (int attempt = 1;; ++attempt) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(std::min(give_up, absl::Now() + absl::Seconds(10))));
+    AttachToken(token_, &ctx);
     grpc::Status s = stub_->Join(&ctx, request, &response);
     if (s.ok()) break;
     const bool retry = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
@@ -314,6 +318,7 @@ absl::Status ParameterClient::Heartbeat(int rank) const {
   pb::HeartbeatResponse response;
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  AttachToken(token_, &ctx);
   return FromGrpcStatus(stub_->Heartbeat(&ctx, request, &response));
 }
 
@@ -324,6 +329,7 @@ absl::Status ParameterClient::Leave(int rank) {
   pb::LeaveResponse response;
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  AttachToken(token_, &ctx);
   return FromGrpcStatus(stub_->Leave(&ctx, request, &response));
 }
 

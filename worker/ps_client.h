@@ -24,6 +24,7 @@
 #include "common/partition_map.h"
 #include "common/tensor.h"
 #include "common/trace.h"
+#include "common/transport.h"
 #include "summa/v1/summa.grpc.pb.h"
 #include "worker/parameter_store.h"
 
@@ -36,7 +37,7 @@ class ParameterClient final : public ParameterStore {
   // `channels` (at least 1) TCP connections carry the partitions, partition i on channel
   // i % channels.
   ParameterClient(const std::string& address, absl::Duration call_deadline,
-                  absl::Duration join_deadline, int channels = 1);
+                  absl::Duration join_deadline, int channels = 1, ClientSecurity security = {});
   ~ParameterClient() override;
 
   // ParameterStore:
@@ -88,6 +89,7 @@ class ParameterClient final : public ParameterStore {
   const std::string address_;
   const absl::Duration call_deadline_;
   const absl::Duration join_deadline_;
+  const std::string token_;  // sent with every call (none when empty)
   std::unique_ptr<summa::v1::ParameterServer::Stub> stub_;  // the control calls
   std::vector<std::unique_ptr<grpc::GenericStub>> generic_;  // the data path, one per channel
   grpc::CompletionQueue queue_;  // the data path's replies, collected by the calling thread

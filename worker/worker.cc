@@ -87,6 +87,12 @@ absl::Status RunWorker(const WorkerOptions& options) {
   if (options.trainer.epochs < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--epochs must be at least 1, got ", options.trainer.epochs));
   }
+  SUMMA_RETURN_IF_ERROR(ValidateTls(options.tls, /*server=*/false));
+  SUMMA_RETURN_IF_ERROR(CheckMetricsAddress(options.metrics_address, options.tls));
+  std::string token;
+  if (!options.token_file.empty()) {
+    SUMMA_ASSIGN_OR_RETURN(token, ReadTokenFile(options.token_file));
+  }
   if (options.channels < 1 || options.channels > 64) {
     return absl::InvalidArgumentError(absl::StrCat("--channels must be in [1, 64], got ", options.channels));
   }
@@ -112,7 +118,8 @@ absl::Status RunWorker(const WorkerOptions& options) {
   StatusBoard board;
   WorkerService service(&board);
   SUMMA_ASSIGN_OR_RETURN(RunningServer status_server,
-                         StartGrpcServer(options.status_address, {&service}, {"summa.v1.Worker"}));
+                         StartGrpcServer(options.status_address, {&service}, {"summa.v1.Worker"},
+                                         ServerCredentialsFor(TlsFiles{options.tls.cert, options.tls.key, ""})));
   if (!options.status_port_file.empty()) {
     SUMMA_RETURN_IF_ERROR(WriteFileAtomically(options.status_port_file,
                                               absl::StrCat(status_server.port, "\n")));
@@ -139,7 +146,8 @@ absl::Status RunWorker(const WorkerOptions& options) {
                                                 absl::StrCat("summa-worker rank ", options.trainer.rank)));
     trainer_options.tracer = tracer.get();
   }
-  ParameterClient client(options.server, options.call_deadline, options.join_deadline, options.channels);
+  ParameterClient client(options.server, options.call_deadline, options.join_deadline, options.channels,
+                         ClientSecurity{options.tls, token});
   client.set_tracer(tracer.get());
   ParameterStore* store = &client;
   std::unique_ptr<FaultInjectingStore> faulty;

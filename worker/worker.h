@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "worker/fault_injecting_store.h"
+#include "common/transport.h"
 #include "worker/trainer.h"
 
 namespace summa::worker {
@@ -28,7 +29,11 @@ struct WorkerOptions {
   absl::Duration call_deadline = absl::Minutes(11);
   absl::Duration join_deadline = absl::Minutes(2);
   int channels = 1;
-  std::string trace_file;  // when set: a Chrome trace of every step's stages, written at the end  // TCP connections to the server; partition i travels on channel i % channels
+  std::string trace_file;
+  // TLS toward the server (its CA; this worker's certificate and key for mTLS, also served on
+  // the status endpoint) and the token file read at start.
+  TlsFiles tls;
+  std::string token_file;  // when set: a Chrome trace of every step's stages, written at the end  // TCP connections to the server; partition i travels on channel i % channels
   // Fault injection for the process tests (FaultInjectingStore); nothing by default.
   FaultPlan faults;
 };

@@ -1,0 +1,190 @@
+// The probes of the security issue, against a real server on 127.0.0.1:0 with certificates and
+// tokens from scripts/make-certs.sh: TLS and mutual-TLS round trips, plaintext and certificate-
+// less clients refused, tokens (none, wrong, worker on an admin call), a push from a client that
+// never joined, and a certificate rotated on disk picked up without a restart.
+#include <grpcpp/grpcpp.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+
+#include "common/transport.h"
+#include "gtest/gtest.h"
+#include "server/daemon.h"
+#include "summa/v1/summa.grpc.pb.h"
+#include "worker/ps_client.h"
+
+namespace summa {
+namespace {
+
+namespace pb = ::summa::v1;
+
+std::string MakeCerts(const std::string& name) {
+  const std::string dir = ::testing::TempDir() + "/security_test_" + name;
+  std::filesystem::remove_all(dir);
+  const std::string command =
+      std::string(SUMMA_SOURCE_DIR) + "/scripts/make-certs.sh " + dir + " >/dev/null";
+  EXPECT_EQ(std::system(command.c_str()), 0) << command;
+  return dir;
+}
+
+std::string Read(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return std::string(absl::StripAsciiWhitespace(s.str()));
+}
+
+class SecurityTest : public ::testing::Test {
+ protected:
+  void SetUp() override { certs_ = MakeCerts("main"); }
+
+  void Start(bool mutual, bool status_needs_token = false) {
+    server::ServerOptions o;
+    o.world_size = 1;
+    o.barrier_deadline = absl::Seconds(20);
+    EndpointSecurity security;
+    security.tls = {certs_ + "/server.pem", certs_ + "/server.key", mutual ? certs_ + "/ca.pem" : ""};
+    security.tokens = TokenCheck(Read(certs_ + "/worker.token"), Read(certs_ + "/admin.token"), status_needs_token);
+    auto s = server::SummaServer::Start("127.0.0.1:0", o, "", security);
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = *std::move(s);
+    address_ = "127.0.0.1:" + std::to_string(server_->port());
+  }
+
+  ClientSecurity Client(bool with_cert, const std::string& token_file) {
+    ClientSecurity c;
+    c.tls = {with_cert ? certs_ + "/client.pem" : "", with_cert ? certs_ + "/client.key" : "", certs_ + "/ca.pem"};
+    if (!token_file.empty()) c.token = Read(certs_ + "/" + token_file);
+    return c;
+  }
+
+  absl::Status JoinWith(ClientSecurity security) {
+    worker::ParameterClient client(address_, absl::Seconds(5), absl::Seconds(2), 1, std::move(security));
+    std::vector<float> w = {1, 2, 3, 4};
+    absl::StatusOr<worker::JoinInfo> joined = client.Join(0, 1, {{"w", DType::kFloat32, {4}}}, w.data(), "");
+    if (!joined.ok()) return joined.status();
+    std::vector<float> pulled(4);
+    absl::StatusOr<uint64_t> v = client.PullAll(0, pulled.data());
+    if (!v.ok()) return v.status();
+    EXPECT_EQ(pulled, w);
+    return absl::OkStatus();
+  }
+
+  // A typed stub over TLS with the given token.
+  grpc::Status Call(const std::string& what, const std::string& token, bool with_cert = true) {
+    auto stub = pb::ParameterServer::NewStub(grpc::CreateChannel(address_, ChannelCredentialsFor(Client(with_cert, "").tls)));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    AttachToken(token, &ctx);
+    if (what == "status") {
+      pb::ServerStatus r;
+      return stub->GetStatus(&ctx, pb::GetStatusRequest(), &r);
+    }
+    if (what == "checkpoint") {
+      pb::CheckpointResponse r;
+      return stub->Checkpoint(&ctx, pb::CheckpointRequest(), &r);
+    }
+    pb::PushRequest push;  // a client that never joined, pushing as rank 0
+    push.set_rank(0);
+    push.set_dtype(pb::DTYPE_FLOAT32);
+    push.set_num_examples(1);
+    push.set_data(std::string(16, '\\0'));
+    pb::PushResponse r;
+    return stub->Push(&ctx, push, &r);
+  }
+
+  std::string certs_;
+  std::unique_ptr<server::SummaServer> server_;
+  std::string address_;
+};
+
+TEST_F(SecurityTest, MutualTlsRoundTripAndWhoIsRefused) {
+  Start(/*mutual=*/true);
+  EXPECT_TRUE(JoinWith(Client(/*with_cert=*/true, "worker.token")).ok());
+  // No client certificate: the handshake fails.
+  EXPECT_EQ(JoinWith(Client(/*with_cert=*/false, "worker.token")).code(), absl::StatusCode::kUnavailable);
+  // Plaintext against TLS.
+  ClientSecurity plain;
+  plain.token = Read(certs_ + "/worker.token");
+  plain.tls = {};
+  EXPECT_EQ(JoinWith(plain).code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_F(SecurityTest, TlsWithoutClientCertificatesAndTheTokens) {
+  Start(/*mutual=*/false);
+  EXPECT_TRUE(JoinWith(Client(/*with_cert=*/false, "worker.token")).ok());
+  EXPECT_EQ(JoinWith(Client(false, "")).code(), absl::StatusCode::kUnauthenticated);
+  const std::string worker = Read(certs_ + "/worker.token");
+  const std::string admin = Read(certs_ + "/admin.token");
+  EXPECT_EQ(Call("push", "").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(Call("push", worker + "x").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  // The spoofed push, with a good token but no membership: refused, nothing summed.
+  grpc::Status spoofed = Call("push", worker);
+  EXPECT_EQ(spoofed.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << spoofed.error_message();
+  EXPECT_EQ(server_->core().Status().pushes_served, 0u);
+  // Admin calls: a worker token is not enough.
+  grpc::Status denied = Call("checkpoint", worker);
+  EXPECT_EQ(denied.error_code(), grpc::StatusCode::PERMISSION_DENIED) << denied.error_message();
+  EXPECT_EQ(Call("checkpoint", "").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  // The admin token gets through to the call itself (this server keeps no checkpoints).
+  EXPECT_EQ(Call("checkpoint", admin).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  // The status stays readable without a token.
+  EXPECT_TRUE(Call("status", "").ok());
+}
+
+TEST_F(SecurityTest, StatusBehindATokenWhenAsked) {
+  Start(/*mutual=*/false, /*status_needs_token=*/true);
+  EXPECT_EQ(Call("status", "").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(Call("status", Read(certs_ + "/worker.token")).ok());
+}
+
+TEST_F(SecurityTest, ARotatedCertificateIsServedWithoutARestart) {
+  Start(/*mutual=*/false);
+  EXPECT_TRUE(Call("status", "").ok());
+  // A new CA and server certificate replace the files the server watches.
+  const std::string fresh = MakeCerts("rotated");
+  std::filesystem::copy_file(fresh + "/server.pem", certs_ + "/server.pem", std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::copy_file(fresh + "/server.key", certs_ + "/server.key", std::filesystem::copy_options::overwrite_existing);
+  // Clients that trust the new CA get through once the server has read the files again.
+  auto with_ca = [&](const std::string& ca) {
+    TlsFiles tls{"", "", ca};
+    auto stub = pb::ParameterServer::NewStub(grpc::CreateChannel(address_, ChannelCredentialsFor(tls)));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    pb::ServerStatus r;
+    return stub->GetStatus(&ctx, pb::GetStatusRequest(), &r);
+  };
+  const absl::Time give_up = absl::Now() + absl::Seconds(4 * kCertificateRefreshSeconds);
+  grpc::Status s = with_ca(fresh + "/ca.pem");
+  while (!s.ok() && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(200));
+    s = with_ca(fresh + "/ca.pem");
+  }
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_FALSE(with_ca(certs_ + "/ca.pem").ok()) << "the old CA no longer vouches for the server";
+}
+
+TEST(TransportTest, TokensCompareWholeAndFlagsAreChecked) {
+  EXPECT_TRUE(ConstantTimeEquals("abc", "abc"));
+  EXPECT_FALSE(ConstantTimeEquals("abc", "abd"));
+  EXPECT_FALSE(ConstantTimeEquals("abc", "abcd"));
+  EXPECT_FALSE(ConstantTimeEquals("", "a"));
+  EXPECT_EQ(ValidateTls({"a.pem", "", ""}, true).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateTls({"", "", "ca.pem"}, true).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateTls({"", "", ""}, false).code(), absl::StatusCode::kOk);
+  EXPECT_EQ(ValidateTls({"c.pem", "k.pem", ""}, false).code(), absl::StatusCode::kInvalidArgument);  // no CA
+  EXPECT_EQ(ValidateTls({"", "", "/nonexistent/ca.pem"}, false).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckMetricsAddress("0.0.0.0:9100", {"c", "k", ""}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(CheckMetricsAddress("127.0.0.1:9100", {"c", "k", ""}).ok());
+  EXPECT_TRUE(CheckMetricsAddress("0.0.0.0:9100", {}).ok());
+  const std::string empty = ::testing::TempDir() + "/empty.token";
+  std::ofstream(empty) << "  \n";
+  EXPECT_EQ(ReadTokenFile(empty).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace summa

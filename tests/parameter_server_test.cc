@@ -5,6 +5,7 @@
 #include <limits>
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include "common/clock.h"
@@ -18,6 +19,18 @@ namespace {
 
 std::string Bytes(const std::vector<float>& v) {
   return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4);
+}
+
+// Restores `ps` from the newest whole checkpoint in `dir`, streamed as the daemon does.
+absl::Status RestoreNewest(ParameterServer& ps, const std::string& dir,
+                           std::vector<std::string>* warnings = nullptr) {
+  std::vector<std::string> ignored;
+  absl::StatusOr<std::optional<RestoredCheckpoint>> restored = RestoreNewestCheckpoint(
+      dir, [&](CheckpointReader& reader) { return ps.Restore(reader.header(), reader); },
+      warnings != nullptr ? warnings : &ignored);
+  if (!restored.ok()) return restored.status();
+  if (!restored->has_value()) return absl::NotFoundError("no checkpoint in " + dir);
+  return absl::OkStatus();
 }
 
 // Two tensors, 6 floats in all, cut into partitions of 4 and 2 floats.
@@ -425,21 +438,18 @@ TEST_F(MembershipTest, CheckpointRestoresWeightsVersionAndAsksMembersToRejoin) {
   ASSERT_TRUE(ps->Push(Push(1, 0, twos_, 2)).ok());
   ASSERT_TRUE(ps->MaybeCheckpoint(true).ok());
   EXPECT_EQ(ps->Status().checkpoint.version, 1u);
-  std::vector<std::string> warnings;
-  auto restored = LoadNewestCheckpoint(dir, &warnings);
-  ASSERT_TRUE(restored.has_value());
   ServerOptions o2 = o;
   o2.world_size = 2;
   o2.optimizer.learning_rate = 1.0;
   ParameterServer again(o2);
-  ASSERT_TRUE(again.Restore(restored->checkpoint).ok());
+  ASSERT_TRUE(RestoreNewest(again, dir).ok());
   EXPECT_EQ(again.WeightsForTest(), ps->WeightsForTest());
   EXPECT_EQ(again.Status().version, 1u);
   EXPECT_EQ(again.Push(Push(0, 1, twos_, 2)).status().code(), absl::StatusCode::kNotFound);
   ServerOptions other = o2;
   other.world_size = 3;
   ParameterServer mismatched(other);
-  EXPECT_EQ(mismatched.Restore(restored->checkpoint).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(RestoreNewest(mismatched, dir).code(), absl::StatusCode::kFailedPrecondition);
   std::filesystem::remove_all(dir);
 }
 
@@ -556,11 +566,8 @@ TEST(CheckpointConsistencyTest, AsyncRestoreAppliesNoPushTwice) {
     ASSERT_TRUE(push(before, 1, 0).ok());  // partition 1 has not seen step 1 yet
     ASSERT_TRUE(before.MaybeCheckpoint(true).ok());
   }
-  std::vector<std::string> warnings;
-  auto saved = LoadNewestCheckpoint(dir, &warnings);
-  ASSERT_TRUE(saved.has_value());
   ParameterServer after(o);
-  ASSERT_TRUE(after.Restore(saved->checkpoint).ok());
+  ASSERT_TRUE(RestoreNewest(after, dir).ok());
   auto joined = join(after);
   ASSERT_TRUE(joined.ok());
   EXPECT_EQ(joined->next_step, 1u);
@@ -573,12 +580,14 @@ TEST(CheckpointConsistencyTest, AsyncRestoreAppliesNoPushTwice) {
   // The checkpoint belongs to an async Adam job: a sync job, or an SGD one, refuses it.
   ServerOptions sync = o;
   sync.mode = Mode::kSync;
-  absl::Status refused = ParameterServer(sync).Restore(saved->checkpoint);
+  ParameterServer sync_server(sync);
+  absl::Status refused = RestoreNewest(sync_server, dir);
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(refused.message().find("async mode"), absl::string_view::npos) << refused;
   ServerOptions sgd = o;
   sgd.optimizer.name = "sgd";
-  refused = ParameterServer(sgd).Restore(saved->checkpoint);
+  ParameterServer sgd_server(sgd);
+  refused = RestoreNewest(sgd_server, dir);
   EXPECT_NE(refused.message().find("optimizer sgd"), absl::string_view::npos) << refused;
   std::filesystem::remove_all(dir);
 }
@@ -626,9 +635,8 @@ TEST(CheckpointConsistencyTest, MomentumStateSurvivesARestore) {
     step(first, 1);
     ASSERT_TRUE(first.MaybeCheckpoint(true).ok());
   }
-  std::vector<std::string> warnings;
   ParameterServer again(o);
-  ASSERT_TRUE(again.Restore(LoadNewestCheckpoint(dir, &warnings)->checkpoint).ok());
+  ASSERT_TRUE(RestoreNewest(again, dir).ok());
   ASSERT_TRUE(join(again).ok());
   step(again, 2);
   step(again, 3);
@@ -692,15 +700,12 @@ TEST_F(MembershipTest, SyncCheckpointTakenMidStepRestoresAndTheStepIsPushedAgain
   ASSERT_TRUE(ps->Push(Push(1, 0, twos_, 2)).ok());
   ASSERT_TRUE(ps->Push(Push(0, 1, twos_, 2)).ok());  // step 1 in progress: its sum is not saved
   ASSERT_TRUE(ps->MaybeCheckpoint(true).ok());
-  std::vector<std::string> warnings;
-  auto saved = LoadNewestCheckpoint(dir, &warnings);
-  ASSERT_TRUE(saved.has_value());
   ServerOptions o2 = o;
   o2.world_size = 2;
   o2.optimizer.learning_rate = 1.0;
   o2.clock = &clock_;
   ParameterServer again(o2);
-  absl::Status restored = again.Restore(saved->checkpoint);
+  absl::Status restored = RestoreNewest(again, dir);
   ASSERT_TRUE(restored.ok()) << restored;
   for (int rank : {0, 1}) ASSERT_TRUE(again.Join(Rejoin(rank)).ok());
   ASSERT_TRUE(again.Push(Push(0, 1, twos_, 2)).ok()) << "rank 0 pushes step 1 again";

@@ -53,14 +53,13 @@ absl::StatusOr<std::unique_ptr<SummaServer>> SummaServer::Start(const std::strin
   server->m_ = m;
   if (!options.checkpoint_dir.empty()) {
     std::vector<std::string> warnings;
-    std::optional<RestoredCheckpoint> restored = LoadNewestCheckpoint(options.checkpoint_dir, &warnings);
+    absl::StatusOr<std::optional<RestoredCheckpoint>> restored = RestoreNewestCheckpoint(
+        options.checkpoint_dir,
+        [&](CheckpointReader& reader) { return server->core_.Restore(reader.header(), reader); }, &warnings);
     for (const std::string& w : warnings) SUMMA_LOG(WARNING) << w;
-    if (restored.has_value()) {
-      absl::Status s = server->core_.Restore(restored->checkpoint);
-      if (!s.ok()) {
-        return absl::Status(s.code(), absl::StrCat("cannot restore ", restored->path, ": ", s.message()));
-      }
-      SUMMA_LOG(INFO) << "restored " << restored->path << " at version " << restored->checkpoint.version();
+    if (!restored.ok()) return restored.status();
+    if (restored->has_value()) {
+      SUMMA_LOG(INFO) << "restored " << (*restored)->path << " at version " << (*restored)->header.version();
     }
   }
   absl::StatusOr<RunningServer> running =

@@ -46,7 +46,8 @@ absl::Status ParameterServer::Answerable() const {
   return absl::OkStatus();
 }
 
-absl::Status ParameterServer::BuildModel(std::vector<TensorSpec> specs, const std::vector<float>& flat) {
+absl::StatusOr<std::unique_ptr<ParameterServer::Model>> ParameterServer::NewModel(
+    std::vector<TensorSpec> specs, const std::vector<float>& flat) const {
   SUMMA_ASSIGN_OR_RETURN(PartitionMap map, PartitionMap::Create(std::move(specs), options_.partition_bytes));
   if (!flat.empty() && static_cast<int64_t>(flat.size()) != map.num_elements()) {
     return absl::InvalidArgumentError(absl::StrCat("the model has ", map.num_elements(),
@@ -62,9 +63,12 @@ absl::Status ParameterServer::BuildModel(std::vector<TensorSpec> specs, const st
         slots, now));
   }
   if (flat.empty()) model->pending = static_cast<int>(model->partitions.size());
+  return model;
+}
+
+void ParameterServer::PublishModel(std::unique_ptr<Model> model) {
   model_owner_ = std::move(model);
   model_.store(model_owner_.get(), std::memory_order_release);
-  return absl::OkStatus();
 }
 
 absl::Status ParameterServer::DefineModel(const JoinRequestView& request) {
@@ -85,7 +89,8 @@ absl::Status ParameterServer::DefineModel(const JoinRequestView& request) {
     if (!request.values_follow) std::memcpy(flat.data() + offset, t.data.data(), t.data.size());
     offset += t.spec.num_elements();
   }
-  SUMMA_RETURN_IF_ERROR(BuildModel(std::move(specs), flat));
+  SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<Model> defined, NewModel(std::move(specs), flat));
+  PublishModel(std::move(defined));
   SUMMA_LOG(INFO) << "model defined by rank " << request.rank << ": " << request.params.size()
                   << " tensors, " << model()->map.num_elements() << " parameters in "
                   << model()->partitions.size() << " partitions"

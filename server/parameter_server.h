@@ -106,9 +106,12 @@ class ParameterServer {
   ParameterServer(const ParameterServer&) = delete;
   ParameterServer& operator=(const ParameterServer&) = delete;
 
-  // Takes the model, weights, optimizer state and versions from a checkpoint; before any Join.
-  // FAILED_PRECONDITION naming both sides when the checkpoint's job differs from the options.
-  absl::Status Restore(const summa::v1::Checkpoint& checkpoint);
+  // Takes the model, weights, optimizer state and versions from a checkpoint's header and its
+  // partitions, read one at a time into the model as it is built; before any Join. Changes
+  // nothing unless it succeeds. FAILED_PRECONDITION naming both sides when the checkpoint's job
+  // differs from the options; DATA_LOSS when its partitions are torn, corrupt or do not tile
+  // its model.
+  absl::Status Restore(const summa::v1::Checkpoint& header, PartitionSource& partitions);
 
   // Admits (or readmits) a member. INVALID_ARGUMENT for a wrong world size, a rank outside the
   // group or a bad tensor; FAILED_PRECONDITION when the model differs from the server's or the
@@ -188,9 +191,11 @@ class ParameterServer {
   };
 
   const Model* model() const { return model_.load(std::memory_order_acquire); }
-  // `flat` holds every initial value, or is empty: the values follow through Initialize.
-  absl::Status BuildModel(std::vector<TensorSpec> specs, const std::vector<float>& flat)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(define_mu_);
+  // `flat` holds every initial value, or is empty: the values follow through Initialize (or a
+  // restore), and the partitions are pending until then.
+  absl::StatusOr<std::unique_ptr<Model>> NewModel(std::vector<TensorSpec> specs,
+                                                  const std::vector<float>& flat) const;
+  void PublishModel(std::unique_ptr<Model> model) ABSL_EXCLUSIVE_LOCKS_REQUIRED(define_mu_);
   // The model, once it has every initial value; FAILED_PRECONDITION otherwise.
   absl::StatusOr<const Model*> ReadyModel() const;
   absl::Status DefineModel(const JoinRequestView& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(define_mu_);

@@ -1,10 +1,14 @@
 #include "server/parameter_server.h"
 
+#include <zlib.h>
+
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <optional>
 #include <string>
 
 #include "common/clock.h"
@@ -18,6 +22,18 @@ namespace {
 
 std::string Bytes(const std::vector<float>& v) {
   return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4);
+}
+
+// Restores `ps` from the newest whole checkpoint in `dir`, streamed as the daemon does.
+absl::Status RestoreNewest(ParameterServer& ps, const std::string& dir,
+                           std::vector<std::string>* warnings = nullptr) {
+  std::vector<std::string> ignored;
+  absl::StatusOr<std::optional<RestoredCheckpoint>> restored = RestoreNewestCheckpoint(
+      dir, [&](CheckpointReader& reader) { return ps.Restore(reader.header(), reader); },
+      warnings != nullptr ? warnings : &ignored);
+  if (!restored.ok()) return restored.status();
+  if (!restored->has_value()) return absl::NotFoundError("no checkpoint in " + dir);
+  return absl::OkStatus();
 }
 
 // Two tensors, 6 floats in all, cut into partitions of 4 and 2 floats.
@@ -484,21 +500,18 @@ TEST_F(MembershipTest, CheckpointRestoresWeightsVersionAndAsksMembersToRejoin) {
   ASSERT_TRUE(ps->Push(Push(1, 0, twos_, 2)).ok());
   ASSERT_TRUE(ps->MaybeCheckpoint(true).ok());
   EXPECT_EQ(ps->Status().checkpoint.version, 1u);
-  std::vector<std::string> warnings;
-  auto restored = LoadNewestCheckpoint(dir, &warnings);
-  ASSERT_TRUE(restored.has_value());
   ServerOptions o2 = o;
   o2.world_size = 2;
   o2.optimizer.learning_rate = 1.0;
   ParameterServer again(o2);
-  ASSERT_TRUE(again.Restore(restored->checkpoint).ok());
+  ASSERT_TRUE(RestoreNewest(again, dir).ok());
   EXPECT_EQ(again.WeightsForTest(), ps->WeightsForTest());
   EXPECT_EQ(again.Status().version, 1u);
   EXPECT_EQ(again.Push(Push(0, 1, twos_, 2)).status().code(), absl::StatusCode::kNotFound);
   ServerOptions other = o2;
   other.world_size = 3;
   ParameterServer mismatched(other);
-  EXPECT_EQ(mismatched.Restore(restored->checkpoint).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(RestoreNewest(mismatched, dir).code(), absl::StatusCode::kFailedPrecondition);
   std::filesystem::remove_all(dir);
 }
 
@@ -618,11 +631,8 @@ TEST(CheckpointConsistencyTest, AsyncRestoreAppliesNoPushTwice) {
     ASSERT_TRUE(push(before, 1, 0).ok());  // partition 1 has not seen step 1 yet
     ASSERT_TRUE(before.MaybeCheckpoint(true).ok());
   }
-  std::vector<std::string> warnings;
-  auto saved = LoadNewestCheckpoint(dir, &warnings);
-  ASSERT_TRUE(saved.has_value());
   ParameterServer after(o);
-  ASSERT_TRUE(after.Restore(saved->checkpoint).ok());
+  ASSERT_TRUE(RestoreNewest(after, dir).ok());
   auto joined = join(after);
   ASSERT_TRUE(joined.ok());
   EXPECT_EQ(joined->next_step, 1u);
@@ -635,14 +645,150 @@ TEST(CheckpointConsistencyTest, AsyncRestoreAppliesNoPushTwice) {
   // The checkpoint belongs to an async Adam job: a sync job, or an SGD one, refuses it.
   ServerOptions sync = o;
   sync.mode = Mode::kSync;
-  absl::Status refused = ParameterServer(sync).Restore(saved->checkpoint);
+  ParameterServer sync_server(sync);
+  absl::Status refused = RestoreNewest(sync_server, dir);
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(refused.message().find("async mode"), absl::string_view::npos) << refused;
   ServerOptions sgd = o;
   sgd.optimizer.name = "sgd";
-  refused = ParameterServer(sgd).Restore(saved->checkpoint);
+  ParameterServer sgd_server(sgd);
+  refused = RestoreNewest(sgd_server, dir);
   EXPECT_NE(refused.message().find("optimizer sgd"), absl::string_view::npos) << refused;
   std::filesystem::remove_all(dir);
+}
+
+std::string FileBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// The one checkpoint file in `dir`.
+std::string OnlyFile(const std::string& dir) {
+  std::vector<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) files.push_back(e.path());
+  EXPECT_EQ(files.size(), 1u);
+  return files.empty() ? "" : files[0];
+}
+
+// Header and partitions of a checkpoint file, each as protobuf encodes it.
+std::vector<std::string> Records(const std::string& path) {
+  auto reader = CheckpointReader::Open(path);
+  EXPECT_TRUE(reader.ok()) << reader.status();
+  if (!reader.ok()) return {};
+  std::vector<std::string> records = {(*reader)->header().SerializeAsString()};
+  summa::v1::PartitionCheckpoint p;
+  while (true) {
+    auto more = (*reader)->Next(&p);
+    EXPECT_TRUE(more.ok()) << more.status();
+    if (!more.ok() || !*more) return records;
+    records.push_back(p.SerializeAsString());
+  }
+}
+
+// Async Adam, three partitions at three versions, checkpointed a partition at a time and
+// restored the same way: weights, state slots, versions, updates and pushes seen come back
+// exactly (a checkpoint of the restored server is the same file), from a streamed file or from
+// one written whole by the first releases; a file found corrupt after every partition was read
+// leaves no model behind.
+TEST(CheckpointConsistencyTest, AStreamedRestoreIsExact) {
+  const std::string root =
+      std::filesystem::temp_directory_path() / ("summa-stream-ckpt-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(root);
+  FakeClock clock;
+  ServerOptions o;
+  o.world_size = 1;
+  o.mode = Mode::kAsync;
+  o.optimizer.name = "adam";
+  o.optimizer.learning_rate = 0.1;
+  o.partition_bytes = 16;
+  o.checkpoint_dir = root + "/first";
+  o.clock = &clock;
+  const std::vector<float> init = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  const std::string init_bytes = Bytes(init);
+  auto join = [&](ParameterServer& ps) {
+    JoinRequestView v;
+    v.rank = 0;
+    v.world_size = 1;
+    v.params = {{{"w", DType::kFloat32, {10}}, init_bytes}};
+    return ps.Join(v).status();
+  };
+  auto push = [&](ParameterServer& ps, uint64_t step, uint32_t partition) {
+    std::vector<float> g(partition == 2 ? 2 : 4, 0.5f + step - partition);
+    PushRequestView v;
+    v.rank = 0;
+    v.step = step;
+    v.partition = partition;
+    v.num_examples = 1;
+    const std::string bytes = Bytes(g);
+    v.data = bytes;
+    return ps.Push(v).status();
+  };
+  ParameterServer before(o);
+  ASSERT_TRUE(join(before).ok());
+  for (uint32_t p : {0u, 1u, 2u}) ASSERT_TRUE(push(before, 0, p).ok());
+  for (uint32_t p : {0u, 2u}) ASSERT_TRUE(push(before, 1, p).ok());
+  ASSERT_TRUE(push(before, 2, 0).ok());  // partitions at versions 3, 1, 2
+  ASSERT_TRUE(before.MaybeCheckpoint(true).ok());
+  const std::string written = OnlyFile(o.checkpoint_dir);
+  EXPECT_EQ(before.Status().checkpoint.version, 1u);
+
+  ServerOptions again = o;
+  again.checkpoint_dir = root + "/again";
+  ParameterServer after(again);
+  ASSERT_TRUE(RestoreNewest(after, o.checkpoint_dir).ok());
+  EXPECT_EQ(after.WeightsForTest(), before.WeightsForTest());
+  EXPECT_EQ(after.Status().version, 1u);
+  EXPECT_EQ(after.Status().checkpoint.version, 1u);
+  ASSERT_TRUE(after.MaybeCheckpoint(true).ok());
+  const std::vector<std::string> records = Records(written);
+  ASSERT_EQ(records.size(), 4u);  // the header and three partitions
+  EXPECT_EQ(Records(OnlyFile(again.checkpoint_dir)), records);
+
+  // The first releases wrote the whole message at once; such a file restores the same.
+  summa::v1::Checkpoint whole;
+  ASSERT_TRUE(whole.ParseFromString(records[0]));
+  for (size_t i = 1; i < records.size(); ++i) ASSERT_TRUE(whole.add_partitions()->ParseFromString(records[i]));
+  std::string body;
+  ASSERT_TRUE(whole.SerializeToString(&body));
+  std::string old_style("SUMMACK1");
+  for (int i = 0; i < 8; ++i) old_style.push_back(static_cast<char>(uint64_t{body.size()} >> (8 * i)));
+  old_style += body;
+  const uint32_t crc = crc32(0L, reinterpret_cast<const Bytef*>(old_style.data()), old_style.size());
+  for (int i = 0; i < 4; ++i) old_style.push_back(static_cast<char>(crc >> (8 * i)));
+  EXPECT_EQ(FileBytes(written), old_style);
+  std::filesystem::create_directories(root + "/old");
+  std::ofstream(root + "/old/ckpt-000000000001.summa", std::ios::binary) << old_style;
+  ServerOptions from_old = o;
+  from_old.checkpoint_dir = root + "/old-again";
+  ParameterServer restored_old(from_old);
+  ASSERT_TRUE(RestoreNewest(restored_old, root + "/old").ok());
+  ASSERT_TRUE(restored_old.MaybeCheckpoint(true).ok());
+  EXPECT_EQ(Records(OnlyFile(from_old.checkpoint_dir)), records);
+
+  // A byte of the last partition's weights flipped: every partition parses and decodes, and the
+  // checksum fails at the end. The restore takes nothing; the older whole file is restored.
+  std::string corrupt = FileBytes(written);
+  const std::vector<float> weights = before.WeightsForTest();
+  const size_t at = corrupt.rfind(Bytes({weights[8], weights[9]}));
+  ASSERT_NE(at, std::string::npos);
+  corrupt[at] ^= 1;
+  std::filesystem::create_directories(root + "/corrupt");
+  const std::string corrupt_path = root + "/corrupt/ckpt-000000000002.summa";
+  std::ofstream(corrupt_path, std::ios::binary) << corrupt;
+  ParameterServer fresh(again);
+  auto reader = CheckpointReader::Open(corrupt_path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  absl::Status refused = fresh.Restore((*reader)->header(), **reader);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kDataLoss) << refused;
+  EXPECT_NE(refused.message().find("checksum mismatch"), absl::string_view::npos) << refused;
+  EXPECT_FALSE(fresh.Status().model_defined);
+  std::filesystem::copy_file(written, root + "/corrupt/ckpt-000000000001.summa");
+  std::vector<std::string> warnings;
+  ASSERT_TRUE(RestoreNewest(fresh, root + "/corrupt", &warnings).ok());
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("ckpt-000000000002.summa: checksum mismatch"), std::string::npos) << warnings[0];
+  EXPECT_EQ(fresh.WeightsForTest(), before.WeightsForTest());
+  std::filesystem::remove_all(root);
 }
 
 // Momentum lives in the checkpoint: a sync job stopped after 2 steps and restored goes on as if
@@ -689,9 +835,8 @@ TEST(CheckpointConsistencyTest, MomentumStateSurvivesARestore) {
     step(first, 1);
     ASSERT_TRUE(first.MaybeCheckpoint(true).ok());
   }
-  std::vector<std::string> warnings;
   ParameterServer again(o);
-  ASSERT_TRUE(again.Restore(LoadNewestCheckpoint(dir, &warnings)->checkpoint).ok());
+  ASSERT_TRUE(RestoreNewest(again, dir).ok());
   ASSERT_TRUE(join(again).ok());
   step(again, 2);
   step(again, 3);
@@ -759,15 +904,12 @@ TEST_F(MembershipTest, SyncCheckpointTakenMidStepRestoresAndTheStepIsPushedAgain
   ASSERT_TRUE(ps->Push(Push(1, 0, twos_, 2)).ok());
   ASSERT_TRUE(ps->Push(Push(0, 1, twos_, 2)).ok());  // step 1 in progress: its sum is not saved
   ASSERT_TRUE(ps->MaybeCheckpoint(true).ok());
-  std::vector<std::string> warnings;
-  auto saved = LoadNewestCheckpoint(dir, &warnings);
-  ASSERT_TRUE(saved.has_value());
   ServerOptions o2 = o;
   o2.world_size = 2;
   o2.optimizer.learning_rate = 1.0;
   o2.clock = &clock_;
   ParameterServer again(o2);
-  absl::Status restored = again.Restore(saved->checkpoint);
+  absl::Status restored = RestoreNewest(again, dir);
   ASSERT_TRUE(restored.ok()) << restored;
   for (int rank : {0, 1}) ASSERT_TRUE(again.Join(Rejoin(rank)).ok());
   ASSERT_TRUE(again.Push(Push(0, 1, twos_, 2)).ok()) << "rank 0 pushes step 1 again";

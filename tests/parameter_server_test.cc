@@ -696,6 +696,7 @@ TEST(CheckpointConsistencyTest, AStreamedRestoreIsExact) {
   std::filesystem::remove_all(root);
   FakeClock clock;
   ServerOptions o;
+  o.require_sessions = false;
   o.world_size = 1;
   o.mode = Mode::kAsync;
   o.optimizer.name = "adam";

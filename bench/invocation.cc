@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -39,12 +40,18 @@ std::string DescribeEnvironment() {
   const int cores = ::sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 0;
   utsname un = {};
   ::uname(&un);
-  std::string load = "?";
-  std::ifstream loadavg("/proc/loadavg");
-  if (loadavg) loadavg >> load;
+  const double load_average = LoadAverage();
+  const std::string load = load_average < 0 ? "?" : absl::StrFormat("%.2f", load_average);
   return absl::StrCat("Environment: ", cores, " cores (nproc), ", un.sysname, " ", un.release, " ",
                       un.machine, ", load average ", load, " at start, ",
                       absl::FormatTime("%Y-%m-%d %H:%M:%S %Z", absl::Now(), absl::LocalTimeZone()));
+}
+
+double LoadAverage() {
+  std::ifstream in("/proc/loadavg");
+  double load = -1;
+  if (!(in >> load)) return -1;
+  return load;
 }
 
 std::string SelfPath() {

@@ -14,6 +14,8 @@ std::string ShellQuote(const std::string& arg);
 std::string CommandLine(int argc, char** argv);
 // "Environment: 2 cores (nproc), Linux 6.1 x86_64, load average 0.52 at start, <date>".
 std::string DescribeEnvironment();
+// The 1-minute load average (/proc/loadavg), or -1 when it cannot be read.
+double LoadAverage();
 // This process's executable (/proc/self/exe), or "".
 std::string SelfPath();
 // The first executable named `name` on PATH, or "".

@@ -35,17 +35,29 @@ namespace fs = std::filesystem;
 constexpr absl::Duration kStopGrace = absl::Seconds(10);
 constexpr absl::Duration kPlotTimeout = absl::Minutes(2);
 
-// What the server has done up to one moment: its CPU time and its own counters.
+// What the server has done up to one moment: its CPU time and its own counters; and the CPU time
+// of every worker.
 struct ServerSample {
   double cpu_seconds = 0;
+  std::optional<double> workers_cpu_seconds;  // unknown once a worker has exited
   uint64_t bytes_in = 0;   // gradient bytes received (pushes)
   uint64_t bytes_out = 0;  // weight bytes sent (pulls)
   uint64_t version = 0;    // steps completed
 };
 
-absl::StatusOr<ServerSample> SampleServer(pid_t pid, const std::string& address) {
+absl::StatusOr<ServerSample> SampleServer(pid_t pid, const std::string& address,
+                                          const std::vector<std::unique_ptr<ChildProcess>>& workers) {
   ServerSample sample;
   SUMMA_ASSIGN_OR_RETURN(sample.cpu_seconds, CpuSeconds(pid));
+  sample.workers_cpu_seconds = 0;
+  for (const auto& w : workers) {
+    absl::StatusOr<double> seconds = CpuSeconds(w->pid());
+    if (!seconds.ok()) {
+      sample.workers_cpu_seconds.reset();
+      break;
+    }
+    *sample.workers_cpu_seconds += *seconds;
+  }
   auto stub = summa::v1::ParameterServer::NewStub(
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
@@ -123,6 +135,7 @@ ScaleRow Benchmark::FailedRow(int workers, const absl::Status& error) {
 
 absl::StatusOr<ScaleRow> Benchmark::RunConfig(int workers) {
   const absl::Time deadline = absl::Now() + o_.timeout;
+  const double load_average = LoadAverage();
   SUMMA_ASSIGN_OR_RETURN(const float expected, ExpectedFirstWeight(workers, o_.steps, o_.lr));
   const std::string tag = absl::StrCat("n", workers);
   const std::string port_file = RunPath(tag + ".port");
@@ -163,8 +176,10 @@ absl::StatusOr<ScaleRow> Benchmark::RunConfig(int workers) {
                        [&](const std::string& out) { return absl::StrContains(out, line); });
   };
   auto on_output = [&](const std::vector<std::string>& outputs) {
-    if (!open && all_past(outputs, 0)) open = SampleServer(server_process->pid(), address);
-    if (open && !close && all_past(outputs, last)) close = SampleServer(server_process->pid(), address);
+    if (!open && all_past(outputs, 0)) open = SampleServer(server_process->pid(), address, worker_processes);
+    if (open && !close && all_past(outputs, last)) {
+      close = SampleServer(server_process->pid(), address, worker_processes);
+    }
   };
   std::vector<std::string> outputs;
   ChildProcess* const servers[] = {server_process.get()};
@@ -174,7 +189,7 @@ absl::StatusOr<ScaleRow> Benchmark::RunConfig(int workers) {
   }
   SUMMA_RETURN_IF_ERROR(open->status());
   SUMMA_RETURN_IF_ERROR(close->status());
-  SUMMA_ASSIGN_OR_RETURN(const ServerSample end, SampleServer(server_process->pid(), address));
+  SUMMA_ASSIGN_OR_RETURN(const ServerSample end, SampleServer(server_process->pid(), address, {}));
   SUMMA_ASSIGN_OR_RETURN(const int64_t peak_rss, PeakRssBytes(server_process->pid()));
   SUMMA_RETURN_IF_ERROR(server_process->Stop(kStopGrace));
 
@@ -199,6 +214,10 @@ absl::StatusOr<ScaleRow> Benchmark::RunConfig(int workers) {
   row.server_in_mib = Mib(static_cast<double>(to.bytes_in - from.bytes_in) / window_steps);
   row.server_out_mib = Mib(static_cast<double>(to.bytes_out - from.bytes_out) / window_steps);
   row.server_cpu_s = (to.cpu_seconds - from.cpu_seconds) / window_steps;
+  if (from.workers_cpu_seconds && to.workers_cpu_seconds) {
+    row.workers_cpu_s = (*to.workers_cpu_seconds - *from.workers_cpu_seconds) / window_steps;
+  }
+  row.load_average = load_average;
   row.server_peak_rss_mib = Mib(static_cast<double>(peak_rss));
   row.correct = true;
   std::string wrong;
@@ -240,6 +259,7 @@ absl::Status Benchmark::Plot(const std::vector<ScaleRow>& rows) {
 }
 
 absl::StatusOr<bool> Benchmark::Run() {
+  const std::string environment = DescribeEnvironment();
   std::vector<ScaleRow> rows;
   for (int workers : o_.workers) {
     std::fprintf(stderr, "running %d synthetic worker%s, model %s, %lld steps ...\n", workers,
@@ -263,7 +283,7 @@ absl::StatusOr<bool> Benchmark::Run() {
   const std::string lr = absl::StrFormat("%.17g", o_.lr);
   Emit(absl::StrCat("Command: ", o_.command_line));
   Emit("");
-  Emit(DescribeEnvironment());
+  Emit(environment);
   Emit("");
   Emit(absl::StrCat(
       "Each configuration starts one summa-server (--workers=N --lr=", lr, " --partition_bytes=",
@@ -272,10 +292,13 @@ absl::StatusOr<bool> Benchmark::Run() {
       "push-pulls the whole model (M bytes up, M down) and computes nothing. step time = the median "
       "over steps 1..", o_.steps - 1, " of the slowest worker's PushPull wall time (step 0 also "
       "waits for every worker to join). server in/out and CPU per step: the server's gradient and "
-      "weight byte counters (GetStatus) and its utime+stime (/proc/PID/stat), from the moment "
+      "weight byte counters (GetStatus) and its utime+stime (/proc/PID/stat), and the workers' "
+      "utime+stime summed, from the moment "
       "every worker has finished step 0 to the moment every worker has finished step ", o_.steps - 2,
-      ", divided by ", o_.steps - 2, ". server peak RSS = "
-      "VmHWM, read before the server is stopped. correct = every worker's first weight equals the "
+      ", divided by ", o_.steps - 2, " (both ends are seen through the workers' step lines, a "
+      "few ms late: meaningful for steps well above that). server peak RSS = "
+      "VmHWM, read before the server is stopped. load avg = the machine's 1-minute load average as "
+      "the configuration began (the benchmark shares the machine). correct = every worker's first weight equals the "
       "exact w0 - S*lr*N(N+1)/2/P (P = the power of two >= N of examples per step), every other "
       "weight moved by as much, and the server ended at version S."));
   Emit("");

@@ -59,8 +59,9 @@ std::string ScaleTableHeader(bool reference) {
       "| workers | k | model | step time (ms, median of slowest) | PS model, B fitted (ms) | ",
       reference ? "PS model, B reference (ms) | " : "",
       "server in (MiB/step) | server out (MiB/step) | through server (GB/s, in+out) | "
-      "server CPU (s/step) | server peak RSS (MiB) | correct |\n",
-      "|---:|---:|---:|---:|---:|", reference ? "---:|" : "", "---:|---:|---:|---:|---:|---|");
+      "server CPU (s/step) | workers CPU (s/step, all) | server peak RSS (MiB) | load avg at start | "
+      "correct |\n",
+      "|---:|---:|---:|---:|---:|", reference ? "---:|" : "", "---:|---:|---:|---:|---:|---:|---:|---|");
 }
 
 std::string FormatScaleRow(const ScaleRow& row, bool reference) {
@@ -74,7 +75,8 @@ std::string FormatScaleRow(const ScaleRow& row, bool reference) {
                       reference ? absl::StrCat(Cell(row.reference_ms, "%.1f"), " | ") : "",
                       Cell(row.server_in_mib, "%.1f"), " | ", Cell(row.server_out_mib, "%.1f"), " | ",
                       Cell(through, "%.3f"), " | ", Cell(row.server_cpu_s, "%.3f"), " | ",
-                      Cell(row.server_peak_rss_mib, "%.1f"), " | ", correct, " |");
+                      Cell(row.workers_cpu_s, "%.3f"), " | ", Cell(row.server_peak_rss_mib, "%.1f"), " | ",
+                      Cell(row.load_average, "%.1f"), " | ", correct, " |");
 }
 
 absl::StatusOr<double> MedianSlowestStepUs(const std::vector<worker::SyntheticResult>& workers) {

@@ -41,7 +41,9 @@ struct ScaleRow {
   std::optional<double> server_in_mib;    // gradient bytes the server received per step
   std::optional<double> server_out_mib;   // weight bytes the server sent per step
   std::optional<double> server_cpu_s;     // server CPU (user + system) per step
+  std::optional<double> workers_cpu_s;    // all workers' CPU (user + system) per step, summed
   std::optional<double> server_peak_rss_mib;
+  std::optional<double> load_average;     // the machine's 1-minute load as the configuration began
   bool correct = false;
   std::string note;  // in the correct column when not correct: "FAILED [1]", "no [2]"
 };

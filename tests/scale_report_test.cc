@@ -89,17 +89,19 @@ TEST(ScaleReportTest, TableRows) {
   row.server_in_mib = 256;
   row.server_out_mib = 256;
   row.server_cpu_s = 1.25;
+  row.workers_cpu_s = 0.5;
   row.server_peak_rss_mib = 700;
+  row.load_average = 2.25;
   row.correct = true;
   EXPECT_EQ(FormatScaleRow(row, false),
-            "| 4 | 1 | 64MiB | 1000.0 | 800.0 | 256.0 | 256.0 | 0.537 | 1.250 | 700.0 | yes |");
+            "| 4 | 1 | 64MiB | 1000.0 | 800.0 | 256.0 | 256.0 | 0.537 | 1.250 | 0.500 | 700.0 | 2.2 | yes |");
   EXPECT_EQ(FormatScaleRow(row, true),
-            "| 4 | 1 | 64MiB | 1000.0 | 800.0 | - | 256.0 | 256.0 | 0.537 | 1.250 | 700.0 | yes |");
+            "| 4 | 1 | 64MiB | 1000.0 | 800.0 | - | 256.0 | 256.0 | 0.537 | 1.250 | 0.500 | 700.0 | 2.2 | yes |");
   ScaleRow failed;
   failed.workers = 32;
   failed.model_bytes = 1 << 30;
   failed.note = "FAILED [1]";
-  EXPECT_EQ(FormatScaleRow(failed, false), "| 32 | 1 | 1GiB | - | - | - | - | - | - | - | FAILED [1] |");
+  EXPECT_EQ(FormatScaleRow(failed, false), "| 32 | 1 | 1GiB | - | - | - | - | - | - | - | - | - | FAILED [1] |");
   // Every row has as many cells as the header.
   for (bool reference : {false, true}) {
     const std::string header = ScaleTableHeader(reference);

@@ -1,8 +1,6 @@
 #include "bench/allreduce_driver.h"
 
-#include <sched.h>
 #include <stdlib.h>
-#include <sys/utsname.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "bench/allreduce_report.h"
 #include "bench/child_process.h"
+#include "bench/invocation.h"
 #include "common/status_macros.h"
 
 namespace summa::bench {
@@ -32,31 +31,6 @@ constexpr absl::Duration kStopGrace = absl::Seconds(10);
 
 bool Contains(const std::vector<std::string>& list, absl::string_view item) {
   return std::find(list.begin(), list.end(), item) != list.end();
-}
-
-// The first executable named `name` on PATH, or "".
-std::string FindOnPath(const std::string& name) {
-  const char* path = std::getenv("PATH");
-  if (path == nullptr) return "";
-  for (absl::string_view dir : absl::StrSplit(path, ':', absl::SkipEmpty())) {
-    const std::string candidate = absl::StrCat(dir, "/", name);
-    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return "";
-}
-
-std::string Environment() {
-  cpu_set_t cpus;
-  CPU_ZERO(&cpus);
-  const int cores = ::sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 0;
-  utsname un = {};
-  ::uname(&un);
-  std::string load = "?";
-  std::ifstream loadavg("/proc/loadavg");
-  if (loadavg) loadavg >> load;
-  return absl::StrCat("Environment: ", cores, " cores (nproc), ", un.sysname, " ", un.release, " ",
-                      un.machine, ", load average ", load, " at start, ",
-                      absl::FormatTime("%Y-%m-%d %H:%M:%S %Z", absl::Now(), absl::LocalTimeZone()));
 }
 
 std::string ConfigName(absl::string_view impl, int ranks, int64_t bytes) {
@@ -275,7 +249,7 @@ absl::StatusOr<std::vector<TableRow>> Benchmark::RunGloo(int ranks) {
 absl::StatusOr<bool> Benchmark::Run() {
   Emit(absl::StrCat("Command: ", o_.command_line));
   Emit("");
-  Emit(Environment());
+  Emit(DescribeEnvironment());
   Emit("");
   Emit(absl::StrCat(
       "Each configuration makes ", o_.warmup, " untimed warm-up call(s), then ", o_.iters,

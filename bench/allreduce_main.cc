@@ -1,8 +1,5 @@
 // summa-bench-allreduce: parses flags and runs the AllReduce benchmark's driver, or (started by
 // the driver as a child) one of its roles: a Summa rank, a raw-TCP rank, or the raw TCP server.
-#include <limits.h>
-#include <unistd.h>
-
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -18,8 +15,10 @@
 #include "bench/allreduce_rank.h"
 #include "bench/allreduce_report.h"
 #include "bench/child_process.h"
+#include "bench/invocation.h"
 #include "bench/raw_allreduce.h"
 #include "common/allocator.h"
+#include "common/byte_size.h"
 #include "common/flags.h"
 
 ABSL_FLAG(std::string, sizes, "4KiB,64KiB,1MiB,4MiB,16MiB,64MiB,256MiB",
@@ -73,22 +72,6 @@ constexpr char kUsage[] =
     "  summa-bench-allreduce --sizes=4KiB,1MiB,16MiB --ranks=2,4 --impls=summa,raw,gloo "
     "--out=bench/results-allreduce.md";
 
-std::string ShellQuote(const std::string& arg) {
-  if (!arg.empty() && arg.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                            "0123456789-_=./,:@+%") == std::string::npos) {
-    return arg;
-  }
-  std::string quoted = "'";
-  for (char c : arg) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return quoted + "'";
-}
-
-std::string SelfPath() {
-  char path[PATH_MAX];
-  const ssize_t n = ::readlink("/proc/self/exe", path, sizeof(path) - 1);
-  return n > 0 ? std::string(path, n) : std::string();
-}
-
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "summa-bench-allreduce: %s\n", status.ToString().c_str());
   return 1;
@@ -126,7 +109,7 @@ int RunRankRole(const std::string& role) {
 int RunDriver(int argc, char** argv) {
   summa::bench::DriverOptions o;
   for (absl::string_view size : absl::StrSplit(absl::GetFlag(FLAGS_sizes), ',', absl::SkipEmpty())) {
-    absl::StatusOr<int64_t> bytes = summa::bench::ParseByteSize(size);
+    absl::StatusOr<int64_t> bytes = summa::ParseByteSize(size);
     if (!bytes.ok()) return FlagError(absl::StrCat("--sizes: ", bytes.status().message()));
     o.sizes.push_back(*bytes);
   }
@@ -140,7 +123,7 @@ int RunDriver(int argc, char** argv) {
   o.warmup = absl::GetFlag(FLAGS_warmup);
   o.channels = absl::GetFlag(FLAGS_channels);
   o.timeout = absl::GetFlag(FLAGS_timeout);
-  o.self = SelfPath();
+  o.self = summa::bench::SelfPath();
   o.server = absl::GetFlag(FLAGS_server);
   if (o.server.empty()) {
     o.server = (std::filesystem::path(o.self).parent_path().parent_path() / "server" / "summa-server")
@@ -149,9 +132,7 @@ int RunDriver(int argc, char** argv) {
   o.python = absl::GetFlag(FLAGS_python);
   o.gloo_script = absl::GetFlag(FLAGS_gloo_script);
   o.out_path = absl::GetFlag(FLAGS_out);
-  std::vector<std::string> words;
-  for (int i = 0; i < argc; ++i) words.push_back(ShellQuote(argv[i]));
-  o.command_line = absl::StrJoin(words, " ");
+  o.command_line = summa::bench::CommandLine(argc, argv);
 
   absl::Status valid = summa::bench::ValidateDriverOptions(o);
   if (!valid.ok()) return FlagError(std::string(valid.message()));

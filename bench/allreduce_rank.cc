@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "bench/child_process.h"
 #include "bench/raw_allreduce.h"
 #include "common/status_macros.h"
 #include "worker/ps_client.h"
@@ -96,21 +97,7 @@ absl::StatusOr<RankReport> RunRank(const RankOptions& options, const Exchange& e
   return report;
 }
 
-absl::StatusOr<int64_t> MinorFaults(int pid) {
-  const std::string path = absl::StrCat("/proc/", pid, "/stat");
-  std::ifstream in(path);
-  std::string stat;
-  if (!in || !std::getline(in, stat)) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  // The command name (field 2) may hold spaces: count fields after its closing parenthesis.
-  const size_t close = stat.rfind(')');
-  std::vector<absl::string_view> fields =
-      absl::StrSplit(absl::string_view(stat).substr(close + 2), ' ', absl::SkipEmpty());
-  int64_t minflt = 0;
-  if (fields.size() < 8 || !absl::SimpleAtoi(fields[7], &minflt)) {
-    return absl::DataLossError(absl::StrCat(path, " has no minor fault count"));
-  }
-  return minflt;  // field 10 of the line: the 8th after the command name
-}
+absl::StatusOr<int64_t> MinorFaults(int pid) { return ProcStatField(pid, 10); }
 
 absl::StatusOr<RankReport> RunSummaRank(const RankOptions& options) {
   worker::ParameterClient client(options.target, options.timeout, options.timeout, options.channels);

@@ -1,6 +1,6 @@
 // What the AllReduce benchmark measures and prints: the line each rank reports its timings on,
 // the statistic the table shows (median over iterations of the slowest rank's time), algbw and
-// busbw as nccl-tests define them, byte sizes with K/M/G suffixes, and the markdown table.
+// busbw as nccl-tests define them, and the markdown table.
 // Plain functions on values; thread-compatible.
 #ifndef SUMMA_BENCH_ALLREDUCE_REPORT_H_
 #define SUMMA_BENCH_ALLREDUCE_REPORT_H_
@@ -12,14 +12,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/byte_size.h"
 
 namespace summa::bench {
-
-// "4096", "4K", "4KiB", "64KB", "1M", "256MiB", "1G": K, KB and KiB all mean 1024, as in
-// nccl-tests (likewise M and G).
-absl::StatusOr<int64_t> ParseByteSize(absl::string_view text);
-// The shortest exact form: 4096 -> "4KiB", 1 << 20 -> "1MiB", 1000 -> "1000B".
-std::string FormatByteSize(int64_t bytes);
 
 // One rank's result for one tensor size, as it prints it on one stdout line:
 //   result bytes=4096 rank=0 correct=yes times_us=12.250,11.875[ server_faults=N][ detail=<text to end>]

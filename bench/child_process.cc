@@ -223,9 +223,10 @@ absl::Status ChildProcess::Stop(absl::Duration grace) {
   return absl::OkStatus();
 }
 
-absl::Status RunToCompletion(absl::Span<ChildProcess* const> children,
-                             absl::Span<ChildProcess* const> must_stay_up, absl::Time deadline,
-                             std::vector<std::string>* outputs) {
+absl::Status RunToCompletion(
+    absl::Span<ChildProcess* const> children, absl::Span<ChildProcess* const> must_stay_up,
+    absl::Time deadline, std::vector<std::string>* outputs,
+    const std::function<void(const std::vector<std::string>&)>& on_output) {
   outputs->assign(children.size(), "");
   std::vector<char> buffer(64 << 10);
   for (;;) {
@@ -267,6 +268,7 @@ absl::Status RunToCompletion(absl::Span<ChildProcess* const> children,
     if (::poll(fds.data(), fds.size(), wait_ms) < 0 && errno != EINTR) {
       return absl::InternalError(ErrnoText("poll"));
     }
+    bool more = false;
     for (size_t i = 0; i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;
       ChildProcess* c = readers[i];
@@ -274,11 +276,13 @@ absl::Status RunToCompletion(absl::Span<ChildProcess* const> children,
       if (n > 0) {
         const size_t index = std::find(children.begin(), children.end(), c) - children.begin();
         (*outputs)[index].append(buffer.data(), n);
+        more = true;
       } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
         ::close(c->stdout_fd_);
         c->stdout_fd_ = -1;
       }
     }
+    if (more && on_output) on_output(*outputs);
   }
 }
 
@@ -316,6 +320,34 @@ absl::StatusOr<int64_t> PeakRssBytes(pid_t pid) {
     if (absl::SimpleAtoi(absl::StripAsciiWhitespace(kb), &value)) return value * 1024;
   }
   return absl::NotFoundError(absl::StrCat("no VmHWM line in ", path));
+}
+
+absl::StatusOr<int64_t> ProcStatField(pid_t pid, int field) {
+  const std::string path = absl::StrCat("/proc/", pid, "/stat");
+  std::ifstream in(path);
+  std::string stat;
+  if (!in || !std::getline(in, stat)) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  // The command name (field 2) may hold spaces: count fields after its closing parenthesis.
+  const size_t close = stat.rfind(')');
+  if (field < 3 || close == std::string::npos || close + 2 > stat.size()) {
+    return absl::DataLossError(absl::StrCat(path, " has no field ", field));
+  }
+  std::vector<absl::string_view> fields =
+      absl::StrSplit(absl::string_view(stat).substr(close + 2), ' ', absl::SkipEmpty());
+  int64_t value = 0;
+  const size_t index = static_cast<size_t>(field - 3);
+  if (index >= fields.size() || !absl::SimpleAtoi(fields[index], &value)) {
+    return absl::DataLossError(absl::StrCat(path, " has no field ", field));
+  }
+  return value;
+}
+
+absl::StatusOr<double> CpuSeconds(pid_t pid) {
+  absl::StatusOr<int64_t> user = ProcStatField(pid, 14);
+  if (!user.ok()) return user.status();
+  absl::StatusOr<int64_t> system = ProcStatField(pid, 15);
+  if (!system.ok()) return system.status();
+  return static_cast<double>(*user + *system) / static_cast<double>(::sysconf(_SC_CLK_TCK));
 }
 
 }  // namespace summa::bench

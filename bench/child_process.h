@@ -10,6 +10,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -64,9 +65,10 @@ class ChildProcess {
   absl::Status Stop(absl::Duration grace);
 
  private:
-  friend absl::Status RunToCompletion(absl::Span<ChildProcess* const> children,
-                                      absl::Span<ChildProcess* const> must_stay_up,
-                                      absl::Time deadline, std::vector<std::string>* outputs);
+  friend absl::Status RunToCompletion(
+      absl::Span<ChildProcess* const> children, absl::Span<ChildProcess* const> must_stay_up,
+      absl::Time deadline, std::vector<std::string>* outputs,
+      const std::function<void(const std::vector<std::string>&)>& on_output);
   ChildProcess(std::string name, pid_t pid, int stdout_fd, std::string log_path)
       : name_(std::move(name)), pid_(pid), stdout_fd_(stdout_fd), log_path_(std::move(log_path)) {}
   void Kill();
@@ -84,9 +86,11 @@ class ChildProcess {
 // UNAVAILABLE when one of `must_stay_up` (a server the children talk to) exits first, with
 // INTERNAL when a child exits with a status other than 0 (naming it, with its log), and with
 // CANCELLED when the driver is asked to stop. `outputs` receives each child's stdout, in order.
-absl::Status RunToCompletion(absl::Span<ChildProcess* const> children,
-                             absl::Span<ChildProcess* const> must_stay_up, absl::Time deadline,
-                             std::vector<std::string>* outputs);
+// `on_output`, when set, is called with every child's stdout so far each time more arrives.
+absl::Status RunToCompletion(
+    absl::Span<ChildProcess* const> children, absl::Span<ChildProcess* const> must_stay_up,
+    absl::Time deadline, std::vector<std::string>* outputs,
+    const std::function<void(const std::vector<std::string>&)>& on_output = nullptr);
 
 // Waits until `path` holds a non-empty line written by `writer` (a server's --port_file) and
 // returns that line; fails when the writer exits first, at the deadline, or when stopped.
@@ -95,6 +99,13 @@ absl::StatusOr<std::string> WaitForFile(const std::string& path, ChildProcess& w
 
 // The peak resident set size (VmHWM) of a live process, in bytes.
 absl::StatusOr<int64_t> PeakRssBytes(pid_t pid);
+
+// Field `field` of a live process's /proc/PID/stat, numbered as proc(5) numbers them (from 3 on:
+// the ones after the command name, which may hold spaces).
+absl::StatusOr<int64_t> ProcStatField(pid_t pid, int field);
+// The CPU time a live process has used, user and system (utime + stime), in seconds; the
+// kernel counts it in clock ticks (10 ms on most systems).
+absl::StatusOr<double> CpuSeconds(pid_t pid);
 
 }  // namespace summa::bench
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs every Debian package that Summa's build, tests and default run need.
 # Idempotent: packages already present are not touched, and `apt-get update` runs at most once.
-# Usage: scripts/setup.sh [--bench]   (--bench adds PyTorch and NumPy for bench/)
+# Usage: scripts/setup.sh [--bench]   (--bench adds PyTorch, NumPy and matplotlib for bench/)
 set -euo pipefail
 
 packages=(
@@ -13,7 +13,7 @@ packages=(
   python3 python3-grpcio python3-protobuf python3-yaml
 )
 if [[ "${1:-}" == "--bench" ]]; then
-  packages+=(python3-torch python3-numpy)
+  packages+=(python3-torch python3-numpy python3-matplotlib)
 fi
 
 missing=()

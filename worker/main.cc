@@ -6,9 +6,13 @@
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
+#include "absl/strings/str_cat.h"
 #include "common/allocator.h"
+#include "common/byte_size.h"
 #include "common/flags.h"
 #include "common/idx.h"
+#include "worker/synthetic.h"
 #include "worker/worker.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "host:port of summa-server");
@@ -71,20 +75,85 @@ ABSL_FLAG(int, channels, 1,
           "on connection i mod channels). More than 1 helps only where one connection is the limit");
 ABSL_FLAG(absl::Duration, join_deadline, absl::Minutes(2),
           "how long to keep retrying to join while the server is not up or has no model yet");
+ABSL_FLAG(std::string, synthetic, "",
+          "SIZE (e.g. 64MiB, 1GiB; K, M, G and KiB, MiB, GiB all count in 1024s): instead of "
+          "training, join with a model of SIZE bytes of float32 parameters and run --steps "
+          "synchronous steps that push a fixed gradient (every element of rank r's is r + 1) and "
+          "pull the new weights, computing nothing and loading no data; at the end print one "
+          "line 'synthetic_result ...' with the step times, the bytes pushed and pulled per step "
+          "and the final first weight (bench/scale drives this). Takes --server, --rank, "
+          "--world_size, --steps, --call_deadline, --join_deadline and --channels; the training "
+          "flags do not apply");
+ABSL_FLAG(int64_t, steps, 10, "--synthetic: synchronous steps to run (at least 1)");
+
+namespace {
+
+// Whether `flag` holds something other than its default (Abseil 20220623 keeps "given on the
+// command line" to itself; a flag given its default value changes nothing anyway).
+bool Changed(const char* flag) {
+  const absl::CommandLineFlag* f = absl::FindCommandLineFlag(flag);
+  return f != nullptr && f->CurrentValue() != f->DefaultValue();
+}
+
+int FlagError(const std::string& message) {
+  std::fprintf(stderr, "summa-worker: %s\n", message.c_str());
+  return 2;
+}
+
+// summa-worker --synthetic=SIZE: the flags that apply, checked, and the synthetic run.
+int RunSynthetic(int rank) {
+  // Training flags given with --synthetic are a mistake, not something to ignore quietly.
+  for (const char* training : {"batch_size", "epochs", "model", "device", "devices", "data_dir", "seed",
+                               "threads", "train_limit", "test_limit", "progress", "status_address",
+                               "status_port_file", "metrics_address", "metrics_port_file",
+                               "retry_deadline", "trace_file", "fault_exit_after_push",
+                               "fault_repeat_pushpull_at", "fault_exit_before_epoch_end"}) {
+    if (Changed(training)) {
+      return FlagError(absl::StrCat("--", training, " does not apply to --synthetic (it trains no model; see --help)"));
+    }
+  }
+  summa::worker::SyntheticOptions o;
+  absl::StatusOr<int64_t> bytes = summa::ParseByteSize(absl::GetFlag(FLAGS_synthetic));
+  if (!bytes.ok()) return FlagError(absl::StrCat("--synthetic: ", bytes.status().message()));
+  o.model_bytes = *bytes;
+  o.steps = absl::GetFlag(FLAGS_steps);
+  o.rank = rank;
+  o.world_size = absl::GetFlag(FLAGS_world_size);
+  o.server = absl::GetFlag(FLAGS_server);
+  o.call_deadline = absl::GetFlag(FLAGS_call_deadline);
+  o.join_deadline = absl::GetFlag(FLAGS_join_deadline);
+  o.channels = absl::GetFlag(FLAGS_channels);
+  if (absl::Status valid = summa::worker::ValidateSyntheticOptions(o); !valid.ok()) {
+    return FlagError(std::string(valid.message()));
+  }
+  absl::Status status = summa::worker::RunSyntheticWorker(o);
+  if (!status.ok()) {
+    std::fprintf(stderr, "summa-worker: %s\n", status.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   summa::KeepFreedMemoryForReuse();
   summa::ParseFlagsOrDie(argc, argv,
                          "one worker of a Summa training job. Trains the seed's LeNet (or --model) "
                          "on its shard of every global batch of Fashion-MNIST, pushing gradients to "
-                         "summa-server and pulling the new weights.\n\n"
-                         "  summa-worker --server=127.0.0.1:50051 --rank=0 --world_size=2");
+                         "summa-server and pulling the new weights; or, with --synthetic=SIZE, "
+                         "pushes and pulls a model of SIZE bytes without computing anything.\n\n"
+                         "  summa-worker --server=127.0.0.1:50051 --rank=0 --world_size=2\n"
+                         "  summa-worker --server=127.0.0.1:50051 --rank=0 --world_size=2 "
+                         "--synthetic=64MiB --steps=20");
   summa::worker::WorkerOptions o;
   int rank = absl::GetFlag(FLAGS_rank);
   if (rank == -2) {
     const char* index = std::getenv("JOB_COMPLETION_INDEX");
     rank = index != nullptr ? std::atoi(index) : -1;
   }
+  if (Changed("synthetic")) return RunSynthetic(rank);
+  if (Changed("steps")) return FlagError("--steps applies only with --synthetic=SIZE");
   o.trainer.rank = rank;
   o.trainer.world_size = absl::GetFlag(FLAGS_world_size);
   o.trainer.batch_size = absl::GetFlag(FLAGS_batch_size);
@@ -93,8 +162,7 @@ int main(int argc, char** argv) {
   o.trainer.seed = absl::GetFlag(FLAGS_seed);
   const std::string progress = absl::GetFlag(FLAGS_progress);
   if (progress != "auto" && progress != "always" && progress != "never") {
-    std::fprintf(stderr, "summa-worker: --progress must be auto, always or never\n");
-    return 2;
+    return FlagError("--progress must be auto, always or never");
   }
   o.trainer.progress_bar = progress == "always" || (progress == "auto" && ::isatty(STDOUT_FILENO));
   o.server = absl::GetFlag(FLAGS_server);

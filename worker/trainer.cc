@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <optional>
-#include <thread>
 #include <cstdlib>
 #include <cstring>
 
@@ -32,9 +31,10 @@ Trainer::Trainer(TrainerOptions options, const Dataset* train, const Dataset* te
       backends_(std::move(backends)),
       store_(store),
       board_(board),
-      out_(out) {}
+      out_(out),
+      leases_(store) {}
 
-Trainer::~Trainer() { StopHeartbeats(); }
+Trainer::~Trainer() = default;
 
 absl::Status Trainer::Prepare(int max_shard) {
   if (backends_.empty()) return absl::InvalidArgumentError("the trainer needs at least one device");
@@ -150,28 +150,6 @@ void Trainer::DrawProgress(int epoch, int64_t done, int64_t total, double rate) 
   std::fflush(out_);
 }
 
-void Trainer::StartHeartbeats(absl::Duration lease) {
-  if (heartbeat_.joinable()) return;
-  const absl::Duration every = std::max(lease / 3, absl::Milliseconds(50));
-  heartbeat_ = std::thread([this, every] {
-    absl::MutexLock lock(&heartbeat_mu_);
-    while (!heartbeat_mu_.AwaitWithTimeout(absl::Condition(&heartbeat_stop_), every)) {
-      const int rank = rank_;
-      heartbeat_mu_.Unlock();
-      store_->Heartbeat(rank).IgnoreError();  // a lost server shows in the training calls
-      heartbeat_mu_.Lock();
-    }
-  });
-}
-
-void Trainer::StopHeartbeats() {
-  {
-    absl::MutexLock lock(&heartbeat_mu_);
-    heartbeat_stop_ = true;
-  }
-  if (heartbeat_.joinable()) heartbeat_.join();
-}
-
 absl::Status Trainer::Run() {
   const int64_t batch = options_.batch_size;
   if (batch < options_.world_size) {
@@ -220,7 +198,7 @@ absl::Status Trainer::Run() {
     absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, absl::Seconds(3));
   }
-  StopHeartbeats();
+  leases_.Stop();
   if (!result.ok()) return result;
   if (rank_ >= 0) store_->Leave(rank_).IgnoreError();  // the group goes on without us
   board_->Update([](WorkerState& s) { s.state = "done"; });
@@ -257,15 +235,12 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
                          store_->Join(rank_wanted, options_.world_size, models_[0]->specs(),
                                        rank_wanted <= 0 ? initial.data() : nullptr,
                                        options_.status_address));
-  {
-    absl::MutexLock lock(&heartbeat_mu_);
-    rank_ = joined.rank;
-  }
+  rank_ = joined.rank;
   live_ = joined.live_ranks;
   mode_ = joined.mode == summa::v1::MODE_ASYNC ? "async mode"
           : joined.mode == summa::v1::MODE_SSP ? absl::StrCat("ssp mode, staleness ", joined.staleness)
                                                 : "sync mode";
-  StartHeartbeats(joined.lease);
+  leases_.Start(rank_, joined.lease);
   SUMMA_RETURN_IF_ERROR(store_->PullAll(joined.version, weights_->data()).status());
   SUMMA_RETURN_IF_ERROR(LoadWeights());
   uint64_t step = joined.next_step;

@@ -2,8 +2,8 @@
 // (rank 0 supplies the initial weights), resumes at the server's version, and for each step
 // computes its shard's gradient, push-pulls it, and loads the next version; after each epoch it
 // evaluates test accuracy and prints the seed's line. Talks to the server only through a
-// ParameterStore. Owns its models and staging buffers, nothing it is given. Not thread-safe (it
-// runs one heartbeat thread of its own).
+// ParameterStore. Owns its models and staging buffers, nothing it is given. Not thread-safe (its
+// LeaseKeeper runs one heartbeat thread of its own).
 #ifndef SUMMA_WORKER_TRAINER_H_
 #define SUMMA_WORKER_TRAINER_H_
 
@@ -12,15 +12,14 @@
 #include <functional>
 #include <string>
 #include <memory>
-#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/trace.h"
 #include "common/idx.h"
 #include "worker/backend.h"
+#include "worker/lease_keeper.h"
 #include "worker/model.h"
 #include "worker/parameter_store.h"
 #include "worker/status_board.h"
@@ -77,8 +76,6 @@ class Trainer {
   // One attempt: join (or rejoin), pull the current weights, and train from the step the server
   // says this rank is at, to the end. `rejoining` after a lost server or membership.
   absl::Status JoinAndTrain(const std::vector<float>& initial, bool rejoining);
-  void StartHeartbeats(absl::Duration lease);
-  void StopHeartbeats();
   // Forward and backward of `n` staged examples on every device; the summed gradient lands in
   // the first model's gradients. Returns the summed loss.
   absl::StatusOr<double> ComputeGradients(int n);
@@ -114,10 +111,7 @@ class Trainer {
   std::vector<std::string> device_names_;  // by rank; empty when not gathered
   std::string mode_;           // "sync mode", "async mode" or "ssp mode, staleness K"
   uint64_t steps_done_ = 0;    // steps this process completed, over all attempts
-
-  absl::Mutex heartbeat_mu_;
-  bool heartbeat_stop_ ABSL_GUARDED_BY(heartbeat_mu_) = false;
-  std::thread heartbeat_;
+  LeaseKeeper leases_;
 };
 
 }  // namespace summa::worker

@@ -4,6 +4,8 @@
 // never joined, and a certificate rotated on disk picked up without a restart.
 #include <grpcpp/grpcpp.h>
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -23,7 +25,10 @@ namespace {
 namespace pb = ::summa::v1;
 
 std::string MakeCerts(const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "/security_test_" + name;
+  // ctest runs each case as a process of its own, at once: every case has a directory of its own.
+  const std::string dir = ::testing::TempDir() + "/security_test_" +
+                          ::testing::UnitTest::GetInstance()->current_test_info()->name() + "_" +
+                          std::to_string(::getpid()) + "_" + name;
   std::filesystem::remove_all(dir);
   const std::string command =
       std::string(SUMMA_SOURCE_DIR) + "/scripts/make-certs.sh " + dir + " >/dev/null";

@@ -11,6 +11,8 @@ import sys
 import time
 import unittest
 
+import grpc
+
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "tools"))
 from grpc_reflect import Reflector  # noqa: E402
 from procs import ProcessGroup, alive  # noqa: E402
@@ -57,8 +59,18 @@ class Job:
             "--retry_deadline=60s", *JOB, *extra])
         return self.workers[rank]
 
-    def status(self):
-        return Reflector(f"127.0.0.1:{self.port}", timeout=5).call("summa.v1.ParameterServer/GetStatus")
+    def status(self, seconds=15):
+        """The server's status. A connection to the server's port that an earlier server left
+        behind fails the first call with UNAVAILABLE ("Broken pipe") while gRPC reconnects:
+        retried, for at most `seconds`."""
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                return Reflector(f"127.0.0.1:{self.port}", timeout=5).call("summa.v1.ParameterServer/GetStatus")
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
 
     def wait_version(self, at_least, seconds=120):
         deadline = time.monotonic() + seconds

@@ -20,8 +20,8 @@ absl::Status Malformed(absl::string_view what) {
 
 // Reads the fields up to the input's current limit. The field path[0] (length-delimited) is
 // the values (last in the path) or the message that holds them; every other field is copied,
-// encoded as it came, to `out`.
-absl::Status ParseFields(CodedInputStream& in, absl::Span<const int> path,
+// encoded as it came, to `out`. `size` is the whole message's length in bytes.
+absl::Status ParseFields(CodedInputStream& in, uint64_t size, absl::Span<const int> path,
                          const BytesDestination& destination, CodedOutputStream& out) {
   for (;;) {
     const uint32_t tag = in.ReadTag();
@@ -35,8 +35,13 @@ absl::Status ParseFields(CodedInputStream& in, absl::Span<const int> path,
       if (!WireFormatLite::SkipField(&in, tag, &out)) return Malformed("a truncated field");
       continue;
     }
-    uint32_t length;
-    if (!in.ReadVarint32(&length)) return Malformed("a truncated length");
+    // A length is a peer's claim: one past the bytes that remain is refused before the
+    // destination allocates for it (and before a length over 2^31 reaches an int).
+    uint64_t length;
+    if (!in.ReadVarint64(&length)) return Malformed("a truncated length");
+    const int until_limit = in.BytesUntilLimit();  // -1: no nested limit
+    const uint64_t left = until_limit >= 0 ? until_limit : size - in.CurrentPosition();
+    if (length > left) return Malformed("a field longer than the bytes that remain");
     if (path.size() == 1) {
       absl::StatusOr<char*> to = destination(length);
       if (!to.ok()) return to.status();
@@ -49,7 +54,7 @@ absl::Status ParseFields(CodedInputStream& in, absl::Span<const int> path,
     {
       StringOutputStream inner_stream(&inner);
       CodedOutputStream inner_out(&inner_stream);
-      s = ParseFields(in, path.subspan(1), destination, inner_out);
+      s = ParseFields(in, size, path.subspan(1), destination, inner_out);
     }
     if (!s.ok()) return s;
     in.PopLimit(limit);
@@ -71,7 +76,7 @@ absl::Status ParseWithBytes(const grpc::ByteBuffer& buffer, absl::Span<const int
   {
     StringOutputStream rest_stream(&rest);
     CodedOutputStream out(&rest_stream);
-    s = ParseFields(in, path, destination, out);
+    s = ParseFields(in, buffer.Length(), path, destination, out);
   }
   if (!s.ok()) return s;
   if (!header->ParseFromString(rest)) return Malformed("the fields around the values do not parse");

@@ -119,6 +119,38 @@ TEST(WireTest, BadMessagesAreRefusedAndAbsentValuesNeverAskForMemory) {
   EXPECT_EQ(header.tensor().shape(0), 5);
 }
 
+// A values field whose length is past the message's end: the length was read as 32 bits and
+// handed to the destination (IntoScratch allocated it), then cast to int for the copy, so ten
+// bytes could make the server allocate 4 GiB and copy with a negative length.
+TEST(WireTest, ALengthPastTheMessageIsRefusedBeforeAnyMemoryIsAskedFor) {
+  uint64_t asked = 0;
+  auto note = [&](uint64_t length) -> absl::StatusOr<char*> {
+    asked = length;
+    return absl::InternalError("unreachable");
+  };
+  constexpr int kPushData[] = {pb::PushRequest::kDataFieldNumber};
+  pb::PushRequest header;
+  // Field 6 (data), length-delimited, length 2^32 - 1, then three bytes.
+  const std::string huge("\x32\xff\xff\xff\xff\x0f" "abc", 9);
+  EXPECT_EQ(ParseWithBytes(Sliced(huge, {2}), kPushData, note, &header).code(),
+            absl::StatusCode::kInvalidArgument);
+  // Length 2^32 + 3: not 3, whatever its low 32 bits say.
+  const std::string wide("\x32\x83\x80\x80\x80\x10" "abc", 9);
+  EXPECT_EQ(ParseWithBytes(Sliced(wide, {}), kPushData, note, &header).code(),
+            absl::StatusCode::kInvalidArgument);
+  // A nested message longer than what remains: no limit is pushed past the end.
+  const std::string nested("\x22\xff\xff\xff\xff\x07" "\x22\x01x", 9);
+  pb::AllReduceRequest all_reduce;
+  EXPECT_EQ(ParseWithBytes(Sliced(nested, {}), kTensorData, note, &all_reduce).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(asked, 0u);
+  // The same fields with honest lengths parse.
+  Scratch values;
+  ASSERT_TRUE(ParseWithBytes(Sliced(std::string("\x32\x03" "abc", 5), {1}), kPushData, IntoScratch(&values),
+                             &header).ok());
+  EXPECT_EQ(values.view(), "abc");
+}
+
 class RawPathTest : public ::testing::Test {
  protected:
   void StartServer(int workers, int64_t partition_bytes) {

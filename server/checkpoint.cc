@@ -180,13 +180,9 @@ absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir,
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
-  std::string body;
-  if (!checkpoint.SerializeToString(&body)) return absl::InternalError("cannot serialize checkpoint");
-  std::string file(kMagic, kMagicSize);
-  AppendLe(file, body.size(), 8);
-  file += body;
-  const uLong crc = crc32(0L, reinterpret_cast<const Bytef*>(file.data()), file.size());
-  AppendLe(file, crc, 4);
+  absl::StatusOr<std::string> framed = FrameCheckpoint(checkpoint);
+  if (!framed.ok()) return framed.status();
+  const std::string& file = *framed;
 
   const std::string path = absl::StrFormat("%s/ckpt-%012d.summa", dir, checkpoint.version());
   const std::string tmp = path + ".tmp";
@@ -216,29 +212,43 @@ absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir,
   return path;
 }
 
+absl::StatusOr<std::string> FrameCheckpoint(const summa::v1::Checkpoint& checkpoint) {
+  std::string body;
+  if (!checkpoint.SerializeToString(&body)) return absl::InternalError("cannot serialize checkpoint");
+  std::string file(kMagic, kMagicSize);
+  AppendLe(file, body.size(), 8);
+  file += body;
+  const uLong crc = crc32(0L, reinterpret_cast<const Bytef*>(file.data()), file.size());
+  AppendLe(file, crc, 4);
+  return file;
+}
+
+absl::StatusOr<summa::v1::Checkpoint> ParseCheckpointBytes(absl::string_view file, absl::string_view name) {
+  if (file.size() < kMagicSize + 12 || file.substr(0, kMagicSize) != absl::string_view(kMagic, kMagicSize)) {
+    return absl::DataLossError(absl::StrCat(name, ": not a Summa checkpoint (bad magic or too short)"));
+  }
+  const uint64_t length = ReadLe(file.data() + kMagicSize, 8);
+  if (file.size() != kMagicSize + 8 + length + 4) {
+    return absl::DataLossError(absl::StrCat(name, ": torn: header promises ", length,
+                                            " bytes, file holds ", file.size() - kMagicSize - 12));
+  }
+  const uLong crc = crc32(0L, reinterpret_cast<const Bytef*>(file.data()), file.size() - 4);
+  if (crc != ReadLe(file.data() + file.size() - 4, 4)) {
+    return absl::DataLossError(absl::StrCat(name, ": checksum mismatch"));
+  }
+  summa::v1::Checkpoint checkpoint;
+  if (!checkpoint.ParseFromArray(file.data() + kMagicSize + 8, static_cast<int>(length))) {
+    return absl::DataLossError(absl::StrCat(name, ": cannot parse"));
+  }
+  return checkpoint;
+}
+
 absl::StatusOr<summa::v1::Checkpoint> ReadCheckpoint(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
   std::stringstream buffer;
   buffer << in.rdbuf();
-  const std::string file = buffer.str();
-  if (file.size() < kMagicSize + 12 || file.compare(0, kMagicSize, kMagic) != 0) {
-    return absl::DataLossError(absl::StrCat(path, ": not a Summa checkpoint (bad magic or too short)"));
-  }
-  const uint64_t length = ReadLe(file.data() + kMagicSize, 8);
-  if (file.size() != kMagicSize + 8 + length + 4) {
-    return absl::DataLossError(absl::StrCat(path, ": torn: header promises ", length,
-                                            " bytes, file holds ", file.size() - kMagicSize - 12));
-  }
-  const uLong crc = crc32(0L, reinterpret_cast<const Bytef*>(file.data()), file.size() - 4);
-  if (crc != ReadLe(file.data() + file.size() - 4, 4)) {
-    return absl::DataLossError(absl::StrCat(path, ": checksum mismatch"));
-  }
-  summa::v1::Checkpoint checkpoint;
-  if (!checkpoint.ParseFromArray(file.data() + kMagicSize + 8, static_cast<int>(length))) {
-    return absl::DataLossError(absl::StrCat(path, ": cannot parse"));
-  }
-  return checkpoint;
+  return ParseCheckpointBytes(buffer.str(), path);
 }
 
 std::optional<RestoredCheckpoint> LoadNewestCheckpoint(const std::string& dir,

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/tensor.h"
 #include "server/job_options.h"
@@ -61,6 +62,12 @@ absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir,
 
 // Reads and verifies one checkpoint file: DATA_LOSS for a torn or corrupt file.
 absl::StatusOr<summa::v1::Checkpoint> ReadCheckpoint(const std::string& path);
+
+// A checkpoint file's bytes (magic, length, the encoded message, CRC-32), as WriteCheckpoint
+// writes them (INTERNAL when the message cannot be encoded), and their verification and parse,
+// as ReadCheckpoint does it: DATA_LOSS, prefixed with `name`, for bytes that are torn or corrupt.
+absl::StatusOr<std::string> FrameCheckpoint(const summa::v1::Checkpoint& checkpoint);
+absl::StatusOr<summa::v1::Checkpoint> ParseCheckpointBytes(absl::string_view file, absl::string_view name);
 
 struct RestoredCheckpoint {
   summa::v1::Checkpoint checkpoint;

@@ -151,6 +151,43 @@ TEST(WireTest, ALengthPastTheMessageIsRefusedBeforeAnyMemoryIsAskedFor) {
   EXPECT_EQ(values.view(), "abc");
 }
 
+// Found by fuzz/wire_fuzzer: CodedInputStream takes the low 32 bits of a tag or a length of any
+// size, so the codec accepted messages that protobuf refuses (a ten-byte tag was taken for field
+// 536870896). Tags and lengths are now read as protobuf's parser reads them.
+TEST(WireTest, MessagesProtobufRefusesAreRefusedAndThoseItAcceptsAreReadAsItReadsThem) {
+  constexpr int kPushData[] = {pb::PushRequest::kDataFieldNumber};
+  struct Case {
+    const char* what;
+    std::string bytes;
+    bool valid;
+  };
+  const Case cases[] = {
+      {"a ten-byte tag", std::string("\x08\x01\x80\xff\xff\xff\xff\xff\xff\xff\xff\x01\x07", 13), false},
+      {"a skipped field's six-byte length", std::string("\x7a\x83\x80\x80\x80\x80\x00" "abc", 10), false},
+      {"a five-byte length of 2^31", std::string("\x7a\x80\x80\x80\x80\x08" "abc", 9), false},
+      {"an end-group tag alone", std::string("\x08\x01\x7c", 3), false},
+      {"a group ended by another field's tag", std::string("\x7b\x08\x01\x74", 4), false},
+      {"an unknown group", std::string("\x7b\x08\x01\x7c\x32\x01x", 7), true},
+      {"a two-byte length of 3", std::string("\x32\x83\x00" "abc", 6), true},
+      {"a five-byte tag", std::string("\xb2\x80\x80\x80\x00\x01x", 7), true},
+  };
+  for (const Case& c : cases) {
+    pb::PushRequest whole;
+    ASSERT_EQ(whole.ParseFromString(c.bytes), c.valid) << c.what;
+    Scratch values;
+    pb::PushRequest header;
+    const absl::Status parsed = ParseWithBytes(Sliced(c.bytes, {1}), kPushData, IntoScratch(&values), &header);
+    if (!c.valid) {
+      EXPECT_EQ(parsed.code(), absl::StatusCode::kInvalidArgument) << c.what;
+      continue;
+    }
+    ASSERT_TRUE(parsed.ok()) << c.what << ": " << parsed;
+    EXPECT_EQ(values.view(), whole.data()) << c.what;
+    whole.clear_data();
+    EXPECT_EQ(header.SerializeAsString(), whole.SerializeAsString()) << c.what;
+  }
+}
+
 class RawPathTest : public ::testing::Test {
  protected:
   void StartServer(int workers, int64_t partition_bytes) {

@@ -183,6 +183,39 @@ TEST_F(MemberCollectiveTest, AnIdleCollectiveFollowsACallerToALaterRound) {
   EXPECT_EQ(Send(1, 3, 0)->Wait().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// Found by fuzz/all_reduce_fuzzer: a member late for a completed round was answered with that
+// round's sum whatever the shape it sent, so its reply described its own tensor and carried the
+// values of another shape.
+TEST_F(MemberCollectiveTest, ALateMemberWhoseShapeDiffersFromTheRoundsIsRefused) {
+  Start(OnWorkerLoss::kWait);
+  auto a = Send(0, 0, 5);
+  auto b = Send(1, 0, 7);
+  ASSERT_TRUE(a->Wait().ok());
+  // Round 1 under way in another shape: round 0's late members are held to round 0's.
+  const std::string pair = Bytes({1, 2});
+  AllReduceContribution next;
+  next.name = "summa.train.loss";
+  next.members = true;
+  next.rank = 0;
+  next.round = 1;
+  next.spec = {"loss", DType::kFloat32, {2}};
+  next.data = pair;
+  auto pending = std::make_shared<FakeCall>();
+  hub_->Contribute(next, pending);
+  AllReduceContribution late = next;
+  late.rank = 1;
+  late.round = 0;
+  auto refused = std::make_shared<FakeCall>();
+  hub_->Contribute(late, refused);
+  const absl::Status s = refused->Wait();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("round 0 reduced shape [1]; rank 1 sent [2]"), absl::string_view::npos) << s;
+  auto again = Send(1, 0, 100);
+  ASSERT_TRUE(again->Wait().ok());
+  EXPECT_EQ(again->values(), std::vector<float>{12});
+  EXPECT_FALSE(pending->answered());
+}
+
 TEST(AllReduceHubTest, AGroupTooLargeIsRefusedBeforeAnythingIsAllocated) {
   AllReduceHub hub(absl::Seconds(30));
   const std::string one = Bytes({1});

@@ -129,6 +129,18 @@ absl::StatusOr<ServerSnapshot> DecodeCheckpoint(const summa::v1::Checkpoint& c, 
     if (!spec.ok()) return absl::DataLossError(absl::StrCat("the checkpoint's ", spec.status().message()));
     s.specs.push_back(*std::move(spec));
   }
+  // Counted before the map is built: a model of 2^40 floats in 16-byte partitions would be 2^38
+  // partition ranges, while the file may hold two.
+  int64_t elements = 0;
+  for (const TensorSpec& spec : s.specs) {
+    elements += spec.num_elements();  // each at most 2^40 (SpecFromProto): no overflow below 2^62
+    if (elements > (int64_t{1} << 62)) return absl::DataLossError("the checkpoint's model is too large");
+  }
+  const int64_t per_partition = std::max<int64_t>(ours.partition_bytes / 4, 1);
+  if ((elements + per_partition - 1) / per_partition != c.partitions_size()) {
+    return absl::DataLossError(absl::StrCat("the checkpoint holds ", c.partitions_size(), " partitions; its model has ",
+                                            (elements + per_partition - 1) / per_partition));
+  }
   absl::StatusOr<PartitionMap> map = PartitionMap::Create(s.specs, ours.partition_bytes);
   if (!map.ok()) return absl::DataLossError(absl::StrCat("the checkpoint's model: ", map.status().message()));
   if (map->partitions().size() != static_cast<size_t>(c.partitions_size())) {

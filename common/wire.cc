@@ -92,7 +92,7 @@ class FieldReader {
         return absl::OkStatus();
       }
       case WireFormatLite::WIRETYPE_LENGTH_DELIMITED: {
-        uint64_t length;
+        uint64_t length = 0;
         if (absl::Status s = Length(&length); !s.ok()) return s;
         std::string bytes;
         if (!in_.ReadString(&bytes, static_cast<int>(length))) return Malformed("a truncated field");
@@ -103,7 +103,7 @@ class FieldReader {
       case WireFormatLite::WIRETYPE_START_GROUP: {
         if (depth + 1 > kMaxDepth) return Malformed("groups nested too deep");
         for (;;) {
-          uint32_t inner;
+          uint32_t inner = 0;
           if (absl::Status s = Tag(&inner); !s.ok()) return s;
           if (WireFormatLite::GetTagWireType(inner) == WireFormatLite::WIRETYPE_END_GROUP) {
             if (WireFormatLite::GetTagFieldNumber(inner) != WireFormatLite::GetTagFieldNumber(tag)) {
@@ -136,7 +136,7 @@ absl::Status ParseFields(FieldReader& reader, int depth, absl::Span<const int> p
                          const BytesDestination& destination, CodedOutputStream& out) {
   CodedInputStream& in = reader.in();
   while (reader.left() > 0) {
-    uint32_t tag;
+    uint32_t tag = 0;
     if (absl::Status s = reader.Tag(&tag); !s.ok()) return s;
     const bool ours = !path.empty() && WireFormatLite::GetTagFieldNumber(tag) == path[0] &&
                       WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED;
@@ -144,7 +144,7 @@ absl::Status ParseFields(FieldReader& reader, int depth, absl::Span<const int> p
       if (absl::Status s = reader.Skip(tag, depth, out); !s.ok()) return s;
       continue;
     }
-    uint64_t length;
+    uint64_t length = 0;
     if (absl::Status s = reader.Length(&length); !s.ok()) return s;
     if (path.size() == 1) {
       absl::StatusOr<char*> to = destination(length);

@@ -2,10 +2,12 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 
 namespace summa {
@@ -62,6 +64,7 @@ absl::StatusOr<IdxArray> ReadIdx(const std::string& path, int expected_dims) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": has ", magic[3],
                                                    " dimensions, expected ", expected_dims));
   }
+  constexpr int64_t kMaxBytes = int64_t{1} << 34;
   IdxArray array;
   int64_t total = 1;
   for (int i = 0; i < expected_dims; ++i) {
@@ -74,13 +77,23 @@ absl::StatusOr<IdxArray> ReadIdx(const std::string& path, int expected_dims) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": dimension ", i, " is ", d));
     }
     array.dims.push_back(d);
+    if (total > kMaxBytes / d) {  // checked before multiplying: three dimensions overflow int64
+      return absl::InvalidArgumentError(absl::StrCat(path, ": header claims more than ", kMaxBytes,
+                                                     " bytes (dimensions ", absl::StrJoin(array.dims, " x "), ")"));
+    }
     total *= d;
   }
-  if (total > (int64_t{1} << 34)) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": header claims ", total, " bytes"));
+  // The header's size is only a claim: the array grows as the bytes arrive, so a short file is
+  // refused without first allocating what its header promised.
+  constexpr int64_t kChunk = 1 << 20;
+  int64_t got = 0;
+  while (got < total) {
+    const int64_t want = std::min(kChunk, total - got);
+    array.data.resize(got + want);
+    const int64_t n = ReadFully(file.get(), array.data.data() + got, want);
+    got += n;
+    if (n < want) break;
   }
-  array.data.resize(total);
-  const int64_t got = ReadFully(file.get(), array.data.data(), total);
   if (got != total) {
     return absl::DataLossError(absl::StrCat(path, ": truncated: header promises ", total,
                                             " data bytes, file has ", got));

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs every Debian package that Summa's build, tests and default run need.
 # Idempotent: packages already present are not touched, and `apt-get update` runs at most once.
-# Usage: scripts/setup.sh [--bench]   (--bench adds PyTorch, NumPy and matplotlib for bench/)
+# Usage: scripts/setup.sh [--bench] [--fuzz]   (--bench adds PyTorch, NumPy and matplotlib for
+# bench/, --fuzz adds clang and its libFuzzer runtime for scripts/fuzz.sh)
 set -euo pipefail
 
 packages=(
@@ -12,9 +13,13 @@ packages=(
   dataset-fashion-mnist grpc-proto openssl
   python3 python3-grpcio python3-protobuf python3-yaml
 )
-if [[ "${1:-}" == "--bench" ]]; then
-  packages+=(python3-torch python3-numpy python3-matplotlib)
-fi
+for arg in "$@"; do
+  case "$arg" in
+    --bench) packages+=(python3-torch python3-numpy python3-matplotlib) ;;
+    --fuzz) packages+=(clang libclang-rt-14-dev) ;;
+    *) echo "usage: scripts/setup.sh [--bench] [--fuzz]" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${packages[@]}"; do

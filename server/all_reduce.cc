@@ -70,6 +70,11 @@ absl::Status AllReduceHub::Admit(Collective& col, const AllReduceContribution& c
       return absl::FailedPreconditionError(absl::StrCat("round ", c.round, " of collective '", c.name,
                                                         "' is long past (it is at round ", col.round, ")"));
     }
+    if (c.round + 1 == col.round && col.last_shape != c.spec.shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "collective '", c.name, "' round ", c.round, " reduced shape ", ShapeString(col.last_shape),
+          "; rank ", c.rank, " sent ", ShapeString(c.spec.shape)));
+    }
   }
   const bool current_round = !col.members || c.round == col.round;
   if (current_round && col.barrier.arrived() > 0 && col.spec.shape != c.spec.shape) {
@@ -149,6 +154,7 @@ void AllReduceHub::MaybeComplete(Collective& col, CallsToFinish& done) {
   col.parked.Release(col.round, [&]() -> const Snapshot& { return sum; }, done);
   if (col.members) {
     col.last = std::move(sum);
+    col.last_shape = col.spec.shape;
     col.has_last = true;
   }
 }

@@ -86,6 +86,7 @@ class AllReduceHub {
     Snapshot sum ABSL_GUARDED_BY(mu);         // this round's, while it fills
     float* sum_data ABSL_GUARDED_BY(mu) = nullptr;
     Snapshot last ABSL_GUARDED_BY(mu);        // member collectives: the last round's, for late members
+    std::vector<int64_t> last_shape ABSL_GUARDED_BY(mu);  // ... and its shape
     bool has_last ABSL_GUARDED_BY(mu) = false;  // whether `last` is the sum of round `round - 1`
     uint64_t round ABSL_GUARDED_BY(mu) = 0;   // rounds completed
     ParkingLot parked ABSL_GUARDED_BY(mu);

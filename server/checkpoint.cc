@@ -246,6 +246,19 @@ absl::StatusOr<CheckpointHeader> DecodeCheckpointHeader(const summa::v1::Checkpo
     if (!spec.ok()) return absl::DataLossError(absl::StrCat("the checkpoint's ", spec.status().message()));
     specs.push_back(*std::move(spec));
   }
+  // Counted before the map is built: a header claiming 2^40 floats in 16-byte partitions would
+  // be 2^38 partition ranges, whatever the file holds (found by fuzz/checkpoint_fuzzer).
+  constexpr int64_t kMaxPartitions = int64_t{1} << 20;
+  int64_t elements = 0;
+  for (const TensorSpec& spec : specs) {
+    elements += spec.num_elements();  // each at most 2^40 (SpecFromProto): no overflow below 2^62
+    if (elements > (int64_t{1} << 62)) return absl::DataLossError("the checkpoint's model is too large");
+  }
+  const int64_t per_partition = std::max<int64_t>(ours.partition_bytes / 4, 1);
+  if ((elements + per_partition - 1) / per_partition > kMaxPartitions) {
+    return absl::DataLossError(absl::StrCat("the checkpoint's model of ", elements, " parameters would be over ",
+                                            kMaxPartitions, " partitions of ", ours.partition_bytes, " bytes"));
+  }
   absl::StatusOr<PartitionMap> map = PartitionMap::Create(std::move(specs), ours.partition_bytes);
   if (!map.ok()) return absl::DataLossError(absl::StrCat("the checkpoint's model: ", map.status().message()));
   h.map = *std::move(map);

@@ -213,6 +213,18 @@ TEST(CheckpointCodecTest, PartitionsThatDoNotTileTheModelAreDataLoss) {
   EXPECT_EQ(DecodeCheckpoint(c, Snapshot().job).status().code(), absl::StatusCode::kDataLoss);
 }
 
+// A checkpoint's model is a claim until its partitions are there: one of 2^40 floats in 16-byte
+// partitions (2^38 of them) with two partitions in the file is DATA_LOSS at once; the partition
+// map was built first (and would not have fit in memory).
+TEST(CheckpointCodecTest, AModelFarLargerThanItsPartitionsIsDataLossBeforeAnyMapIsBuilt) {
+  summa::v1::Checkpoint c = EncodeCheckpoint(Snapshot());
+  c.mutable_params(0)->set_shape(0, int64_t{1} << 20);
+  c.mutable_params(0)->set_shape(1, int64_t{1} << 20);
+  const absl::Status s = DecodeCheckpoint(c, Snapshot().job).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("would be over 1048576 partitions"), absl::string_view::npos) << s;
+}
+
 TEST_F(CheckpointTest, EmptyOrMissingDirectoryHasNone) {
   std::vector<std::string> warnings;
   EXPECT_FALSE(LoadNewest(dir_, &warnings).has_value());

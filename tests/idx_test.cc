@@ -99,6 +99,25 @@ TEST_F(IdxTest, WrongMagicAndDimensionsAreRefused) {
   EXPECT_NE(ReadIdx(dir_ / "z", 1).status().message().find("past"), absl::string_view::npos);
 }
 
+// Three dimensions of up to 2^31 each overflowed the int64 product (undefined; 2^31 x
+// 2^31 x 4 wrapped to 0, and the file was taken as a whole array with no data at all).
+TEST_F(IdxTest, DimensionsWhoseProductOverflowsAreRefused) {
+  WritePlain("x", Header(3, {1u << 31, 1u << 31, 4}));
+  auto r = ReadIdx(dir_ / "x", 3);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_NE(r.status().message().find("header claims more than"), absl::string_view::npos) << r.status();
+}
+
+// A header's size is a claim: a short file whose header promises 8 GiB is refused without first
+// allocating (and zero-filling) those 8 GiB.
+TEST_F(IdxTest, ShortFileWithAHugeHeaderIsRefusedWithoutAllocatingItsClaim) {
+  WriteGz("x.gz", Header(3, {1u << 15, 1u << 9, 1u << 9}) + std::string(10, 1));
+  auto r = ReadIdx(dir_ / "x.gz", 3);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
+  EXPECT_NE(r.status().message().find("promises 8589934592 data bytes, file has 10"), absl::string_view::npos)
+      << r.status();
+}
+
 TEST_F(IdxTest, LabelOutsideTheClassesIsRefused) {
   WriteGz("train-images-idx3-ubyte.gz", Header(3, {1, 28, 28}) + std::string(784, 0));
   WritePlain("train-labels-idx1-ubyte", Header(1, {1}) + std::string(1, 12));

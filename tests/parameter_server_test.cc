@@ -10,6 +10,7 @@
 #include <fstream>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "common/clock.h"
 #include "server/checkpoint.h"
@@ -122,6 +123,34 @@ TEST_F(ParameterServerTest, InitialValuesFollowPartitionByPartition) {
   ps_.Pull(1, 0, 1, 0, pulled);
   ASSERT_TRUE(pulled->Wait().ok());
   EXPECT_EQ(pulled->values(), (std::vector<float>{10, 20}));
+}
+
+// Two workers in threads push-pull both partitions step after step, as the gRPC edge's threads
+// drive the core: every step's sum is applied once and every reply carries its step's weights.
+// The concurrency the TSan pass checks without gRPC (whose in-process tests it leaves out).
+TEST_F(ParameterServerTest, WorkersInThreadsTakeExactSyncStepsThroughPushPull) {
+  JoinBoth();
+  constexpr uint64_t kSteps = 20;
+  auto worker = [this](int rank) {
+    const std::string grad0 = Bytes(std::vector<float>(4, rank + 1.0f));
+    const std::string grad1 = Bytes(std::vector<float>(2, rank + 1.0f));
+    for (uint64_t step = 0; step < kSteps; ++step) {
+      auto reply0 = std::make_shared<FakeCall>();
+      auto reply1 = std::make_shared<FakeCall>();
+      ps_.PushPull(PushView(rank, step, 0, grad0, 1), reply0);
+      ps_.PushPull(PushView(rank, step, 1, grad1, 1), reply1);
+      for (const auto& reply : {reply0, reply1}) {
+        ASSERT_TRUE(reply->Wait().ok());
+        EXPECT_EQ(reply->counter(), step + 1);
+      }
+      // (1 + 2) / 2 examples at lr 1: every weight moves by 1.5 a step.
+      EXPECT_EQ(reply1->values(), (std::vector<float>{10 - 1.5f * (step + 1), 20 - 1.5f * (step + 1)}));
+    }
+  };
+  std::thread a(worker, 0), b(worker, 1);
+  a.join();
+  b.join();
+  EXPECT_EQ(ps_.WeightsForTest(), (std::vector<float>{-29, -28, -27, -26, -20, -10}));
 }
 
 TEST_F(ParameterServerTest, FirstJoinWithValuesDefinesTheModel) {

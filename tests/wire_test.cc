@@ -119,6 +119,75 @@ TEST(WireTest, BadMessagesAreRefusedAndAbsentValuesNeverAskForMemory) {
   EXPECT_EQ(header.tensor().shape(0), 5);
 }
 
+// A values field whose length is past the message's end: the length was read as 32 bits and
+// handed to the destination (IntoScratch allocated it), then cast to int for the copy, so ten
+// bytes could make the server allocate 4 GiB and copy with a negative length.
+TEST(WireTest, ALengthPastTheMessageIsRefusedBeforeAnyMemoryIsAskedFor) {
+  uint64_t asked = 0;
+  auto note = [&](uint64_t length) -> absl::StatusOr<char*> {
+    asked = length;
+    return absl::InternalError("unreachable");
+  };
+  constexpr int kPushData[] = {pb::PushRequest::kDataFieldNumber};
+  pb::PushRequest header;
+  // Field 6 (data), length-delimited, length 2^32 - 1, then three bytes.
+  const std::string huge("\x32\xff\xff\xff\xff\x0f" "abc", 9);
+  EXPECT_EQ(ParseWithBytes(Sliced(huge, {2}), kPushData, note, &header).code(),
+            absl::StatusCode::kInvalidArgument);
+  // Length 2^32 + 3: not 3, whatever its low 32 bits say.
+  const std::string wide("\x32\x83\x80\x80\x80\x10" "abc", 9);
+  EXPECT_EQ(ParseWithBytes(Sliced(wide, {}), kPushData, note, &header).code(),
+            absl::StatusCode::kInvalidArgument);
+  // A nested message longer than what remains: no limit is pushed past the end.
+  const std::string nested("\x22\xff\xff\xff\xff\x07" "\x22\x01x", 9);
+  pb::AllReduceRequest all_reduce;
+  EXPECT_EQ(ParseWithBytes(Sliced(nested, {}), kTensorData, note, &all_reduce).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(asked, 0u);
+  // The same fields with honest lengths parse.
+  Scratch values;
+  ASSERT_TRUE(ParseWithBytes(Sliced(std::string("\x32\x03" "abc", 5), {1}), kPushData, IntoScratch(&values),
+                             &header).ok());
+  EXPECT_EQ(values.view(), "abc");
+}
+
+// Found by fuzz/wire_fuzzer: CodedInputStream takes the low 32 bits of a tag or a length of any
+// size, so the codec accepted messages that protobuf refuses (a ten-byte tag was taken for field
+// 536870896). Tags and lengths are now read as protobuf's parser reads them.
+TEST(WireTest, MessagesProtobufRefusesAreRefusedAndThoseItAcceptsAreReadAsItReadsThem) {
+  constexpr int kPushData[] = {pb::PushRequest::kDataFieldNumber};
+  struct Case {
+    const char* what;
+    std::string bytes;
+    bool valid;
+  };
+  const Case cases[] = {
+      {"a ten-byte tag", std::string("\x08\x01\x80\xff\xff\xff\xff\xff\xff\xff\xff\x01\x07", 13), false},
+      {"a skipped field's six-byte length", std::string("\x7a\x83\x80\x80\x80\x80\x00" "abc", 10), false},
+      {"a five-byte length of 2^31", std::string("\x7a\x80\x80\x80\x80\x08" "abc", 9), false},
+      {"an end-group tag alone", std::string("\x08\x01\x7c", 3), false},
+      {"a group ended by another field's tag", std::string("\x7b\x08\x01\x74", 4), false},
+      {"an unknown group", std::string("\x7b\x08\x01\x7c\x32\x01x", 7), true},
+      {"a two-byte length of 3", std::string("\x32\x83\x00" "abc", 6), true},
+      {"a five-byte tag", std::string("\xb2\x80\x80\x80\x00\x01x", 7), true},
+  };
+  for (const Case& c : cases) {
+    pb::PushRequest whole;
+    ASSERT_EQ(whole.ParseFromString(c.bytes), c.valid) << c.what;
+    Scratch values;
+    pb::PushRequest header;
+    const absl::Status parsed = ParseWithBytes(Sliced(c.bytes, {1}), kPushData, IntoScratch(&values), &header);
+    if (!c.valid) {
+      EXPECT_EQ(parsed.code(), absl::StatusCode::kInvalidArgument) << c.what;
+      continue;
+    }
+    ASSERT_TRUE(parsed.ok()) << c.what << ": " << parsed;
+    EXPECT_EQ(values.view(), whole.data()) << c.what;
+    whole.clear_data();
+    EXPECT_EQ(header.SerializeAsString(), whole.SerializeAsString()) << c.what;
+  }
+}
+
 class RawPathTest : public ::testing::Test {
  protected:
   void StartServer(int workers, int64_t partition_bytes) {

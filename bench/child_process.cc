@@ -21,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/status_macros.h"
 
 extern char** environ;
 
@@ -221,6 +222,21 @@ absl::Status ChildProcess::Stop(absl::Duration grace) {
     return absl::InternalError(absl::StrCat(Describe(), " ", ExitDescription(), LogTail()));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<ChildProcess>>> StartAll(const std::vector<ChildOptions>& all) {
+  std::vector<std::unique_ptr<ChildProcess>> children;
+  for (const ChildOptions& options : all) {
+    SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<ChildProcess> child, ChildProcess::Start(options));
+    children.push_back(std::move(child));
+  }
+  return children;
+}
+
+std::vector<ChildProcess*> Pointers(const std::vector<std::unique_ptr<ChildProcess>>& children) {
+  std::vector<ChildProcess*> pointers;
+  for (const auto& c : children) pointers.push_back(c.get());
+  return pointers;
 }
 
 absl::Status RunToCompletion(

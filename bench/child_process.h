@@ -81,6 +81,12 @@ class ChildProcess {
   int wait_status_ = 0;
 };
 
+// Starts every child; on an error the ones already started are killed as the vector goes away.
+absl::StatusOr<std::vector<std::unique_ptr<ChildProcess>>> StartAll(const std::vector<ChildOptions>& all);
+
+// The children as the plain pointers RunToCompletion takes.
+std::vector<ChildProcess*> Pointers(const std::vector<std::unique_ptr<ChildProcess>>& children);
+
 // Reads every child's captured stdout to its end and waits for each to exit, all before
 // `deadline`. Fails with DEADLINE_EXCEEDED naming the children that did not finish, with
 // UNAVAILABLE when one of `must_stay_up` (a server the children talk to) exits first, with

@@ -74,22 +74,6 @@ absl::StatusOr<ServerSample> SampleServer(pid_t pid, const std::string& address,
   return sample;
 }
 
-// Starts every child; on an error the ones already started are killed as the vector goes away.
-absl::StatusOr<std::vector<std::unique_ptr<ChildProcess>>> StartAll(const std::vector<ChildOptions>& all) {
-  std::vector<std::unique_ptr<ChildProcess>> children;
-  for (const ChildOptions& options : all) {
-    SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<ChildProcess> child, ChildProcess::Start(options));
-    children.push_back(std::move(child));
-  }
-  return children;
-}
-
-std::vector<ChildProcess*> Pointers(const std::vector<std::unique_ptr<ChildProcess>>& children) {
-  std::vector<ChildProcess*> pointers;
-  for (const auto& c : children) pointers.push_back(c.get());
-  return pointers;
-}
-
 double Mib(double bytes) { return bytes / (1 << 20); }
 
 class Benchmark {

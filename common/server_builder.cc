@@ -9,14 +9,15 @@ namespace summa {
 absl::StatusOr<RunningServer> StartGrpcServer(const std::string& address,
                                               const std::vector<grpc::Service*>& services,
                                               const std::vector<std::string>& service_names,
-                                              std::shared_ptr<grpc::ServerCredentials> credentials) {
+                                              std::shared_ptr<grpc::ServerCredentials> credentials,
+                                              int max_message_bytes) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   RunningServer running;
   running.health = std::make_unique<HealthService>(service_names);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(address, std::move(credentials), &running.port);
-  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  builder.SetMaxReceiveMessageSize(max_message_bytes);
+  builder.SetMaxSendMessageSize(max_message_bytes);
   for (const auto& [name, value] : DataPathArguments()) builder.AddChannelArgument(name, value);
   for (grpc::Service* service : services) builder.RegisterService(service);
   builder.RegisterService(running.health.get());

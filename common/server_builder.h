@@ -15,7 +15,8 @@
 
 namespace summa {
 
-// gRPC's default 4 MB receive limit is too tight for a 4 MB partition plus its envelope.
+// gRPC's default 4 MB receive limit is too tight for a 4 MB partition plus its envelope. The
+// clients' limit, and the servers' unless set (summa-server --max_message_bytes).
 inline constexpr int kMaxMessageBytes = 256 << 20;
 
 struct RunningServer {
@@ -24,12 +25,14 @@ struct RunningServer {
   int port = 0;
 };
 
-// `services` are not owned and must outlive the server. Fails with UNAVAILABLE naming the
-// address when it cannot be bound.
+// `services` are not owned and must outlive the server. Messages over `max_message_bytes` are
+// refused by gRPC's transport (RESOURCE_EXHAUSTED). Fails with UNAVAILABLE naming the address
+// when it cannot be bound.
 absl::StatusOr<RunningServer> StartGrpcServer(
     const std::string& address, const std::vector<grpc::Service*>& services,
     const std::vector<std::string>& service_names,
-    std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials());
+    std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials(),
+    int max_message_bytes = kMaxMessageBytes);
 
 // gRPC reads a socket into buffers of a size it adapts from call to call; buffers of many sizes,
 // each freed after its message is parsed, leave the allocator fragmented, and the next call

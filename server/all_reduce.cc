@@ -89,21 +89,79 @@ absl::Status AllReduceHub::Admit(Collective& col, const AllReduceContribution& c
   return absl::OkStatus();
 }
 
-AllReduceHub::Collective* AllReduceHub::Find(const AllReduceContribution& c) {
+absl::StatusOr<AllReduceHub::CollectivePtr> AllReduceHub::Find(const AllReduceContribution& c) {
   absl::MutexLock lock(&mu_);
-  std::unique_ptr<Collective>& slot = collectives_[c.name];
-  if (slot == nullptr) {
-    slot = std::make_unique<Collective>(c.members ? members_->world_size() : c.group_size, c.members);
+  auto it = collectives_.find(c.name);
+  const Collective* keep = it == collectives_.end() ? nullptr : it->second.get();
+  while (buffer_bytes_.load(std::memory_order_relaxed) + c.spec.num_bytes() > max_bytes_ &&
+         ForgetOneIdle(keep)) {
   }
-  return slot.get();
+  if (keep != nullptr) return it->second;
+  while (static_cast<int64_t>(collectives_.size()) >= max_collectives_) {
+    if (!ForgetOneIdle(nullptr)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the server holds ", collectives_.size(), " AllReduce collectives, each with a round in "
+          "progress: no room for '", c.name, "' (summa-server --max_collectives)"));
+    }
+  }
+  CollectivePtr& slot = collectives_[c.name];
+  slot = std::make_shared<Collective>(c.members ? members_->world_size() : c.group_size, c.members);
+  return slot;
 }
 
-std::vector<std::pair<const std::string*, AllReduceHub::Collective*>> AllReduceHub::All() const {
+bool AllReduceHub::ForgetOneIdle(const Collective* keep) {
+  auto oldest = collectives_.end();
+  absl::Time oldest_use = absl::InfiniteFuture();
+  for (auto it = collectives_.begin(); it != collectives_.end(); ++it) {
+    Collective& col = *it->second;
+    if (&col == keep || !col.mu.TryLock()) continue;  // a busy one is not idle
+    if (col.barrier.arrived() == 0 && col.last_used < oldest_use) {
+      oldest = it;
+      oldest_use = col.last_used;
+    }
+    col.mu.Unlock();
+  }
+  if (oldest == collectives_.end()) return false;
+  Collective& col = *oldest->second;
+  {
+    absl::MutexLock lock(&col.mu);
+    if (col.barrier.arrived() != 0) return true;  // busy since: the caller looks again
+    col.forgotten = true;
+    buffer_bytes_.fetch_sub(col.bytes, std::memory_order_relaxed);
+    col.bytes = 0;
+  }
+  collectives_.erase(oldest);  // its buffers go when the last reply sending them is done
+  return true;
+}
+
+std::vector<std::pair<std::string, AllReduceHub::CollectivePtr>> AllReduceHub::All() const {
   absl::MutexLock lock(&mu_);
-  std::vector<std::pair<const std::string*, Collective*>> all;
-  all.reserve(collectives_.size());
-  for (const auto& [name, col] : collectives_) all.push_back({&name, col.get()});
-  return all;
+  return {collectives_.begin(), collectives_.end()};
+}
+
+size_t AllReduceHub::collectives() const {
+  absl::MutexLock lock(&mu_);
+  return collectives_.size();
+}
+
+absl::Status AllReduceHub::Open(Collective& col, const AllReduceContribution& c) {
+  absl::StatusOr<PeerBudget::Hold> opened = opened_.Take(c.peer, 1);
+  if (!opened.ok()) return opened.status();
+  const int64_t n = c.spec.num_elements();
+  const int64_t growth = col.pool.GrowthFor(n);
+  if (growth > 0 && buffer_bytes_.load(std::memory_order_relaxed) + growth > max_bytes_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the AllReduce buffers hold ", buffer_bytes_.load(), " bytes; collective '", c.name, "' needs ",
+        growth, " more: over the limit of ", max_bytes_, " (summa-server --max_allreduce_bytes)"));
+  }
+  col.opened = *std::move(opened);
+  col.spec = c.spec;
+  col.sum = col.pool.Acquire(n, &col.sum_data);
+  const int64_t bytes = col.pool.bytes();
+  buffer_bytes_.fetch_add(bytes - col.bytes, std::memory_order_relaxed);
+  col.bytes = bytes;
+  std::memcpy(col.sum_data, c.data.data(), n * sizeof(float));
+  return absl::OkStatus();
 }
 
 void AllReduceHub::Contribute(const AllReduceContribution& c, std::shared_ptr<ParkedCall> call) {
@@ -111,31 +169,38 @@ void AllReduceHub::Contribute(const AllReduceContribution& c, std::shared_ptr<Pa
   absl::Status refused = c.members && members_ == nullptr
                              ? absl::FailedPreconditionError("this server keeps no membership")
                              : Validate(c, members_ != nullptr ? members_->world_size() : 0);
-  if (refused.ok()) {
-    Collective& col = *Find(c);
+  while (refused.ok()) {
+    absl::StatusOr<CollectivePtr> found = Find(c);
+    if (!found.ok()) {
+      refused = found.status();
+      break;
+    }
+    Collective& col = **found;
     absl::MutexLock lock(&col.mu);
+    if (col.forgotten) continue;  // forgotten between Find and the lock: find (or add) it again
+    col.last_used = clock_->Now();
     refused = Admit(col, c);
-    if (refused.ok() && col.members && c.round + 1 == col.round) {
+    if (!refused.ok()) break;
+    if (col.members && c.round + 1 == col.round) {
       // A member that rejoined after the round completed: it gets the round's sum, adding nothing.
       if (call->Claim()) {
         call->Fill(c.round + 1, col.last);
         done.Add(std::move(call), absl::OkStatus());
       }
-    } else if (refused.ok()) {
-      const int64_t n = c.spec.num_elements();
-      const absl::Time now = clock_->Now();
-      col.barrier.Arrive(c.rank, now).IgnoreError();  // rank and duplicates checked above
-      const float* in = reinterpret_cast<const float*>(c.data.data());
-      if (col.sum.empty()) {
-        col.spec = c.spec;
-        col.sum = col.pool.Acquire(n, &col.sum_data);
-        std::memcpy(col.sum_data, in, n * sizeof(float));
-      } else {
-        AddInto(absl::MakeSpan(col.sum_data, n), absl::MakeConstSpan(in, n));
-      }
-      col.parked.Park(std::move(call), col.round + 1, now + deadline_);
-      MaybeComplete(col, done);
+      break;
     }
+    if (col.sum.empty()) {
+      refused = Open(col, c);
+      if (!refused.ok()) break;
+    } else {
+      const int64_t n = c.spec.num_elements();
+      AddInto(absl::MakeSpan(col.sum_data, n),
+              absl::MakeConstSpan(reinterpret_cast<const float*>(c.data.data()), n));
+    }
+    col.barrier.Arrive(c.rank, col.last_used).IgnoreError();  // rank and duplicates checked above
+    col.parked.Park(std::move(call), col.round + 1, col.last_used + deadline_);
+    MaybeComplete(col, done);
+    break;
   }
   if (!refused.ok() && call != nullptr && call->Claim()) call->Finish(refused);
 }
@@ -151,6 +216,7 @@ void AllReduceHub::MaybeComplete(Collective& col, CallsToFinish& done) {
   Snapshot sum = std::move(col.sum);
   col.sum = Snapshot();
   col.sum_data = nullptr;
+  col.opened.Release();
   col.parked.Release(col.round, [&]() -> const Snapshot& { return sum; }, done);
   if (col.members) {
     col.last = std::move(sum);
@@ -191,7 +257,7 @@ absl::Time AllReduceHub::ExpireRounds(absl::Time now) {
       if (!(col->members && members_->excluded(r))) missing.push_back(r);
     }
     const absl::Status status = absl::DeadlineExceededError(absl::StrCat(
-        "collective '", *name, "' round ", col->round, " abandoned: ", col->barrier.arrived(), " of ",
+        "collective '", name, "' round ", col->round, " abandoned: ", col->barrier.arrived(), " of ",
         col->barrier.group_size(), " ranks arrived within ", absl::FormatDuration(deadline_),
         "; missing rank", missing.size() == 1 ? " " : "s ", absl::StrJoin(missing, ", ")));
     col->parked.FailAll(status, expired);
@@ -215,6 +281,7 @@ void AllReduceHub::Reset(Collective& col) {
   col.barrier.Reset();
   col.sum = Snapshot();
   col.sum_data = nullptr;
+  col.opened.Release();
 }
 
 }  // namespace summa::server

@@ -14,8 +14,17 @@
 // waited for as a step is; rounds are named explicitly, a late contribution to the round just
 // completed (a member that rejoined after it) is answered with its sum, and the job's end aborts
 // the round. A member collective that is idle follows a caller to a later round (after a server
-// restart, or an abandoned round). Thread-safe; lock order: a collective's lock, then
-// Membership's; the hub's lock is never held with another.
+// restart, or an abandoned round).
+//
+// Limits (server/limits.h): the hub keeps at most max_collectives collectives and
+// max_allreduce_bytes of buffers; to make room it forgets idle ones (no round in progress),
+// least recently used first (a member that rejoins late to a forgotten collective's round gets
+// no sum: it starts the next round). A peer (the contribution's `peer`) may have opened at most
+// max_open_collectives_per_peer rounds still in progress. Past a limit, a contribution is
+// refused with RESOURCE_EXHAUSTED naming the flag.
+//
+// Thread-safe; lock order: the hub's lock, then a collective's (only to forget idle ones), then
+// Membership's.
 #ifndef SUMMA_SERVER_ALL_REDUCE_H_
 #define SUMMA_SERVER_ALL_REDUCE_H_
 
@@ -29,6 +38,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/tensor.h"
+#include "server/limits.h"
 #include "server/membership.h"
 #include "server/parked_call.h"
 #include "server/snapshot.h"
@@ -45,6 +55,7 @@ struct AllReduceContribution {
   uint64_t session = 0;  // member collectives: the rank's session
   TensorSpec spec;
   absl::string_view data;  // raw little-endian float32
+  std::string peer;        // whom the limits count it against (server/limits.h)
 };
 
 class AllReduceHub {
@@ -52,8 +63,14 @@ class AllReduceHub {
   // Neither pointer is owned; both outlive the hub. Without `members`, member collectives are
   // refused. The hub does not observe `members` by itself: call OnMembershipChange when told.
   AllReduceHub(absl::Duration deadline, const Clock* clock = Clock::Real(),
-               const Membership* members = nullptr)
-      : deadline_(deadline), clock_(clock), members_(members) {}
+               const Membership* members = nullptr, const LimitOptions& limits = {})
+      : deadline_(deadline),
+        clock_(clock),
+        members_(members),
+        max_collectives_(limits.max_collectives),
+        max_bytes_(limits.max_allreduce_bytes),
+        opened_("open collectives", INT64_MAX, "", limits.max_open_collectives_per_peer,
+                "max_open_collectives_per_peer") {}
 
   // Adds the caller's tensor to the current round and parks `call` until the round completes.
   // Refused at once, changing nothing: INVALID_ARGUMENT for an empty name, a group size below 1
@@ -74,6 +91,9 @@ class AllReduceHub {
   void Shutdown();
 
   uint64_t rounds_completed() const { return rounds_completed_.load(std::memory_order_relaxed); }
+  // What the limits count: collectives kept, and the bytes of their buffers.
+  size_t collectives() const;
+  int64_t buffer_bytes() const { return buffer_bytes_.load(std::memory_order_relaxed); }
 
  private:
   struct Collective {
@@ -90,14 +110,24 @@ class AllReduceHub {
     bool has_last ABSL_GUARDED_BY(mu) = false;  // whether `last` is the sum of round `round - 1`
     uint64_t round ABSL_GUARDED_BY(mu) = 0;   // rounds completed
     ParkingLot parked ABSL_GUARDED_BY(mu);
+    PeerBudget::Hold opened ABSL_GUARDED_BY(mu);  // the round in progress, held by its opener
+    int64_t bytes ABSL_GUARDED_BY(mu) = 0;        // what `pool` holds, counted in buffer_bytes_
+    absl::Time last_used ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+    bool forgotten ABSL_GUARDED_BY(mu) = false;   // no longer the hub's: find it again
   };
+  using CollectivePtr = std::shared_ptr<Collective>;
 
-  // The collective of that name, added (as `c` describes it) when new. Never null.
-  Collective* Find(const AllReduceContribution& c);
-  // Every collective, for sweeps; collectives are never removed, so the pointers stay valid.
-  std::vector<std::pair<const std::string*, Collective*>> All() const;
+  // The collective of that name, added (as `c` describes it) when new, idle ones forgotten to
+  // make room for it and for `c`'s bytes; RESOURCE_EXHAUSTED when the room cannot be made.
+  absl::StatusOr<CollectivePtr> Find(const AllReduceContribution& c);
+  // Forgets the least recently used idle collective other than `keep`; false when none is idle.
+  bool ForgetOneIdle(const Collective* keep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every collective, for sweeps.
+  std::vector<std::pair<std::string, CollectivePtr>> All() const;
 
   absl::Status Admit(Collective& col, const AllReduceContribution& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(col.mu);
+  // Opens a round with `c`'s values: its opener's share of the limits, and a buffer.
+  absl::Status Open(Collective& col, const AllReduceContribution& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(col.mu);
   // Completes the round when its group is whole.
   void MaybeComplete(Collective& col, CallsToFinish& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(col.mu);
   // Forgets the round in progress (its calls were failed).
@@ -106,8 +136,12 @@ class AllReduceHub {
   const absl::Duration deadline_;
   const Clock* const clock_;          // Not owned.
   const Membership* const members_;   // Not owned; may be null.
+  const int64_t max_collectives_;
+  const int64_t max_bytes_;
+  PeerBudget opened_;
+  std::atomic<int64_t> buffer_bytes_{0};
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::unique_ptr<Collective>> collectives_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, CollectivePtr> collectives_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> rounds_completed_{0};
   std::atomic<bool> shut_down_{false};
 };

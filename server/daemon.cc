@@ -11,7 +11,7 @@ namespace summa::server {
 
 SummaServer::SummaServer(ServerOptions options, TokenCheck tokens)
     : core_(options),
-      hub_(options.barrier_deadline, options.clock, &core_.membership()),
+      hub_(options.barrier_deadline, options.clock, &core_.membership(), options.limits),
       tokens_(std::move(tokens)),
       service_(&core_, &hub_, [this](std::function<void()> task) { RunInBackground(std::move(task)); },
                &tokens_) {
@@ -64,7 +64,7 @@ absl::StatusOr<std::unique_ptr<SummaServer>> SummaServer::Start(const std::strin
   }
   absl::StatusOr<RunningServer> running =
       StartGrpcServer(address, {&server->service_}, {"summa.v1.ParameterServer"},
-                      ServerCredentialsFor(security.tls));
+                      ServerCredentialsFor(security.tls), static_cast<int>(options.limits.max_message_bytes));
   if (!running.ok()) return running.status();
   server->running_ = *std::move(running);
   server->ticker_ = std::thread([s = server.get()] { s->TickLoop(); });

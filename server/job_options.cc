@@ -73,6 +73,7 @@ absl::Status ValidateOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError("the checkpoint interval must not be negative");
   }
   if (options.clock == nullptr) return absl::InvalidArgumentError("no clock");
+  if (absl::Status s = ValidateLimits(options.limits, options.partition_bytes); !s.ok()) return s;
   return Optimizer::Create(options.optimizer).status();
 }
 

@@ -12,6 +12,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/trace.h"
+#include "server/limits.h"
 #include "server/optimizer.h"
 #include "summa/v1/summa.pb.h"
 
@@ -58,6 +59,8 @@ struct ServerOptions {
   const Clock* clock = Clock::Real();  // Not owned.
   // Records the data path's stages (sum, optimizer, wait) per partition when not null. Not owned.
   Tracer* tracer = nullptr;
+  // What the server holds for its callers, at most (server/limits.h).
+  LimitOptions limits;
 };
 
 absl::Status ValidateOptions(const ServerOptions& options);

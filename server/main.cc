@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/allocator.h"
+#include "common/byte_size.h"
 #include "common/trace.h"
 #include "common/transport.h"
 #include "common/flags.h"
@@ -89,12 +90,36 @@ ABSL_FLAG(int64_t, partition_bytes, 4 << 20,
 ABSL_FLAG(absl::Duration, barrier_deadline, absl::Minutes(10),
           "how long a pull or an AllReduce waits for the rest of its group before it fails with "
           "DEADLINE_EXCEEDED (e.g. 30s, 10m)");
+// Limits (server/limits.h): what the server holds for its callers. Past one, a call is refused
+// with RESOURCE_EXHAUSTED naming the flag. A peer is a member rank, or a client address.
+ABSL_FLAG(std::string, max_message_bytes, "256MiB",
+          "largest message the server receives or sends (gRPC refuses larger ones in its "
+          "transport); at least --partition_bytes (and 4MiB, an AllReduce chunk) plus 64KiB");
+ABSL_FLAG(std::string, max_model_bytes, "16GiB",
+          "largest model a Join may declare (the server allocates it before any value arrives)");
+ABSL_FLAG(int64_t, max_parked_calls, 65536,
+          "pulls and AllReduce calls waiting for their step or round, in total");
+ABSL_FLAG(int64_t, max_parked_calls_per_peer, 4096,
+          "pulls and AllReduce calls waiting for their step or round, per peer");
+ABSL_FLAG(int64_t, max_collectives, 4096,
+          "AllReduce collectives kept (idle ones, least recently used first, are forgotten to make "
+          "room)");
+ABSL_FLAG(int64_t, max_open_collectives_per_peer, 1024,
+          "AllReduce rounds in progress that one peer may have opened");
+ABSL_FLAG(std::string, max_allreduce_bytes, "4GiB",
+          "bytes of the AllReduce buffers (sums in progress, and buffers kept for the next rounds)");
+ABSL_FLAG(std::string, max_bytes_in_flight_per_peer, "2GiB",
+          "bytes of one peer's requests the server holds: AllReduce contributions until their "
+          "round completes, pushed values while they are applied");
+ABSL_FLAG(double, join_rate, 50,
+          "joins per second the server accepts, after a burst of max(this, 2 x --workers)");
 
 namespace {
 
 // The flags as server options, or the first bad one's message.
 absl::StatusOr<summa::server::ServerOptions> OptionsFromFlags() {
   namespace server = summa::server;
+  using server::LimitOptions;
   server::ServerOptions o;
   o.world_size = absl::GetFlag(FLAGS_workers);
   absl::StatusOr<server::Mode> mode = server::ParseMode(absl::GetFlag(FLAGS_mode));
@@ -130,6 +155,28 @@ absl::StatusOr<summa::server::ServerOptions> OptionsFromFlags() {
   o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   o.require_sessions = absl::GetFlag(FLAGS_require_sessions);
+  LimitOptions& l = o.limits;
+  const struct {
+    int64_t* field;
+    const char* name;
+    std::string text;
+  } sizes[] = {
+      {&l.max_message_bytes, "max_message_bytes", absl::GetFlag(FLAGS_max_message_bytes)},
+      {&l.max_model_bytes, "max_model_bytes", absl::GetFlag(FLAGS_max_model_bytes)},
+      {&l.max_allreduce_bytes, "max_allreduce_bytes", absl::GetFlag(FLAGS_max_allreduce_bytes)},
+      {&l.max_bytes_in_flight_per_peer, "max_bytes_in_flight_per_peer",
+       absl::GetFlag(FLAGS_max_bytes_in_flight_per_peer)},
+  };
+  for (const auto& size : sizes) {
+    absl::StatusOr<int64_t> bytes = summa::ParseByteSize(size.text);
+    if (!bytes.ok()) return absl::InvalidArgumentError(absl::StrCat("--", size.name, ": ", bytes.status().message()));
+    *size.field = *bytes;
+  }
+  l.max_parked_calls = absl::GetFlag(FLAGS_max_parked_calls);
+  l.max_parked_calls_per_peer = absl::GetFlag(FLAGS_max_parked_calls_per_peer);
+  l.max_collectives = absl::GetFlag(FLAGS_max_collectives);
+  l.max_open_collectives_per_peer = absl::GetFlag(FLAGS_max_open_collectives_per_peer);
+  l.join_rate = absl::GetFlag(FLAGS_join_rate);
   if (absl::Status valid = server::ValidateOptions(o); !valid.ok()) return valid;
   return o;
 }

@@ -141,6 +141,15 @@ absl::StatusOr<JoinResult> ParameterServer::Join(const JoinRequestView& request)
       return absl::InvalidArgumentError(absl::StrCat("tensor '", t.spec.name, "': ", shape.message()));
     }
   }
+  int64_t model_bytes = 0;
+  for (const JoinTensor& t : request.params) {
+    model_bytes += t.spec.num_bytes();  // each shape is bounded, and so is the count of tensors
+    if (model_bytes > options_.limits.max_model_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the model declared holds more than ", options_.limits.max_model_bytes,
+          " bytes (summa-server --max_model_bytes)"));
+    }
+  }
   {
     absl::MutexLock lock(&define_mu_);
     if (model_owner_ == nullptr) {

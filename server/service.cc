@@ -28,11 +28,17 @@ class ParkedReactor final : public grpc::ServerUnaryReactor {
     int64_t partition = -1;
   };
 
+  // The shares of the server's limits the call holds until it is answered and forgotten.
+  struct Holds {
+    PeerBudget::Hold parked;
+    PeerBudget::Hold bytes;
+  };
+
   class Call final : public ParkedCall {
    public:
-    Call(ParkedReactor* reactor, FillFn fill, WaitSpan wait)
+    Call(ParkedReactor* reactor, FillFn fill, WaitSpan wait, Holds holds)
         : reactor_(reactor), fill_(std::move(fill)), wait_(wait),
-          arrived_(wait.tracer != nullptr ? absl::Now() : absl::InfinitePast()) {}
+          arrived_(wait.tracer != nullptr ? absl::Now() : absl::InfinitePast()), holds_(std::move(holds)) {}
     bool Claim() override { return !claimed_.exchange(true); }
     void Fill(uint64_t counter, const Snapshot& values) override {
       if (wait_.tracer != nullptr) wait_.tracer->Complete(wait_.name, "server", arrived_, absl::Now(), wait_.partition);
@@ -46,9 +52,11 @@ class ParkedReactor final : public grpc::ServerUnaryReactor {
     const FillFn fill_;
     const WaitSpan wait_;
     const absl::Time arrived_;
+    Holds holds_;
   };
 
-  ParkedReactor(FillFn fill, WaitSpan wait) : call_(std::make_shared<Call>(this, std::move(fill), wait)) {}
+  ParkedReactor(FillFn fill, WaitSpan wait, Holds holds)
+      : call_(std::make_shared<Call>(this, std::move(fill), wait, std::move(holds))) {}
   std::shared_ptr<Call> call() const { return call_; }
 
   void OnCancel() override {
@@ -105,7 +113,8 @@ absl::StatusOr<PushRequestView> ParsePush(grpc::CallbackServerContext* context, 
 
 // Fill runs under the partition's lock: the live ranks sent are those the step was answered
 // under (an exclusion completes steps under the same lock).
-ParkedReactor* PullReactor(const ParameterServer* core, grpc::ByteBuffer* response, uint32_t partition) {
+ParkedReactor* PullReactor(const ParameterServer* core, grpc::ByteBuffer* response, uint32_t partition,
+                           ParkedReactor::Holds holds) {
   const ParkedReactor::WaitSpan wait{core->options().tracer, "wait", partition};
   return new ParkedReactor([core, response, partition](uint64_t version, const Snapshot& w) {
     pb::PullResponse header;
@@ -116,7 +125,7 @@ ParkedReactor* PullReactor(const ParameterServer* core, grpc::ByteBuffer* respon
     std::string prefix = header.SerializeAsString();
     AppendFieldHeader(pb::PullResponse::kDataFieldNumber, w.values().size() * sizeof(float), &prefix);
     *response = TwoSlices(prefix, SliceOf(w));
-  }, wait);
+  }, wait, std::move(holds));
 }
 
 grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context, const absl::Status& status) {
@@ -131,6 +140,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Join(grpc::CallbackServerConte
                                                        const pb::JoinRequest* request,
                                                        pb::JoinResponse* response) {
   if (absl::Status auth = tokens_->Check(*context, Role::kWorker); !auth.ok()) return Done(context, auth);
+  if (absl::Status rate = joins_.Take(); !rate.ok()) return Done(context, rate);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   JoinRequestView view;
   view.rank = request->rank();
@@ -217,6 +227,8 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(grpc::CallbackServerConte
   Scratch& values = RequestValues();
   absl::StatusOr<PushRequestView> view = ParsePush(context, *request, &header, &values, core_->options().tracer);
   if (!view.ok()) return Done(context, view.status());
+  absl::StatusOr<PeerBudget::Hold> bytes = in_flight_.Take(PeerKey(view->rank, view->peer), view->data.size());
+  if (!bytes.ok()) return Done(context, bytes.status());
   absl::StatusOr<bool> completed = core_->Push(*view);
   TrimRequestValues(values);
   if (completed.ok()) {
@@ -242,6 +254,8 @@ grpc::ServerUnaryReactor* ParameterServerService::Initialize(grpc::CallbackServe
   view.partition = header.partition();
   view.dtype_is_float32 = header.dtype() == pb::DTYPE_FLOAT32;
   view.data = values.view();
+  absl::StatusOr<PeerBudget::Hold> bytes = in_flight_.Take(PeerKey(view.rank, context->peer()), view.data.size());
+  if (!bytes.ok()) return Done(context, bytes.status());
   absl::StatusOr<bool> applied = core_->Initialize(view);
   TrimRequestValues(values);
   if (applied.ok()) {
@@ -259,7 +273,9 @@ grpc::ServerUnaryReactor* ParameterServerService::Pull(grpc::CallbackServerConte
   pb::PullRequest r;
   absl::Status parsed = ParseWithBytes(*request, {}, nullptr, &r);
   if (!parsed.ok()) return Done(context, parsed);
-  ParkedReactor* reactor = PullReactor(core_, response, r.partition());
+  absl::StatusOr<PeerBudget::Hold> parked = parked_.Take(PeerKey(r.rank(), context->peer()), 1);
+  if (!parked.ok()) return Done(context, parked.status());
+  ParkedReactor* reactor = PullReactor(core_, response, r.partition(), {*std::move(parked), {}});
   core_->Pull(r.rank(), r.session(), r.partition(), r.min_version(), reactor->call());
   return reactor;
 }
@@ -272,7 +288,12 @@ grpc::ServerUnaryReactor* ParameterServerService::PushPull(grpc::CallbackServerC
   Scratch& values = RequestValues();
   absl::StatusOr<PushRequestView> view = ParsePush(context, *request, &header, &values, core_->options().tracer);
   if (!view.ok()) return Done(context, view.status());
-  ParkedReactor* reactor = PullReactor(core_, response, header.partition());
+  const std::string peer = PeerKey(view->rank, view->peer);
+  absl::StatusOr<PeerBudget::Hold> bytes = in_flight_.Take(peer, view->data.size());
+  if (!bytes.ok()) return Done(context, bytes.status());
+  absl::StatusOr<PeerBudget::Hold> parked = parked_.Take(peer, 1);
+  if (!parked.ok()) return Done(context, parked.status());
+  ParkedReactor* reactor = PullReactor(core_, response, header.partition(), {*std::move(parked), {}});
   core_->PushPull(*view, reactor->call());
   TrimRequestValues(values);
   return reactor;
@@ -289,6 +310,13 @@ grpc::ServerUnaryReactor* ParameterServerService::AllReduce(grpc::CallbackServer
   if (!parsed.ok()) return Done(context, parsed);
   absl::StatusOr<TensorSpec> spec = SpecFromProto(header.tensor());
   if (!spec.ok()) return Done(context, spec.status());
+  // A fixed group's rank is the caller's say-so, not an identity: its calls count against its address.
+  const std::string peer = PeerKey(header.members() ? header.rank() : -1, context->peer());
+  absl::StatusOr<PeerBudget::Hold> parked = parked_.Take(peer, 1);
+  if (!parked.ok()) return Done(context, parked.status());
+  // The contribution's bytes are held until the round completes (the call is answered then).
+  absl::StatusOr<PeerBudget::Hold> bytes = in_flight_.Take(peer, values.view().size());
+  if (!bytes.ok()) return Done(context, bytes.status());
   ParkedReactor* reactor =
       new ParkedReactor([response, spec = *spec](uint64_t round, const Snapshot& sum) {
         pb::Tensor tensor;
@@ -303,7 +331,8 @@ grpc::ServerUnaryReactor* ParameterServerService::AllReduce(grpc::CallbackServer
         prefix += tensor_prefix;
         *response = TwoSlices(prefix, SliceOf(sum));
       },
-      ParkedReactor::WaitSpan{core_->options().tracer, "allreduce wait"});
+      ParkedReactor::WaitSpan{core_->options().tracer, "allreduce wait"},
+      ParkedReactor::Holds{*std::move(parked), *std::move(bytes)});
   AllReduceContribution c;
   c.name = header.name();
   c.group_size = header.group_size();
@@ -313,6 +342,7 @@ grpc::ServerUnaryReactor* ParameterServerService::AllReduce(grpc::CallbackServer
   c.session = header.session();
   c.spec = *std::move(spec);
   c.data = values.view();
+  c.peer = peer;
   hub_->Contribute(c, reactor->call());
   TrimRequestValues(values);
   return reactor;
@@ -367,6 +397,9 @@ grpc::ServerUnaryReactor* ParameterServerService::GetStatus(grpc::CallbackServer
   response->set_last_checkpoint_age_seconds(
       s.checkpoint.written == absl::InfinitePast() ? -1 : absl::ToDoubleSeconds(now - s.checkpoint.written));
   response->set_job_error(s.job_error);
+  response->set_parked_calls(parked_.total());
+  response->set_allreduce_collectives(hub_->collectives());
+  response->set_allreduce_buffer_bytes(hub_->buffer_bytes());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

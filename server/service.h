@@ -9,6 +9,7 @@
 
 #include "common/transport.h"
 #include "server/all_reduce.h"
+#include "server/limits.h"
 #include "server/parameter_server.h"
 #include "summa/v1/summa.grpc.pb.h"
 
@@ -32,7 +33,15 @@ class ParameterServerService final : public ServiceBase {
   // `tokens` (not owned; outlives the service) says which calls need which token.
   ParameterServerService(ParameterServer* core, AllReduceHub* hub, Background background,
                          const TokenCheck* tokens)
-      : core_(core), hub_(hub), background_(std::move(background)), tokens_(tokens) {}
+      : core_(core),
+        hub_(hub),
+        background_(std::move(background)),
+        tokens_(tokens),
+        parked_("parked calls", core->options().limits.max_parked_calls, "max_parked_calls",
+                core->options().limits.max_parked_calls_per_peer, "max_parked_calls_per_peer"),
+        in_flight_("bytes in flight", INT64_MAX, "", core->options().limits.max_bytes_in_flight_per_peer,
+                   "max_bytes_in_flight_per_peer"),
+        joins_(core->options().limits.join_rate, core->options().world_size, core->options().clock) {}
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
                                  const summa::v1::JoinRequest* request,
@@ -70,6 +79,12 @@ class ParameterServerService final : public ServiceBase {
   AllReduceHub* const hub_;      // Not owned.
   const Background background_;
   const TokenCheck* const tokens_;  // Not owned.
+  // What callers' calls hold (server/limits.h): a parked call holds one of `parked_` until it is
+  // answered and forgotten; a request's values hold their bytes of `in_flight_` while applied or,
+  // for an AllReduce, until the round completes.
+  PeerBudget parked_;
+  PeerBudget in_flight_;
+  JoinRate joins_;
 };
 
 }  // namespace summa::server

@@ -35,10 +35,22 @@ SnapshotPool::~SnapshotPool() {
   for (Snapshot::Buffer* b : buffers_) Snapshot::Unref(b);
 }
 
+bool SnapshotPool::IsFree(const Snapshot::Buffer* b) { return b->refs.load(std::memory_order_acquire) == 1; }
+
+int64_t SnapshotPool::bytes() const {
+  int64_t n = 0;
+  for (const Snapshot::Buffer* b : buffers_) n += b->data.capacity() * sizeof(float);
+  return n;
+}
+
+int64_t SnapshotPool::GrowthFor(int64_t length) const {
+  auto free = std::find_if(buffers_.begin(), buffers_.end(), IsFree);
+  const int64_t have = free == buffers_.end() ? 0 : static_cast<int64_t>((*free)->data.capacity());
+  return std::max<int64_t>(0, length - have) * static_cast<int64_t>(sizeof(float));
+}
+
 Snapshot SnapshotPool::Acquire(int64_t length, float** data) {
-  auto free = std::find_if(buffers_.begin(), buffers_.end(), [](Snapshot::Buffer* b) {
-    return b->refs.load(std::memory_order_acquire) == 1;
-  });
+  auto free = std::find_if(buffers_.begin(), buffers_.end(), IsFree);
   Snapshot::Buffer* b;
   if (free != buffers_.end()) {
     b = *free;

@@ -72,8 +72,14 @@ class SnapshotPool {
 
   // Buffers allocated so far (each is touched once, when first acquired at its size).
   size_t size() const { return buffers_.size(); }
+  // The bytes the pool's buffers hold, and how many more an Acquire of `length` floats would
+  // allocate.
+  int64_t bytes() const;
+  int64_t GrowthFor(int64_t length) const;
 
  private:
+  // A buffer only the pool references.
+  static bool IsFree(const Snapshot::Buffer* b);
   std::vector<Snapshot::Buffer*> buffers_;  // each holds one reference of the pool's
 };
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
@@ -102,8 +103,12 @@ absl::StatusOr<JoinInfo> ParameterClient::Join(int rank, int world,
     AttachToken(token_, &ctx);
     grpc::Status s = stub_->Join(&ctx, request, &response);
     if (s.ok()) break;
+    // A server over its join rate (summa-server --join_rate) takes us a moment later; its other
+    // RESOURCE_EXHAUSTED refusals (a model over its limit) stand.
     const bool retry = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                       s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+                       s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                       (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+                        absl::StrContains(s.error_message(), "--join_rate"));
     if (!retry || absl::Now() + backoff >= give_up) {
       absl::Status st = FromGrpcStatus(s);
       return absl::Status(st.code(), absl::StrCat("join ", address_, " as rank ", rank, " failed after ",

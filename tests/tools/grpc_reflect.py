@@ -83,17 +83,22 @@ class Reflector:
         self._add_files(self._ask(file_containing_symbol=name))
         return self.pool.FindServiceByName(name)
 
-    def call(self, full_method, request_json="{}"):
+    def rpc(self, full_method):
+        """The method as a grpcio callable (with .future), and its request class."""
         service_name, method_name = full_method.split("/")
         method = self.service(service_name).FindMethodByName(method_name)
         if method is None:
             raise RuntimeError(f"{service_name} has no method {method_name}")
         request_cls = message_factory.MessageFactory(self.pool).GetPrototype(method.input_type)
         response_cls = message_factory.MessageFactory(self.pool).GetPrototype(method.output_type)
-        request = json_format.Parse(request_json, request_cls())
         rpc = self.channel.unary_unary(f"/{service_name}/{method_name}",
                                        request_serializer=lambda m: m.SerializeToString(),
                                        response_deserializer=response_cls.FromString)
+        return rpc, request_cls
+
+    def call(self, full_method, request_json="{}"):
+        rpc, request_cls = self.rpc(full_method)
+        request = json_format.Parse(request_json, request_cls())
         reply = rpc(request, timeout=self.timeout)
         return json.loads(json_format.MessageToJson(reply, including_default_value_fields=True))
 

@@ -1,0 +1,182 @@
+"""The security issue's flood probe with real processes: beside two workers training LeNet, a
+client floods summa-server with bad and abandoned calls (AllReduce rounds it never completes,
+some cancelled at once, under fresh names; oversized messages; pulls for a rank whose session it
+does not hold; Joins past the rate). Every flood call is refused or parked within the server's
+limits, each refusal naming its flag (gRPC's transport refuses oversized messages itself, naming the
+size); the workers finish their job; and the server's peak RSS stays
+under a bound far below what the flood would otherwise make it hold.
+
+  flood_process_test.py --bin BUILD_DIR [unittest args]
+"""
+import argparse
+import collections
+import os
+import re
+import sys
+import threading
+import time
+import unittest
+
+import grpc
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "tools"))
+from grpc_reflect import Reflector  # noqa: E402
+from procs import ProcessGroup  # noqa: E402
+
+ARGS = None
+
+# A short job: 4000 examples in batches of 64 (63 steps an epoch), 2 epochs.
+JOB = ["--batch_size=64", "--epochs=2", "--train_limit=4000", "--test_limit=500", "--seed=1"]
+
+MIB = 1 << 20
+# The limits the flood meets (tighter than the defaults, so that the bound is measurable here).
+LIMITS = ["--max_message_bytes=8MiB", "--max_allreduce_bytes=64MiB", "--max_collectives=256",
+          "--max_open_collectives_per_peer=32", "--max_parked_calls_per_peer=64",
+          "--max_bytes_in_flight_per_peer=48MiB", "--join_rate=1"]  # joins: a burst of 4, then 1/s
+# The flood: this many AllReduce calls of 1 MiB each under fresh names, at most 32 outstanding.
+# Held, they would be FLOOD_CALLS MiB of sums on the server.
+FLOOD_CALLS = 1200
+OUTSTANDING = 32
+# What the server may reach: LeNet's job (~60 MiB), the AllReduce buffers' limit, and gRPC's
+# receive buffers for the outstanding calls, with room to spare; far below FLOOD_CALLS MiB.
+RSS_BOUND_MIB = 400
+
+
+def peak_rss_mib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return int(re.search(r"VmHWM:\s+(\d+) kB", f.read()).group(1)) / 1024
+
+
+class Flooder:
+    """Floods in a thread of its own; counts the status codes (and one message per code)."""
+
+    def __init__(self, port):
+        self.r = Reflector(f"127.0.0.1:{port}", timeout=10)
+        self.codes = collections.Counter()
+        self.messages = {}  # the first message of each code
+        self.oversized = set()  # what the oversized pushes got
+        self.flags = collections.Counter()  # the flags RESOURCE_EXHAUSTED refusals name
+        self.error = None
+
+    def note(self, code, details=""):
+        self.codes[code.name] += 1
+        self.messages.setdefault(code.name, details)
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            for flag in re.findall(r"--\w+", details or ""):
+                self.flags[flag] += 1
+
+    def outcome(self, future):
+        try:
+            future.result()
+            self.note(grpc.StatusCode.OK)
+        except grpc.FutureCancelledError:
+            self.note(grpc.StatusCode.CANCELLED, "cancelled by the flooder")
+        except grpc.RpcError as e:
+            self.note(e.code(), e.details())
+
+    def flood(self):
+        try:
+            allreduce, AllReduceRequest = self.r.rpc("summa.v1.ParameterServer/AllReduce")
+            push, PushRequest = self.r.rpc("summa.v1.ParameterServer/Push")
+            join, JoinRequest = self.r.rpc("summa.v1.ParameterServer/Join")
+            pull, PullRequest = self.r.rpc("summa.v1.ParameterServer/Pull")
+            data = bytes(MIB)
+            pending = []
+            for i in range(FLOOD_CALLS):
+                req = AllReduceRequest(name=f"flood-{i}", group_size=2, rank=0)
+                req.tensor.dtype = 1  # DTYPE_FLOAT32
+                req.tensor.shape.append(MIB // 4)
+                req.tensor.data = data
+                f = allreduce.future(req, timeout=120)
+                if i % 2:
+                    f.cancel()  # abandoned at once: the server still holds the round it opened
+                pending.append(f)
+                if len(pending) >= OUTSTANDING:
+                    f0 = pending.pop(0)
+                    if not f0.done():
+                        f0.cancel()  # abandoned later
+                    self.outcome(f0)
+                if i % 50 == 0:
+                    # An oversized push, a spoofed push for rank 0 (no session), a Join for a
+                    # rank outside the job: each refused.
+                    try:
+                        push(PushRequest(rank=0, dtype=1, data=bytes(9 * MIB)), timeout=10)
+                        self.note(grpc.StatusCode.OK)
+                    except grpc.RpcError as e:
+                        self.note(e.code(), e.details())
+                        self.oversized.add((e.code().name, e.details()))
+                    try:  # rank 0's weights, without its session
+                        pull(PullRequest(rank=0, partition=0), timeout=10)
+                        self.note(grpc.StatusCode.OK)
+                    except grpc.RpcError as e:
+                        self.note(e.code(), e.details())
+                if i % 200 == 0:
+                    for _ in range(30):  # back to back: past the burst of 4
+                        try:
+                            join(JoinRequest(rank=7, world_size=2), timeout=10)
+                            self.note(grpc.StatusCode.OK)
+                        except grpc.RpcError as e:
+                            self.note(e.code(), e.details())
+            for f in pending:
+                if not f.done():
+                    f.cancel()
+                self.outcome(f)
+        except Exception as e:  # noqa: BLE001 - reported by the test's thread
+            self.error = e
+
+
+class FloodProcessTest(unittest.TestCase):
+    def test_a_flood_beside_two_training_workers_is_refused_bounded_and_the_job_finishes(self):
+        with ProcessGroup() as g:
+            server, port = g.start_server(ARGS.server, "--workers=2", "--optimizer=adam", "--lr=0.001",
+                                          *LIMITS)
+            workers = [g.start(f"worker{r}", [
+                ARGS.worker, f"--server=127.0.0.1:{port}", f"--rank={r}", "--world_size=2",
+                "--progress=never", *JOB]) for r in range(2)]
+            # Flood once both have joined (the Join flood would otherwise slow their own Joins).
+            deadline = time.monotonic() + 60
+            while True:
+                status = Reflector(f"127.0.0.1:{port}").call("summa.v1.ParameterServer/GetStatus")
+                if sum(1 for m in status.get("members", []) if m["state"] == "alive") == 2:
+                    break
+                self.assertLess(time.monotonic(), deadline, f"workers did not join:\n{g.log(server)}")
+                time.sleep(0.05)
+            flooder = Flooder(port)
+            thread = threading.Thread(target=flooder.flood)
+            thread.start()
+            thread.join(timeout=300)
+            self.assertFalse(thread.is_alive(), "the flood did not end in 300 s")
+            self.assertIsNone(flooder.error, repr(flooder.error))
+            held = Reflector(f"127.0.0.1:{port}").call("summa.v1.ParameterServer/GetStatus")
+
+            for r, proc in enumerate(workers):
+                self.assertEqual(g.wait(proc, 300), 0, g.log(proc))
+                self.assertIn("epoch 2", g.log(proc), g.log(proc))
+            rss = peak_rss_mib(server.pid)
+            print(f"flood: {dict(flooder.codes)}, limits hit: {dict(flooder.flags)}; server peak RSS {rss:.0f} MiB "
+                  f"(bound {RSS_BOUND_MIB}); held after the flood: {held.get('parkedCalls')} parked "
+                  f"calls, {held.get('allreduceCollectives')} collectives, "
+                  f"{held.get('allreduceBufferBytes')} AllReduce bytes")
+            for code, message in sorted(flooder.messages.items()):
+                print(f"  {code}: {message}")
+
+            self.assertNotIn("OK", flooder.codes, "a flood call was served")
+            # Every limit the flood reaches names its flag, but for the message size: gRPC's
+            # transport refuses those before Summa sees them, naming the size (8 MiB) instead.
+            for flag in ("--max_open_collectives_per_peer", "--join_rate"):
+                self.assertIn(flag, flooder.flags, flooder.messages)
+            self.assertEqual({code for code, _ in flooder.oversized}, {"RESOURCE_EXHAUSTED"})
+            self.assertTrue(all(f"vs. {8 * MIB})" in m for _, m in flooder.oversized), flooder.oversized)
+            self.assertIn("FAILED_PRECONDITION", flooder.codes)  # the pulls without rank 0's session
+            self.assertLessEqual(int(held.get("allreduceBufferBytes", 0)), 64 * MIB)
+            self.assertLessEqual(int(held.get("allreduceCollectives", 0)), 256)
+            self.assertLess(rss, RSS_BOUND_MIB, f"the server's peak RSS: {rss:.0f} MiB")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bin", required=True)
+    ARGS, rest = parser.parse_known_args()
+    ARGS.server = os.path.join(ARGS.bin, "server", "summa-server")
+    ARGS.worker = os.path.join(ARGS.bin, "worker", "summa-worker")
+    unittest.main(argv=[sys.argv[0], *rest])

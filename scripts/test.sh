@@ -1,21 +1,28 @@
 #!/usr/bin/env bash
-# The README's test command: installs what is missing, builds, and runs the whole suite.
+# The README's test command (and CI's): installs what is missing, builds, and runs
+#   1. the whole suite in build/;
+#   2. the ASan/UBSan pass: the server's and the worker's unit and service tests (ctest label
+#      `unit`) built with -fsanitize=address,undefined in build-asan/;
+#   3. a short fuzzing pass: every harness of fuzz/ for 30 s (scripts/fuzz.sh, build-fuzz/).
+# All three run whatever the others say; the exit status is non-zero when any failed.
 #
-#   scripts/test.sh                               the whole suite in build/ (CI's command)
-#   scripts/test.sh --sanitize=address,undefined  the server's and the worker's unit and service
-#   scripts/test.sh --sanitize=thread             tests (ctest label `unit`), built with those
-#                                                 sanitizers in build-asan/ or build-tsan/
+#   scripts/test.sh --suite                       only 1 (the whole suite, as before the passes)
+#   scripts/test.sh --sanitize=address,undefined  only 2
+#   scripts/test.sh --sanitize=thread             the TSan pass (build-tsan/), not part of CI
 #
 # A sanitizer pass leaves out the process tests (Python starting the real binaries), the CUDA
 # backend's test and the benchmark's: see tests/CMakeLists.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+usage="usage: scripts/test.sh [--suite | --sanitize=address,undefined | --sanitize=thread]"
+mode=all
 sanitize=""
 for arg in "$@"; do
   case "$arg" in
-    --sanitize=?*) sanitize=${arg#--sanitize=} ;;
-    *) echo "usage: scripts/test.sh [--sanitize=address,undefined | --sanitize=thread]" >&2; exit 2 ;;
+    --suite) mode=suite ;;
+    --sanitize=?*) mode=sanitize; sanitize=${arg#--sanitize=} ;;
+    *) echo "$usage" >&2; exit 2 ;;
   esac
 done
 
@@ -37,16 +44,30 @@ sanitized_pass() {
   export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1"
   echo "test: -fsanitize=$sanitizers in $dir/ (${select[*]})"
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSUMMA_SANITIZE="$sanitizers" \
-    -DSUMMA_DISABLE_CUDA=ON >/dev/null
-  cmake --build "$dir" -j "$(nproc)" --target summa_unit_tests
+    -DSUMMA_DISABLE_CUDA=ON >/dev/null || return
+  cmake --build "$dir" -j "$(nproc)" --target summa_unit_tests || return
   (cd "$dir" && ctest --output-on-failure --timeout 600 -j "$(nproc)" "${select[@]}")
 }
 
+# (Each step returns on failure itself: `set -e` does not hold inside a function called from `||`.)
+suite() {
+  scripts/build.sh || return
+  (cd build && ctest --output-on-failure --timeout 600 -j "$(nproc)" --no-label-summary)
+}
+
 scripts/setup.sh
-if [[ -n "$sanitize" ]]; then
-  sanitized_pass "$sanitize"
-  exit
-fi
-scripts/build.sh
-cd build
-ctest --output-on-failure --timeout 600 -j "$(nproc)" --no-label-summary
+case "$mode" in
+  suite) suite ;;
+  sanitize) sanitized_pass "$sanitize" ;;
+  all)
+    failed=()
+    suite || failed+=(suite)
+    sanitized_pass address,undefined || failed+=(asan,ubsan)
+    scripts/fuzz.sh 30 || failed+=(fuzz)
+    if ((${#failed[@]} > 0)); then
+      echo "test: FAILED: ${failed[*]}"
+      exit 1
+    fi
+    echo "test: suite, asan,ubsan and fuzz passes all passed"
+    ;;
+esac

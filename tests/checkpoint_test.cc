@@ -225,6 +225,21 @@ TEST(CheckpointCodecTest, AModelFarLargerThanItsPartitionsIsDataLossBeforeAnyMap
   EXPECT_NE(s.message().find("would be over 1048576 partitions"), absl::string_view::npos) << s;
 }
 
+// fuzz/corpus/checkpoint_fuzzer holds a checkpoint of each of the fuzzer's jobs, written by the
+// real writer (summa-fuzz-seeds) after a control byte: they stay files that the reader takes.
+TEST(CheckpointCodecTest, TheFuzzSeedsAreCheckpointsTheReaderTakes) {
+  for (const char* job : {"job0", "job1", "job2"}) {
+    std::ifstream in(std::string(SUMMA_SOURCE_DIR) + "/fuzz/corpus/checkpoint_fuzzer/" + job + "-file",
+                     std::ios::binary);
+    const std::string seed((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ASSERT_GT(seed.size(), 1u) << job;
+    auto c = ParseCheckpointBytes(absl::string_view(seed).substr(1), job);
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_GE(c->version(), 1u) << job;  // a step or more was taken
+    EXPECT_EQ(c->params_size(), 2) << job;
+  }
+}
+
 TEST_F(CheckpointTest, EmptyOrMissingDirectoryHasNone) {
   std::vector<std::string> warnings;
   EXPECT_FALSE(LoadNewest(dir_, &warnings).has_value());

@@ -3,7 +3,8 @@
 #   1. the whole suite in build/;
 #   2. the ASan/UBSan pass: the server's and the worker's unit and service tests (ctest label
 #      `unit`) built with -fsanitize=address,undefined in build-asan/;
-#   3. a short fuzzing pass: every harness of fuzz/ for 30 s (scripts/fuzz.sh, build-fuzz/).
+#   3. a short fuzzing pass, the same every time: every harness of fuzz/ for a fixed number of
+#      inputs from the repository's seeds (scripts/fuzz.sh --ci, build-fuzz/).
 # All three run whatever the others say; the exit status is non-zero when any failed.
 #
 #   scripts/test.sh --suite                       only 1 (the whole suite, as before the passes)
@@ -63,7 +64,7 @@ case "$mode" in
     failed=()
     suite || failed+=(suite)
     sanitized_pass address,undefined || failed+=(asan,ubsan)
-    scripts/fuzz.sh 30 || failed+=(fuzz)
+    scripts/fuzz.sh --ci || failed+=(fuzz)
     if ((${#failed[@]} > 0)); then
       echo "test: FAILED: ${failed[*]}"
       exit 1

@@ -127,13 +127,13 @@ class AsyncPolicy final : public ConsistencyPolicy {
     } else {
       Advance(p, AsFloats(r.data), r.num_examples, values == PushValues::kSkip, now, out);
     }
-    p.clock_parked.Release(Slowest(p), p.version, [&p]() -> const Snapshot& { return p.Published(); }, out);
+    p.Release(p.clock_parked, Slowest(p), out);
     return true;
   }
 
   void OnExcluded(Partition& p, absl::Time now, CallsToFinish& out) const override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu) {
-    p.clock_parked.Release(Slowest(p), p.version, [&p]() -> const Snapshot& { return p.Published(); }, out);
+    p.Release(p.clock_parked, Slowest(p), out);
   }
 
   void AnswerPushPull(Partition& p, uint64_t step, std::shared_ptr<ParkedCall> call,
@@ -194,7 +194,7 @@ void ConsistencyPolicy::Advance(Partition& p, absl::Span<const float> grad_sum, 
   p.last_step = now - p.last_completion;
   p.last_completion = now;
   if (p.range.id == 0 && ctx_.step_observer) ctx_.step_observer(p.last_step);
-  p.parked.Release(p.version, [&p]() -> const Snapshot& { return p.Published(); }, out);
+  p.Release(p.parked, p.version, out);
 }
 
 absl::Status ConsistencyPolicy::Duplicate(const PushRequestView& r) const {

@@ -228,21 +228,32 @@ absl::StatusOr<const ParameterServer::Model*> ParameterServer::ReadyModel() cons
   return m;
 }
 
+absl::Status ParameterServer::UnknownPartition(const Model& m, uint32_t partition) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown partition ", partition, "; the model has ", m.partitions.size()));
+}
+
+absl::StatusOr<Partition*> ParameterServer::PartitionFor(const Model& m, uint32_t partition, bool float32,
+                                                         absl::string_view data, const char* what) {
+  if (partition >= m.partitions.size()) return UnknownPartition(m, partition);
+  Partition* p = m.partitions[partition].get();
+  if (!float32) return absl::InvalidArgumentError(absl::StrCat(what, " must be float32 (DTYPE_FLOAT32)"));
+  if (static_cast<int64_t>(data.size()) != p->range.length * 4) {
+    return absl::InvalidArgumentError(absl::StrCat("partition ", partition, " holds ", p->range.length,
+                                                   " floats (", p->range.length * 4, " bytes); the ", what,
+                                                   " sent are ", data.size(), " bytes"));
+  }
+  return p;
+}
+
 absl::StatusOr<bool> ParameterServer::Initialize(const InitializeView& request) {
   SUMMA_RETURN_IF_ERROR(Answerable());
   const Model* m = model();
   if (m == nullptr) return absl::FailedPreconditionError("no model yet: Join with values_follow first");
-  if (request.partition >= m->partitions.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown partition ", request.partition,
-                                                   "; the model has ", m->partitions.size()));
-  }
-  Partition& p = *m->partitions[request.partition];
-  if (!request.dtype_is_float32) return absl::InvalidArgumentError("initial values must be float32");
-  if (static_cast<int64_t>(request.data.size()) != p.range.length * 4) {
-    return absl::InvalidArgumentError(absl::StrCat("partition ", request.partition, " holds ", p.range.length,
-                                                   " floats (", p.range.length * 4, " bytes); got ",
-                                                   request.data.size(), " bytes"));
-  }
+  SUMMA_ASSIGN_OR_RETURN(Partition* const found,
+                         PartitionFor(*m, request.partition, request.dtype_is_float32, request.data,
+                                      "initial values"));
+  Partition& p = *found;
   SUMMA_RETURN_IF_ERROR(membership_.Touch(request.rank, request.session));
   {
     absl::MutexLock lock(&p.mu);
@@ -261,19 +272,10 @@ absl::StatusOr<bool> ParameterServer::Push(const PushRequestView& request) {
   SUMMA_RETURN_IF_ERROR(Answerable());
   SUMMA_ASSIGN_OR_RETURN(const Model* m, ReadyModel());
   if (request.rank < 0 || request.rank >= options_.world_size) return membership_.Touch(request.rank, request.session);
-  if (request.partition >= m->partitions.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown partition ", request.partition,
-                                                   "; the model has ", m->partitions.size()));
-  }
-  Partition& p = *m->partitions[request.partition];
-  if (!request.dtype_is_float32) {
-    return absl::InvalidArgumentError("gradients must be float32 (DTYPE_FLOAT32)");
-  }
-  if (static_cast<int64_t>(request.data.size()) != p.range.length * 4) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "partition ", request.partition, " holds ", p.range.length, " floats (",
-        p.range.length * 4, " bytes); the push carries ", request.data.size(), " bytes"));
-  }
+  SUMMA_ASSIGN_OR_RETURN(Partition* const found,
+                         PartitionFor(*m, request.partition, request.dtype_is_float32, request.data,
+                                      "gradients"));
+  Partition& p = *found;
   if (request.num_examples < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("num_examples must not be negative, got ", request.num_examples));
@@ -310,8 +312,7 @@ void ParameterServer::PullFrom(const Model& m, uint32_t partition, uint64_t min_
                                std::shared_ptr<ParkedCall> call) {
   if (partition >= m.partitions.size()) {
     if (call->Claim()) {
-      call->Finish(absl::InvalidArgumentError(absl::StrCat(
-          "unknown partition ", partition, "; the model has ", m.partitions.size())));
+      call->Finish(UnknownPartition(m, partition));
     }
     return;
   }

@@ -200,6 +200,11 @@ class ParameterServer {
   absl::StatusOr<const Model*> ReadyModel() const;
   absl::Status DefineModel(const JoinRequestView& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(define_mu_);
   absl::Status CheckSameModel(const Model& model, const JoinRequestView& request) const;
+  static absl::Status UnknownPartition(const Model& model, uint32_t partition);
+  // The partition that float32 `data` (`what`: "gradients", "initial values") is meant for, or
+  // INVALID_ARGUMENT: an unknown partition, another dtype, a length unlike the partition's.
+  static absl::StatusOr<Partition*> PartitionFor(const Model& model, uint32_t partition, bool float32,
+                                                 absl::string_view data, const char* what);
   // Checks a push's values under --nonfinite; how to take them, or the refusal.
   absl::StatusOr<PushValues> CheckValues(const PushRequestView& request);
   void PullFrom(const Model& model, uint32_t partition, uint64_t min_version,

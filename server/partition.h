@@ -67,6 +67,11 @@ struct Partition {
     }
     return published;
   }
+  // Answers the calls of `lot` (parked or clock_parked) whose target is <= `counter` with the
+  // weights as they are now.
+  void Release(ParkingLot& lot, uint64_t counter, CallsToFinish& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    lot.Release(counter, version, [this]() -> const Snapshot& { return Published(); }, out);
+  }
   SnapshotPool snapshots ABSL_GUARDED_BY(mu);
   Snapshot published ABSL_GUARDED_BY(mu);
   uint64_t published_version ABSL_GUARDED_BY(mu) = 0;

@@ -50,6 +50,9 @@ absl::StatusOr<RunningServer> StartHealthOnlyServer(const std::string& address, 
   // gRPC binds with SO_REUSEPORT by default: a probe port shared with another process would
   // answer for whichever one the kernel picked.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Anyone who reaches the port may call it, without TLS or a token: a health request is a
+  // service name, so gRPC's 4 MB default would only be room for abuse.
+  builder.SetMaxReceiveMessageSize(kHealthMaxMessageBytes);
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &running.port);
   builder.RegisterService(running.health.get());
   running.server = builder.BuildAndStart();

@@ -36,8 +36,9 @@ absl::StatusOr<RunningServer> StartGrpcServer(
 
 // A plaintext listener that serves grpc.health.v1.Health and nothing else (no reflection, no
 // data), answering as `leader` does: for probes that cannot speak TLS (kubelet's grpc probes)
-// beside an endpoint that does. `leader` is not owned and must outlive the server. Fails like
-// StartGrpcServer.
+// beside an endpoint that does. It takes messages of up to kHealthMaxMessageBytes. `leader` is
+// not owned and must outlive the server. Fails like StartGrpcServer.
+inline constexpr int kHealthMaxMessageBytes = 1 << 10;
 absl::StatusOr<RunningServer> StartHealthOnlyServer(const std::string& address, const HealthService* leader);
 
 // gRPC reads a socket into buffers of a size it adapts from call to call; buffers of many sizes,

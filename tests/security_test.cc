@@ -253,6 +253,9 @@ TEST(HealthOnlyServerTest, FollowsItsLeaderAndServesNothingElse) {
   const std::string reflection = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo";
   EXPECT_NE(PlainCallByName(leader_address, reflection), grpc::StatusCode::UNIMPLEMENTED);
   EXPECT_EQ(PlainCallByName(address, reflection), grpc::StatusCode::UNIMPLEMENTED);
+  // Only room for a service name: a large request is refused before the service sees it.
+  EXPECT_EQ(PlainCheck(address, std::string(2 * kHealthMaxMessageBytes, 'x')).first,
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
   // Names a port that is taken.
   absl::StatusOr<RunningServer> taken = StartHealthOnlyServer(address, leader->health.get());
   EXPECT_EQ(taken.status().code(), absl::StatusCode::kUnavailable);

@@ -12,7 +12,8 @@ bool HealthService::Known(const std::string& service) const {
 }
 
 HealthCheckResponse::ServingStatus HealthService::Current() const {
-  return serving_ ? HealthCheckResponse::SERVING : HealthCheckResponse::NOT_SERVING;
+  const bool serving = serving_ && (leader_ == nullptr || leader_->Current() == HealthCheckResponse::SERVING);
+  return serving ? HealthCheckResponse::SERVING : HealthCheckResponse::NOT_SERVING;
 }
 
 grpc::ServerUnaryReactor* HealthService::Check(grpc::CallbackServerContext* context,

@@ -1,7 +1,9 @@
 // grpc.health.v1.Health, generated from Debian's grpc-proto so that server reflection can
 // describe it (Debian's built-in health service is invisible to reflection). Answers SERVING for
 // "" and for every service name it was given, NOT_FOUND for others, and NOT_SERVING after
-// SetServing(false). Thread-safe.
+// SetServing(false). A health service that follows a leader (another endpoint's, e.g. a
+// plaintext port for probes beside a TLS one) answers for the leader's services and is serving
+// only while the leader is too. Thread-safe.
 #ifndef SUMMA_COMMON_HEALTH_SERVICE_H_
 #define SUMMA_COMMON_HEALTH_SERVICE_H_
 
@@ -16,6 +18,8 @@ namespace summa {
 class HealthService final : public grpc::health::v1::Health::CallbackService {
  public:
   explicit HealthService(std::vector<std::string> services) : services_(std::move(services)) {}
+  // `leader` is not owned and must outlive this service.
+  explicit HealthService(const HealthService* leader) : services_(leader->services_), leader_(leader) {}
 
   void SetServing(bool serving) { serving_ = serving; }
 
@@ -31,6 +35,7 @@ class HealthService final : public grpc::health::v1::Health::CallbackService {
   grpc::health::v1::HealthCheckResponse::ServingStatus Current() const;
 
   const std::vector<std::string> services_;
+  const HealthService* const leader_ = nullptr;  // Not owned.
   std::atomic<bool> serving_{true};
 };
 

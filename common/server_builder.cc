@@ -1,6 +1,7 @@
 #include "common/server_builder.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/impl/server_builder_option.h>
 
 #include "absl/strings/str_cat.h"
 
@@ -20,6 +21,39 @@ absl::StatusOr<RunningServer> StartGrpcServer(const std::string& address,
   builder.SetMaxSendMessageSize(max_message_bytes);
   for (const auto& [name, value] : DataPathArguments()) builder.AddChannelArgument(name, value);
   for (grpc::Service* service : services) builder.RegisterService(service);
+  builder.RegisterService(running.health.get());
+  running.server = builder.BuildAndStart();
+  if (running.server == nullptr || running.port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", address,
+                                               " (address in use or not a local address?)"));
+  }
+  return running;
+}
+
+namespace {
+// Drops the plugins every ServerBuilder gets from the process-wide list (server reflection, once
+// StartGrpcServer has run), so that a builder serves only what it registers.
+class WithoutPlugins final : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    plugins->clear();
+  }
+};
+}  // namespace
+
+absl::StatusOr<RunningServer> StartHealthOnlyServer(const std::string& address, const HealthService* leader) {
+  RunningServer running;
+  running.health = std::make_unique<HealthService>(leader);
+  grpc::ServerBuilder builder;
+  builder.SetOption(std::make_unique<WithoutPlugins>());
+  // gRPC binds with SO_REUSEPORT by default: a probe port shared with another process would
+  // answer for whichever one the kernel picked.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Anyone who reaches the port may call it, without TLS or a token: a health request is a
+  // service name, so gRPC's 4 MB default would only be room for abuse.
+  builder.SetMaxReceiveMessageSize(kHealthMaxMessageBytes);
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &running.port);
   builder.RegisterService(running.health.get());
   running.server = builder.BuildAndStart();
   if (running.server == nullptr || running.port == 0) {

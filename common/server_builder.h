@@ -1,6 +1,6 @@
 // Starts a gRPC server with Summa's defaults: server reflection, the health service for the
 // given services, message limits that fit a partition, and the port chosen by the OS when the
-// address ends in ":0".
+// address ends in ":0". Also a health-only listener that follows such a server.
 #ifndef SUMMA_COMMON_SERVER_BUILDER_H_
 #define SUMMA_COMMON_SERVER_BUILDER_H_
 
@@ -33,6 +33,13 @@ absl::StatusOr<RunningServer> StartGrpcServer(
     const std::vector<std::string>& service_names,
     std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials(),
     int max_message_bytes = kMaxMessageBytes);
+
+// A plaintext listener that serves grpc.health.v1.Health and nothing else (no reflection, no
+// data), answering as `leader` does: for probes that cannot speak TLS (kubelet's grpc probes)
+// beside an endpoint that does. It takes messages of up to kHealthMaxMessageBytes. `leader` is
+// not owned and must outlive the server. Fails like StartGrpcServer.
+inline constexpr int kHealthMaxMessageBytes = 1 << 10;
+absl::StatusOr<RunningServer> StartHealthOnlyServer(const std::string& address, const HealthService* leader);
 
 // gRPC reads a socket into buffers of a size it adapts from call to call; buffers of many sizes,
 // each freed after its message is parsed, leave the allocator fragmented, and the next call

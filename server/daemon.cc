@@ -21,7 +21,8 @@ SummaServer::SummaServer(ServerOptions options, TokenCheck tokens)
 absl::StatusOr<std::unique_ptr<SummaServer>> SummaServer::Start(const std::string& address,
                                                                 ServerOptions options,
                                                                 const std::string& metrics_address,
-                                                                EndpointSecurity security) {
+                                                                EndpointSecurity security,
+                                                                const std::string& health_address) {
   if (absl::Status tls = ValidateTls(security.tls, /*server=*/true); !tls.ok()) return tls;
   absl::Status valid = ValidateOptions(options);
   if (!valid.ok()) return valid;
@@ -67,6 +68,11 @@ absl::StatusOr<std::unique_ptr<SummaServer>> SummaServer::Start(const std::strin
                       ServerCredentialsFor(security.tls), static_cast<int>(options.limits.max_message_bytes));
   if (!running.ok()) return running.status();
   server->running_ = *std::move(running);
+  if (!health_address.empty()) {
+    absl::StatusOr<RunningServer> health = StartHealthOnlyServer(health_address, server->running_.health.get());
+    if (!health.ok()) return health.status();
+    server->health_ = *std::move(health);
+  }
   server->ticker_ = std::thread([s = server.get()] { s->TickLoop(); });
   return server;
 }
@@ -182,6 +188,7 @@ void SummaServer::Shutdown() {
   core_.Shutdown();
   hub_.Shutdown();
   if (running_.server) running_.server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  if (health_.server) health_.server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
   shutdown_done_ = true;
   absl::MutexLock lock(&mu_);
   shut_down_ = true;

@@ -1,9 +1,10 @@
 // SummaServer: the daemon's life cycle around the core and its gRPC edge. It restores the newest
-// checkpoint, starts the gRPC server (and Prometheus metrics), and runs one thread of its own
-// (the ticker) that expires leases and deadlines, writes due checkpoints, refreshes metrics and
-// runs the edge's blocking tasks (the Checkpoint RPC's disk writes), so no gRPC thread blocks on
-// disk. Another thread of its own waits for SIGINT/SIGTERM when asked. Both threads are joined
-// by Shutdown(), which is idempotent and also run by the destructor. Thread-safe.
+// checkpoint, starts the gRPC server (and Prometheus metrics, and a health-only port), and runs
+// one thread of its own (the ticker) that expires leases and deadlines, writes due checkpoints,
+// refreshes metrics and runs the edge's blocking tasks (the Checkpoint RPC's disk writes), so no
+// gRPC thread blocks on disk. Another thread of its own waits for SIGINT/SIGTERM when asked. Both
+// threads are joined by Shutdown(), which is idempotent and also run by the destructor.
+// Thread-safe.
 #ifndef SUMMA_SERVER_DAEMON_H_
 #define SUMMA_SERVER_DAEMON_H_
 
@@ -29,15 +30,20 @@ class SummaServer {
   // Restores the newest whole checkpoint in options.checkpoint_dir (if any), then listens on
   // `address` ("127.0.0.1:0" picks a free port). With a `metrics_address`, also serves
   // Prometheus metrics there. `security`: TLS and the tokens calls need (common/transport.h).
+  // With a `health_address`, also serves grpc.health.v1.Health alone there, in plaintext, with
+  // the main port's serving status: for probes that cannot speak TLS (kubelet's grpc probes).
   static absl::StatusOr<std::unique_ptr<SummaServer>> Start(const std::string& address,
                                                             ServerOptions options,
                                                             const std::string& metrics_address = "",
-                                                            EndpointSecurity security = {});
+                                                            EndpointSecurity security = {},
+                                                            const std::string& health_address = "");
   ~SummaServer();
 
   int port() const { return running_.port; }
   // The metrics port, or 0 without metrics.
   int metrics_port() const { return metrics_ ? metrics_->port() : 0; }
+  // The health-only port, or 0 without one.
+  int health_port() const { return health_.port; }
   ParameterServer& core() { return core_; }
 
   // Makes SIGINT and SIGTERM end Wait(). The signals must have been blocked in every thread
@@ -46,9 +52,10 @@ class SummaServer {
   // Blocks until Shutdown(), a termination signal, or the end of the job (a lost member that
   // did not rejoin in time); returns why the job ended, or "" otherwise.
   std::string Wait();
-  // Writes a last checkpoint (when a directory is set), answers every waiting call with
-  // UNAVAILABLE, then stops the gRPC server. Returns when that is done, for every caller. A
-  // blocking task the edge hands over after the ticker stopped runs on the caller's thread.
+  // Reports NOT_SERVING (on the health port too), writes a last checkpoint (when a directory is
+  // set), answers every waiting call with UNAVAILABLE, then stops the gRPC servers. Returns when
+  // that is done, for every caller. A blocking task the edge hands over after the ticker stopped
+  // runs on the caller's thread.
   void Shutdown();
 
  private:
@@ -81,6 +88,7 @@ class SummaServer {
   const TokenCheck tokens_;
   ParameterServerService service_;
   RunningServer running_;
+  RunningServer health_;  // the health-only listener: follows running_.health; empty without one
   absl::Mutex shutdown_mu_;  // held through a whole Shutdown, so later callers wait for it
   bool shutdown_done_ ABSL_GUARDED_BY(shutdown_mu_) = false;
   absl::Mutex mu_;

@@ -21,6 +21,11 @@ ABSL_FLAG(std::string, metrics_address, "",
           "host:port for Prometheus metrics at /metrics (e.g. 0.0.0.0:9464; port 0: any free "
           "port); empty: no metrics");
 ABSL_FLAG(std::string, metrics_port_file, "", "if set, write the bound metrics port to this file");
+ABSL_FLAG(std::string, health_address, "",
+          "host:port of a plaintext listener that serves only grpc.health.v1.Health, with the main "
+          "port's serving status (no data, no reflection): for probes that cannot speak TLS, such "
+          "as kubelet's grpc probes (port 0: any free port); empty: none");
+ABSL_FLAG(std::string, health_port_file, "", "if set, write the bound health port to this file");
 ABSL_FLAG(std::string, trace_file, "",
           "if set, write a timeline of the data path (receive, sum, optimizer and wait, per "
           "partition) to this file as Chrome trace JSON when the server stops (open it in "
@@ -242,7 +247,8 @@ int main(int argc, char** argv) {
   }
   summa::BlockTerminationSignals();
   auto server = summa::server::SummaServer::Start(absl::GetFlag(FLAGS_address), options,
-                                                  absl::GetFlag(FLAGS_metrics_address), *std::move(security));
+                                                  absl::GetFlag(FLAGS_metrics_address), *std::move(security),
+                                                  absl::GetFlag(FLAGS_health_address));
   if (!server.ok()) {
     std::fprintf(stderr, "summa-server: %s\n", std::string(server.status().message()).c_str());
     return 1;
@@ -266,6 +272,19 @@ int main(int argc, char** argv) {
     if (!absl::GetFlag(FLAGS_metrics_port_file).empty()) {
       absl::Status written = summa::WriteFileAtomically(absl::GetFlag(FLAGS_metrics_port_file),
                                                         absl::StrCat((*server)->metrics_port(), "\n"));
+      if (!written.ok()) {
+        std::fprintf(stderr, "summa-server: %s\n", std::string(written.message()).c_str());
+        return 1;
+      }
+    }
+  }
+  if ((*server)->health_port() != 0) {
+    std::printf("summa-server: health (plaintext, grpc.health.v1.Health only) on port %d\n",
+                (*server)->health_port());
+    std::fflush(stdout);
+    if (!absl::GetFlag(FLAGS_health_port_file).empty()) {
+      absl::Status written = summa::WriteFileAtomically(absl::GetFlag(FLAGS_health_port_file),
+                                                        absl::StrCat((*server)->health_port(), "\n"));
       if (!written.ok()) {
         std::fprintf(stderr, "summa-server: %s\n", std::string(written.message()).c_str());
         return 1;

@@ -1,11 +1,15 @@
 """Kubernetes manifests: every overlay renders with `kubectl kustomize` and holds what Summa
 promises (headless Service, StatefulSet with a checkpoint volume and gRPC probes, indexed worker
-Job, ConfigMap, NetworkPolicy, PodDisruptionBudget, one GPU per worker in the gpu overlay), and
-the cpu-demo overlay's exact command lines and environment train on this machine: the binaries
-run as the containers would, with the Service's DNS name and the listen addresses mapped to
-127.0.0.1 (OS-chosen ports) and the completion index as the rank. Drift between the manifests
-and the binaries' flags fails here."""
+Job, ConfigMap, NetworkPolicy, PodDisruptionBudget, one GPU per worker in the gpu overlay, the
+Secrets mounted read-only where the flags point), and the cpu-demo and cpu-demo-tls overlays'
+exact command lines and environment train on this machine: the binaries run as the containers
+would, with the Service's DNS name and the listen addresses mapped to 127.0.0.1 (OS-chosen
+ports), the completion index as the rank, and each volume mapped to a directory of its own that
+holds what the kubelet would put there (the Secrets that scripts/k8s-secrets.sh prints, with
+each volume's items and modes). Drift between the manifests, the Secrets' keys and the
+binaries' flags fails here."""
 import argparse
+import base64
 import os
 import re
 import subprocess
@@ -20,6 +24,10 @@ from procs import ProcessGroup  # noqa: E402
 
 ARGS = None
 
+SERVICE = "summa-server-0.summa-server"  # the server pod's DNS name, in the server's certificate
+TOKENS = "summa-tokens"
+SERVER_TLS, WORKER_TLS = "summa-server-tls", "summa-worker-tls"
+
 
 def render(overlay):
     out = subprocess.run(["kubectl", "kustomize", os.path.join(ARGS.source, "deploy/k8s/overlays", overlay)],
@@ -33,18 +41,86 @@ def expand(arg, env):
     return re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], arg)
 
 
+def flag(args, name):
+    """The value of --name=VALUE in args (the last one, as absl takes it), or None."""
+    values = [a.split("=", 1)[1] for a in args if a.startswith(f"--{name}=")]
+    return values[-1] if values else None
+
+
+def make_secrets(directory):
+    """The Secrets scripts/k8s-secrets.sh prints, by name, with their data decoded."""
+    out = subprocess.run([os.path.join(ARGS.source, "scripts/k8s-secrets.sh"), directory],
+                         capture_output=True, text=True, check=True).stdout
+    return {d["metadata"]["name"]: {**d, "files": {k: base64.b64decode(v) for k, v in d["data"].items()}}
+            for d in yaml.safe_load_all(out) if d}
+
+
+def pod_volumes(pod_spec, container, secrets, root):
+    """Writes what the kubelet would mount for `container` under root (root + mountPath) and
+    returns {mountPath: directory}: a Secret's keys (its items only, when listed; a missing key
+    fails, as the kubelet's mount does) with the volume's mode; an empty directory for a claim."""
+    volumes = {v["name"]: v for v in pod_spec.get("volumes", [])}
+    mounts = {}
+    for m in container.get("volumeMounts", []):
+        directory = root + m["mountPath"]
+        os.makedirs(directory)
+        volume = volumes.get(m["name"])
+        if volume is not None and "secret" in volume:
+            source = volume["secret"]
+            data = secrets[source["secretName"]]["files"]
+            items = source.get("items") or [{"key": k, "path": k} for k in data]
+            for item in items:
+                if item["key"] not in data:
+                    raise AssertionError(f"Secret {source['secretName']} has no key {item['key']}")
+                path = os.path.join(directory, item["path"])
+                with open(path, "wb") as f:
+                    f.write(data[item["key"]])
+                os.chmod(path, item.get("mode", source.get("defaultMode", 0o644)))
+        mounts[m["mountPath"]] = directory
+    return mounts
+
+
+def to_host(arg, mounts, ports):
+    """One container arg as it runs on this host: listen addresses on 127.0.0.1 with an
+    OS-chosen port (`ports` names the flags to map), paths inside a volume inside its directory."""
+    name, _, value = arg.partition("=")
+    if name[2:] in ports and re.fullmatch(r"(0\.0\.0\.0|127\.0\.0\.1):\d+", value):
+        return f"{name}=127.0.0.1:0"
+    for mount_path, directory in mounts.items():
+        if value == mount_path or value.startswith(mount_path + "/"):
+            return f"{name}={directory}{value[len(mount_path):]}"
+    return arg
+
+
+def health_check(target, service="", credentials=None, target_name=None):
+    """grpc.health.v1.Health/Check, spelled in bytes (field 1 of each message): the serving
+    status (1 SERVING, 2 NOT_SERVING), or the gRPC error code's name."""
+    import grpc  # only the runs need it
+    options = [("grpc.ssl_target_name_override", target_name)] if target_name else []
+    channel = (grpc.secure_channel(target, credentials, options) if credentials
+               else grpc.insecure_channel(target))
+    with channel:
+        check = channel.unary_unary("/grpc.health.v1.Health/Check")
+        request = b"\x0a" + bytes([len(service)]) + service.encode() if service else b""
+        try:
+            reply = check(request, timeout=5)
+        except grpc.RpcError as e:
+            return e.code().name
+        return {b"": 0, b"\x08\x01": 1, b"\x08\x02": 2}.get(reply, reply)
+
+
 class K8sManifestTest(unittest.TestCase):
-    def check_common(self, objs):
+    def check_common(self, objs, tls=False):
         svc = objs[("Service", "summa-server")]
         self.assertEqual(svc["spec"]["clusterIP"], "None")
         sts = objs[("StatefulSet", "summa-server")]
         self.assertEqual(sts["spec"]["serviceName"], "summa-server")
         self.assertTrue(sts["spec"]["volumeClaimTemplates"])
         server = sts["spec"]["template"]["spec"]["containers"][0]
-        self.assertEqual(server["readinessProbe"]["grpc"]["port"], 50051)
-        self.assertEqual(server["livenessProbe"]["grpc"]["port"], 50051)
+        self.assertEqual(server["readinessProbe"]["grpc"]["service"], "summa.v1.ParameterServer")
         self.assertIn("limits", server["resources"])
-        self.assertEqual(sts["spec"]["template"]["metadata"]["annotations"]["prometheus.io/scrape"], "true")
+        self.assertEqual(sts["spec"]["template"]["metadata"]["annotations"]["prometheus.io/scrape"],
+                         "false" if tls else "true")
         job = objs[("Job", "summa-worker")]
         self.assertEqual(job["spec"]["completionMode"], "Indexed")
         env = objs[("ConfigMap", "summa-job")]["data"]
@@ -52,7 +128,61 @@ class K8sManifestTest(unittest.TestCase):
         self.assertEqual(job["spec"]["template"]["spec"]["restartPolicy"], "OnFailure")
         self.assertIn(("NetworkPolicy", "summa-server"), objs)
         self.assertIn(("PodDisruptionBudget", "summa-server"), objs)
+        self.check_tokens(objs)
         return env
+
+    def mounted(self, pod_spec, container, secret_name):
+        """The volume of Secret `secret_name` and its mount in `container`: read-only, the whole
+        directory (a subPath mount never sees a rotated Secret), files only the pod's group reads."""
+        volumes = [v for v in pod_spec["volumes"] if v.get("secret", {}).get("secretName") == secret_name]
+        self.assertEqual(len(volumes), 1, f"one volume of Secret {secret_name}")
+        mounts = [m for m in container["volumeMounts"] if m["name"] == volumes[0]["name"]]
+        self.assertEqual(len(mounts), 1, f"Secret {secret_name} mounted once")
+        self.assertIs(mounts[0].get("readOnly"), True, f"Secret {secret_name} mounted read-only")
+        self.assertNotIn("subPath", mounts[0])
+        self.assertEqual(volumes[0]["secret"]["defaultMode"], 0o440)
+        self.assertEqual(pod_spec["securityContext"]["fsGroup"], pod_spec["securityContext"]["runAsUser"])
+        return volumes[0]["secret"], mounts[0]["mountPath"]
+
+    def assertFlagInMount(self, args, name, mount_path, key):
+        self.assertEqual(flag(args, name), f"{mount_path}/{key}", f"--{name} reads {key} from its mount")
+
+    def check_tokens(self, objs):
+        sts = objs[("StatefulSet", "summa-server")]["spec"]["template"]["spec"]
+        secret, path = self.mounted(sts, sts["containers"][0], TOKENS)
+        self.assertNotIn("items", secret, "the server reads both tokens")
+        self.assertFlagInMount(sts["containers"][0]["args"], "token_file", path, "worker-token")
+        self.assertFlagInMount(sts["containers"][0]["args"], "admin_token_file", path, "admin-token")
+        job = objs[("Job", "summa-worker")]["spec"]["template"]["spec"]
+        secret, path = self.mounted(job, job["containers"][0], TOKENS)
+        self.assertEqual(secret["items"], [{"key": "worker-token", "path": "worker-token"}],
+                         "a worker never holds the admin token")
+        self.assertFlagInMount(job["containers"][0]["args"], "token_file", path, "worker-token")
+
+    def check_tls(self, objs):
+        """components/tls: each side mounts its own kubernetes.io/tls Secret, the flags read its
+        keys, the probes moved to the plaintext health port, /metrics to loopback."""
+        sts = objs[("StatefulSet", "summa-server")]["spec"]["template"]
+        server = sts["spec"]["containers"][0]
+        _, path = self.mounted(sts["spec"], server, SERVER_TLS)
+        for name, key in [("tls_cert", "tls.crt"), ("tls_key", "tls.key"), ("tls_ca", "ca.crt")]:
+            self.assertFlagInMount(server["args"], name, path, key)
+        health_port = int(flag(server["args"], "health_address").rsplit(":", 1)[1])
+        self.assertNotEqual(health_port, int(flag(server["args"], "address").rsplit(":", 1)[1]))
+        self.assertEqual(server["readinessProbe"]["grpc"]["port"], health_port)
+        self.assertEqual(server["livenessProbe"]["grpc"]["port"], health_port)
+        self.assertIn(health_port, [p["containerPort"] for p in server["ports"]])
+        self.assertTrue(flag(server["args"], "metrics_address").startswith("127.0.0.1:"))
+        self.assertEqual(sts["metadata"]["annotations"]["prometheus.io/scrape"], "false",
+                         "no scraping a port that listens on loopback")
+        job = objs[("Job", "summa-worker")]["spec"]["template"]
+        worker = job["spec"]["containers"][0]
+        _, path = self.mounted(job["spec"], worker, WORKER_TLS)
+        for name, key in [("tls_cert", "tls.crt"), ("tls_key", "tls.key"), ("tls_ca", "ca.crt")]:
+            self.assertFlagInMount(worker["args"], name, path, key)
+        self.assertTrue(flag(worker["args"], "metrics_address").startswith("127.0.0.1:"))
+        self.assertEqual(job["metadata"]["annotations"]["prometheus.io/scrape"], "false")
+        return health_port
 
     def test_gpu_overlay_gives_each_worker_one_gpu(self):
         objs = render("gpu")
@@ -61,37 +191,68 @@ class K8sManifestTest(unittest.TestCase):
         worker = objs[("Job", "summa-worker")]["spec"]["template"]["spec"]["containers"][0]
         self.assertEqual(worker["resources"]["limits"]["nvidia.com/gpu"], 1)
 
+    def test_base_overlays_speak_plaintext_with_tokens(self):
+        for overlay in ["cpu-demo", "gpu"]:
+            objs = render(overlay)
+            server = objs[("StatefulSet", "summa-server")]["spec"]["template"]["spec"]["containers"][0]
+            self.assertEqual(server["readinessProbe"]["grpc"]["port"], 50051)
+            self.assertEqual(server["livenessProbe"]["grpc"]["port"], 50051)
+            self.assertIsNone(flag(server["args"], "tls_cert"))
+
+    def test_secrets_script_makes_what_the_manifests_mount(self):
+        with tempfile.TemporaryDirectory(prefix="summa-k8s-secrets-") as directory:
+            secrets = make_secrets(os.path.join(directory, "material"))
+        self.assertEqual(set(secrets[TOKENS]["files"]), {"worker-token", "admin-token"})
+        self.assertNotEqual(secrets[TOKENS]["files"]["worker-token"], secrets[TOKENS]["files"]["admin-token"])
+        for name in [SERVER_TLS, WORKER_TLS]:
+            self.assertEqual(secrets[name]["type"], "kubernetes.io/tls")
+            self.assertEqual(set(secrets[name]["files"]), {"tls.crt", "tls.key", "ca.crt"})
+        self.assertEqual(secrets[SERVER_TLS]["files"]["ca.crt"], secrets[WORKER_TLS]["files"]["ca.crt"])
+
     def test_cpu_demo_command_lines_train_on_this_machine(self):
         objs = render("cpu-demo")
-        env = self.check_common(objs)
-        sts = objs[("StatefulSet", "summa-server")]["spec"]["template"]["spec"]["containers"][0]
+        self.check_common(objs)
+        self.run_overlay(objs)
+
+    def test_cpu_demo_tls_command_lines_train_and_probe_on_this_machine(self):
+        objs = render("cpu-demo-tls")
+        self.check_common(objs, tls=True)
+        self.run_overlay(objs, health_port=self.check_tls(objs))
+
+    def run_overlay(self, objs, health_port=None):
+        """Runs the overlay's server and workers on this host and sees the job train; with TLS,
+        also probes as the kubelet would (plaintext, on the health port) and checks that the
+        server's certificate names the address the workers dial."""
+        env = objs[("ConfigMap", "summa-job")]["data"]
+        sts = objs[("StatefulSet", "summa-server")]["spec"]["template"]["spec"]
+        server_container = sts["containers"][0]
         job = objs[("Job", "summa-worker")]
-        worker = job["spec"]["template"]["spec"]["containers"][0]
+        worker_pod = job["spec"]["template"]["spec"]
+        worker = worker_pod["containers"][0]
         binaries = {"/usr/local/bin/summa-server": os.path.join(ARGS.bin, "server/summa-server"),
                     "/usr/local/bin/summa-worker": os.path.join(ARGS.bin, "worker/summa-worker")}
         with ProcessGroup() as g:
+            secrets = make_secrets(os.path.join(g.dir, "secrets"))
+            mounts = pod_volumes(sts, server_container, secrets, os.path.join(g.dir, "server-pod"))
             port_file = os.path.join(g.dir, "server.port")
-            ckpt = tempfile.mkdtemp(prefix="summa-k8s-ckpt-")
-            server_args = []
-            for a in (expand(x, env) for x in sts["args"]):
-                # Only the addresses and the volume path change: the Pod's view mapped onto this host.
-                a = {"--address=0.0.0.0:50051": "--address=127.0.0.1:0",
-                     "--metrics_address=0.0.0.0:9464": "--metrics_address=127.0.0.1:0",
-                     "--checkpoint_dir=/var/lib/summa": f"--checkpoint_dir={ckpt}"}.get(a, a)
-                server_args.append(a)
-            server = g.start("server", [binaries[sts["command"][0]], *server_args,
-                                        f"--port_file={port_file}"], env=env)
+            health_port_file = os.path.join(g.dir, "health.port")
+            server_args = [to_host(expand(x, env), mounts, {"address", "metrics_address", "health_address"})
+                           for x in server_container["args"]]
+            server_args.append(f"--port_file={port_file}")
+            if health_port is not None:
+                server_args.append(f"--health_port_file={health_port_file}")
+            server = g.start("server", [binaries[server_container["command"][0]], *server_args], env=env)
             port = int(g.wait_for_file(port_file, server))
-            service = "summa-server-0.summa-server:50051"
-            self.assertEqual(env["SUMMA_SERVER"], service, "workers reach the server by its Service name")
+            self.assertEqual(env["SUMMA_SERVER"], f"{SERVICE}:50051", "workers reach the server by its Service name")
+            if health_port is not None:
+                self.probe_tls_server(server_container, port, int(g.wait_for_file(health_port_file, server)),
+                                      secrets)
             workers = []
             for index in range(job["spec"]["completions"]):
-                args = []
-                for a in (expand(x, env) for x in worker["args"]):
-                    a = a.replace(service, f"127.0.0.1:{port}")
-                    a = {"--status_address=0.0.0.0:50052": "--status_address=127.0.0.1:0",
-                         "--metrics_address=0.0.0.0:9465": "--metrics_address=127.0.0.1:0"}.get(a, a)
-                    args.append(a)
+                mounts = pod_volumes(worker_pod, worker, secrets, os.path.join(g.dir, f"worker{index}-pod"))
+                args = [to_host(expand(x, env).replace(env["SUMMA_SERVER"], f"127.0.0.1:{port}"), mounts,
+                                {"status_address", "metrics_address"})
+                        for x in worker["args"]]
                 workers.append(g.start(f"worker{index}", [binaries[worker["command"][0]], *args],
                                        env={**env, "JOB_COMPLETION_INDEX": str(index)}))
             for w in workers:
@@ -103,6 +264,23 @@ class K8sManifestTest(unittest.TestCase):
             accs = [float(a) for a in re.findall(r"test acc ([0-9.]+)", out)]
             self.assertEqual(len(accs), int(env["SUMMA_EPOCHS"]))
             self.assertGreater(accs[-1], 0.3, "well above chance (0.1)")
+
+    def probe_tls_server(self, container, port, health_port, secrets):
+        import grpc
+        readiness = container["readinessProbe"]["grpc"]
+        # The kubelet's probes: plaintext, on the health port.
+        self.assertEqual(health_check(f"127.0.0.1:{health_port}"), 1, "liveness: SERVING")
+        self.assertEqual(health_check(f"127.0.0.1:{health_port}", readiness["service"]), 1, "readiness: SERVING")
+        # The main port speaks only TLS ...
+        self.assertEqual(health_check(f"127.0.0.1:{port}"), "UNAVAILABLE")
+        # ... with a certificate that names the address the workers dial, for a client that
+        # shows the workers' certificate (mutual TLS).
+        files = secrets[WORKER_TLS]["files"]
+        credentials = grpc.ssl_channel_credentials(files["ca.crt"], files["tls.key"], files["tls.crt"])
+        self.assertEqual(health_check(f"127.0.0.1:{port}", credentials=credentials, target_name=SERVICE), 1)
+        anonymous = grpc.ssl_channel_credentials(files["ca.crt"])
+        self.assertEqual(health_check(f"127.0.0.1:{port}", credentials=anonymous, target_name=SERVICE),
+                         "UNAVAILABLE", "no client certificate, no call")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Renders every overlay under deploy/k8s/overlays with `kubectl kustomize` and validates each
 # object offline (tests/k8s_validate/validate.mjs: API schemas from kubernetes-models, unknown
-# fields from @kubernetes/client-node's models; versions locked in package-lock.json). Each
-# fixture under tests/k8s_validate/fixtures holds a deliberate error and must fail.
+# fields from @kubernetes/client-node's models; versions locked in package-lock.json), and the
+# Secrets scripts/k8s-secrets.sh prints. Each fixture under tests/k8s_validate/fixtures holds a
+# deliberate error and must fail.
 #   k8s_validate_test.sh SOURCE_DIR
 set -uo pipefail
 src=$1
@@ -25,6 +26,16 @@ for overlay in "$src"/deploy/k8s/overlays/*/; do
     status=1
   fi
 done
+# The Secrets scripts/k8s-secrets.sh prints for the overlays to mount.
+secrets_dir=$(mktemp -d "${TMPDIR:-/tmp}/summa-k8s-secrets.XXXXXX")
+trap 'rm -rf "$secrets_dir"' EXIT
+if secrets=$("$src/scripts/k8s-secrets.sh" "$secrets_dir/material" summa 2>/dev/null) &&
+   node "$v/validate.mjs" <<<"$secrets"; then
+  echo "ok: scripts/k8s-secrets.sh"
+else
+  echo "FAIL: scripts/k8s-secrets.sh"
+  status=1
+fi
 for fixture in "$v"/fixtures/*.yaml; do
   if node "$v/validate.mjs" <"$fixture" 2>/dev/null; then
     echo "FAIL: fixture $(basename "$fixture") holds a deliberate error but validated"

@@ -1,7 +1,9 @@
 // The probes of the security issue, against a real server on 127.0.0.1:0 with certificates and
 // tokens from scripts/make-certs.sh: TLS and mutual-TLS round trips, plaintext and certificate-
 // less clients refused, tokens (none, wrong, worker on an admin call), a push from a client that
-// never joined, and a certificate rotated on disk picked up without a restart.
+// never joined, a certificate rotated on disk picked up without a restart, and the plaintext
+// health-only port beside a TLS one (for kubelet's probes, which cannot speak TLS).
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include <unistd.h>
@@ -12,8 +14,11 @@
 #include <sstream>
 
 #include "absl/strings/ascii.h"
+#include "absl/synchronization/notification.h"
 
+#include "common/server_builder.h"
 #include "common/transport.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "server/daemon.h"
 #include "summa/v1/summa.grpc.pb.h"
@@ -47,14 +52,14 @@ class SecurityTest : public ::testing::Test {
  protected:
   void SetUp() override { certs_ = MakeCerts("main"); }
 
-  void Start(bool mutual, bool status_needs_token = false) {
+  void Start(bool mutual, bool status_needs_token = false, const std::string& health_address = "") {
     server::ServerOptions o;
     o.world_size = 1;
     o.barrier_deadline = absl::Seconds(20);
     EndpointSecurity security;
     security.tls = {certs_ + "/server.pem", certs_ + "/server.key", mutual ? certs_ + "/ca.pem" : ""};
     security.tokens = TokenCheck(Read(certs_ + "/worker.token"), Read(certs_ + "/admin.token"), status_needs_token);
-    auto s = server::SummaServer::Start("127.0.0.1:0", o, "", security);
+    auto s = server::SummaServer::Start("127.0.0.1:0", o, "", security, health_address);
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = *std::move(s);
     address_ = "127.0.0.1:" + std::to_string(server_->port());
@@ -171,6 +176,91 @@ TEST_F(SecurityTest, ARotatedCertificateIsServedWithoutARestart) {
   }
   EXPECT_TRUE(s.ok()) << s.error_message();
   EXPECT_FALSE(with_ca(certs_ + "/ca.pem").ok()) << "the old CA no longer vouches for the server";
+}
+
+namespace health = ::grpc::health::v1;
+
+// A plaintext health Check: the status's code, and the serving status when it is OK.
+std::pair<grpc::StatusCode, health::HealthCheckResponse::ServingStatus> PlainCheck(
+    const std::string& address, const std::string& service = "") {
+  auto stub = health::Health::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  health::HealthCheckRequest request;
+  request.set_service(service);
+  health::HealthCheckResponse response;
+  grpc::Status s = stub->Check(&ctx, request, &response);
+  return {s.error_code(), response.status()};
+}
+
+// Any method by name, plaintext, with an empty message: its status code.
+grpc::StatusCode PlainCallByName(const std::string& address, const std::string& method) {
+  grpc::GenericStub stub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  grpc::Slice empty("");
+  grpc::ByteBuffer request(&empty, 1), response;  // a default ByteBuffer is no message at all
+  grpc::Status status;
+  absl::Notification done;
+  stub.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response, [&](grpc::Status s) {
+    status = std::move(s);
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return status.error_code();
+}
+
+TEST_F(SecurityTest, PlaintextHealthPortAnswersWhileTheMainPortNeedsTls) {
+  Start(/*mutual=*/true, /*status_needs_token=*/true, "127.0.0.1:0");
+  ASSERT_NE(server_->health_port(), 0);
+  ASSERT_NE(server_->health_port(), server_->port());
+  const std::string health_address = "127.0.0.1:" + std::to_string(server_->health_port());
+  using Serving = health::HealthCheckResponse;
+  EXPECT_EQ(PlainCheck(health_address), std::make_pair(grpc::StatusCode::OK, Serving::SERVING));
+  EXPECT_EQ(PlainCheck(health_address, "summa.v1.ParameterServer"),
+            std::make_pair(grpc::StatusCode::OK, Serving::SERVING));
+  EXPECT_EQ(PlainCheck(health_address, "no.such.Service").first, grpc::StatusCode::NOT_FOUND);
+  // The main port still speaks only mutual TLS, and the health port serves nothing else.
+  EXPECT_EQ(PlainCheck(address_).first, grpc::StatusCode::UNAVAILABLE);
+  EXPECT_TRUE(JoinWith(Client(/*with_cert=*/true, "worker.token")).ok());
+  EXPECT_EQ(PlainCallByName(health_address, "/summa.v1.ParameterServer/GetStatus"), grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_EQ(PlainCallByName(health_address, "/summa.v1.ParameterServer/Pull"), grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_EQ(PlainCallByName(health_address, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"),
+            grpc::StatusCode::UNIMPLEMENTED);
+  // After Shutdown a probe sees the server gone: NOT_SERVING while it stops, then no answer.
+  server_->Shutdown();
+  const auto after = PlainCheck(health_address);
+  EXPECT_TRUE(after.first == grpc::StatusCode::UNAVAILABLE ||
+              (after.first == grpc::StatusCode::OK && after.second == Serving::NOT_SERVING))
+      << "code " << after.first << ", serving status " << after.second;
+}
+
+TEST(HealthOnlyServerTest, FollowsItsLeaderAndServesNothingElse) {
+  absl::StatusOr<RunningServer> leader = StartGrpcServer("127.0.0.1:0", {}, {"summa.v1.Worker"});
+  ASSERT_TRUE(leader.ok()) << leader.status();
+  absl::StatusOr<RunningServer> follower = StartHealthOnlyServer("127.0.0.1:0", leader->health.get());
+  ASSERT_TRUE(follower.ok()) << follower.status();
+  const std::string leader_address = "127.0.0.1:" + std::to_string(leader->port);
+  const std::string address = "127.0.0.1:" + std::to_string(follower->port);
+  using Serving = health::HealthCheckResponse;
+  EXPECT_EQ(PlainCheck(address, "summa.v1.Worker"), std::make_pair(grpc::StatusCode::OK, Serving::SERVING));
+  leader->health->SetServing(false);
+  EXPECT_EQ(PlainCheck(address, "summa.v1.Worker"), std::make_pair(grpc::StatusCode::OK, Serving::NOT_SERVING));
+  EXPECT_EQ(PlainCheck(address), std::make_pair(grpc::StatusCode::OK, Serving::NOT_SERVING));
+  leader->health->SetServing(true);
+  EXPECT_EQ(PlainCheck(address), std::make_pair(grpc::StatusCode::OK, Serving::SERVING));
+  // Reflection: served beside the leader's services, not on the health-only port.
+  const std::string reflection = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo";
+  EXPECT_NE(PlainCallByName(leader_address, reflection), grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_EQ(PlainCallByName(address, reflection), grpc::StatusCode::UNIMPLEMENTED);
+  // Only room for a service name: a large request is refused before the service sees it.
+  EXPECT_EQ(PlainCheck(address, std::string(2 * kHealthMaxMessageBytes, 'x')).first,
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  // Names a port that is taken.
+  absl::StatusOr<RunningServer> taken = StartHealthOnlyServer(address, leader->health.get());
+  EXPECT_EQ(taken.status().code(), absl::StatusCode::kUnavailable);
+  follower->server->Shutdown();
+  leader->server->Shutdown();
 }
 
 TEST(TransportTest, TokensCompareWholeAndFlagsAreChecked) {

@@ -19,6 +19,9 @@ absl::StatusOr<RunningServer> StartGrpcServer(const std::string& address,
   builder.AddListeningPort(address, std::move(credentials), &running.port);
   builder.SetMaxReceiveMessageSize(max_message_bytes);
   builder.SetMaxSendMessageSize(max_message_bytes);
+  // Without this gRPC binds with SO_REUSEPORT: a second server started on the same port would
+  // share its connections with the first, silently, instead of failing to start.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   for (const auto& [name, value] : DataPathArguments()) builder.AddChannelArgument(name, value);
   for (grpc::Service* service : services) builder.RegisterService(service);
   builder.RegisterService(running.health.get());

@@ -339,6 +339,15 @@ TEST_F(ServiceTest, CheckpointRpcWritesFromTheDaemonsThread) {
   std::filesystem::remove_all(dir);
 }
 
+TEST_F(ServiceTest, ASecondServerOnATakenPortFailsToStart) {
+  StartServer(1);
+  ServerOptions o;
+  auto second = SummaServer::Start("127.0.0.1:" + std::to_string(server_->port()), o);
+  ASSERT_FALSE(second.ok());
+  EXPECT_TRUE(absl::IsUnavailable(second.status())) << second.status();
+  EXPECT_NE(second.status().message().find("cannot listen"), std::string::npos) << second.status();
+}
+
 // --- Limits at the edge (server/limits.h): each refusal is RESOURCE_EXHAUSTED naming its flag.
 
 pb::ServerStatus StatusOf(pb::ParameterServer::Stub& stub) {

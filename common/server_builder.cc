@@ -4,8 +4,28 @@
 #include <grpcpp/impl/server_builder_option.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace summa {
+
+namespace {
+
+// Registers the health service and starts the server (its port into running.port). Without
+// SO_REUSEPORT, which gRPC sets by default: a second server started on a taken port fails to
+// start instead of silently sharing the port's connections (and a probe port answering for
+// whichever process the kernel picked).
+absl::Status Start(grpc::ServerBuilder& builder, const std::string& address, RunningServer& running) {
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.RegisterService(running.health.get());
+  running.server = builder.BuildAndStart();
+  if (running.server == nullptr || running.port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", address,
+                                               " (address in use or not a local address?)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<RunningServer> StartGrpcServer(const std::string& address,
                                               const std::vector<grpc::Service*>& services,
@@ -19,17 +39,9 @@ absl::StatusOr<RunningServer> StartGrpcServer(const std::string& address,
   builder.AddListeningPort(address, std::move(credentials), &running.port);
   builder.SetMaxReceiveMessageSize(max_message_bytes);
   builder.SetMaxSendMessageSize(max_message_bytes);
-  // Without this gRPC binds with SO_REUSEPORT: a second server started on the same port would
-  // share its connections with the first, silently, instead of failing to start.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   for (const auto& [name, value] : DataPathArguments()) builder.AddChannelArgument(name, value);
   for (grpc::Service* service : services) builder.RegisterService(service);
-  builder.RegisterService(running.health.get());
-  running.server = builder.BuildAndStart();
-  if (running.server == nullptr || running.port == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", address,
-                                               " (address in use or not a local address?)"));
-  }
+  SUMMA_RETURN_IF_ERROR(Start(builder, address, running));
   return running;
 }
 
@@ -50,19 +62,11 @@ absl::StatusOr<RunningServer> StartHealthOnlyServer(const std::string& address, 
   running.health = std::make_unique<HealthService>(leader);
   grpc::ServerBuilder builder;
   builder.SetOption(std::make_unique<WithoutPlugins>());
-  // gRPC binds with SO_REUSEPORT by default: a probe port shared with another process would
-  // answer for whichever one the kernel picked.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // Anyone who reaches the port may call it, without TLS or a token: a health request is a
   // service name, so gRPC's 4 MB default would only be room for abuse.
   builder.SetMaxReceiveMessageSize(kHealthMaxMessageBytes);
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &running.port);
-  builder.RegisterService(running.health.get());
-  running.server = builder.BuildAndStart();
-  if (running.server == nullptr || running.port == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", address,
-                                               " (address in use or not a local address?)"));
-  }
+  SUMMA_RETURN_IF_ERROR(Start(builder, address, running));
   return running;
 }
 

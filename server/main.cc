@@ -259,37 +259,24 @@ int main(int argc, char** argv) {
               (*server)->core().Status().optimizer.c_str(),
               static_cast<long long>(options.partition_bytes));
   std::fflush(stdout);
-  if (!absl::GetFlag(FLAGS_port_file).empty()) {
-    absl::Status written = summa::WriteFileAtomically(absl::GetFlag(FLAGS_port_file), absl::StrCat(port, "\n"));
-    if (!written.ok()) {
-      std::fprintf(stderr, "summa-server: %s\n", std::string(written.message()).c_str());
-      return 1;
-    }
-  }
+  // Writes a bound port to its --*_port_file, when one is given.
+  auto write_port = [](const std::string& file, int bound) {
+    if (file.empty()) return true;
+    absl::Status written = summa::WriteFileAtomically(file, absl::StrCat(bound, "\n"));
+    if (!written.ok()) std::fprintf(stderr, "summa-server: %s\n", std::string(written.message()).c_str());
+    return written.ok();
+  };
+  if (!write_port(absl::GetFlag(FLAGS_port_file), port)) return 1;
   if ((*server)->metrics_port() != 0) {
     std::printf("summa-server: metrics on port %d (/metrics)\n", (*server)->metrics_port());
     std::fflush(stdout);
-    if (!absl::GetFlag(FLAGS_metrics_port_file).empty()) {
-      absl::Status written = summa::WriteFileAtomically(absl::GetFlag(FLAGS_metrics_port_file),
-                                                        absl::StrCat((*server)->metrics_port(), "\n"));
-      if (!written.ok()) {
-        std::fprintf(stderr, "summa-server: %s\n", std::string(written.message()).c_str());
-        return 1;
-      }
-    }
+    if (!write_port(absl::GetFlag(FLAGS_metrics_port_file), (*server)->metrics_port())) return 1;
   }
   if ((*server)->health_port() != 0) {
     std::printf("summa-server: health (plaintext, grpc.health.v1.Health only) on port %d\n",
                 (*server)->health_port());
     std::fflush(stdout);
-    if (!absl::GetFlag(FLAGS_health_port_file).empty()) {
-      absl::Status written = summa::WriteFileAtomically(absl::GetFlag(FLAGS_health_port_file),
-                                                        absl::StrCat((*server)->health_port(), "\n"));
-      if (!written.ok()) {
-        std::fprintf(stderr, "summa-server: %s\n", std::string(written.message()).c_str());
-        return 1;
-      }
-    }
+    if (!write_port(absl::GetFlag(FLAGS_health_port_file), (*server)->health_port())) return 1;
   }
   summa::server::SummaServer& running = **server;
   running.StopOnTerminationSignals();

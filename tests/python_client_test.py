@@ -160,39 +160,75 @@ class PythonClientTest(unittest.TestCase):
             rank0.close()
             other.close()
 
+    JOB = ["--epochs=2", "--lr=0.3"]  # 32 steps
+    JOB_SERVER = ["--workers=2", "--lr=0.3", "--lease=1s"]
+
+    def run_job(self, g, server_flags=(), disturb=None):
+        """A 2-process LeNet job; `disturb(g, port, client, procs)` acts mid-job. Returns rank 0's
+        final weights, the processes' logs and the server's last status."""
+        server, port = g.start_server(ARGS.server, *self.JOB_SERVER, *server_flags)
+        dump = os.path.join(g.dir, f"w-{time.monotonic_ns()}.npy")
+        procs = [self.lenet(g, port, 0, 2, *self.JOB, f"--dump_weights={dump}"),
+                 self.lenet(g, port, 1, 2, *self.JOB)]
+        if disturb:
+            disturb(g, port, procs)
+        for p in procs:
+            self.assertEqual(g.wait(p, 180), 0, g.log(p))
+        client = summa.Client(f"127.0.0.1:{port}")
+        status = client.status()
+        client.close()
+        self.assertEqual(status.version, 32)
+        return np.load(dump), [g.log(p) for p in procs], status
+
+    def undisturbed(self):
+        with ProcessGroup() as g:
+            return self.run_job(g)[0]
+
     def test_killed_python_worker_rejoins_under_wait_and_the_job_matches_an_undisturbed_run(self):
-        job = ["--epochs=3", "--lr=0.3"]  # 48 steps
-
-        def run(g, kill_at):
-            server, port = g.start_server(ARGS.server, "--workers=2", "--lr=0.3", "--lease=1s",
-                                          "--on_worker_loss=wait", "--rejoin_deadline=60s")
-            dump = os.path.join(g.dir, f"w-{kill_at}.npy")
-            rank0 = self.lenet(g, port, 0, 2, *job, f"--dump_weights={dump}")
-            rank1 = self.lenet(g, port, 1, 2, *job)
+        def kill_rank1(g, port, procs):
             client = summa.Client(f"127.0.0.1:{port}")
-            if kill_at:
-                wait_until(f"version {kill_at}", lambda: client.status().version >= kill_at)
-                rank1.send_signal(signal.SIGKILL)
-                rank1.wait()
-                members = wait_until("rank 1 lapsed", lambda: (lambda m: m[1].state == "lapsed" and m)(
-                    {m.rank: m for m in client.status().members}))
-                # Under wait no step completes without it.
-                self.assertLessEqual(client.status().version, members[1].pushes)
-                rank1 = self.lenet(g, port, 1, 2, *job, name="lenet1-restarted")
-            for p in (rank0, rank1):
-                self.assertEqual(g.wait(p, 180), 0, g.log(p))
-            status = client.status()
+            wait_until("version 10", lambda: client.status().version >= 10)
+            procs[1].send_signal(signal.SIGKILL)
+            procs[1].wait()
+            members = wait_until("rank 1 lapsed", lambda: (lambda m: m[1].state == "lapsed" and m)(
+                {m.rank: m for m in client.status().members}))
+            # Under wait no step completes without it.
+            self.assertLessEqual(client.status().version, members[1].pushes)
             client.close()
-            self.assertEqual(status.version, 48)
-            return np.load(dump), g.log(rank1), status
+            procs[1] = self.lenet(g, port, 1, 2, *self.JOB, name="lenet1-restarted")
 
+        baseline = self.undisturbed()
         with ProcessGroup() as g:
-            baseline, _, _ = run(g, 0)
-        with ProcessGroup() as g:
-            weights, log1, status = run(g, 10)
-        self.assertRegex(log1, r"rank 1 of 2 joined at step [1-9]", "the new process resumed mid-job")
+            weights, logs, status = self.run_job(
+                g, ["--on_worker_loss=wait", "--rejoin_deadline=60s"], kill_rank1)
+        self.assertRegex(logs[1], r"rank 1 of 2 joined at step [1-9]", "the new process resumed mid-job")
         self.assertEqual({m.rank: m.joins for m in status.members}[1], 2)
         # Every update counted once: the undisturbed run's weights, bit for bit.
+        self.assertTrue(np.array_equal(weights, baseline),
+                        f"max difference {np.abs(weights - baseline).max()}")
+
+    def test_server_killed_and_restarted_python_workers_rejoin_and_follow_its_checkpoint(self):
+        def restart_server(g, port, procs):
+            client = summa.Client(f"127.0.0.1:{port}")
+            wait_until("version 10", lambda: client.status().version >= 10)
+            client.close()
+            server = next(p for p in g.procs if p.name == "server")
+            server.send_signal(signal.SIGKILL)
+            server.wait()
+            port_file = os.path.join(g.dir, "server2.port")
+            again = g.start("server2", [ARGS.server, f"--address=127.0.0.1:{port}",
+                                        f"--port_file={port_file}", *self.JOB_SERVER, *ckpt_flags])
+            g.wait_for_file(port_file, again)
+
+        baseline = self.undisturbed()
+        with ProcessGroup() as g:
+            ckpt_flags = [f"--checkpoint_dir={os.path.join(g.dir, 'ckpt')}", "--checkpoint_every=4"]
+            weights, logs, status = self.run_job(g, ckpt_flags, restart_server)
+            self.assertIn("restored", g.log(next(p for p in g.procs if p.name == "server2")).lower())
+        for log in logs:
+            self.assertIn("lost the server", log)
+        # The workers went back to the checkpoint's step and its place in the data: the steps
+        # redone give the undisturbed run's weights, bit for bit.
         self.assertTrue(np.array_equal(weights, baseline),
                         f"max difference {np.abs(weights - baseline).max()}")
 

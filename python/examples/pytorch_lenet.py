@@ -125,22 +125,22 @@ def main():
             # takes a slightly smaller step than the seed's).
             opt = summa.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr / args.batch_size),
                                              model, op="sum")
-            opt.next_step, opt.live_ranks = 0, list(range(summa.world_size()))
         world, rank = summa.world_size(), summa.rank()
 
     n, batch = len(y_train), args.batch_size
     steps_per_epoch = -(-n // batch)
-    step = opt.next_step  # a restarted process resumes where the server is
-    print(f"rank {rank} of {world} {'joined' if not args.reference else 'started'} at step {step}",
-          flush=True)
+    # The optimizer's next step is the position in the data: a restarted process, or one whose
+    # server came back from an older checkpoint, carries on where the server is.
+    print(f"rank {rank} of {world} {'joined' if not args.reference else 'started'} at step "
+          f"{opt.next_step}", flush=True)
     last_steps = args.steps or args.epochs * steps_per_epoch
     epochs = []
-    while step < last_steps:
-        epoch, first = divmod(step, steps_per_epoch)
+    while opt.next_step < last_steps:
+        epoch, first = divmod(opt.next_step, steps_per_epoch)
         order = torch.randperm(n, generator=torch.Generator().manual_seed(args.seed * 1000 + epoch))
         start, loss_sum, seen = time.perf_counter(), 0.0, 0
         for b in range(first, steps_per_epoch):
-            if step >= last_steps:
+            if opt.next_step >= last_steps:
                 break
             idx = order[b * batch:(b + 1) * batch]
             size = len(idx)
@@ -153,9 +153,10 @@ def main():
                 opt.step()
             else:
                 opt.step(hi - lo)  # Summa 3/3 (the examples behind this gradient)
-            step += 1
             loss_sum += loss.item()
             seen += hi - lo
+            if opt.next_step != epoch * steps_per_epoch + b + 1:
+                break  # the server resumed at another step: follow it
         seconds = time.perf_counter() - start
         with torch.no_grad():
             acc = (model(x_test).argmax(1) == y_test).float().mean().item()
@@ -167,7 +168,7 @@ def main():
         np.save(args.dump_weights, torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy())
     if rank == 0 and epochs:
         print("RESULT " + json.dumps({"sec_per_epoch": sum(e["seconds"] for e in epochs) / len(epochs),
-                                      "test_acc": epochs[-1]["test_acc"], "steps": step}), flush=True)
+                                      "test_acc": epochs[-1]["test_acc"], "steps": opt.next_step}), flush=True)
     if not args.reference:
         summa.shutdown()
     return 0

@@ -186,6 +186,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if missing:
                 raise ValueError(f"summa: the optimizer does not hold the model's {missing}")
         self.flat = _FlatBuffers([(f"param{i}", p) for i, p in enumerate(params)])
+        self.next_step = 0  # steps taken (every rank takes the same)
+        self.live_ranks = list(range(self.client.world_size))
 
     def __getattr__(self, name):
         return getattr(self.__dict__["_inner"], name)
@@ -214,4 +216,5 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.client.allreduce(g, g, self.name)
         if self.op == "average":
             self.flat.grads.div_(self.client.world_size)
+        self.next_step += 1
         return self._inner.step(closure)

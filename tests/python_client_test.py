@@ -232,6 +232,38 @@ class PythonClientTest(unittest.TestCase):
         self.assertTrue(np.array_equal(weights, baseline),
                         f"max difference {np.abs(weights - baseline).max()}")
 
+    def launch(self, g, run_dir, *argv):
+        proc = g.start(f"launch-{time.monotonic_ns()}", [
+            "bash", ARGS.launch, "--bin", ARGS.bin, "--run_dir", run_dir, *argv],
+            env={"PYTHONPATH": ""})
+        return g.wait(proc, 240), g.log(proc)
+
+    def test_launcher_runs_python_processes_and_the_10m_parameter_example(self):
+        with ProcessGroup() as g:
+            run_dir = os.path.join(g.dir, "lenet")
+            code, out = self.launch(g, run_dir, "--python", ARGS.lenet, "--workers", "2",
+                                    "--epochs", "1", "--batch_size", "64", "--",
+                                    "--train_limit=512", "--test_limit=100")
+            self.assertEqual(code, 0, out)
+            self.assertIn("launch: all 2 workers finished", out)
+            self.assertIn('"steps": 8}', out)  # 512 examples in batches of 64, rank 0's RESULT
+            with open(os.path.join(run_dir, "worker1.log")) as f:
+                self.assertIn("rank 1 of 2 joined at step 0", f.read())
+
+            run_dir = os.path.join(g.dir, "resnet")
+            code, out = self.launch(g, run_dir, "--python", ARGS.resnet, "--workers", "2",
+                                    "--", "--steps=2", "--warmup=1", "--batch_size=2")
+            self.assertEqual(code, 0, out)
+            self.assertIn('"params": 11173962, "processes": 2, "how": "summa-ps"', out)
+            with open(os.path.join(run_dir, "server.log")) as f:
+                self.assertIn("11173962 parameters in 11 partitions", f.read())
+
+            # A process that fails stops the job, and the launcher says which.
+            code, out = self.launch(g, os.path.join(g.dir, "bad"), "--python", ARGS.lenet,
+                                    "--workers", "2", "--", "--no_such_flag")
+            self.assertEqual(code, 1, out)
+            self.assertRegex(out, r"launch: worker [01] \(pid \d+\) failed with status 2")
+
     def test_the_data_path_copies_once_each_way(self):
         """tracemalloc sees every bytes object and numpy buffer Python allocates: encoding a
         16 MiB push allocates the request (one copy of the gradient) and no more; decoding a
@@ -314,6 +346,8 @@ if __name__ == "__main__":
     ARGS.server = os.path.join(ARGS.bin, "server/summa-server")
     ARGS.python_path = os.path.join(ARGS.bin, "python")
     ARGS.lenet = os.path.join(ARGS.source, "python/examples/pytorch_lenet.py")
+    ARGS.resnet = os.path.join(ARGS.source, "python/examples/synthetic_resnet.py")
+    ARGS.launch = os.path.join(ARGS.source, "scripts/launch.sh")
     sys.path.insert(0, ARGS.python_path)
     import grpc  # noqa: E402
     import numpy as np  # noqa: E402

@@ -18,5 +18,9 @@ class SummaError(Exception):
 def from_rpc(error, what):
     """The SummaError for a grpc.RpcError raised by a call described by `what`."""
     if isinstance(error, grpc.RpcError) and hasattr(error, "code"):
-        return SummaError(error.code(), error.details() or "", what)
+        message = error.details() or ""
+        if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "message larger than max" in message:
+            # gRPC's transport refuses it before Summa sees it; name the flag, as summa-worker does.
+            message += " (summa-server --max_message_bytes)"
+        return SummaError(error.code(), message, what)
     return SummaError(grpc.StatusCode.UNKNOWN, str(error), what)

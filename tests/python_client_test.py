@@ -102,6 +102,22 @@ class PythonClientTest(unittest.TestCase):
             self.assertTrue(np.array_equal(w0, w1))
             self.assert_matches_reference(w0, self.reference(g, *steps))
 
+    def test_async_and_ssp_modes_apply_every_push(self):
+        for mode in (["--mode=async"], ["--mode=ssp", "--staleness=1"]):
+            with ProcessGroup() as g:
+                server, port = g.start_server(ARGS.server, "--workers=2", "--lr=0.1",
+                                              "--partition_bytes=100000", *mode)
+                procs = [self.lenet(g, port, r, 2, "--steps=10", "--epochs=1") for r in range(2)]
+                for p in procs:
+                    self.assertEqual(g.wait(p, 120), 0, g.log(p))
+                client = summa.Client(f"127.0.0.1:{port}")
+                status = client.status()
+                client.close()
+                # Each of the 20 pushes (10 a rank) applied on its own to each of the 6 partitions.
+                self.assertEqual(status.version, 20, mode)
+                self.assertEqual([m.pushes for m in status.members], [60, 60], mode)
+                self.assertEqual(status.duplicate_pushes, 0)
+
     def test_allreduce_sums_tensors_and_arrays_across_processes(self):
         with ProcessGroup() as g:
             # A 6 MiB tensor sent whole would be refused at 5 MiB: it must travel in chunks.

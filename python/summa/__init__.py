@@ -155,4 +155,9 @@ def broadcast_parameters(params, root_rank=0, name="summa.broadcast", client=Non
             offset += n
 
 
-from .optim import DistributedOptimizer, ParameterServerOptimizer  # noqa: E402,F401
+def __getattr__(name):
+    # The optimizers need torch; the client and allreduce on numpy arrays do not.
+    if name in ("ParameterServerOptimizer", "DistributedOptimizer"):
+        from . import optim
+        return getattr(optim, name)
+    raise AttributeError(f"module 'summa' has no attribute {name!r}")

@@ -6,7 +6,7 @@ code and message, a SIGKILLed Python worker rejoins under --on_worker_loss=wait 
 on the undisturbed run's weights, and the data path copies once per direction."""
 import argparse
 import os
-import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -279,6 +279,29 @@ class PythonClientTest(unittest.TestCase):
                                     "--workers", "2", "--", "--no_such_flag")
             self.assertEqual(code, 1, out)
             self.assertRegex(out, r"launch: worker [01] \(pid \d+\) failed with status 2")
+
+    def test_pip_installs_the_package_with_stubs_generated_from_the_proto(self):
+        with ProcessGroup() as g:
+            # A copy of python/ and proto/, so that pip's in-place build leaves the checkout alone.
+            src = os.path.join(g.dir, "src")
+            shutil.copytree(os.path.join(ARGS.source, "python"), os.path.join(src, "python"),
+                            ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+            shutil.copytree(os.path.join(ARGS.source, "proto"), os.path.join(src, "proto"))
+            venv = os.path.join(g.dir, "venv")
+            subprocess.run(["/usr/bin/python3", "-m", "venv", "--system-site-packages", venv], check=True)
+            pip = g.start("pip", [os.path.join(venv, "bin/pip"), "install", "--no-index",
+                                  os.path.join(src, "python")], env={"PYTHONPATH": ""})
+            self.assertEqual(g.wait(pip, 240), 0, g.log(pip))
+            probe = g.start("probe", [os.path.join(venv, "bin/python"), "-c",
+                                      "import summa, summa.v1.summa_pb2 as pb; print(summa.__file__); "
+                                      "print(' '.join(m.name for m in pb.DESCRIPTOR.services_by_name"
+                                      "['ParameterServer'].methods))"],
+                            env={"PYTHONPATH": ""})
+            self.assertEqual(g.wait(probe, 60), 0, g.log(probe))
+            lines = g.log(probe).split("\n")
+            self.assertTrue(lines[0].startswith(os.path.join(venv, "lib")), lines)
+            self.assertEqual(lines[1], "Join Heartbeat Leave Push Pull PushPull AllReduce GetStatus "
+                                       "Checkpoint Initialize")
 
     def test_the_data_path_copies_once_each_way(self):
         """tracemalloc sees every bytes object and numpy buffer Python allocates: encoding a

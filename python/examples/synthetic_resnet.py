@@ -13,7 +13,6 @@ with torch DDP (gloo) instead, for comparison (no server).
 """
 import argparse
 import json
-import os
 import sys
 import time
 
@@ -124,7 +123,7 @@ def main():
                   f"(compute {t1 - t0:.3f}, exchange {t2 - t1:.3f})", flush=True)
     if rank == 0 and timed:
         print("RESULT " + json.dumps({"params": params, "processes": world,
-                                      "how": f"ddp-gloo" if args.ddp else f"summa-{args.optimizer}",
+                                      "how": "ddp-gloo" if args.ddp else f"summa-{args.optimizer}",
                                       "step_seconds": (compute + exchange) / timed,
                                       "compute_seconds": compute / timed,
                                       "exchange_seconds": exchange / timed}), flush=True)

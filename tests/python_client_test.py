@@ -280,6 +280,33 @@ class PythonClientTest(unittest.TestCase):
             self.assertEqual(code, 1, out)
             self.assertRegex(out, r"launch: worker [01] \(pid \d+\) failed with status 2")
 
+    def test_mutual_tls_and_tokens(self):
+        with ProcessGroup() as g:
+            certs = os.path.join(g.dir, "certs")
+            subprocess.run(["bash", os.path.join(ARGS.source, "scripts/make-certs.sh"), certs],
+                           check=True, stdout=subprocess.DEVNULL)
+            c = lambda name: os.path.join(certs, name)
+            server, port = g.start_server(ARGS.server, "--workers=1", f"--tls_cert={c('server.pem')}",
+                                          f"--tls_key={c('server.key')}", f"--tls_ca={c('ca.pem')}",
+                                          f"--token_file={c('worker.token')}")
+            with open(c("worker.token")) as f:
+                token = f.read().strip()
+            mtls = summa.TLS(ca=c("ca.pem"), cert=c("client.pem"), key=c("client.key"))
+            address = f"localhost:{port}"
+            good = summa.Client(address, rank=0, world_size=1, token=token, tls=mtls)
+            opt = summa.ParameterServerOptimizer([torch.nn.Parameter(torch.ones(3))], client=good)
+            opt.flat.params[0].grad = torch.full((3,), 2.0)
+            opt.step(2)  # sgd at the default lr 0.1: 1 - 0.1 * 2 / 2
+            self.assertTrue(torch.equal(opt.flat.params[0].detach(), torch.full((3,), 0.9)))
+            good.close()
+            # No token: UNAUTHENTICATED, with the server's message.
+            anonymous = summa.Client(address, rank=0, world_size=1, tls=mtls, join_timeout=5)
+            with self.assertRaises(summa.SummaError) as caught:
+                anonymous.join([("p0", (3,))])
+            self.assertEqual(caught.exception.code, grpc.StatusCode.UNAUTHENTICATED)
+            self.assertIn("bearer token", caught.exception.message)
+            anonymous.close()
+
     def test_pip_installs_the_package_with_stubs_generated_from_the_proto(self):
         with ProcessGroup() as g:
             # A copy of python/ and proto/, so that pip's in-place build leaves the checkout alone.

@@ -280,6 +280,25 @@ class PythonClientTest(unittest.TestCase):
             self.assertEqual(code, 1, out)
             self.assertRegex(out, r"launch: worker [01] \(pid \d+\) failed with status 2")
 
+    def test_a_newer_join_for_the_rank_fences_the_older_client(self):
+        with ProcessGroup() as g:
+            server, port = g.start_server(ARGS.server, "--workers=1")
+            address = f"127.0.0.1:{port}"
+            first = summa.Client(address, rank=0, world_size=1)
+            old = summa.ParameterServerOptimizer([torch.nn.Parameter(torch.ones(3))], client=first)
+            second = summa.Client(address, rank=0, world_size=1)
+            new = summa.ParameterServerOptimizer([torch.nn.Parameter(torch.ones(3))], client=second)
+            old.flat.params[0].grad = torch.ones(3)
+            with self.assertRaises(summa.SummaError) as caught:
+                old.step(1)  # refused, not retried: the newer process owns rank 0
+            self.assertEqual(caught.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
+            self.assertIn("rank 0 is held by a newer process: a later Join from", caught.exception.message)
+            new.flat.params[0].grad = torch.ones(3)
+            new.step(1)
+            self.assertEqual(new.next_step, 1)
+            first.close()
+            second.close()
+
     def test_mutual_tls_and_tokens(self):
         with ProcessGroup() as g:
             certs = os.path.join(g.dir, "certs")

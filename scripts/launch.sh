@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# Runs a Summa job on this machine: one summa-server and N summa-worker processes.
+# Runs a Summa job on this machine: one summa-server and N summa-worker processes, or with
+# --python SCRIPT, N processes of a Python training script that uses the summa package.
 # Rank 0 prints to this terminal (with a progress bar on a tty); the server's and the other
 # workers' output goes to log files in the run directory. Ctrl-C or any failure stops every
 # process; the exit status is non-zero if any process failed.
 #
 #   scripts/launch.sh [--workers N] [--epochs E] [--batch_size B] [--lr LR] [--bin DIR]
 #                     [--run_dir DIR] [--trace_dir DIR] [--server_args "FLAGS"]
-#                     [-- extra summa-worker flags]
+#                     [--python SCRIPT] [-- extra summa-worker (or SCRIPT) flags]
+# --python: each process runs /usr/bin/python3 SCRIPT --server=127.0.0.1:PORT --world_size=N
+# with RANK and WORLD_SIZE set and the build tree's summa package on PYTHONPATH; --epochs and
+# --batch_size are passed on only when given.
 # --trace_dir: every process writes its timeline there (server.json, worker<r>.json; Chrome
 # trace JSON); bench/trace_summary.py sums them up per stage.
 # e.g. --server_args "--mode=ssp --staleness=2 --checkpoint_dir=/tmp/ckpt"
@@ -17,12 +21,15 @@ bin="$(cd "$(dirname "$0")/.." && pwd)/build"
 run_dir=""
 server_args=""
 extra=()
-usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; }
+python_script=""
+given=()  # --epochs and --batch_size as given, for a --python script
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
 while (($#)); do
   case "$1" in
     --workers) workers=$2; shift 2 ;;
-    --epochs) epochs=$2; shift 2 ;;
-    --batch_size) batch=$2; shift 2 ;;
+    --epochs) epochs=$2; given+=(--epochs="$2"); shift 2 ;;
+    --batch_size) batch=$2; given+=(--batch_size="$2"); shift 2 ;;
+    --python) python_script=$2; shift 2 ;;
     --lr) lr=$2; shift 2 ;;
     --bin) bin=$2; shift 2 ;;
     --run_dir) run_dir=$2; shift 2 ;;
@@ -36,7 +43,13 @@ done
 [[ "$workers" =~ ^[1-9][0-9]*$ ]] || { echo "launch: --workers must be a positive integer" >&2; exit 2; }
 server_bin="$bin/server/summa-server"
 worker_bin="$bin/worker/summa-worker"
-for b in "$server_bin" "$worker_bin"; do
+needed=("$server_bin" "$worker_bin")
+if [[ -n "$python_script" ]]; then
+  needed=("$server_bin")
+  [[ -f "$python_script" ]] || { echo "launch: --python $python_script not found" >&2; exit 2; }
+  [[ -f "$bin/python/summa/v1/summa_pb2.py" ]] || { echo "launch: $bin/python/summa not built (cmake --build build --target summa_python)" >&2; exit 2; }
+fi
+for b in "${needed[@]}"; do
   [[ -x "$b" ]] || { echo "launch: $b not found; build first (scripts/build.sh)" >&2; exit 2; }
 done
 run_dir=${run_dir:-$(mktemp -d "${TMPDIR:-/tmp}/summa-run.XXXXXX")}
@@ -78,13 +91,25 @@ echo "launch: summa-server on 127.0.0.1:$port, $workers workers, batch $batch, l
 
 declare -A rank_of
 for ((r = 0; r < workers; r++)); do
+  if [[ -n "$python_script" ]]; then
+    cmd=(env RANK="$r" WORLD_SIZE="$workers" PYTHONPATH="$bin/python${PYTHONPATH:+:$PYTHONPATH}"
+         OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}" OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+         /usr/bin/python3 "$python_script" --server="127.0.0.1:$port" --world_size="$workers"
+         "${given[@]}" "${extra[@]}")
+  else
+    cmd=("$worker_bin")
+  fi
   args=(--server="127.0.0.1:$port" --rank="$r" --world_size="$workers" --batch_size="$batch"
         --epochs="$epochs" --status_port_file="$run_dir/worker$r.status_port" "${extra[@]}")
   [[ -n "${trace_dir:-}" ]] && args+=(--trace_file="$trace_dir/worker$r.json")
-  if ((r == 0)); then
-    "$worker_bin" "${args[@]}" 2> >(tee "$run_dir/worker0.log" >&2) &
+  # A Python script takes its own flags (after --), not summa-worker's.
+  [[ -n "$python_script" ]] && args=()
+  if ((r == 0)) && [[ -n "$python_script" ]]; then
+    "${cmd[@]}" > >(tee "$run_dir/worker0.log") 2>&1 &
+  elif ((r == 0)); then
+    "${cmd[@]}" "${args[@]}" 2> >(tee "$run_dir/worker0.log" >&2) &
   else
-    "$worker_bin" "${args[@]}" >"$run_dir/worker$r.log" 2>&1 &
+    "${cmd[@]}" "${args[@]}" >"$run_dir/worker$r.log" 2>&1 &
   fi
   pids+=($!)
   rank_of[$!]=$r

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs every Debian package that Summa's build, tests and default run need.
 # Idempotent: packages already present are not touched, and `apt-get update` runs at most once.
-# Usage: scripts/setup.sh [--bench] [--fuzz]   (--bench adds PyTorch, NumPy and matplotlib for
-# bench/, --fuzz adds clang and its libFuzzer runtime for scripts/fuzz.sh)
+# Usage: scripts/setup.sh [--bench] [--fuzz]   (--bench adds matplotlib for bench/, --fuzz adds
+# clang and its libFuzzer runtime for scripts/fuzz.sh). PyTorch and NumPy are in the base set:
+# the Python client's tests (tests/python_client_test.py) train with them; python3-venv and
+# setuptools let that test pip-install the package into a virtualenv.
 set -euo pipefail
 
 packages=(
@@ -12,10 +14,11 @@ packages=(
   libopenblas-dev zlib1g-dev prometheus-cpp-dev
   dataset-fashion-mnist grpc-proto openssl
   python3 python3-grpcio python3-protobuf python3-yaml
+  python3-torch python3-numpy python3-venv python3-setuptools python3-wheel
 )
 for arg in "$@"; do
   case "$arg" in
-    --bench) packages+=(python3-torch python3-numpy python3-matplotlib) ;;
+    --bench) packages+=(python3-matplotlib) ;;
     --fuzz) packages+=(clang libclang-rt-14-dev) ;;
     *) echo "usage: scripts/setup.sh [--bench] [--fuzz]" >&2; exit 2 ;;
   esac

@@ -1,0 +1,178 @@
+"""The seed's LeNet on Fashion-MNIST in PyTorch, trained through summa-server.
+
+Each process computes the gradient of its shard of every global minibatch (the seed's
+split_batch: the loss summed over the shard's examples) and the server applies its optimizer to
+the sum divided by the examples pushed, so N processes follow one process's trajectory on the
+whole batch. The three Summa lines are marked.
+
+  build/server/summa-server --workers=2 --lr=0.2 &
+  RANK=0 python3 pytorch_lenet.py --server=127.0.0.1:50051 --world_size=2 &
+  RANK=1 python3 pytorch_lenet.py --server=127.0.0.1:50051 --world_size=2
+  scripts/launch.sh --python python/examples/pytorch_lenet.py --workers 2 --epochs 10
+
+--optimizer=distributed trains with summa.DistributedOptimizer (local SGD on gradients summed
+through AllReduce) instead; --reference trains one process on the whole batch with no server
+(what the tests hold Summa to). A restarted process resumes at the step the server is at.
+Set OPENBLAS_NUM_THREADS and OMP_NUM_THREADS before starting Python.
+"""
+import argparse
+import gzip
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import summa
+
+
+def load(data_dir, split, limit):
+    def read(name):
+        path = os.path.join(data_dir, name)
+        gz = os.path.exists(path + ".gz")
+        with (gzip.open(path + ".gz") if gz else open(path, "rb")) as f:
+            return f.read()
+    images = np.frombuffer(read(f"{split}-images-idx3-ubyte"), np.uint8, offset=16)
+    labels = np.frombuffer(read(f"{split}-labels-idx1-ubyte"), np.uint8, offset=8)
+    images = images.reshape(-1, 1, 28, 28).astype(np.float32) / 255.0
+    if limit:
+        images, labels = images[:limit], labels[:limit]
+    return torch.from_numpy(images), torch.from_numpy(labels.astype(np.int64))
+
+
+class LeNet(torch.nn.Module):
+    """The seed's LeNet: its parameters in the seed's order and names (W1, b1, ... b4), the
+    initial weights N(0, 0.01^2) and zero biases as bench/pytorch_lenet.py draws them."""
+
+    def __init__(self, seed):
+        super().__init__()
+        torch.manual_seed(seed)
+        scale = 0.01
+        self.W1 = torch.nn.Parameter(torch.randn(20, 1, 3, 3) * scale)
+        self.b1 = torch.nn.Parameter(torch.zeros(20))
+        self.W2 = torch.nn.Parameter(torch.randn(50, 20, 5, 5) * scale)
+        self.b2 = torch.nn.Parameter(torch.zeros(50))
+        self.W3 = torch.nn.Parameter(torch.randn(800, 128) * scale)
+        self.b3 = torch.nn.Parameter(torch.zeros(128))
+        self.W4 = torch.nn.Parameter(torch.randn(128, 10) * scale)
+        self.b4 = torch.nn.Parameter(torch.zeros(10))
+
+    def forward(self, X):
+        h = F.avg_pool2d(F.relu(F.conv2d(X, self.W1, self.b1)), 2)
+        h = F.avg_pool2d(F.relu(F.conv2d(h, self.W2, self.b2)), 2)
+        h = F.relu(h.reshape(h.shape[0], -1) @ self.W3 + self.b3)
+        return h @ self.W4 + self.b4
+
+
+class LocalSGD:
+    """--reference: the seed's update on one process, p -= lr * grad / batch."""
+
+    def __init__(self, model, lr):
+        self.params, self.lr, self.next_step, self.live_ranks = list(model.parameters()), lr, 0, [0]
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self, num_examples):
+        for p in self.params:
+            p -= self.lr * p.grad / num_examples
+        self.next_step += 1
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--server", default=None, help="host:port (default $SUMMA_SERVER)")
+    ap.add_argument("--rank", type=int, default=None, help="default $RANK, $JOB_COMPLETION_INDEX")
+    ap.add_argument("--world_size", type=int, default=None, help="default $WORLD_SIZE, else 1")
+    ap.add_argument("--token_file", default=None)
+    ap.add_argument("--tls_ca", default=None)
+    ap.add_argument("--optimizer", choices=["ps", "distributed"], default="ps",
+                    help="ps: the server's optimizer; distributed: local SGD (--lr) on gradients "
+                         "summed through AllReduce")
+    ap.add_argument("--reference", action="store_true", help="one process, no server")
+    ap.add_argument("--lr", type=float, default=0.2, help="--optimizer=distributed and --reference")
+    ap.add_argument("--epochs", type=int, default=10)
+    ap.add_argument("--batch_size", type=int, default=256, help="the global minibatch")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--train_limit", type=int, default=0)
+    ap.add_argument("--test_limit", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=0, help="stop after this many global steps (0: all)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--data_dir", default="/usr/share/datasets/fashion-mnist")
+    ap.add_argument("--dump_weights", default=None, help="write the final flat weights (.npy)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    x_train, y_train = load(args.data_dir, "train", args.train_limit)
+    x_test, y_test = load(args.data_dir, "t10k", args.test_limit)
+    model = LeNet(args.seed)
+    if args.reference:
+        opt, world, rank = LocalSGD(model, args.lr), 1, 0
+    else:
+        token = open(args.token_file).read().strip() if args.token_file else None
+        summa.init(args.server, rank=args.rank, world_size=args.world_size, token=token,  # Summa 1/3
+                   tls=args.tls_ca)
+        if args.optimizer == "ps":
+            opt = summa.ParameterServerOptimizer(model.named_parameters())  # Summa 2/3
+        else:
+            summa.broadcast_parameters(model, root_rank=0)
+            # SGD on the summed gradient at lr / batch: the seed's update (a short last batch
+            # takes a slightly smaller step than the seed's).
+            opt = summa.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr / args.batch_size),
+                                             model, op="sum")
+        world, rank = summa.world_size(), summa.rank()
+
+    n, batch = len(y_train), args.batch_size
+    steps_per_epoch = -(-n // batch)
+    # The optimizer's next step is the position in the data: a restarted process, or one whose
+    # server came back from an older checkpoint, carries on where the server is.
+    print(f"rank {rank} of {world} {'joined' if not args.reference else 'started'} at step "
+          f"{opt.next_step}", flush=True)
+    last_steps = args.steps or args.epochs * steps_per_epoch
+    epochs = []
+    while opt.next_step < last_steps:
+        epoch, first = divmod(opt.next_step, steps_per_epoch)
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(args.seed * 1000 + epoch))
+        start, loss_sum, seen = time.perf_counter(), 0.0, 0
+        for b in range(first, steps_per_epoch):
+            if opt.next_step >= last_steps:
+                break
+            idx = order[b * batch:(b + 1) * batch]
+            size = len(idx)
+            me, members = opt.live_ranks.index(rank), len(opt.live_ranks)  # split_batch over the live
+            lo, hi = me * size // members, (me + 1) * size // members
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x_train[idx[lo:hi]]), y_train[idx[lo:hi]], reduction="sum")
+            loss.backward()
+            if args.optimizer == "distributed" and not args.reference:
+                opt.step()
+            else:
+                opt.step(hi - lo)  # Summa 3/3 (the examples behind this gradient)
+            loss_sum += loss.item()
+            seen += hi - lo
+            if opt.next_step != epoch * steps_per_epoch + b + 1:
+                break  # the server resumed at another step: follow it
+        seconds = time.perf_counter() - start
+        with torch.no_grad():
+            acc = (model(x_test).argmax(1) == y_test).float().mean().item()
+        epochs.append({"seconds": seconds, "test_acc": acc})
+        if rank == 0:
+            print(f"epoch {epoch + 1}/{args.epochs}: loss {loss_sum / max(1, seen):.3f} (rank 0's shard), "
+                  f"test acc {acc:.3f}, {seconds:.1f} sec/epoch, {world} processes", flush=True)
+    if args.dump_weights:
+        np.save(args.dump_weights, torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy())
+    if rank == 0 and epochs:
+        print("RESULT " + json.dumps({"sec_per_epoch": sum(e["seconds"] for e in epochs) / len(epochs),
+                                      "test_acc": epochs[-1]["test_acc"], "steps": opt.next_step}), flush=True)
+    if not args.reference:
+        summa.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,320 @@
+"""Client: one process's connection to summa-server, the Python twin of worker/ps_client.cc.
+
+Joins (retrying while the server is not up, the model not yet defined, or the join rate is
+exceeded), sends the initial values partition by partition, heartbeats on a thread at a third of
+the lease, and moves the flat gradient and weight buffers a partition per call, every partition
+in flight at once. The data path is raw (summa/_wire.py): one copy per direction in Python.
+Thread-safe only for the heartbeat thread it runs itself; one training thread calls the rest.
+"""
+import collections
+import logging
+import threading
+import time
+
+import grpc
+import numpy as np
+
+from . import _wire
+from .errors import SummaError, from_rpc
+from .v1 import summa_pb2 as pb
+from .v1 import summa_pb2_grpc as pb_grpc
+
+log = logging.getLogger("summa")
+
+_SERVICE = "/summa.v1.ParameterServer/"
+# Tensors over this go to AllReduce in chunks, each a collective named "<name>/<k>of<n>",
+# as ParameterClient::AllReduceInto cuts them (kAllReduceChunkBytes).
+ALLREDUCE_CHUNK_BYTES = 4 << 20
+_INITIALIZE_WINDOW = 8
+
+# What Join returned, as the trainer needs it.
+Joined = collections.namedtuple(
+    "Joined", "rank world_size mode version next_step partitions live_ranks lease_seconds staleness")
+Partition = collections.namedtuple("Partition", "id offset length")
+TLS = collections.namedtuple("TLS", "ca cert key", defaults=(None, None, None))
+
+
+def _read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _credentials(tls):
+    """grpc channel credentials for `tls`: True (system roots), a CA file path, or TLS(ca, cert,
+    key) with a client certificate for mutual TLS."""
+    if tls is True:
+        return grpc.ssl_channel_credentials()
+    if isinstance(tls, str):
+        tls = TLS(ca=tls)
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read(tls.ca) if tls.ca else None,
+        private_key=_read(tls.key) if tls.key else None,
+        certificate_chain=_read(tls.cert) if tls.cert else None)
+
+
+class Client:
+    """`server` is host:port. `token` is sent as "authorization: Bearer <token>" on every call;
+    `tls` is None (plaintext), True, a CA path or TLS(ca, cert, key). `call_timeout` bounds each
+    call (a push-pull waits for the slowest worker: keep it past the server's --barrier_deadline),
+    `join_timeout` the join with its retries, `retry_timeout` the rejoins through a lost server,
+    counted from the last good step."""
+
+    def __init__(self, server, rank=-1, world_size=1, token=None, tls=None, call_timeout=660.0,
+                 join_timeout=120.0, retry_timeout=300.0):
+        self.server = server
+        self.rank = rank
+        self.world_size = world_size
+        self.call_timeout = call_timeout
+        self.join_timeout = join_timeout
+        self.retry_timeout = retry_timeout
+        self.session = 0
+        self.joined = None
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        # The server enforces its own --max_message_bytes; this side takes what it is sent.
+        options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+        if tls:
+            self._channel = grpc.secure_channel(server, _credentials(tls), options)
+        else:
+            self._channel = grpc.insecure_channel(server, options)
+        self._stub = pb_grpc.ParameterServerStub(self._channel)
+        raw = lambda m: self._channel.unary_unary(_SERVICE + m)  # bytes in, bytes out
+        self._push_pull = raw("PushPull")
+        self._pull = raw("Pull")
+        self._initialize = raw("Initialize")
+        self._allreduce = raw("AllReduce")
+        self._specs = None
+        self._heartbeat_stop = None
+        self._heartbeat_thread = None
+        self.heartbeat_error = None  # the last failed heartbeat (a fenced session, say)
+
+    # --- control calls -------------------------------------------------------------------------
+
+    def _call(self, method, request, what, timeout=None):
+        try:
+            return method(request, timeout=timeout or self.call_timeout, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise from_rpc(e, what) from None
+
+    def status(self):
+        """The server's summa.v1.ServerStatus."""
+        return self._call(self._stub.GetStatus, pb.GetStatusRequest(), "GetStatus", 10)
+
+    def join(self, specs, initial=None):
+        """Joins as self.rank with the model `specs` ([(name, shape)], float32, in the flat order).
+        `initial` (a float32 array of every value, or None) is sent partition by partition when
+        the server asks for it (the first joiner of a model). Returns Joined."""
+        request = pb.JoinRequest(rank=self.rank, world_size=self.world_size,
+                                 values_follow=initial is not None)
+        total = 0
+        for name, shape in specs:
+            request.params.add(name=name, dtype=pb.DTYPE_FLOAT32, shape=list(shape))
+            total += int(np.prod(shape, dtype=np.int64))
+        give_up = time.monotonic() + self.join_timeout
+        backoff = 0.05
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                response = self._stub.Join(request, metadata=self._metadata,
+                                           timeout=max(0.1, min(10.0, give_up - time.monotonic())))
+                break
+            except grpc.RpcError as e:
+                # Not up yet, the model's values still coming, or over --join_rate: try again;
+                # any other refusal (a model over its limit, a different model) stands.
+                retry = e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) or (
+                    e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "--join_rate" in (e.details() or ""))
+                if not retry or time.monotonic() + backoff >= give_up:
+                    raise from_rpc(e, f"join {self.server} as rank {self.rank} failed after "
+                                      f"{attempt} attempts") from None
+                if attempt == 1 or attempt % 20 == 0:
+                    log.info("waiting for the server at %s: %s", self.server, e.details())
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+        partitions = []
+        expected = 0
+        for p in response.partitions:
+            if p.offset != expected or p.length <= 0:
+                raise SummaError(grpc.StatusCode.INTERNAL,
+                                 f"the server's partition {p.id} at offset {p.offset} does not tile the model",
+                                 "join")
+            expected += p.length
+            partitions.append(Partition(p.id, p.offset, p.length))
+        if expected != total:
+            raise SummaError(grpc.StatusCode.FAILED_PRECONDITION,
+                             f"the server's partitions cover {expected} parameters; this model has {total}",
+                             "join")
+        self.rank = response.rank
+        self.session = response.session
+        self._specs = specs
+        self.joined = Joined(response.rank, response.world_size, response.mode, response.version,
+                             response.next_step, partitions, list(response.live_ranks),
+                             response.lease_seconds, response.staleness)
+        if response.initialize:
+            if initial is None:
+                raise SummaError(grpc.StatusCode.FAILED_PRECONDITION,
+                                 "the server asks for initial values and this rank has none", "join")
+            self._send_initial_values(initial)
+        self._start_heartbeat(response.lease_seconds)
+        return self.joined
+
+    def _send_initial_values(self, initial):
+        parts = self.joined.partitions
+        for first in range(0, len(parts), _INITIALIZE_WINDOW):
+            calls = []
+            for p in parts[first:first + _INITIALIZE_WINDOW]:
+                header = pb.InitializeRequest(rank=self.rank, session=self.session, partition=p.id,
+                                              dtype=pb.DTYPE_FLOAT32).SerializeToString()
+                data = _wire.as_bytes_view(initial[p.offset:p.offset + p.length])
+                calls.append((p, self._initialize.future(_wire.with_data(header, 4, data),
+                                                         timeout=self.call_timeout,
+                                                         metadata=self._metadata)))
+            for p, call in calls:
+                try:
+                    call.result()
+                except grpc.RpcError as e:
+                    raise from_rpc(e, f"initial values of partition {p.id}") from None
+
+    def _start_heartbeat(self, lease_seconds):
+        self._stop_heartbeat()
+        if lease_seconds <= 0:
+            return
+        stop = threading.Event()
+        request = pb.HeartbeatRequest(rank=self.rank, session=self.session)
+
+        def beat():
+            while not stop.wait(lease_seconds / 3):
+                try:
+                    self._stub.Heartbeat(request, timeout=5, metadata=self._metadata)
+                    self.heartbeat_error = None
+                except grpc.RpcError as e:
+                    self.heartbeat_error = from_rpc(e, f"heartbeat of rank {request.rank}")
+
+        self._heartbeat_stop = stop
+        self._heartbeat_thread = threading.Thread(target=beat, name="summa-heartbeat", daemon=True)
+        self._heartbeat_thread.start()
+
+    def _stop_heartbeat(self):
+        if self._heartbeat_thread is not None:
+            self._heartbeat_stop.set()
+            self._heartbeat_thread.join()
+            self._heartbeat_thread = None
+
+    def leave(self):
+        """Leaves the group for good (the others go on without this rank)."""
+        self._stop_heartbeat()
+        if self.joined is not None:
+            self._call(self._stub.Leave, pb.LeaveRequest(rank=self.rank, session=self.session), "Leave", 10)
+            self.joined = None
+
+    def close(self):
+        self._stop_heartbeat()
+        self._channel.close()
+
+    # --- the data path -------------------------------------------------------------------------
+
+    def _each_partition(self, method, encode, what):
+        """Starts method(encode(p)) for every partition at once and returns the raw replies."""
+        calls = [(p, method.future(encode(p), timeout=self.call_timeout, metadata=self._metadata))
+                 for p in self.joined.partitions]
+        replies, error = [], None
+        for p, call in calls:
+            try:
+                replies.append(call.result())
+            except grpc.RpcError as e:
+                error = error or from_rpc(e, f"{what} of partition {p.id}")
+        if error is not None:
+            raise error
+        return replies
+
+    def _decode_pulls(self, replies, weights, check_version=None):
+        """Copies each PullResponse's values into `weights` (one copy); returns the headers."""
+        headers = []
+        for p, raw in zip(self.joined.partitions, replies):
+            header, data = _wire.split_data(raw, 4)
+            h = pb.PullResponse.FromString(header)
+            if check_version is not None and h.version != check_version:
+                raise SummaError(grpc.StatusCode.INTERNAL,
+                                 f"asked for version {check_version} of partition {p.id}, got {h.version}")
+            weights[p.offset:p.offset + p.length] = _wire.floats(data, p.length, f"partition {p.id}")
+            headers.append(h)
+        return headers
+
+    def pull(self, min_version, weights):
+        """Every partition at version >= min_version into `weights` (float32, the whole model).
+        Returns the lowest version pulled."""
+        self._require_join("pull")
+        headers = self._decode_pulls(self._each_partition(
+            self._pull, lambda p: pb.PullRequest(rank=self.rank, session=self.session, partition=p.id,
+                                                 min_version=min_version).SerializeToString(),
+            "pull"), weights)
+        return min(h.version for h in headers)
+
+    def push_pull(self, step, num_examples, gradients, weights):
+        """Pushes `gradients` (float32, the whole model, summed over `num_examples` examples) for
+        `step` and writes the weights the server answers with into `weights`; in sync mode those
+        are version step + 1. Returns the live ranks the server reports."""
+        self._require_join("push_pull")
+
+        def encode(p):
+            header = pb.PushRequest(rank=self.rank, session=self.session, step=step, partition=p.id,
+                                    num_examples=num_examples, dtype=pb.DTYPE_FLOAT32).SerializeToString()
+            return _wire.with_data(header, 6, _wire.as_bytes_view(gradients[p.offset:p.offset + p.length]))
+
+        replies = self._each_partition(self._push_pull, encode, f"push-pull of step {step}")
+        sync = self.joined.mode == pb.MODE_SYNC
+        headers = self._decode_pulls(replies, weights, step + 1 if sync else None)
+        return list(headers[0].live_ranks) if headers else []
+
+    def allreduce(self, values, out, name, group_size=None, rank=None, members=False, round=0):
+        """The elementwise sum over the group of `values` (float32, C-contiguous) into `out` (same
+        size; may be `values`). A fixed group by default (name, group_size = world size, rank); with
+        `members`, a member collective of the joined job for `round`. Over 4 MiB, the tensor
+        travels as chunks "<name>/<k>of<n>", all in flight at once."""
+        values = values.reshape(-1)
+        out_flat = out.reshape(-1)
+        if out_flat.size != values.size:
+            raise ValueError(f"allreduce of {values.size} values into {out_flat.size}")
+        if members:
+            self._require_join("a member allreduce")
+        group_size = self.world_size if group_size is None else group_size
+        rank = self.rank if rank is None else rank
+        if rank < 0:
+            raise SummaError(grpc.StatusCode.FAILED_PRECONDITION,
+                             "allreduce needs this process's rank: pass rank= to summa.init, set "
+                             "$RANK, or join first", f"allreduce '{name}'")
+        total = values.size
+        chunk = ALLREDUCE_CHUNK_BYTES // 4
+        n = max(1, -(-total // chunk))
+        names = [name] if n == 1 else [f"{name}/{k}of{n}" for k in range(n)]
+        calls = []
+        for k, chunk_name in enumerate(names):
+            begin, end = k * chunk, min(total, (k + 1) * chunk)
+            tensor = pb.Tensor(name=chunk_name, dtype=pb.DTYPE_FLOAT32, shape=[end - begin]).SerializeToString()
+            data = _wire.as_bytes_view(values[begin:end])
+            outer = pb.AllReduceRequest(name=chunk_name, group_size=group_size, rank=rank,
+                                        members=members, round=round,
+                                        session=self.session if members else 0).SerializeToString()
+            tensor_prefix = tensor + _wire.field_header(4, data.nbytes)
+            request = b"".join((outer, _wire.field_header(4, len(tensor_prefix) + data.nbytes),
+                                tensor_prefix, data))
+            calls.append((chunk_name, begin, end,
+                          self._allreduce.future(request, timeout=self.call_timeout, metadata=self._metadata)))
+        replies, error = [], None
+        for chunk_name, begin, end, call in calls:
+            try:
+                replies.append((chunk_name, begin, end, call.result()))
+            except grpc.RpcError as e:
+                error = error or from_rpc(e, f"allreduce '{chunk_name}'")
+        if error is not None:
+            raise error
+        # `out` may be `values`: written only once every call has completed.
+        for chunk_name, begin, end, raw in replies:
+            data = _wire.find_data(raw, (1, 4))
+            if data is None:
+                raise SummaError(grpc.StatusCode.DATA_LOSS, "came back without values",
+                                 f"allreduce '{chunk_name}'")
+            out_flat[begin:end] = _wire.floats(data, end - begin, f"allreduce '{chunk_name}'")
+
+    def _require_join(self, what):
+        if self.joined is None:
+            raise SummaError(grpc.StatusCode.FAILED_PRECONDITION, f"{what} before join")

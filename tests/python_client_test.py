@@ -1,0 +1,441 @@
+"""The Python client (python/summa, imported from the build tree) against a real summa-server on
+127.0.0.1 (OS-chosen ports): N processes through ParameterServerOptimizer and through
+DistributedOptimizer follow one process on the whole batch, AllReduce sums torch tensors and
+numpy arrays (one over 4 MiB in chunks), the server's refusals surface as SummaError with its
+code and message, a SIGKILLed Python worker rejoins under --on_worker_loss=wait and the job ends
+on the undisturbed run's weights, and the data path copies once per direction."""
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import tracemalloc
+import unittest
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "tools"))
+from procs import ProcessGroup  # noqa: E402
+
+ARGS = None
+# LeNet, 1024 examples in global batches of 64: 16 steps an epoch.
+LENET = ["--batch_size=64", "--train_limit=1024", "--test_limit=200", "--seed=3"]
+
+
+def child_env(rank=None, **extra):
+    env = {"PYTHONPATH": ARGS.python_path, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    if rank is not None:
+        env["RANK"] = str(rank)
+    env.update(extra)
+    return env
+
+
+def wait_until(what, predicate, seconds=60):
+    """Polls `predicate` until it returns a true value, for at most `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {seconds} s waiting for {what}")
+
+
+class PythonClientTest(unittest.TestCase):
+    def lenet(self, g, port, rank, world, *extra, name=None):
+        return g.start(name or f"lenet{rank}-{time.monotonic_ns()}", [
+            sys.executable, ARGS.lenet, f"--server=127.0.0.1:{port}", f"--world_size={world}",
+            *LENET, *extra], env=child_env(rank))
+
+    def reference(self, g, *extra):
+        out = os.path.join(g.dir, "reference.npy")
+        proc = g.start("reference", [sys.executable, ARGS.lenet, "--reference", *LENET,
+                                     f"--dump_weights={out}", *extra], env=child_env())
+        self.assertEqual(g.wait(proc, 120), 0, g.log(proc))
+        return np.load(out)
+
+    def initial_weights(self):
+        sys.path.insert(0, os.path.dirname(ARGS.lenet))
+        from pytorch_lenet import LeNet
+        return torch.cat([p.detach().reshape(-1) for p in LeNet(3).parameters()]).numpy()
+
+    def assert_matches_reference(self, got, reference):
+        self.assertEqual(got.shape, reference.shape)
+        self.assertLess(float(np.abs(got - reference).max()), 1e-5)
+        # The steps moved the weights well past the tolerance, so a wrong step cannot pass.
+        self.assertGreater(float(np.abs(reference - self.initial_weights()).max()), 1e-2)
+
+    def test_two_processes_with_the_server_optimizer_match_one_process_on_the_whole_batch(self):
+        steps = ["--steps=12", "--epochs=1", "--lr=0.5"]
+        with ProcessGroup() as g:
+            # LeNet's 129068 floats in 6 partitions: the flat buffer cut where the server says.
+            server, port = g.start_server(ARGS.server, "--workers=2", "--lr=0.5",
+                                          "--partition_bytes=100000")
+            dumps = [os.path.join(g.dir, f"w{r}.npy") for r in range(2)]
+            procs = [self.lenet(g, port, r, 2, *steps, f"--dump_weights={dumps[r]}") for r in range(2)]
+            for p in procs:
+                self.assertEqual(g.wait(p, 120), 0, g.log(p))
+            client = summa.Client(f"127.0.0.1:{port}")
+            status = client.status()
+            client.close()
+            self.assertEqual(status.version, 12)
+            self.assertEqual(status.partition_count, 6)
+            # 32 examples a step from each rank, counted with each of its 6 partitions' pushes.
+            self.assertEqual([m.examples for m in status.members], [12 * 32 * 6, 12 * 32 * 6])
+            w0, w1 = np.load(dumps[0]), np.load(dumps[1])
+            self.assertTrue(np.array_equal(w0, w1), "both ranks hold the server's weights")
+            self.assert_matches_reference(w0, self.reference(g, *steps))
+
+    def test_two_processes_with_distributed_optimizer_match_one_process_on_the_whole_batch(self):
+        steps = ["--steps=12", "--epochs=1", "--lr=0.5"]
+        with ProcessGroup() as g:
+            server, port = g.start_server(ARGS.server, "--workers=2")
+            dumps = [os.path.join(g.dir, f"w{r}.npy") for r in range(2)]
+            procs = [self.lenet(g, port, r, 2, *steps, "--optimizer=distributed",
+                                f"--dump_weights={dumps[r]}") for r in range(2)]
+            for p in procs:
+                self.assertEqual(g.wait(p, 120), 0, g.log(p))
+            w0, w1 = np.load(dumps[0]), np.load(dumps[1])
+            self.assertTrue(np.array_equal(w0, w1))
+            self.assert_matches_reference(w0, self.reference(g, *steps))
+
+    def test_async_and_ssp_modes_apply_every_push(self):
+        for mode in (["--mode=async"], ["--mode=ssp", "--staleness=1"]):
+            with ProcessGroup() as g:
+                server, port = g.start_server(ARGS.server, "--workers=2", "--lr=0.1",
+                                              "--partition_bytes=100000", *mode)
+                procs = [self.lenet(g, port, r, 2, "--steps=10", "--epochs=1") for r in range(2)]
+                for p in procs:
+                    self.assertEqual(g.wait(p, 120), 0, g.log(p))
+                client = summa.Client(f"127.0.0.1:{port}")
+                status = client.status()
+                client.close()
+                # Each of the 20 pushes (10 a rank) applied on its own to each of the 6 partitions.
+                self.assertEqual(status.version, 20, mode)
+                self.assertEqual([m.pushes for m in status.members], [60, 60], mode)
+                self.assertEqual(status.duplicate_pushes, 0)
+
+    def test_allreduce_sums_tensors_and_arrays_across_processes(self):
+        with ProcessGroup() as g:
+            # A 6 MiB tensor sent whole would be refused at 5 MiB: it must travel in chunks.
+            server, port = g.start_server(ARGS.server, "--workers=2", "--max_message_bytes=5MiB")
+            # Rank 0 from $RANK, rank 1 from $JOB_COMPLETION_INDEX (a Kubernetes indexed Job).
+            envs = [child_env(0), child_env(None, JOB_COMPLETION_INDEX="1")]
+            procs = [g.start(f"allreduce{r}", [sys.executable, __file__, "--child=allreduce",
+                                               f"--server=127.0.0.1:{port}"], env=envs[r])
+                     for r in range(2)]
+            for p in procs:
+                self.assertEqual(g.wait(p, 120), 0, g.log(p))
+                self.assertIn("allreduce ok", g.log(p))
+            client = summa.Client(f"127.0.0.1:{port}")
+            status = client.status()
+            client.close()
+            # torch, torch in place, numpy, average: one round each; the 6 MiB tensor: 2 chunks
+            # of one round each, once as torch and once as numpy; broadcast: one.
+            self.assertEqual(status.allreduce_rounds, 4 + 2 * 2 + 1)
+
+    def test_bad_input_surfaces_as_an_exception_with_the_servers_code_and_message(self):
+        with ProcessGroup() as g:
+            server, port = g.start_server(ARGS.server, "--workers=2")
+            address = f"127.0.0.1:{port}"
+            rank0 = summa.Client(address, rank=0, world_size=2, join_timeout=5)
+            model = torch.nn.Linear(5, 3)
+            opt = summa.ParameterServerOptimizer(model.named_parameters(), client=rank0)
+            # A model that differs from the one the server holds.
+            other = summa.Client(address, rank=1, world_size=2, join_timeout=5)
+            with self.assertRaises(summa.SummaError) as caught:
+                summa.ParameterServerOptimizer(torch.nn.Linear(5, 4).named_parameters(), client=other)
+            self.assertEqual(caught.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
+            self.assertEqual(caught.exception.message,
+                             "model mismatch at tensor 0: server has 'weight' [3, 5], "
+                             "this worker sent 'weight' [4, 5]")
+            # A world size other than the server's.
+            with self.assertRaises(summa.SummaError) as caught:
+                summa.Client(address, rank=1, world_size=3, join_timeout=5).join([("weight", (3, 5))])
+            self.assertEqual(caught.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+            self.assertIn("expects 3 workers but the server was started for 2", caught.exception.message)
+            # A gradient holding NaN (--nonfinite=reject): refused, naming rank, step and element.
+            model.weight.grad = torch.full_like(model.weight, float("nan"))
+            with self.assertRaises(summa.SummaError) as caught:
+                opt.step(1)
+            self.assertEqual(caught.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+            self.assertIn("rank 0 pushed a non-finite gradient for step 0, partition 0: element 0 is nan",
+                          caught.exception.message)
+            self.assertEqual(opt.next_step, 0, "a refused step is not counted")
+            # A bad group size; and a dtype Summa does not sum, refused before any call.
+            with self.assertRaises(summa.SummaError) as caught:
+                summa.allreduce(np.ones(3, np.float32), name="x", client=rank0, group_size=0)
+            self.assertEqual(caught.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+            self.assertIn("group size must be in [1,", caught.exception.message)
+            with self.assertRaises(TypeError):
+                summa.allreduce(np.ones(3), name="y", client=rank0)
+            self.assertIsNone(server.poll(), "the server keeps running")
+            rank0.close()
+            other.close()
+
+    JOB = ["--epochs=2", "--lr=0.3"]  # 32 steps
+    JOB_SERVER = ["--workers=2", "--lr=0.3", "--lease=1s"]
+
+    def run_job(self, g, server_flags=(), disturb=None):
+        """A 2-process LeNet job; `disturb(g, port, client, procs)` acts mid-job. Returns rank 0's
+        final weights, the processes' logs and the server's last status."""
+        server, port = g.start_server(ARGS.server, *self.JOB_SERVER, *server_flags)
+        dump = os.path.join(g.dir, f"w-{time.monotonic_ns()}.npy")
+        procs = [self.lenet(g, port, 0, 2, *self.JOB, f"--dump_weights={dump}"),
+                 self.lenet(g, port, 1, 2, *self.JOB)]
+        if disturb:
+            disturb(g, port, procs)
+        for p in procs:
+            self.assertEqual(g.wait(p, 180), 0, g.log(p))
+        client = summa.Client(f"127.0.0.1:{port}")
+        status = client.status()
+        client.close()
+        self.assertEqual(status.version, 32)
+        return np.load(dump), [g.log(p) for p in procs], status
+
+    def undisturbed(self):
+        with ProcessGroup() as g:
+            return self.run_job(g)[0]
+
+    def test_killed_python_worker_rejoins_under_wait_and_the_job_matches_an_undisturbed_run(self):
+        def kill_rank1(g, port, procs):
+            client = summa.Client(f"127.0.0.1:{port}")
+            wait_until("version 10", lambda: client.status().version >= 10)
+            procs[1].send_signal(signal.SIGKILL)
+            procs[1].wait()
+            members = wait_until("rank 1 lapsed", lambda: (lambda m: m[1].state == "lapsed" and m)(
+                {m.rank: m for m in client.status().members}))
+            # Under wait no step completes without it.
+            self.assertLessEqual(client.status().version, members[1].pushes)
+            client.close()
+            procs[1] = self.lenet(g, port, 1, 2, *self.JOB, name="lenet1-restarted")
+
+        baseline = self.undisturbed()
+        with ProcessGroup() as g:
+            weights, logs, status = self.run_job(
+                g, ["--on_worker_loss=wait", "--rejoin_deadline=60s"], kill_rank1)
+        self.assertRegex(logs[1], r"rank 1 of 2 joined at step [1-9]", "the new process resumed mid-job")
+        self.assertEqual({m.rank: m.joins for m in status.members}[1], 2)
+        # Every update counted once: the undisturbed run's weights, bit for bit.
+        self.assertTrue(np.array_equal(weights, baseline),
+                        f"max difference {np.abs(weights - baseline).max()}")
+
+    def test_server_killed_and_restarted_python_workers_rejoin_and_follow_its_checkpoint(self):
+        def restart_server(g, port, procs):
+            client = summa.Client(f"127.0.0.1:{port}")
+            wait_until("version 10", lambda: client.status().version >= 10)
+            client.close()
+            server = next(p for p in g.procs if p.name == "server")
+            server.send_signal(signal.SIGKILL)
+            server.wait()
+            port_file = os.path.join(g.dir, "server2.port")
+            again = g.start("server2", [ARGS.server, f"--address=127.0.0.1:{port}",
+                                        f"--port_file={port_file}", *self.JOB_SERVER, *ckpt_flags])
+            g.wait_for_file(port_file, again)
+
+        baseline = self.undisturbed()
+        with ProcessGroup() as g:
+            ckpt_flags = [f"--checkpoint_dir={os.path.join(g.dir, 'ckpt')}", "--checkpoint_every=4"]
+            weights, logs, status = self.run_job(g, ckpt_flags, restart_server)
+            self.assertIn("restored", g.log(next(p for p in g.procs if p.name == "server2")).lower())
+        for log in logs:
+            self.assertIn("lost the server", log)
+        # The workers went back to the checkpoint's step and its place in the data: the steps
+        # redone give the undisturbed run's weights, bit for bit.
+        self.assertTrue(np.array_equal(weights, baseline),
+                        f"max difference {np.abs(weights - baseline).max()}")
+
+    def launch(self, g, run_dir, *argv):
+        proc = g.start(f"launch-{time.monotonic_ns()}", [
+            "bash", ARGS.launch, "--bin", ARGS.bin, "--run_dir", run_dir, *argv],
+            env={"PYTHONPATH": ""})
+        return g.wait(proc, 240), g.log(proc)
+
+    def test_launcher_runs_python_processes_and_the_10m_parameter_example(self):
+        with ProcessGroup() as g:
+            run_dir = os.path.join(g.dir, "lenet")
+            code, out = self.launch(g, run_dir, "--python", ARGS.lenet, "--workers", "2",
+                                    "--epochs", "1", "--batch_size", "64", "--",
+                                    "--train_limit=512", "--test_limit=100")
+            self.assertEqual(code, 0, out)
+            self.assertIn("launch: all 2 workers finished", out)
+            self.assertIn('"steps": 8}', out)  # 512 examples in batches of 64, rank 0's RESULT
+            with open(os.path.join(run_dir, "worker1.log")) as f:
+                self.assertIn("rank 1 of 2 joined at step 0", f.read())
+
+            run_dir = os.path.join(g.dir, "resnet")
+            code, out = self.launch(g, run_dir, "--python", ARGS.resnet, "--workers", "2",
+                                    "--", "--steps=2", "--warmup=1", "--batch_size=2")
+            self.assertEqual(code, 0, out)
+            self.assertIn('"params": 11173962, "processes": 2, "how": "summa-ps"', out)
+            with open(os.path.join(run_dir, "server.log")) as f:
+                self.assertIn("11173962 parameters in 11 partitions", f.read())
+
+            # A process that fails stops the job, and the launcher says which.
+            code, out = self.launch(g, os.path.join(g.dir, "bad"), "--python", ARGS.lenet,
+                                    "--workers", "2", "--", "--no_such_flag")
+            self.assertEqual(code, 1, out)
+            self.assertRegex(out, r"launch: worker [01] \(pid \d+\) failed with status 2")
+
+    def test_a_newer_join_for_the_rank_fences_the_older_client(self):
+        with ProcessGroup() as g:
+            server, port = g.start_server(ARGS.server, "--workers=1")
+            address = f"127.0.0.1:{port}"
+            first = summa.Client(address, rank=0, world_size=1)
+            old = summa.ParameterServerOptimizer([torch.nn.Parameter(torch.ones(3))], client=first)
+            second = summa.Client(address, rank=0, world_size=1)
+            new = summa.ParameterServerOptimizer([torch.nn.Parameter(torch.ones(3))], client=second)
+            old.flat.params[0].grad = torch.ones(3)
+            with self.assertRaises(summa.SummaError) as caught:
+                old.step(1)  # refused, not retried: the newer process owns rank 0
+            self.assertEqual(caught.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
+            self.assertIn("rank 0 is held by a newer process: a later Join from", caught.exception.message)
+            new.flat.params[0].grad = torch.ones(3)
+            new.step(1)
+            self.assertEqual(new.next_step, 1)
+            first.close()
+            second.close()
+
+    def test_mutual_tls_and_tokens(self):
+        with ProcessGroup() as g:
+            certs = os.path.join(g.dir, "certs")
+            subprocess.run(["bash", os.path.join(ARGS.source, "scripts/make-certs.sh"), certs],
+                           check=True, stdout=subprocess.DEVNULL)
+            c = lambda name: os.path.join(certs, name)
+            server, port = g.start_server(ARGS.server, "--workers=1", f"--tls_cert={c('server.pem')}",
+                                          f"--tls_key={c('server.key')}", f"--tls_ca={c('ca.pem')}",
+                                          f"--token_file={c('worker.token')}")
+            with open(c("worker.token")) as f:
+                token = f.read().strip()
+            mtls = summa.TLS(ca=c("ca.pem"), cert=c("client.pem"), key=c("client.key"))
+            address = f"localhost:{port}"
+            good = summa.Client(address, rank=0, world_size=1, token=token, tls=mtls)
+            opt = summa.ParameterServerOptimizer([torch.nn.Parameter(torch.ones(3))], client=good)
+            opt.flat.params[0].grad = torch.full((3,), 2.0)
+            opt.step(2)  # sgd at the default lr 0.1: 1 - 0.1 * 2 / 2
+            self.assertTrue(torch.equal(opt.flat.params[0].detach(), torch.full((3,), 0.9)))
+            good.close()
+            # No token: UNAUTHENTICATED, with the server's message.
+            anonymous = summa.Client(address, rank=0, world_size=1, tls=mtls, join_timeout=5)
+            with self.assertRaises(summa.SummaError) as caught:
+                anonymous.join([("p0", (3,))])
+            self.assertEqual(caught.exception.code, grpc.StatusCode.UNAUTHENTICATED)
+            self.assertIn("bearer token", caught.exception.message)
+            anonymous.close()
+
+    def test_pip_installs_the_package_with_stubs_generated_from_the_proto(self):
+        with ProcessGroup() as g:
+            # A copy of python/ and proto/, so that pip's in-place build leaves the checkout alone.
+            src = os.path.join(g.dir, "src")
+            shutil.copytree(os.path.join(ARGS.source, "python"), os.path.join(src, "python"),
+                            ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+            shutil.copytree(os.path.join(ARGS.source, "proto"), os.path.join(src, "proto"))
+            venv = os.path.join(g.dir, "venv")
+            subprocess.run(["/usr/bin/python3", "-m", "venv", "--system-site-packages", venv], check=True)
+            pip = g.start("pip", [os.path.join(venv, "bin/pip"), "install", "--no-index",
+                                  os.path.join(src, "python")], env={"PYTHONPATH": ""})
+            self.assertEqual(g.wait(pip, 240), 0, g.log(pip))
+            probe = g.start("probe", [os.path.join(venv, "bin/python"), "-c",
+                                      "import summa, summa.v1.summa_pb2 as pb; print(summa.__file__); "
+                                      "print(' '.join(m.name for m in pb.DESCRIPTOR.services_by_name"
+                                      "['ParameterServer'].methods))"],
+                            env={"PYTHONPATH": ""})
+            self.assertEqual(g.wait(probe, 60), 0, g.log(probe))
+            lines = g.log(probe).split("\n")
+            self.assertTrue(lines[0].startswith(os.path.join(venv, "lib")), lines)
+            self.assertEqual(lines[1], "Join Heartbeat Leave Push Pull PushPull AllReduce GetStatus "
+                                       "Checkpoint Initialize")
+
+    def test_the_data_path_copies_once_each_way(self):
+        """tracemalloc sees every bytes object and numpy buffer Python allocates: encoding a
+        16 MiB push allocates the request (one copy of the gradient) and no more; decoding a
+        16 MiB reply into the weights allocates nothing of its size (np.frombuffer on the reply,
+        then one copy into the weights)."""
+        from summa import _wire
+        from summa.v1 import summa_pb2 as pb
+        n = 4 << 20
+        grads = np.arange(n, dtype=np.float32)
+        weights = np.zeros(n, dtype=np.float32)
+        header = pb.PushRequest(rank=1, step=2, partition=0, num_examples=3).SerializeToString()
+        reply = pb.PullResponse(partition=0, version=3, data=grads.tobytes(), live_ranks=[0, 1]).SerializeToString()
+
+        tracemalloc.start()
+        request = _wire.with_data(header, 6, _wire.as_bytes_view(grads))
+        encode_peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        head, data = _wire.split_data(reply, 4)
+        weights[:] = _wire.floats(data, n, "partition 0")
+        decode_peak = tracemalloc.get_traced_memory()[1] - before
+        tracemalloc.stop()
+
+        self.assertLess(encode_peak, 4 * n + (1 << 20))   # the request itself, 16 MiB
+        self.assertLess(decode_peak, 1 << 20)               # no second copy of the reply's values
+        parsed = pb.PushRequest.FromString(request)
+        self.assertEqual((parsed.rank, parsed.step, parsed.num_examples), (1, 2, 3))
+        self.assertEqual(parsed.data, grads.tobytes())
+        self.assertTrue(np.array_equal(weights, grads))
+        h = pb.PullResponse.FromString(head)
+        self.assertEqual((h.version, list(h.live_ranks), h.data), (3, [0, 1], b""))
+
+
+def allreduce_child(server):
+    """One rank of test_allreduce_sums_tensors_and_arrays_across_processes: checks every sum
+    exactly and prints "allreduce ok"."""
+    summa.init(server, world_size=2)
+    r = summa.rank()
+    small = torch.arange(1000, dtype=torch.float32) * (r + 1)
+    expected = torch.arange(1000, dtype=torch.float32) * 3
+    assert torch.equal(summa.allreduce(small, name="small"), expected)
+    assert torch.equal(small, torch.arange(1000, dtype=torch.float32) * (r + 1)), "not in place"
+    summa.allreduce(small, name="small", inplace=True)
+    assert torch.equal(small, expected)
+    arr = np.full((7, 3), r + 1.0, np.float32)
+    out = summa.allreduce(arr, name="array")
+    assert isinstance(out, np.ndarray) and out.shape == (7, 3) and (out == 3).all(), out
+    avg = summa.allreduce(np.full(5, 2.0 * (r + 1), np.float32), name="avg", op="average")
+    assert (avg == 3).all(), avg
+    # 1.5 M floats (6 MiB): two chunks, "big/0of2" and "big/1of2".
+    n = 3 << 19
+    big = (torch.arange(n, dtype=torch.float32) % 1000) * (r + 1)
+    got = summa.allreduce(big, name="big")
+    assert torch.equal(got, (torch.arange(n, dtype=torch.float32) % 1000) * 3)
+    got = summa.allreduce(big.numpy(), name="big")
+    assert np.array_equal(got, ((np.arange(n) % 1000) * 3).astype(np.float32))
+    model = torch.nn.Linear(4, 2)
+    with torch.no_grad():
+        model.weight.fill_(r + 7.0)
+        model.bias.fill_(-r - 1.0)
+    summa.broadcast_parameters(model, root_rank=0)
+    assert (model.weight == 7).all() and (model.bias == -1).all(), model.state_dict()
+    summa.shutdown()
+    print(f"rank {r}: allreduce ok", flush=True)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", help="the build tree (server/summa-server, python/)")
+    ap.add_argument("--source", help="the source tree (python/examples)")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--server", help=argparse.SUPPRESS)
+    ARGS, rest = ap.parse_known_args()
+    if ARGS.child:
+        import numpy as np  # noqa: E402
+        import torch  # noqa: E402
+        import summa  # noqa: E402  (from PYTHONPATH, set by the parent)
+        allreduce_child(ARGS.server)
+        sys.exit(0)
+    ARGS.server = os.path.join(ARGS.bin, "server/summa-server")
+    ARGS.python_path = os.path.join(ARGS.bin, "python")
+    ARGS.lenet = os.path.join(ARGS.source, "python/examples/pytorch_lenet.py")
+    ARGS.resnet = os.path.join(ARGS.source, "python/examples/synthetic_resnet.py")
+    ARGS.launch = os.path.join(ARGS.source, "scripts/launch.sh")
+    sys.path.insert(0, ARGS.python_path)
+    import grpc  # noqa: E402
+    import numpy as np  # noqa: E402
+    import torch  # noqa: E402
+    import summa  # noqa: E402
+    unittest.main(argv=[sys.argv[0], *rest], verbosity=2)

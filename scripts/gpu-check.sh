@@ -7,15 +7,25 @@
 # - training the seed's job with --device=cuda:0 (never auto, which may fall back to the CPU) for
 #   2 epochs, with 1 worker and with 2 workers sharing the GPU, succeeds and every epoch line says
 #   it ran on cuda:0.
-# Also runs compute-sanitizer (memcheck) on the CUDA tests where it works, and prints seconds per
-# epoch and test accuracy. Uses .bundle/ from scripts/gpu-bundle.sh when present (a machine with
-# no Debian packages), else build/. Everything it prints is also kept in $OUT (or gpu-check-out/)
-# when that is set.
-#   scripts/gpu-check.sh [--epochs N]
+# - compute-sanitizer's memcheck and racecheck report nothing on the CUDA tests, where the
+#   sanitizer can run on this machine (it says "Device not supported" where it cannot);
+# - with --bench E: bench/gpu_bench.py (Summa 1 and 2 workers and PyTorch on the GPU, E epochs,
+#   and ncu's per-kernel times) finishes and meets its checks; its table lands in
+#   $OUT/results-gpu.md.
+# Prints seconds per epoch and test accuracy. Uses .bundle/ from scripts/gpu-bundle.sh when present
+# (a machine with no Debian packages), else build/. Everything it prints is also kept in $OUT (or
+# gpu-check-out/) when that is set.
+#   scripts/gpu-check.sh [--epochs N] [--bench E]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-epochs=2
-[[ "${1:-}" == "--epochs" ]] && epochs=$2
+epochs=2 bench=0
+while (($#)); do
+  case "$1" in
+    --epochs) epochs=$2; shift 2 ;;
+    --bench) bench=$2; shift 2 ;;
+    *) echo "gpu-check: unknown argument '$1' (--epochs N, --bench E)" >&2; exit 2 ;;
+  esac
+done
 out=${OUT:-gpu-check-out}
 mkdir -p "$out"
 exec > >(tee "$out/gpu-check.log") 2>&1
@@ -106,10 +116,18 @@ grep -qE '^\[  PASSED  \] [1-9]' "$test_log" || fail "no CUDA test passed"
 
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
 if [[ -n "$sanitizer" ]]; then
-  echo "== compute-sanitizer (memcheck) on the CUDA tests"
-  "$sanitizer" --tool memcheck --error-exitcode 3 "$bin/tests/cuda_backend_test" \
-    --gtest_filter='-*LeNetSteps*:*EveryOperationSelectsItsDevice*' ||
-    echo "compute-sanitizer: exit $? (see above; 'Device not supported' means it cannot run here)"
+  for tool in memcheck racecheck; do
+    echo "== compute-sanitizer ($tool) on the CUDA tests"
+    san_log=$out/sanitizer-$tool.log
+    "$sanitizer" --tool "$tool" --error-exitcode 3 "$bin/tests/cuda_backend_test" \
+      --gtest_filter='-*LeNetSteps*:*EveryOperationSelectsItsDevice*' 2>&1 | tee "$san_log"
+    rc=${PIPESTATUS[0]}
+    if grep -q 'Device not supported' "$san_log"; then
+      echo "compute-sanitizer ($tool) cannot run on this machine (Device not supported)"
+    elif ((rc != 0)); then
+      fail "compute-sanitizer $tool: exit $rc (see $san_log)"
+    fi
+  done
 else
   echo "== compute-sanitizer: not installed here"
 fi
@@ -128,6 +146,16 @@ for workers in 1 2; do
     [[ "$on" == *cuda:0* && "$on" != *cpu* ]] || fail "training with $workers worker(s) did not run on cuda:0: $line"
   done < <(grep -E '^epoch [0-9]+/[0-9]+: .* on \[' "$train_log")
 done
+
+if ((bench > 0)); then
+  echo "== bench/gpu_bench.py --epochs $bench --profile"
+  python=$(command -v python3)
+  [[ -x /usr/bin/python3 ]] && /usr/bin/python3 -c 'import torch' 2>/dev/null && python=/usr/bin/python3
+  PYTHONUNBUFFERED=1 "$python" bench/gpu_bench.py --epochs "$bench" --bin "$bin" --launch "$launch" \
+    --data_dir "$data" --python "$python" --profile | tee "$out/results-gpu.md"
+  rc=${PIPESTATUS[0]}
+  ((rc == 0)) || fail "bench/gpu_bench.py exited with status $rc"
+fi
 
 if ((status == 0)); then
   echo "== gpu-check: PASS"

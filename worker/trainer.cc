@@ -360,7 +360,7 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
       s.last_loss = result.loss;
       s.last_test_accuracy = result.test_accuracy;
     });
-    std::fprintf(out_, "epoch %d/%d: loss %.3f%s, %.1f sec/epoch, %.0f examples/s, %d worker%s on %s\n",
+    std::fprintf(out_, "epoch %d/%d: loss %.3f%s, %.2f sec/epoch, %.0f examples/s, %d worker%s on %s\n",
                  result.epoch, options_.epochs, result.loss, accuracy.c_str(), seconds,
                  result.examples_per_second, static_cast<int>(live_.size()),
                  live_.size() == 1 ? "" : "s", DevicesOf(live_).c_str());

@@ -167,7 +167,10 @@ class CudaBackend final : public Backend {
     float* dyt = workspace + 2 * s.col_floats();
     SUMMA_RETURN_IF_ERROR(OnDevice());
     SUMMA_KERNEL_RETURN_IF_ERROR(cuda::NchwToChannelMajor(d, dy, dyt, stream_), "Conv2dBackward transpose");
-    SUMMA_KERNEL_RETURN_IF_ERROR(cuda::RowSums(dyt, s.out_channels, np, dbias, stream_), "Conv2dBackward dbias");
+    // dcol's space is free until the dx product below: scratch for the row sums' slices.
+    float* partial = s.out_channels * cuda::RowSumSlices(np) <= s.col_floats() ? dcol : nullptr;
+    SUMMA_KERNEL_RETURN_IF_ERROR(cuda::RowSums(dyt, s.out_channels, np, dbias, partial, stream_),
+                                 "Conv2dBackward dbias");
     SUMMA_KERNEL_RETURN_IF_ERROR(cuda::Im2Col(d, x, col, stream_), "Conv2dBackward im2col");
     SUMMA_RETURN_IF_ERROR(Gemm(false, true, s.out_channels, ckk, np, 1.0f, dyt, col, 0.0f, dw));
     if (dx != nullptr) {
@@ -224,7 +227,7 @@ class CudaBackend final : public Backend {
     SUMMA_KERNEL_RETURN_IF_ERROR(
         cuda::SoftmaxCrossEntropy(logits, labels, dlogits, row_loss, bad, batch, classes, stream_),
         "SoftmaxCrossEntropy");
-    SUMMA_KERNEL_RETURN_IF_ERROR(cuda::RowSums(row_loss, 1, batch, total, stream_), "SoftmaxCrossEntropy sum");
+    SUMMA_KERNEL_RETURN_IF_ERROR(cuda::RowSums(row_loss, 1, batch, total, nullptr, stream_), "SoftmaxCrossEntropy sum");
     SUMMA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_scalars_, total, 2 * sizeof(float),
                                                cudaMemcpyDeviceToHost, stream_),
                                "SoftmaxCrossEntropy copy");

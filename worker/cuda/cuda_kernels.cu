@@ -1,6 +1,8 @@
 // Summa's CUDA kernels: everything LeNet needs besides the matrix products (cuBLAS).
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "worker/cuda/cuda_kernels.h"
 
 namespace summa::worker::cuda {
@@ -80,18 +82,30 @@ __global__ void NchwToChannelMajorKernel(ConvDims d, const float* __restrict__ d
   }
 }
 
-__global__ void RowSumsKernel(const float* __restrict__ m, int64_t cols, float* __restrict__ sums) {
+// The sum of x[begin, end) over the block, valid in thread 0 (blockDim.x == kThreads). Every
+// thread adds a fixed stride of elements and the tree below is fixed, so the result does not
+// depend on timing.
+__device__ float BlockSum(const float* __restrict__ x, int64_t begin, int64_t end) {
   __shared__ float partial[kThreads];
-  const float* row = m + blockIdx.x * cols;
   float s = 0;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += row[c];
+  for (int64_t c = begin + threadIdx.x; c < end; c += blockDim.x) s += x[c];
   partial[threadIdx.x] = s;
   __syncthreads();
   for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
     if (threadIdx.x < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
     __syncthreads();
   }
-  if (threadIdx.x == 0) sums[blockIdx.x] = partial[0];
+  return partial[0];
+}
+
+// Block (slice, r): sums[r * gridDim.x + slice] = the sum of the slice of row r of m[rows, cols];
+// with one slice, the row's sum.
+__global__ void RowSlicesKernel(const float* __restrict__ m, int64_t cols, float* __restrict__ sums) {
+  const int64_t per = (cols + gridDim.x - 1) / gridDim.x;
+  const int64_t begin = blockIdx.x * per;
+  const int64_t end = begin + per < cols ? begin + per : cols;
+  const float s = BlockSum(m + blockIdx.y * cols, begin, end);
+  if (threadIdx.x == 0) sums[int64_t{blockIdx.y} * gridDim.x + blockIdx.x] = s;
 }
 
 __global__ void ColumnSumsKernel(const float* __restrict__ m, int64_t rows, int64_t cols,
@@ -214,9 +228,21 @@ int NchwToChannelMajor(const ConvDims& d, const float* dy, float* dyt, void* str
   NchwToChannelMajorKernel<<<Grid(total), kThreads, 0, S(stream)>>>(d, dy, dyt);
   return Last();
 }
-int RowSums(const float* m, int64_t rows, int64_t cols, float* sums, void* stream) {
+int64_t RowSumSlices(int64_t cols) {
+  return std::max<int64_t>(1, std::min<int64_t>(kMaxRowSlices, cols / kRowSliceColumns));
+}
+int RowSums(const float* m, int64_t rows, int64_t cols, float* sums, float* partial, void* stream) {
   if (rows == 0) return 0;
-  RowSumsKernel<<<static_cast<unsigned>(rows), kThreads, 0, S(stream)>>>(m, cols, sums);
+  const int64_t slices = partial == nullptr ? 1 : RowSumSlices(cols);
+  if (slices == 1) {
+    RowSlicesKernel<<<dim3(1, static_cast<unsigned>(rows)), kThreads, 0, S(stream)>>>(m, cols, sums);
+    return Last();
+  }
+  RowSlicesKernel<<<dim3(static_cast<unsigned>(slices), static_cast<unsigned>(rows)), kThreads, 0,
+                    S(stream)>>>(m, cols, partial);
+  const int e = Last();
+  if (e != 0) return e;
+  RowSlicesKernel<<<dim3(1, static_cast<unsigned>(rows)), kThreads, 0, S(stream)>>>(partial, slices, sums);
   return Last();
 }
 int ColumnSums(const float* m, int64_t rows, int64_t cols, float* sums, void* stream) {

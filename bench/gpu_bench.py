@@ -62,7 +62,7 @@ def launch_one(args, epochs, extra=()):
 
 def trace(args):
     """Two epochs of 1 worker with timelines (launch.sh --trace_dir): where a step's time goes
-    (stage, compute, exchange, load on the worker; the server's spans), by bench/trace_summary.py."""
+    (compute, exchange, load on the worker; the server's spans), by bench/trace_summary.py."""
     import tempfile
     with tempfile.TemporaryDirectory() as d:
         cmd = launch_one(args, 2, ["--trace_dir", d])

@@ -236,28 +236,48 @@ inline ::testing::AssertionResult CheckLinear(Backend& ref, Backend& cand) {
   return ::testing::AssertionSuccess();
 }
 
-// Softmax cross-entropy: the summed loss, dlogits, and INVALID_ARGUMENT for a label out of range.
+// Softmax cross-entropy: dlogits, and the totals it adds to: the summed loss, and the rows whose
+// label is out of range (with zero loss and gradient).
 inline ::testing::AssertionResult CheckSoftmaxCrossEntropy(Backend& ref, Backend& cand) {
   Staging dev(&cand);
   auto z = Random(5 * 10, 14, -3, 3);
   const std::vector<float> labels = {1, 0, 9, 4, 4};
-  std::vector<float> dz(z.size());
-  SUMMA_CHECK_ASSIGN(const double loss, ref.SoftmaxCrossEntropy(z.data(), labels.data(), dz.data(), 5, 10));
+  std::vector<float> dz(z.size()), totals = {0, 0};
+  SUMMA_CHECK_OK(ref.SoftmaxCrossEntropy(z.data(), labels.data(), dz.data(), 5, 10, totals.data()));
   SUMMA_CHECK_ASSIGN(auto gz, dev.On(z));
   SUMMA_CHECK_ASSIGN(auto glabels, dev.On(labels));
   SUMMA_CHECK_ASSIGN(auto gdz, dev.Zeros(dz.size()));
-  SUMMA_CHECK_ASSIGN(const double got_loss,
-                     cand.SoftmaxCrossEntropy(gz->data(), glabels->data(), gdz->data(), 5, 10));
-  if (!(std::abs(got_loss - loss) <= 1e-4 * loss)) {
-    return ::testing::AssertionFailure() << "softmax loss " << got_loss << ", want " << loss;
+  SUMMA_CHECK_ASSIGN(auto gtotals, dev.On({100, 0}));  // adds to what is there
+  SUMMA_CHECK_OK(cand.SoftmaxCrossEntropy(gz->data(), glabels->data(), gdz->data(), 5, 10, gtotals->data()));
+  SUMMA_CHECK_ASSIGN(auto got_totals, dev.Back(*gtotals));
+  const double loss = totals[0];
+  if (!(std::abs(got_totals[0] - 100 - loss) <= 1e-4 * loss) || got_totals[1] != 0 || totals[1] != 0) {
+    return ::testing::AssertionFailure() << "softmax totals " << got_totals[0] << ", " << got_totals[1]
+                                         << " (from 100, 0), want " << 100 + loss << ", 0";
   }
   SUMMA_CHECK_ASSIGN(auto got_dz, dev.Back(*gdz));
   SUMMA_CHECK(CloseScaled(got_dz, dz, "softmax dz", 1e-5));
-  SUMMA_CHECK_ASSIGN(auto bad, dev.On({1, 0, 12, 4, 4}));
-  const auto rejected = cand.SoftmaxCrossEntropy(gz->data(), bad->data(), gdz->data(), 5, 10);
-  if (rejected.status().code() != absl::StatusCode::kInvalidArgument) {
-    return ::testing::AssertionFailure() << "label 12 of 10 classes: got " << rejected.status()
-                                         << ", want INVALID_ARGUMENT";
+  // Labels 12 and -1 of 10 classes: counted, and their rows add no loss and no gradient.
+  SUMMA_CHECK_ASSIGN(auto bad, dev.On({1, 0, 12, 4, -1}));
+  SUMMA_CHECK_ASSIGN(auto bad_totals, dev.Zeros(2));
+  SUMMA_CHECK_OK(cand.SoftmaxCrossEntropy(gz->data(), bad->data(), gdz->data(), 5, 10, bad_totals->data()));
+  SUMMA_CHECK_ASSIGN(auto counted, dev.Back(*bad_totals));
+  SUMMA_CHECK_ASSIGN(auto bad_dz, dev.Back(*gdz));
+  double good_loss = 0;
+  {
+    std::vector<float> good_dz(z.size()), good_totals = {0, 0};
+    const std::vector<float> three = {1, 0, 4};
+    std::vector<float> z3;
+    for (int row : {0, 1, 3}) z3.insert(z3.end(), z.begin() + row * 10, z.begin() + row * 10 + 10);
+    SUMMA_CHECK_OK(ref.SoftmaxCrossEntropy(z3.data(), three.data(), good_dz.data(), 3, 10, good_totals.data()));
+    good_loss = good_totals[0];
+  }
+  const bool zero_rows = std::all_of(bad_dz.begin() + 20, bad_dz.begin() + 30, [](float v) { return v == 0; }) &&
+                         std::all_of(bad_dz.begin() + 40, bad_dz.end(), [](float v) { return v == 0; });
+  if (counted[1] != 2 || !(std::abs(counted[0] - good_loss) <= 1e-4 * good_loss) || !zero_rows) {
+    return ::testing::AssertionFailure() << "labels 12 and -1 of 10 classes: totals " << counted[0] << ", "
+                                         << counted[1] << ", want " << good_loss << ", 2"
+                                         << (zero_rows ? "" : "; their rows' gradient is not zero");
   }
   return ::testing::AssertionSuccess();
 }
@@ -305,8 +325,35 @@ inline ::testing::AssertionResult CheckCountCorrect(Backend& ref, Backend& cand)
   return ::testing::AssertionSuccess();
 }
 
+// Gather: rows picked by float indices, in any order, repeated, from a table on the device.
+inline ::testing::AssertionResult CheckGather(Backend& ref, Backend& cand) {
+  (void)ref;
+  Staging dev(&cand);
+  const int64_t row_floats = 784;
+  const auto table = Random(7 * row_floats, 16);
+  const std::vector<float> rows = {6, 0, 3, 3, 5};
+  SUMMA_CHECK_ASSIGN(auto gtable, dev.On(table));
+  SUMMA_CHECK_ASSIGN(auto grows, dev.On(rows));
+  SUMMA_CHECK_ASSIGN(auto gout, dev.Zeros(rows.size() * row_floats));
+  SUMMA_CHECK_OK(cand.Gather(gtable->data(), row_floats, grows->data(), static_cast<int>(rows.size()),
+                             gout->data()));
+  SUMMA_CHECK_ASSIGN(auto got, dev.Back(*gout));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    for (int64_t c = 0; c < row_floats; ++c) {
+      const float want = table[static_cast<int64_t>(rows[i]) * row_floats + c];
+      if (got[i * row_floats + c] != want) {
+        return ::testing::AssertionFailure() << "gather: out[" << i << ", " << c << "] is "
+                                             << got[i * row_floats + c] << ", want " << want
+                                             << " (row " << rows[i] << ")";
+      }
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
 // Every operation check above.
 inline ::testing::AssertionResult CheckOperations(Backend& ref, Backend& cand) {
+  SUMMA_CHECK(CheckGather(ref, cand));
   SUMMA_CHECK(CheckGemm(ref, cand));
   SUMMA_CHECK(CheckConvolution(ref, cand));
   SUMMA_CHECK(CheckPoolingAndRelu(ref, cand));
@@ -339,6 +386,7 @@ class ForwardingBackend : public Backend {
   explicit ForwardingBackend(Backend* target) : target_(target) {}
   std::string name() const override { return target_->name(); }
   int preferred_chunk() const override { return target_->preferred_chunk(); }
+  bool host_memory() const override { return target_->host_memory(); }
   absl::StatusOr<std::unique_ptr<DeviceBuffer>> Alloc(int64_t floats) override {
     Before();
     return target_->Alloc(floats);
@@ -358,6 +406,11 @@ class ForwardingBackend : public Backend {
   absl::Status Zero(float* device, int64_t n) override {
     Before();
     return target_->Zero(device, n);
+  }
+  absl::Status Gather(const float* table, int64_t row_floats, const float* rows, int n,
+                      float* out) override {
+    Before();
+    return target_->Gather(table, row_floats, rows, n, out);
   }
   absl::Status CopyFromPeer(const Backend& from, const float* src, int64_t n, float* dst) override {
     Before();
@@ -405,10 +458,10 @@ class ForwardingBackend : public Backend {
     Before();
     return target_->LinearBackward(x, w, dy, dx, dw, dbias, batch, in, out);
   }
-  absl::StatusOr<double> SoftmaxCrossEntropy(const float* logits, const float* labels,
-                                             float* dlogits, int batch, int classes) override {
+  absl::Status SoftmaxCrossEntropy(const float* logits, const float* labels, float* dlogits,
+                                   int batch, int classes, float* totals) override {
     Before();
-    return target_->SoftmaxCrossEntropy(logits, labels, dlogits, batch, classes);
+    return target_->SoftmaxCrossEntropy(logits, labels, dlogits, batch, classes, totals);
   }
   absl::StatusOr<int64_t> CountCorrect(const float* logits, const float* labels, int batch,
                                        int classes) override {
@@ -491,12 +544,27 @@ inline ::testing::AssertionResult CheckLeNetSteps(Backend& ref_backend, Backend&
   const auto images = Random(size_t(batch) * rnet->image_floats(), 15, 0, 1);
   std::vector<float> labels(batch);
   for (int i = 0; i < batch; ++i) labels[i] = float(i % rnet->classes());
+  // The candidate draws the batch from tables on its device, as the trainer does: the examples
+  // stored in reverse order, and row indices that undo it.
+  const int64_t image_floats = rnet->image_floats();
+  std::vector<float> table(images.size()), table_labels(batch), rows(batch);
+  for (int i = 0; i < batch; ++i) {
+    std::copy_n(images.begin() + i * image_floats, image_floats, table.begin() + (batch - 1 - i) * image_floats);
+    table_labels[batch - 1 - i] = labels[i];
+    rows[i] = float(batch - 1 - i);
+  }
+  Staging on_cand(&cand);
+  SUMMA_CHECK_ASSIGN(auto ctable, on_cand.On(table));
+  SUMMA_CHECK_ASSIGN(auto clabels, on_cand.On(table_labels));
+  SUMMA_CHECK_ASSIGN(auto crows, on_cand.On(rows));
+  const Examples resident = Examples::Resident(ctable->data(), clabels->data(), crows->data());
   std::vector<float> rg(w.size()), cg(w.size());
   for (int step = 0; step < steps; ++step) {
     SUMMA_CHECK_OK(rnet->SetWeights(w.data()));
     SUMMA_CHECK_OK(cnet->SetWeights(w.data()));
-    SUMMA_CHECK_ASSIGN(const double rl, rnet->ComputeGradients(images.data(), labels.data(), batch));
-    SUMMA_CHECK_ASSIGN(const double cl, cnet->ComputeGradients(images.data(), labels.data(), batch));
+    SUMMA_CHECK_ASSIGN(const double rl, GradientsAndLoss(*rnet, images.data(), labels.data(), batch));
+    SUMMA_CHECK_OK(cnet->ComputeGradients(resident, batch));
+    SUMMA_CHECK_ASSIGN(const double cl, cnet->TakeLoss());
     if (!(std::abs(cl - rl) <= 1e-4 * std::abs(rl))) {
       return ::testing::AssertionFailure() << "step " << step << ": loss " << cl << ", want " << rl;
     }

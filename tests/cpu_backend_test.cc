@@ -138,19 +138,26 @@ TEST_F(CpuBackendTest, SoftmaxCrossEntropyIsSummedAndItsGradientMatches) {
   std::vector<float> z = Random(n * c, 16, 3.0f);
   const std::vector<float> labels = {3, 0, 9, 5};
   std::vector<float> dz(n * c), scratch(n * c);
-  auto loss = [&] { return *be_->SoftmaxCrossEntropy(z.data(), labels.data(), scratch.data(), n, c); };
-  auto total = be_->SoftmaxCrossEntropy(z.data(), labels.data(), dz.data(), n, c);
-  ASSERT_TRUE(total.ok());
+  auto loss = [&] {
+    float totals[2] = {0, 0};
+    EXPECT_TRUE(be_->SoftmaxCrossEntropy(z.data(), labels.data(), scratch.data(), n, c, totals).ok());
+    return static_cast<double>(totals[0]);
+  };
+  float totals[2] = {1, 0};  // the loss is added to what is there
+  ASSERT_TRUE(be_->SoftmaxCrossEntropy(z.data(), labels.data(), dz.data(), n, c, totals).ok());
   double expect = 0;
   for (int i = 0; i < n; ++i) {
     double sum = 0;
     for (int j = 0; j < c; ++j) sum += std::exp(double(z[i * c + j]));
     expect += std::log(sum) - z[i * c + int(labels[i])];
   }
-  EXPECT_NEAR(*total, expect, 1e-4);
+  EXPECT_NEAR(totals[0], 1 + expect, 1e-4);
+  EXPECT_EQ(totals[1], 0);
   ExpectGradient(z, dz, loss, "dlogits", 1e-3);
   const std::vector<float> bad = {3, 0, 10, 5};
-  EXPECT_FALSE(be_->SoftmaxCrossEntropy(z.data(), bad.data(), dz.data(), n, c).ok());
+  float bad_totals[2] = {0, 0};
+  ASSERT_TRUE(be_->SoftmaxCrossEntropy(z.data(), bad.data(), dz.data(), n, c, bad_totals).ok());
+  EXPECT_EQ(bad_totals[1], 1);  // label 10 of 10 classes, counted
 }
 
 TEST_F(CpuBackendTest, CountCorrectAndAxpy) {

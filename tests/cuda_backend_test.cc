@@ -116,6 +116,8 @@ TEST_F(CudaBackendTest, SoftmaxCrossEntropy) {
   EXPECT_TRUE(checks::CheckSoftmaxCrossEntropy(*cpu_, *gpu_));
 }
 
+TEST_F(CudaBackendTest, Gather) { EXPECT_TRUE(checks::CheckGather(*cpu_, *gpu_)); }
+
 TEST_F(CudaBackendTest, CountCorrect) { EXPECT_TRUE(checks::CheckCountCorrect(*cpu_, *gpu_)); }
 
 TEST_F(CudaBackendTest, LeNetStepsMatchTheCpu) { EXPECT_TRUE(checks::CheckLeNetSteps(*cpu_, *gpu_)); }

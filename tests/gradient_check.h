@@ -31,7 +31,7 @@ inline void ExpectGradientMatchesFiniteDifferences(Model& model, const std::vect
                                                    GradientTolerance tol = {}) {
   const int n = static_cast<int>(labels.size());
   ASSERT_TRUE(model.SetWeights(w.data()).ok());
-  ASSERT_TRUE(model.ComputeGradients(images.data(), labels.data(), n).ok());
+  ASSERT_TRUE(GradientsAndLoss(model, images.data(), labels.data(), n).ok());
   std::vector<float> grad(w.size());
   ASSERT_TRUE(model.GetGradients(grad.data()).ok());
 
@@ -39,7 +39,7 @@ inline void ExpectGradientMatchesFiniteDifferences(Model& model, const std::vect
   auto loss_at = [&](int64_t i, double value) {
     probe[i] = static_cast<float>(value);
     EXPECT_TRUE(model.SetWeights(probe.data()).ok());
-    const double loss = *model.ComputeGradients(images.data(), labels.data(), n);
+    const double loss = *GradientsAndLoss(model, images.data(), labels.data(), n);
     probe[i] = w[i];
     return loss;
   };

@@ -54,14 +54,14 @@ TEST(LeNetTest, EmptyShardGivesZeroGradient) {
   const std::vector<float> w = LeNet::SeedWeights(1);
   ASSERT_TRUE((*net)->SetWeights(w.data()).ok());
   std::vector<float> images(2 * 784, 0.5f);
-  ASSERT_TRUE((*net)->ComputeGradients(images.data(), std::vector<float>{1, 2}.data(), 2).ok());
-  auto loss = (*net)->ComputeGradients(nullptr, nullptr, 0);
+  ASSERT_TRUE(GradientsAndLoss(**net, images.data(), std::vector<float>{1, 2}.data(), 2).ok());
+  auto loss = GradientsAndLoss(**net, nullptr, nullptr, 0);
   ASSERT_TRUE(loss.ok());
   EXPECT_EQ(*loss, 0.0);
   std::vector<float> grad(w.size(), 1.0f);
   ASSERT_TRUE((*net)->GetGradients(grad.data()).ok());
   EXPECT_EQ(grad, std::vector<float>(w.size(), 0.0f));
-  EXPECT_FALSE((*net)->ComputeGradients(images.data(), std::vector<float>{1, 2, 3}.data(), 3).ok());
+  EXPECT_FALSE(GradientsAndLoss(**net, images.data(), std::vector<float>{1, 2, 3}.data(), 3).ok());
 }
 
 }  // namespace

@@ -41,8 +41,8 @@ TEST(ModelTest, ChunkedPassesSumToTheWholeBatchGradient) {
     const std::vector<float> labels = {0, 3, 3, 9, 1};
     std::vector<float> g1(w.size()), g2(w.size());
     for (auto* net : {&*whole, &*chunked}) ASSERT_TRUE((*net)->SetWeights(w.data()).ok());
-    const double l1 = *(*whole)->ComputeGradients(images.data(), labels.data(), 5);
-    const double l2 = *(*chunked)->ComputeGradients(images.data(), labels.data(), 5);
+    const double l1 = *GradientsAndLoss(**whole, images.data(), labels.data(), 5);
+    const double l2 = *GradientsAndLoss(**chunked, images.data(), labels.data(), 5);
     EXPECT_NEAR(l1, l2, 1e-5);
     ASSERT_TRUE((*whole)->GetGradients(g1.data()).ok());
     ASSERT_TRUE((*chunked)->GetGradients(g2.data()).ok());
@@ -50,14 +50,62 @@ TEST(ModelTest, ChunkedPassesSumToTheWholeBatchGradient) {
     EXPECT_EQ(*(*whole)->CountCorrect(images.data(), labels.data(), 5),
               *(*chunked)->CountCorrect(images.data(), labels.data(), 5));
     // No examples: zero gradients, zero loss; more than the model holds: refused.
-    auto empty = (*chunked)->ComputeGradients(nullptr, nullptr, 0);
+    auto empty = GradientsAndLoss(**chunked, nullptr, nullptr, 0);
     ASSERT_TRUE(empty.ok());
     EXPECT_EQ(*empty, 0.0);
     ASSERT_TRUE((*chunked)->GetGradients(g2.data()).ok());
     EXPECT_EQ(g2, std::vector<float>(w.size(), 0.0f));
     std::vector<float> six(6 * 784, 0.5f);
-    EXPECT_FALSE((*chunked)->ComputeGradients(six.data(), std::vector<float>(6, 1).data(), 6).ok());
+    EXPECT_FALSE(GradientsAndLoss(**chunked, six.data(), std::vector<float>(6, 1).data(), 6).ok());
     EXPECT_FALSE((*chunked)->CountCorrect(six.data(), std::vector<float>(6, 1).data(), 6).ok());
+  }
+}
+
+// A batch gathered from tables by row indices (Examples::Resident, the trainer's path) trains
+// exactly as the same examples given as host arrays, whole and in chunks; losses add up on the
+// device until TakeLoss, which starts again at zero; a bad label surfaces there.
+TEST(ModelTest, ResidentExamplesMatchHostArraysAndLossesAddUp) {
+  auto backend = NewCpuBackend(1);
+  for (const std::string& name : ModelNames()) {
+    SCOPED_TRACE(name);
+    for (int chunk : {0, 2}) {
+      auto host = NewModel(name, backend.get(), 5, chunk);
+      auto resident = NewModel(name, backend.get(), 5, chunk);
+      ASSERT_TRUE(host.ok() && resident.ok());
+      const std::vector<float> w = (*host)->InitialWeights(4);
+      for (auto* net : {&*host, &*resident}) ASSERT_TRUE((*net)->SetWeights(w.data()).ok());
+      // A table of 9 examples; the batch is rows 7, 2, 2, 0, 5.
+      std::vector<float> table(9 * 784), table_labels(9);
+      for (size_t i = 0; i < table.size(); ++i) table[i] = float((i * 31) % 101) / 101;
+      for (int r = 0; r < 9; ++r) table_labels[r] = float((r * 7) % 10);
+      const std::vector<float> rows = {7, 2, 2, 0, 5};
+      std::vector<float> images, labels;
+      for (float r : rows) {
+        images.insert(images.end(), table.begin() + int(r) * 784, table.begin() + int(r) * 784 + 784);
+        labels.push_back(table_labels[int(r)]);
+      }
+      ASSERT_TRUE((*host)->ComputeGradients(Examples::Host(images.data(), labels.data()), 5).ok());
+      ASSERT_TRUE((*resident)->ComputeGradients(
+          Examples::Resident(table.data(), table_labels.data(), rows.data()), 5).ok());
+      std::vector<float> g1(w.size()), g2(w.size());
+      ASSERT_TRUE((*host)->GetGradients(g1.data()).ok());
+      ASSERT_TRUE((*resident)->GetGradients(g2.data()).ok());
+      EXPECT_EQ(g1, g2);
+      const double once = *(*host)->TakeLoss();
+      EXPECT_GT(once, 0.0);
+      // Twice more without taking: the total holds both.
+      for (int i = 0; i < 2; ++i) {
+        ASSERT_TRUE((*resident)->ComputeGradients(
+            Examples::Resident(table.data(), table_labels.data(), rows.data()), 5).ok());
+      }
+      EXPECT_NEAR(*(*resident)->TakeLoss(), 3 * once, 1e-4 * once);
+      EXPECT_EQ(*(*resident)->TakeLoss(), 0.0);
+      const std::vector<float> bad = {0, 3, 10, 9, 1};
+      ASSERT_TRUE((*host)->ComputeGradients(Examples::Host(images.data(), bad.data()), 5).ok());
+      const auto refused = (*host)->TakeLoss();
+      EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+      EXPECT_EQ(*(*host)->TakeLoss(), 0.0);  // and the total starts again
+    }
   }
 }
 

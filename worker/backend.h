@@ -56,6 +56,9 @@ class Backend {
   // How many examples a model should push through at once (0: the whole batch). Small chunks
   // keep a CPU's activations in cache; a GPU wants the whole batch.
   virtual int preferred_chunk() const = 0;
+  // True when Alloc's memory is the host's (the CPU): a host array can serve as device memory
+  // in place, without a copy (the training set, say).
+  virtual bool host_memory() const = 0;
 
   // Zero-filled device memory, allocated (and touched) once.
   virtual absl::StatusOr<std::unique_ptr<DeviceBuffer>> Alloc(int64_t floats) = 0;
@@ -64,6 +67,11 @@ class Backend {
   virtual absl::Status Upload(const float* host, int64_t n, float* device) = 0;
   virtual absl::Status Download(const float* device, int64_t n, float* host) = 0;
   virtual absl::Status Zero(float* device, int64_t n) = 0;
+  // out[i, :] = table[rows[i], :] for i < n, rows of `row_floats` floats. `rows` holds row
+  // indices stored as floats (exact below 2^24); table, rows and out are device memory. How a
+  // batch is drawn from a training set kept on the device.
+  virtual absl::Status Gather(const float* table, int64_t row_floats, const float* rows, int n,
+                              float* out) = 0;
   // dst (on this device) = src (on `from`'s device), for summing gradients across local devices.
   // UNIMPLEMENTED between kinds of backend.
   virtual absl::Status CopyFromPeer(const Backend& from, const float* src, int64_t n, float* dst) = 0;
@@ -98,10 +106,13 @@ class Backend {
                                       float* dw, float* dbias, int batch, int in, int out) = 0;
 
   // Softmax cross-entropy of logits[N,C] against labels[N] (class indices stored as floats).
-  // Writes dlogits = softmax - onehot (the gradient of the *summed* loss) and returns the summed
-  // loss.
-  virtual absl::StatusOr<double> SoftmaxCrossEntropy(const float* logits, const float* labels,
-                                                     float* dlogits, int batch, int classes) = 0;
+  // Writes dlogits = softmax - onehot (the gradient of the *summed* loss) and adds to totals[0]
+  // the summed loss and to totals[1] the rows whose label is outside [0, C), whose loss and
+  // gradient are zero (totals: 2 floats of device memory). Nothing waits for the device: the
+  // totals are read when wanted (a step's loss need not cost a round trip to the host).
+  virtual absl::Status SoftmaxCrossEntropy(const float* logits, const float* labels,
+                                           float* dlogits, int batch, int classes,
+                                           float* totals) = 0;
   // How many rows of logits[N,C] have their largest entry at the label.
   virtual absl::StatusOr<int64_t> CountCorrect(const float* logits, const float* labels, int batch,
                                                int classes) = 0;

@@ -46,6 +46,7 @@ absl::StatusOr<std::unique_ptr<LeNet>> LeNet::Create(Backend* backend, int max_b
   const int64_t b = chunk;
   const std::pair<std::unique_ptr<DeviceBuffer>*, int64_t> buffers[] = {
       {&net->params_, NumParams()},
+      {&net->loss_totals_, 2},
       {&net->grads_, NumParams()},
       {&net->chunk_grads_, chunk < max_batch ? NumParams() : 0},
       {&net->x_, b * kImageFloats},
@@ -82,10 +83,9 @@ absl::Status LeNet::GetGradients(float* host_flat) {
   return backend_->Download(grads_->data(), NumParams(), host_flat);
 }
 
-absl::Status LeNet::Forward(const float* images, const float* labels, int n) {
+absl::Status LeNet::Forward(const Examples& examples, int n) {
   Backend& be = *backend_;
-  SUMMA_RETURN_IF_ERROR(be.Upload(images, int64_t{n} * kImageFloats, x_->data()));
-  SUMMA_RETURN_IF_ERROR(be.Upload(labels, n, labels_->data()));
+  SUMMA_RETURN_IF_ERROR(LoadExamples(be, examples, n, kImageFloats, x_->data(), labels_->data()));
   SUMMA_RETURN_IF_ERROR(be.Conv2dForward(Conv1(n), x_->data(), W(*params_, kW1), W(*params_, kB1),
                                          c1_->data(), workspace_->data()));
   SUMMA_RETURN_IF_ERROR(be.ReluForward(c1_->data(), c1_->data(), int64_t{n} * kC1 * 26 * 26));
@@ -101,10 +101,10 @@ absl::Status LeNet::Forward(const float* images, const float* labels, int n) {
                           kHidden, kClasses);
 }
 
-absl::StatusOr<double> LeNet::Backward(int n, DeviceBuffer& grads) {
+absl::Status LeNet::Backward(int n, DeviceBuffer& grads) {
   Backend& be = *backend_;
-  SUMMA_ASSIGN_OR_RETURN(double loss, be.SoftmaxCrossEntropy(logits_->data(), labels_->data(),
-                                                             dlogits_->data(), n, kClasses));
+  SUMMA_RETURN_IF_ERROR(be.SoftmaxCrossEntropy(logits_->data(), labels_->data(), dlogits_->data(),
+                                             n, kClasses, loss_totals_->data()));
   SUMMA_RETURN_IF_ERROR(be.LinearBackward(h3_->data(), W(*params_, kW4), dlogits_->data(),
                                           dh3_->data(), W(grads, kW4), W(grads, kB4), n, kHidden,
                                           kClasses));
@@ -121,13 +121,15 @@ absl::StatusOr<double> LeNet::Backward(int n, DeviceBuffer& grads) {
   SUMMA_RETURN_IF_ERROR(be.Conv2dBackward(Conv1(n), x_->data(), W(*params_, kW1), dc1_->data(),
                                           /*dx=*/nullptr, W(grads, kW1), W(grads, kB1),
                                           workspace_->data()));
-  return loss;
+  return absl::OkStatus();
 }
 
-absl::StatusOr<double> LeNet::ComputeGradients(const float* images, const float* labels, int n) {
-  return ChunkedGradients(*backend_, {max_batch_, chunk_, kImageFloats}, *this, images, labels, n, *grads_,
+absl::Status LeNet::ComputeGradients(const Examples& examples, int n) {
+  return ChunkedGradients(*backend_, {max_batch_, chunk_, kImageFloats}, *this, examples, n, *grads_,
                           *chunk_grads_);
 }
+
+absl::StatusOr<double> LeNet::TakeLoss() { return TakeLossTotals(*backend_, *loss_totals_, kClasses); }
 
 absl::StatusOr<int64_t> LeNet::CountCorrect(const float* images, const float* labels, int n) {
   return ChunkedCountCorrect({max_batch_, chunk_, kImageFloats}, *this, images, labels, n);

@@ -59,7 +59,7 @@ ABSL_FLAG(int64_t, fault_exit_before_epoch_end, -1,
           "fault injection for tests: exit (status 137) after the last push of this epoch "
           "(0-based), before the epoch-end loss collective; -1: never");
 ABSL_FLAG(std::string, trace_file, "",
-          "if set, write a timeline of every step (stage, compute, exchange, load, and each "
+          "if set, write a timeline of every step (compute, exchange, load, and each "
           "partition's push-pull) to this file as Chrome trace JSON when the worker ends (open it "
           "in chrome://tracing or ui.perfetto.dev, with the server's)");
 ABSL_FLAG(std::string, tls_ca, "",

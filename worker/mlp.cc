@@ -39,6 +39,7 @@ absl::StatusOr<std::unique_ptr<Mlp>> Mlp::Create(Backend* backend, int max_batch
   const int64_t b = chunk;
   const std::pair<std::unique_ptr<DeviceBuffer>*, int64_t> buffers[] = {
       {&net->params_, kParams},
+      {&net->loss_totals_, 2},
       {&net->grads_, kParams},
       {&net->chunk_grads_, chunk < max_batch ? kParams : 0},
       {&net->x_, b * kImageFloats},
@@ -62,35 +63,36 @@ absl::Status Mlp::GetGradients(float* host_flat) {
   return backend_->Download(grads_->data(), kParams, host_flat);
 }
 
-absl::Status Mlp::Forward(const float* images, const float* labels, int n) {
+absl::Status Mlp::Forward(const Examples& examples, int n) {
   Backend& be = *backend_;
   const float* w = params_->data();
-  SUMMA_RETURN_IF_ERROR(be.Upload(images, int64_t{n} * kImageFloats, x_->data()));
-  SUMMA_RETURN_IF_ERROR(be.Upload(labels, n, labels_->data()));
+  SUMMA_RETURN_IF_ERROR(LoadExamples(be, examples, n, kImageFloats, x_->data(), labels_->data()));
   SUMMA_RETURN_IF_ERROR(be.LinearForward(x_->data(), w + kW1, w + kB1, h1_->data(), n,
                                          kImageFloats, kHidden));
   SUMMA_RETURN_IF_ERROR(be.ReluForward(h1_->data(), h1_->data(), int64_t{n} * kHidden));
   return be.LinearForward(h1_->data(), w + kW2, w + kB2, logits_->data(), n, kHidden, kClasses);
 }
 
-absl::StatusOr<double> Mlp::Backward(int n, DeviceBuffer& grads) {
+absl::Status Mlp::Backward(int n, DeviceBuffer& grads) {
   Backend& be = *backend_;
   const float* w = params_->data();
   float* g = grads.data();
-  SUMMA_ASSIGN_OR_RETURN(double loss, be.SoftmaxCrossEntropy(logits_->data(), labels_->data(),
-                                                             dlogits_->data(), n, kClasses));
+  SUMMA_RETURN_IF_ERROR(be.SoftmaxCrossEntropy(logits_->data(), labels_->data(), dlogits_->data(),
+                                             n, kClasses, loss_totals_->data()));
   SUMMA_RETURN_IF_ERROR(be.LinearBackward(h1_->data(), w + kW2, dlogits_->data(), dh1_->data(),
                                           g + kW2, g + kB2, n, kHidden, kClasses));
   SUMMA_RETURN_IF_ERROR(be.ReluBackward(h1_->data(), dh1_->data(), dh1_->data(), int64_t{n} * kHidden));
   SUMMA_RETURN_IF_ERROR(be.LinearBackward(x_->data(), w + kW1, dh1_->data(), /*dx=*/nullptr,
                                           g + kW1, g + kB1, n, kImageFloats, kHidden));
-  return loss;
+  return absl::OkStatus();
 }
 
-absl::StatusOr<double> Mlp::ComputeGradients(const float* images, const float* labels, int n) {
-  return ChunkedGradients(*backend_, {max_batch_, chunk_, kImageFloats}, *this, images, labels, n, *grads_,
+absl::Status Mlp::ComputeGradients(const Examples& examples, int n) {
+  return ChunkedGradients(*backend_, {max_batch_, chunk_, kImageFloats}, *this, examples, n, *grads_,
                           *chunk_grads_);
 }
+
+absl::StatusOr<double> Mlp::TakeLoss() { return TakeLossTotals(*backend_, *loss_totals_, kClasses); }
 
 absl::StatusOr<int64_t> Mlp::CountCorrect(const float* images, const float* labels, int n) {
   return ChunkedCountCorrect({max_batch_, chunk_, kImageFloats}, *this, images, labels, n);

@@ -43,7 +43,8 @@ class Mlp final : public Model, private ChunkPasses {
   int classes() const override { return kClasses; }
   int max_batch() const override { return max_batch_; }
   absl::Status SetWeights(const float* host_flat) override;
-  absl::StatusOr<double> ComputeGradients(const float* images, const float* labels, int n) override;
+  absl::Status ComputeGradients(const Examples& examples, int n) override;
+  absl::StatusOr<double> TakeLoss() override;
   absl::Status GetGradients(float* host_flat) override;
   absl::StatusOr<int64_t> CountCorrect(const float* images, const float* labels, int n) override;
   DeviceBuffer& weights() override { return *params_; }
@@ -53,14 +54,15 @@ class Mlp final : public Model, private ChunkPasses {
   Mlp(Backend* backend, int max_batch, int chunk)
       : backend_(backend), max_batch_(max_batch), chunk_(chunk) {}
   // ChunkPasses, for n <= chunk_ examples; logits land in logits_.
-  absl::Status Forward(const float* images, const float* labels, int n) override;
-  absl::StatusOr<double> Backward(int n, DeviceBuffer& grads) override;
+  absl::Status Forward(const Examples& examples, int n) override;
+  absl::Status Backward(int n, DeviceBuffer& grads) override;
   absl::StatusOr<int64_t> CountLastCorrect(int n) override;
 
   Backend* const backend_;  // Not owned.
   const int max_batch_;
   const int chunk_;  // examples per pass through the network
   std::unique_ptr<DeviceBuffer> params_, grads_, chunk_grads_;
+  std::unique_ptr<DeviceBuffer> loss_totals_;  // Backend::SoftmaxCrossEntropy's totals
   std::unique_ptr<DeviceBuffer> x_, labels_, h1_, logits_, dlogits_, dh1_;
 };
 

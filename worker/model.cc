@@ -63,31 +63,25 @@ std::vector<float> NormalWeights(const std::vector<TensorSpec>& specs, uint64_t 
   return flat;
 }
 
-absl::StatusOr<double> ChunkedGradients(Backend& backend, const ChunkShape& shape,
-                                        ChunkPasses& passes, const float* images,
-                                        const float* labels, int n, DeviceBuffer& grads,
-                                        DeviceBuffer& chunk_grads) {
+absl::Status ChunkedGradients(Backend& backend, const ChunkShape& shape, ChunkPasses& passes,
+                              const Examples& examples, int n, DeviceBuffer& grads,
+                              DeviceBuffer& chunk_grads) {
   if (n < 0 || n > shape.max_batch) {
     return absl::InvalidArgumentError(absl::StrCat("batch of ", n, " exceeds the model's ", shape.max_batch));
   }
-  if (n == 0) {
-    SUMMA_RETURN_IF_ERROR(backend.Zero(grads.data(), grads.size()));
-    return 0.0;
-  }
+  if (n == 0) return backend.Zero(grads.data(), grads.size());
   if (n <= shape.chunk) {
-    SUMMA_RETURN_IF_ERROR(passes.Forward(images, labels, n));
+    SUMMA_RETURN_IF_ERROR(passes.Forward(examples, n));
     return passes.Backward(n, grads);
   }
   SUMMA_RETURN_IF_ERROR(backend.Zero(grads.data(), grads.size()));
-  double loss = 0;
   for (int begin = 0; begin < n; begin += shape.chunk) {
     const int m = std::min(shape.chunk, n - begin);
-    SUMMA_RETURN_IF_ERROR(passes.Forward(images + int64_t{begin} * shape.image_floats, labels + begin, m));
-    SUMMA_ASSIGN_OR_RETURN(double chunk_loss, passes.Backward(m, chunk_grads));
+    SUMMA_RETURN_IF_ERROR(passes.Forward(examples.From(begin, shape.image_floats), m));
+    SUMMA_RETURN_IF_ERROR(passes.Backward(m, chunk_grads));
     SUMMA_RETURN_IF_ERROR(backend.Axpy(1.0f, chunk_grads.data(), grads.data(), grads.size()));
-    loss += chunk_loss;
   }
-  return loss;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<int64_t> ChunkedCountCorrect(const ChunkShape& shape, ChunkPasses& passes,
@@ -98,11 +92,37 @@ absl::StatusOr<int64_t> ChunkedCountCorrect(const ChunkShape& shape, ChunkPasses
   int64_t correct = 0;
   for (int begin = 0; begin < n; begin += shape.chunk) {
     const int m = std::min(shape.chunk, n - begin);
-    SUMMA_RETURN_IF_ERROR(passes.Forward(images + int64_t{begin} * shape.image_floats, labels + begin, m));
+    SUMMA_RETURN_IF_ERROR(passes.Forward(Examples::Host(images, labels).From(begin, shape.image_floats), m));
     SUMMA_ASSIGN_OR_RETURN(int64_t c, passes.CountLastCorrect(m));
     correct += c;
   }
   return correct;
+}
+
+absl::Status LoadExamples(Backend& backend, const Examples& examples, int n, int image_floats,
+                          float* x, float* labels) {
+  if (examples.rows != nullptr) {
+    SUMMA_RETURN_IF_ERROR(backend.Gather(examples.images, image_floats, examples.rows, n, x));
+    return backend.Gather(examples.labels, 1, examples.rows, n, labels);
+  }
+  SUMMA_RETURN_IF_ERROR(backend.Upload(examples.images, int64_t{n} * image_floats, x));
+  return backend.Upload(examples.labels, n, labels);
+}
+
+absl::StatusOr<double> TakeLossTotals(Backend& backend, DeviceBuffer& totals, int classes) {
+  float host[2];
+  SUMMA_RETURN_IF_ERROR(backend.Download(totals.data(), 2, host));
+  SUMMA_RETURN_IF_ERROR(backend.Zero(totals.data(), 2));
+  if (host[1] != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(host[1], " examples had a label outside 0..",
+                                                   classes - 1));
+  }
+  return static_cast<double>(host[0]);
+}
+
+absl::StatusOr<double> GradientsAndLoss(Model& model, const float* images, const float* labels, int n) {
+  SUMMA_RETURN_IF_ERROR(model.ComputeGradients(Examples::Host(images, labels), n));
+  return model.TakeLoss();
 }
 
 }  // namespace summa::worker

@@ -20,6 +20,28 @@
 
 namespace summa::worker {
 
+// Where a batch's examples come from, for Model::ComputeGradients.
+// - Host(images, labels): host arrays of the batch itself (images [n, image_floats()], labels
+//   [n] as floats), copied to the device by each pass.
+// - Resident(image_table, label_table, rows): tables already on the model's device (a whole
+//   training set, uploaded once) and `rows`, the batch's row indices into them (device memory,
+//   indices stored as floats): gathered on the device, nothing copied from the host per step.
+struct Examples {
+  const float* images = nullptr;
+  const float* labels = nullptr;
+  const float* rows = nullptr;  // null for Host
+
+  static Examples Host(const float* images, const float* labels) { return {images, labels, nullptr}; }
+  static Examples Resident(const float* image_table, const float* label_table, const float* rows) {
+    return {image_table, label_table, rows};
+  }
+  // The examples from the `begin`-th on.
+  Examples From(int begin, int image_floats) const {
+    if (rows != nullptr) return {images, labels, rows + begin};
+    return {images + int64_t{begin} * image_floats, labels + begin, nullptr};
+  }
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -37,11 +59,14 @@ class Model {
 
   // Uploads host weights (flat, specs() order).
   virtual absl::Status SetWeights(const float* host_flat) = 0;
-  // Forward and backward on n <= max_batch() examples (host images [n, image_floats()], labels
-  // [n] as floats). The gradient of the *summed* loss lands in gradients(); returns the summed
-  // loss. n = 0 gives zero gradients and zero loss.
-  virtual absl::StatusOr<double> ComputeGradients(const float* images, const float* labels,
-                                                  int n) = 0;
+  // Forward and backward on n <= max_batch() examples. The gradient of the *summed* loss lands
+  // in gradients(); the summed loss is added to a total on the device that TakeLoss reads. Waits
+  // for nothing on the device (GetGradients does). n = 0 gives zero gradients.
+  virtual absl::Status ComputeGradients(const Examples& examples, int n) = 0;
+  // The summed loss of every ComputeGradients since the last TakeLoss, which starts the total
+  // again at zero. Waits for the device. INVALID_ARGUMENT if any of those examples had a label
+  // outside [0, classes()) (its loss and gradient counted as zero).
+  virtual absl::StatusOr<double> TakeLoss() = 0;
   // Downloads gradients() to host memory (flat, specs() order).
   virtual absl::Status GetGradients(float* host_flat) = 0;
   // How many of n <= max_batch() examples the model classifies right.
@@ -51,6 +76,9 @@ class Model {
   virtual DeviceBuffer& weights() = 0;
   virtual DeviceBuffer& gradients() = 0;
 };
+
+// ComputeGradients on host arrays, then TakeLoss: one batch's summed loss (for tests and tools).
+absl::StatusOr<double> GradientsAndLoss(Model& model, const float* images, const float* labels, int n);
 
 // The names NewModel knows, in the order a help text lists them.
 const std::vector<std::string>& ModelNames();
@@ -68,11 +96,11 @@ absl::StatusOr<std::vector<TensorSpec>> ModelSpecs(const std::string& name);
 // The chunk loop every implementation shares runs these passes of a model, n <= its chunk each.
 class ChunkPasses {
  public:
-  // Forward of n examples (host images and labels); logits stay on the device.
-  virtual absl::Status Forward(const float* images, const float* labels, int n) = 0;
+  // Forward of n examples; logits stay on the device.
+  virtual absl::Status Forward(const Examples& examples, int n) = 0;
   // Backward of the last forward's n examples: the summed loss's gradient overwrites `grads`;
-  // returns the summed loss.
-  virtual absl::StatusOr<double> Backward(int n, DeviceBuffer& grads) = 0;
+  // the summed loss is added to the model's total on the device.
+  virtual absl::Status Backward(int n, DeviceBuffer& grads) = 0;
   // How many of the last forward's n examples are classified right.
   virtual absl::StatusOr<int64_t> CountLastCorrect(int n) = 0;
 
@@ -86,13 +114,20 @@ struct ChunkShape {
 };
 // Model::ComputeGradients over chunks: each chunk's gradient lands in `chunk_grads` and is summed
 // into `grads` (one pass straight into `grads` when the batch fits one chunk).
-absl::StatusOr<double> ChunkedGradients(Backend& backend, const ChunkShape& shape,
-                                        ChunkPasses& passes, const float* images,
-                                        const float* labels, int n, DeviceBuffer& grads,
-                                        DeviceBuffer& chunk_grads);
+absl::Status ChunkedGradients(Backend& backend, const ChunkShape& shape, ChunkPasses& passes,
+                              const Examples& examples, int n, DeviceBuffer& grads,
+                              DeviceBuffer& chunk_grads);
 // Model::CountCorrect over chunks.
 absl::StatusOr<int64_t> ChunkedCountCorrect(const ChunkShape& shape, ChunkPasses& passes,
                                             const float* images, const float* labels, int n);
+
+// For implementations' Forward: n examples' images into `x` [n, image_floats] and labels into
+// `labels` [n] on the device (uploaded from host arrays, or gathered from resident tables).
+absl::Status LoadExamples(Backend& backend, const Examples& examples, int n, int image_floats,
+                          float* x, float* labels);
+// For implementations' TakeLoss: reads and zeroes `totals` (Backend::SoftmaxCrossEntropy's two
+// floats).
+absl::StatusOr<double> TakeLossTotals(Backend& backend, DeviceBuffer& totals, int classes);
 
 // Helpers for implementations: how many floats `specs` hold, and the seed's initialisation:
 // weights drawn from N(0, stddev^2) with `seed` in specs order, biases (names starting with 'b')

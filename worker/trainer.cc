@@ -55,12 +55,72 @@ absl::Status Trainer::Prepare(int max_shard) {
   const int64_t params = model.num_params();
   SUMMA_ASSIGN_OR_RETURN(weights_, first.AllocHost(params));
   SUMMA_ASSIGN_OR_RETURN(gradients_, first.AllocHost(params));
-  SUMMA_ASSIGN_OR_RETURN(images_, first.AllocHost(int64_t{max_shard} * model.image_floats()));
-  SUMMA_ASSIGN_OR_RETURN(labels_, first.AllocHost(max_shard));
+  max_shard_ = max_shard;
+  SUMMA_RETURN_IF_ERROR(PrepareResident());
   if (devices > 1) {
     SUMMA_ASSIGN_OR_RETURN(peer_gradients_, first.Alloc(params));
   }
   return absl::OkStatus();
+}
+
+absl::Status Trainer::PrepareResident() {
+  const int64_t n = train_->count;
+  const int classes = models_[0]->classes();
+  if (n > (int64_t{1} << 24)) {
+    return absl::InvalidArgumentError(absl::StrCat("the training set's ", n, " examples exceed 2^24 ",
+                                                   "(row indices are kept as floats)"));
+  }
+  train_labels_.resize(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t label = train_->labels[i];
+    if (label < 0 || label >= classes) {
+      return absl::InvalidArgumentError(absl::StrCat("training example ", i, " has label ", label, "; model ",
+                                                     options_.model, " has classes 0..", classes - 1));
+    }
+    train_labels_[i] = static_cast<float>(label);
+  }
+  order_rows_.assign(n, 0.0f);
+  const int64_t image_floats = int64_t{train_->rows} * train_->cols;
+  resident_.clear();
+  for (Backend* b : backends_) {
+    Resident r;
+    if (b->host_memory()) {
+      r.image_table = train_->images.data();
+      r.label_table = train_labels_.data();
+      r.rows = order_rows_.data();
+    } else {
+      SUMMA_ASSIGN_OR_RETURN(r.images, b->Alloc(n * image_floats));
+      SUMMA_ASSIGN_OR_RETURN(r.labels, b->Alloc(n));
+      SUMMA_ASSIGN_OR_RETURN(r.order, b->Alloc(n));
+      SUMMA_RETURN_IF_ERROR(b->Upload(train_->images.data(), n * image_floats, r.images->data()));
+      SUMMA_RETURN_IF_ERROR(b->Upload(train_labels_.data(), n, r.labels->data()));
+      r.image_table = r.images->data();
+      r.label_table = r.labels->data();
+      r.rows = r.order->data();
+    }
+    resident_.push_back(std::move(r));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::SetOrder(const std::vector<int64_t>& order) {
+  for (size_t i = 0; i < order.size(); ++i) order_rows_[i] = static_cast<float>(order[i]);
+  for (size_t d = 0; d < backends_.size(); ++d) {
+    if (resident_[d].order != nullptr) {
+      SUMMA_RETURN_IF_ERROR(backends_[d]->Upload(order_rows_.data(), static_cast<int64_t>(order.size()),
+                                                 resident_[d].order->data()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> Trainer::TakeLoss() {
+  double loss = 0;
+  for (auto& model : models_) {
+    SUMMA_ASSIGN_OR_RETURN(double part, model->TakeLoss());
+    loss += part;
+  }
+  return loss;
 }
 
 absl::Status Trainer::LoadWeights() {
@@ -68,17 +128,14 @@ absl::Status Trainer::LoadWeights() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<double> Trainer::ComputeGradients(int n) {
+absl::Status Trainer::ComputeGradients(int64_t begin, int n) {
   const int devices = static_cast<int>(models_.size());
-  const int64_t image_floats = models_[0]->image_floats();
   const int64_t params = models_[0]->num_params();
-  double loss = 0;
   for (int d = 0; d < devices; ++d) {
-    const int begin = d * n / devices, end = (d + 1) * n / devices;
-    SUMMA_ASSIGN_OR_RETURN(double part, models_[d]->ComputeGradients(
-                                            images_->data() + begin * image_floats,
-                                            labels_->data() + begin, end - begin));
-    loss += part;
+    const int from = d * n / devices, to = (d + 1) * n / devices;
+    const Resident& r = resident_[d];
+    SUMMA_RETURN_IF_ERROR(models_[d]->ComputeGradients(
+        Examples::Resident(r.image_table, r.label_table, r.rows + begin + from), to - from));
   }
   // The seed's allreduce inside one worker: sum every device's gradient onto the first.
   Backend& first = *backends_[0];
@@ -88,7 +145,7 @@ absl::StatusOr<double> Trainer::ComputeGradients(int n) {
     SUMMA_RETURN_IF_ERROR(first.Axpy(1.0f, peer_gradients_->data(), models_[0]->gradients().data(),
                                      params));
   }
-  return loss;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<double> Trainer::TestAccuracy() {
@@ -279,12 +336,11 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
   });
 
   const int64_t params = models_[0]->num_params();
-  const int64_t image_floats = models_[0]->image_floats();
   for (int epoch = static_cast<int>(step / steps_per_epoch); epoch < options_.epochs; ++epoch) {
-    const std::vector<int64_t> order = EpochOrder(n, options_.seed, epoch);
+    SUMMA_RETURN_IF_ERROR(SetOrder(EpochOrder(n, options_.seed, epoch)));
+    SUMMA_RETURN_IF_ERROR(TakeLoss().status());  // a total left by an interrupted attempt
     const absl::Time start = absl::Now();
     absl::Time last_draw = start;
-    double loss_sum = 0;
     int64_t examples = 0;
     int64_t global_examples = 0;
     for (int64_t b = static_cast<int64_t>(step) - int64_t{epoch} * steps_per_epoch; b < steps_per_epoch; ++b) {
@@ -296,21 +352,13 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
       const absl::Time step_start = absl::Now();
       const ShardRange shard = ShardOf(n, batch, b, static_cast<int>(me - live_.begin()),
                                        static_cast<int>(live_.size()));
-      if (shard.size() > labels_->size()) {
+      if (shard.size() > max_shard_) {
         return absl::InternalError(absl::StrCat("shard of ", shard.size(), " examples exceeds the ",
-                                                labels_->size(), " staged"));
+                                                max_shard_, " prepared for"));
       }
       Tracer* const tracer = options_.tracer;
-      std::optional<TraceSpan> stage(std::in_place, tracer, "stage", "worker");
-      for (int64_t i = 0; i < shard.size(); ++i) {
-        const int64_t example = order[shard.begin + i];
-        std::memcpy(images_->data() + i * image_floats, train_->images.data() + example * image_floats,
-                    image_floats * sizeof(float));
-        labels_->data()[i] = static_cast<float>(train_->labels[example]);
-      }
-      stage.reset();
       std::optional<TraceSpan> compute(std::in_place, tracer, "compute", "worker");
-      SUMMA_ASSIGN_OR_RETURN(double loss, ComputeGradients(static_cast<int>(shard.size())));
+      SUMMA_RETURN_IF_ERROR(ComputeGradients(shard.begin, static_cast<int>(shard.size())));
       SUMMA_RETURN_IF_ERROR(models_[0]->GetGradients(gradients_->data()));
       compute.reset();
       {
@@ -324,7 +372,6 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
       }
       ++step;
       ++steps_done_;
-      loss_sum += loss;
       examples += shard.size();
       global_examples += std::min(batch, n - b * batch);
       const absl::Time now = absl::Now();
@@ -341,6 +388,7 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
       }
     }
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    SUMMA_ASSIGN_OR_RETURN(const double loss_sum, TakeLoss());
     if (options_.progress_bar) std::fprintf(out_, "\r\033[K");
     SUMMA_ASSIGN_OR_RETURN(const std::vector<float> totals, EpochLoss(epoch, loss_sum, examples));
     EpochResult result;

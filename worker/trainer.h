@@ -73,12 +73,18 @@ class Trainer {
 
  private:
   absl::Status Prepare(int max_shard);
+  // The training set on every device (resident_), its labels checked against the model's classes.
+  absl::Status PrepareResident();
   // One attempt: join (or rejoin), pull the current weights, and train from the step the server
   // says this rank is at, to the end. `rejoining` after a lost server or membership.
   absl::Status JoinAndTrain(const std::vector<float>& initial, bool rejoining);
-  // Forward and backward of `n` staged examples on every device; the summed gradient lands in
-  // the first model's gradients. Returns the summed loss.
-  absl::StatusOr<double> ComputeGradients(int n);
+  // Forward and backward of the `n` examples at `begin` in this epoch's order, split across the
+  // devices; the summed gradient lands in the first model's gradients. Waits for no device.
+  absl::Status ComputeGradients(int64_t begin, int n);
+  // Makes `order` (this epoch's order of the training set) every device's row indices.
+  absl::Status SetOrder(const std::vector<int64_t>& order);
+  // The summed loss of every device's steps since the last call (waits for the devices).
+  absl::StatusOr<double> TakeLoss();
   absl::Status LoadWeights();
   absl::StatusOr<double> TestAccuracy();
   // Every rank's device ("cpu", "cuda:0 x2"), by rank, through the server's AllReduce.
@@ -101,8 +107,21 @@ class Trainer {
   std::FILE* const out_;         // Not owned.
   int rank_ = -1;
   std::vector<std::unique_ptr<Model>> models_;  // one per backend
-  // Host staging from the first backend (pinned on CUDA), allocated once.
-  std::unique_ptr<DeviceBuffer> weights_, gradients_, images_, labels_;
+  // Host staging from the first backend (pinned on CUDA) for the push and pull, allocated once.
+  std::unique_ptr<DeviceBuffer> weights_, gradients_;
+  // The training set on each device, uploaded once, and the epoch's order as row indices
+  // (Examples::Resident). Where a device's memory is the host's, the host arrays serve in place
+  // and the buffers stay null.
+  struct Resident {
+    std::unique_ptr<DeviceBuffer> images, labels, order;
+    const float* image_table = nullptr;
+    const float* label_table = nullptr;
+    const float* rows = nullptr;
+  };
+  std::vector<Resident> resident_;  // one per backend
+  std::vector<float> train_labels_;  // the training labels as floats
+  std::vector<float> order_rows_;    // this epoch's order as floats
+  int max_shard_ = 0;
   std::unique_ptr<DeviceBuffer> peer_gradients_;  // on the first device, for summing
   std::vector<float> final_weights_;
   std::vector<float> initial_weights_;  // the model's seeded weights, defining it at the server

@@ -67,6 +67,7 @@ class CudaBackend final : public Backend {
 
   std::string name() const override { return absl::StrCat("cuda:", device_); }
   int preferred_chunk() const override { return 0; }
+  bool host_memory() const override { return false; }
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
 
@@ -116,6 +117,12 @@ class CudaBackend final : public Backend {
   absl::Status Zero(float* device, int64_t n) override {
     SUMMA_RETURN_IF_ERROR(OnDevice());
     SUMMA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(device, 0, n * sizeof(float), stream_), "Zero");
+    return absl::OkStatus();
+  }
+  absl::Status Gather(const float* table, int64_t row_floats, const float* rows, int n,
+                      float* out) override {
+    SUMMA_RETURN_IF_ERROR(OnDevice());
+    SUMMA_KERNEL_RETURN_IF_ERROR(cuda::Gather(table, row_floats, rows, n, out, stream_), "Gather");
     return absl::OkStatus();
   }
   absl::Status CopyFromPeer(const Backend& from, const float* src, int64_t n, float* dst) override {
@@ -169,7 +176,7 @@ class CudaBackend final : public Backend {
     SUMMA_KERNEL_RETURN_IF_ERROR(cuda::NchwToChannelMajor(d, dy, dyt, stream_), "Conv2dBackward transpose");
     // dcol's space is free until the dx product below: scratch for the row sums' slices.
     float* partial = s.out_channels * cuda::RowSumSlices(np) <= s.col_floats() ? dcol : nullptr;
-    SUMMA_KERNEL_RETURN_IF_ERROR(cuda::RowSums(dyt, s.out_channels, np, dbias, partial, stream_),
+    SUMMA_KERNEL_RETURN_IF_ERROR(cuda::RowSums(dyt, s.out_channels, np, dbias, partial, /*add=*/false, stream_),
                                  "Conv2dBackward dbias");
     SUMMA_KERNEL_RETURN_IF_ERROR(cuda::Im2Col(d, x, col, stream_), "Conv2dBackward im2col");
     SUMMA_RETURN_IF_ERROR(Gemm(false, true, s.out_channels, ckk, np, 1.0f, dyt, col, 0.0f, dw));
@@ -216,28 +223,17 @@ class CudaBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<double> SoftmaxCrossEntropy(const float* logits, const float* labels,
-                                             float* dlogits, int batch, int classes) override {
+  absl::Status SoftmaxCrossEntropy(const float* logits, const float* labels, float* dlogits,
+                                   int batch, int classes, float* totals) override {
     SUMMA_RETURN_IF_ERROR(OnDevice());
-    SUMMA_CUDA_RETURN_IF_ERROR(EnsureScratch(batch), "SoftmaxCrossEntropy scratch");
-    float* row_loss = scratch_;
-    float* total = scratch_ + scratch_floats_ - 2;
-    int* bad = reinterpret_cast<int*>(scratch_ + scratch_floats_ - 1);
-    SUMMA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(bad, 0, sizeof(int), stream_), "SoftmaxCrossEntropy");
+    SUMMA_CUDA_RETURN_IF_ERROR(EnsureScratch(2 * int64_t{batch}), "SoftmaxCrossEntropy scratch");
+    float* row_loss = scratch_;  // [2, batch]: each row's loss, and 1 where its label is bad
     SUMMA_KERNEL_RETURN_IF_ERROR(
-        cuda::SoftmaxCrossEntropy(logits, labels, dlogits, row_loss, bad, batch, classes, stream_),
+        cuda::SoftmaxCrossEntropy(logits, labels, dlogits, row_loss, batch, classes, stream_),
         "SoftmaxCrossEntropy");
-    SUMMA_KERNEL_RETURN_IF_ERROR(cuda::RowSums(row_loss, 1, batch, total, nullptr, stream_), "SoftmaxCrossEntropy sum");
-    SUMMA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_scalars_, total, 2 * sizeof(float),
-                                               cudaMemcpyDeviceToHost, stream_),
-                               "SoftmaxCrossEntropy copy");
-    SUMMA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "SoftmaxCrossEntropy");
-    int bad_label = 0;
-    std::memcpy(&bad_label, &host_scalars_[1], sizeof(int));
-    if (bad_label != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("a label is outside 0..", classes - 1));
-    }
-    return static_cast<double>(host_scalars_[0]);
+    SUMMA_KERNEL_RETURN_IF_ERROR(cuda::RowSums(row_loss, 2, batch, totals, nullptr, /*add=*/true, stream_),
+                                 "SoftmaxCrossEntropy totals");
+    return absl::OkStatus();
   }
 
   absl::StatusOr<int64_t> CountCorrect(const float* logits, const float* labels, int batch,
@@ -266,7 +262,7 @@ class CudaBackend final : public Backend {
   // Grows (rarely: once per new batch size) the scratch for per-row losses and scalars, on
   // device_ (current: the caller has called OnDevice). scratch_floats_ only ever describes memory
   // that exists: a failed allocation leaves none recorded, so the next call tries again.
-  cudaError_t EnsureScratch(int batch) {
+  cudaError_t EnsureScratch(int64_t floats) {
     cudaError_t e = cudaSuccess;
     if (host_scalars_ == nullptr) {
       e = cudaMallocHost(reinterpret_cast<void**>(&host_scalars_), 4 * sizeof(float));
@@ -275,7 +271,7 @@ class CudaBackend final : public Backend {
         return e;
       }
     }
-    const int64_t need = int64_t{batch} + 4;
+    const int64_t need = floats + 4;
     if (scratch_ != nullptr && need <= scratch_floats_) return cudaSuccess;
     e = cudaStreamSynchronize(stream_);  // the old scratch may still be in use
     if (e != cudaSuccess) return e;

@@ -98,14 +98,16 @@ __device__ float BlockSum(const float* __restrict__ x, int64_t begin, int64_t en
   return partial[0];
 }
 
-// Block (slice, r): sums[r * gridDim.x + slice] = the sum of the slice of row r of m[rows, cols];
-// with one slice, the row's sum.
-__global__ void RowSlicesKernel(const float* __restrict__ m, int64_t cols, float* __restrict__ sums) {
+// Block (slice, r): sums[r * gridDim.x + slice] = the sum of the slice of row r of m[rows, cols]
+// (plus what was there when `add`); with one slice, the row's sum.
+__global__ void RowSlicesKernel(const float* __restrict__ m, int64_t cols, bool add,
+                                float* __restrict__ sums) {
   const int64_t per = (cols + gridDim.x - 1) / gridDim.x;
   const int64_t begin = blockIdx.x * per;
   const int64_t end = begin + per < cols ? begin + per : cols;
   const float s = BlockSum(m + blockIdx.y * cols, begin, end);
-  if (threadIdx.x == 0) sums[int64_t{blockIdx.y} * gridDim.x + blockIdx.x] = s;
+  float* out = sums + int64_t{blockIdx.y} * gridDim.x + blockIdx.x;
+  if (threadIdx.x == 0) *out = add ? *out + s : s;
 }
 
 __global__ void ColumnSumsKernel(const float* __restrict__ m, int64_t rows, int64_t cols,
@@ -169,15 +171,16 @@ __global__ void AvgPool2BackwardKernel(const float* __restrict__ dy, float* __re
 __global__ void SoftmaxCrossEntropyKernel(const float* __restrict__ logits,
                                           const float* __restrict__ labels,
                                           float* __restrict__ dlogits, float* __restrict__ row_loss,
-                                          int* bad, int batch, int classes) {
+                                          int batch, int classes) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= batch) return;
   const float* z = logits + int64_t{i} * classes;
   float* d = dlogits + int64_t{i} * classes;
   const int label = static_cast<int>(labels[i]);
   if (label < 0 || label >= classes) {
-    *bad = 1;
     row_loss[i] = 0;
+    row_loss[batch + i] = 1;
+    for (int c = 0; c < classes; ++c) d[c] = 0;
     return;
   }
   float m = z[0];
@@ -186,8 +189,19 @@ __global__ void SoftmaxCrossEntropyKernel(const float* __restrict__ logits,
   for (int c = 0; c < classes; ++c) sum += exp(static_cast<double>(z[c] - m));
   const double lse = m + log(sum);
   row_loss[i] = static_cast<float>(lse - z[label]);
+  row_loss[batch + i] = 0;
   for (int c = 0; c < classes; ++c) {
     d[c] = static_cast<float>(exp(z[c] - lse)) - (c == label ? 1.0f : 0.0f);
+  }
+}
+
+// One thread per output float: out[i, :] = table[rows[i], :].
+__global__ void GatherKernel(const float* __restrict__ table, int64_t row_floats,
+                             const float* __restrict__ rows, int64_t n, float* __restrict__ out) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n * row_floats;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / row_floats;
+    out[i] = table[static_cast<int64_t>(rows[r]) * row_floats + i % row_floats];
   }
 }
 
@@ -231,18 +245,20 @@ int NchwToChannelMajor(const ConvDims& d, const float* dy, float* dyt, void* str
 int64_t RowSumSlices(int64_t cols) {
   return std::max<int64_t>(1, std::min<int64_t>(kMaxRowSlices, cols / kRowSliceColumns));
 }
-int RowSums(const float* m, int64_t rows, int64_t cols, float* sums, float* partial, void* stream) {
+int RowSums(const float* m, int64_t rows, int64_t cols, float* sums, float* partial, bool add,
+            void* stream) {
   if (rows == 0) return 0;
   const int64_t slices = partial == nullptr ? 1 : RowSumSlices(cols);
+  const dim3 per_row(1, static_cast<unsigned>(rows));
   if (slices == 1) {
-    RowSlicesKernel<<<dim3(1, static_cast<unsigned>(rows)), kThreads, 0, S(stream)>>>(m, cols, sums);
+    RowSlicesKernel<<<per_row, kThreads, 0, S(stream)>>>(m, cols, add, sums);
     return Last();
   }
   RowSlicesKernel<<<dim3(static_cast<unsigned>(slices), static_cast<unsigned>(rows)), kThreads, 0,
-                    S(stream)>>>(m, cols, partial);
+                    S(stream)>>>(m, cols, false, partial);
   const int e = Last();
   if (e != 0) return e;
-  RowSlicesKernel<<<dim3(1, static_cast<unsigned>(rows)), kThreads, 0, S(stream)>>>(partial, slices, sums);
+  RowSlicesKernel<<<per_row, kThreads, 0, S(stream)>>>(partial, slices, add, sums);
   return Last();
 }
 int ColumnSums(const float* m, int64_t rows, int64_t cols, float* sums, void* stream) {
@@ -270,9 +286,14 @@ int AvgPool2Backward(const float* dy, float* dx, int planes, int h, int w, void*
   return Last();
 }
 int SoftmaxCrossEntropy(const float* logits, const float* labels, float* dlogits, float* row_loss,
-                        int* bad, int batch, int classes, void* stream) {
+                        int batch, int classes, void* stream) {
   SoftmaxCrossEntropyKernel<<<Grid(batch), kThreads, 0, S(stream)>>>(logits, labels, dlogits, row_loss,
-                                                                     bad, batch, classes);
+                                                                     batch, classes);
+  return Last();
+}
+int Gather(const float* table, int64_t row_floats, const float* rows, int64_t n, float* out,
+           void* stream) {
+  GatherKernel<<<Grid(n * row_floats), kThreads, 0, S(stream)>>>(table, row_floats, rows, n, out);
   return Last();
 }
 int CountCorrect(const float* logits, const float* labels, int batch, int classes,

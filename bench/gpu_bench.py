@@ -86,14 +86,14 @@ def kernel_table(text):
 
 
 def profile(args):
-    """One epoch of 1 worker under ncu: kernels 2000..2999 (steps well past the first), each timed
+    """One epoch of 1 worker under ncu: kernels 2000..2449 (steps well past the first), each timed
     alone on the GPU; the per-kernel summary of gpu__time_duration, per step."""
     ncu = shutil.which("ncu") or next((p for p in ["/usr/local/cuda/bin/ncu"] if os.path.exists(p)), None)
     if ncu is None:
         print("profile: ncu is not installed here", file=sys.stderr)
         return None
     cmd = [ncu, "--clock-control", "none", "--target-processes", "all", "--launch-skip", "2000",
-           "--launch-count", "1000", "--metrics", "gpu__time_duration.sum", "--print-summary",
+           "--launch-count", "450", "--metrics", "gpu__time_duration.sum", "--print-summary",
            "per-kernel", *launch_one(args, 1)]
     p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **ENV})
     return " ".join(cmd).replace(ROOT + "/", ""), p.returncode, p.stdout + p.stderr

@@ -9,21 +9,22 @@
 #   it ran on cuda:0.
 # - compute-sanitizer's memcheck and racecheck report nothing on the CUDA tests, where the
 #   sanitizer can run on this machine (it says "Device not supported" where it cannot);
-# - with --bench E: bench/gpu_bench.py (Summa 1 and 2 workers and PyTorch on the GPU, E epochs,
-#   and ncu's per-kernel times) finishes and meets its checks; its table lands in
-#   $OUT/results-gpu.md.
+# - with --bench E: bench/gpu_bench.py (Summa 1 and 2 workers and PyTorch on the GPU, E epochs;
+#   with --profile also a timeline of 1 worker's steps and ncu's per-kernel times) finishes and
+#   meets its checks; its table lands in $OUT/results-gpu.md.
 # Prints seconds per epoch and test accuracy. Uses .bundle/ from scripts/gpu-bundle.sh when present
 # (a machine with no Debian packages), else build/. Everything it prints is also kept in $OUT (or
 # gpu-check-out/) when that is set.
-#   scripts/gpu-check.sh [--epochs N] [--bench E]
+#   scripts/gpu-check.sh [--epochs N] [--bench E [--profile]]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-epochs=2 bench=0
+epochs=2 bench=0 profile=()
 while (($#)); do
   case "$1" in
     --epochs) epochs=$2; shift 2 ;;
     --bench) bench=$2; shift 2 ;;
-    *) echo "gpu-check: unknown argument '$1' (--epochs N, --bench E)" >&2; exit 2 ;;
+    --profile) profile=(--profile); shift ;;
+    *) echo "gpu-check: unknown argument '$1' (--epochs N, --bench E, --profile)" >&2; exit 2 ;;
   esac
 done
 out=${OUT:-gpu-check-out}
@@ -152,11 +153,11 @@ for workers in 1 2; do
 done
 
 if ((bench > 0)); then
-  echo "== bench/gpu_bench.py --epochs $bench --profile"
+  echo "== bench/gpu_bench.py --epochs $bench ${profile[*]}"
   python=$(command -v python3)
   [[ -x /usr/bin/python3 ]] && /usr/bin/python3 -c 'import torch' 2>/dev/null && python=/usr/bin/python3
   PYTHONUNBUFFERED=1 "$python" bench/gpu_bench.py --epochs "$bench" --bin "$bin" --launch "$launch" \
-    --data_dir "$data" --python "$python" --profile | tee "$out/results-gpu.md"
+    --data_dir "$data" --python "$python" "${profile[@]}" | tee "$out/results-gpu.md"
   rc=${PIPESTATUS[0]}
   ((rc == 0)) || fail "bench/gpu_bench.py exited with status $rc"
 fi

@@ -14,33 +14,39 @@ int Blocks(int64_t n) { return static_cast<int>((n + kThreads - 1) / kThreads); 
 cudaStream_t S(void* stream) { return static_cast<cudaStream_t>(stream); }
 int Last() { return static_cast<int>(cudaGetLastError()); }
 
+// The element-wise kernels below index with I: int32_t where every array they touch is small
+// enough (Fits32), else int64_t. A 64-bit division costs several times a 32-bit one, and these
+// kernels divide per element: conv1's im2col took 111 us per call on an H200 in 64 bits.
+constexpr int64_t kMax32 = int64_t{1} << 30;  // leaves room for the grid stride past the end
+bool Fits32(int64_t n) { return n < kMax32; }
+
 // One thread per col element: col[(c*k + ki)*k + kj][n*P + oh*Wo + ow] = x[n][c][oh+ki][ow+kj].
+template <typename I>
 __global__ void Im2ColKernel(ConvDims d, const float* __restrict__ x, float* __restrict__ col) {
-  const int64_t pixels = int64_t{d.out_height} * d.out_width;
-  const int64_t np = d.batch * pixels;
-  const int64_t total = int64_t{d.in_channels} * d.kernel * d.kernel * np;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t row = i / np, column = i % np;
+  const I pixels = I(d.out_height) * d.out_width;
+  const I np = I(d.batch) * pixels;
+  const I total = I(d.in_channels) * d.kernel * d.kernel * np;
+  for (I i = I(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += I(gridDim.x) * blockDim.x) {
+    const I row = i / np, column = i % np;
     const int kj = row % d.kernel, ki = (row / d.kernel) % d.kernel;
     const int c = static_cast<int>(row / (d.kernel * d.kernel));
     const int n = static_cast<int>(column / pixels);
     const int p = static_cast<int>(column % pixels);
     const int oh = p / d.out_width, ow = p % d.out_width;
-    col[i] = x[((int64_t{n} * d.in_channels + c) * d.height + oh + ki) * d.width + ow + kj];
+    col[i] = x[((I(n) * d.in_channels + c) * d.height + oh + ki) * d.width + ow + kj];
   }
 }
 
 // One thread per dx element, gathering every col entry that came from it (no atomics).
+template <typename I>
 __global__ void Col2ImKernel(ConvDims d, const float* __restrict__ dcol, float* __restrict__ dx) {
-  const int64_t pixels = int64_t{d.out_height} * d.out_width;
-  const int64_t np = d.batch * pixels;
-  const int64_t total = int64_t{d.batch} * d.in_channels * d.height * d.width;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
-       i += int64_t{gridDim.x} * blockDim.x) {
+  const I pixels = I(d.out_height) * d.out_width;
+  const I np = I(d.batch) * pixels;
+  const I total = I(d.batch) * d.in_channels * d.height * d.width;
+  for (I i = I(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += I(gridDim.x) * blockDim.x) {
     const int w = i % d.width, h = (i / d.width) % d.height;
-    const int c = (i / (int64_t{d.width} * d.height)) % d.in_channels;
-    const int n = static_cast<int>(i / (int64_t{d.width} * d.height * d.in_channels));
+    const int c = (i / (I(d.width) * d.height)) % d.in_channels;
+    const int n = static_cast<int>(i / (I(d.width) * d.height * d.in_channels));
     float sum = 0;
     for (int ki = 0; ki < d.kernel; ++ki) {
       const int oh = h - ki;
@@ -48,7 +54,7 @@ __global__ void Col2ImKernel(ConvDims d, const float* __restrict__ dcol, float* 
       for (int kj = 0; kj < d.kernel; ++kj) {
         const int ow = w - kj;
         if (ow < 0 || ow >= d.out_width) continue;
-        const int64_t row = (int64_t{c} * d.kernel + ki) * d.kernel + kj;
+        const I row = (I(c) * d.kernel + ki) * d.kernel + kj;
         sum += dcol[row * np + n * pixels + oh * d.out_width + ow];
       }
     }
@@ -56,39 +62,39 @@ __global__ void Col2ImKernel(ConvDims d, const float* __restrict__ dcol, float* 
   }
 }
 
+template <typename I>
 __global__ void ChannelMajorToNchwBiasKernel(ConvDims d, const float* __restrict__ out,
                                              const float* __restrict__ bias, float* __restrict__ y) {
-  const int64_t pixels = int64_t{d.out_height} * d.out_width;
-  const int64_t total = int64_t{d.batch} * d.out_channels * pixels;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t p = i % pixels;
+  const I pixels = I(d.out_height) * d.out_width;
+  const I total = I(d.batch) * d.out_channels * pixels;
+  for (I i = I(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += I(gridDim.x) * blockDim.x) {
+    const I p = i % pixels;
     const int o = (i / pixels) % d.out_channels;
-    const int64_t n = i / (pixels * d.out_channels);
+    const I n = i / (pixels * d.out_channels);
     y[i] = out[o * d.batch * pixels + n * pixels + p] + bias[o];
   }
 }
 
+template <typename I>
 __global__ void NchwToChannelMajorKernel(ConvDims d, const float* __restrict__ dy,
                                          float* __restrict__ dyt) {
-  const int64_t pixels = int64_t{d.out_height} * d.out_width;
-  const int64_t total = int64_t{d.batch} * d.out_channels * pixels;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t p = i % pixels;
+  const I pixels = I(d.out_height) * d.out_width;
+  const I total = I(d.batch) * d.out_channels * pixels;
+  for (I i = I(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += I(gridDim.x) * blockDim.x) {
+    const I p = i % pixels;
     const int o = (i / pixels) % d.out_channels;
-    const int64_t n = i / (pixels * d.out_channels);
+    const I n = i / (pixels * d.out_channels);
     dyt[o * d.batch * pixels + n * pixels + p] = dy[i];
   }
 }
 
-// The sum of x[begin, end) over the block, valid in thread 0 (blockDim.x == kThreads). Every
-// thread adds a fixed stride of elements and the tree below is fixed, so the result does not
-// depend on timing.
-__device__ float BlockSum(const float* __restrict__ x, int64_t begin, int64_t end) {
+// The sum of x[c * stride] for c in [begin, end) over the block, valid in thread 0 (blockDim.x ==
+// kThreads). Every thread adds a fixed set of elements and the tree below is fixed, so the result
+// does not depend on timing.
+__device__ float BlockSum(const float* __restrict__ x, int64_t begin, int64_t end, int64_t stride) {
   __shared__ float partial[kThreads];
   float s = 0;
-  for (int64_t c = begin + threadIdx.x; c < end; c += blockDim.x) s += x[c];
+  for (int64_t c = begin + threadIdx.x; c < end; c += blockDim.x) s += x[c * stride];
   partial[threadIdx.x] = s;
   __syncthreads();
   for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
@@ -105,18 +111,18 @@ __global__ void RowSlicesKernel(const float* __restrict__ m, int64_t cols, bool 
   const int64_t per = (cols + gridDim.x - 1) / gridDim.x;
   const int64_t begin = blockIdx.x * per;
   const int64_t end = begin + per < cols ? begin + per : cols;
-  const float s = BlockSum(m + blockIdx.y * cols, begin, end);
+  const float s = BlockSum(m + blockIdx.y * cols, begin, end, 1);
   float* out = sums + int64_t{blockIdx.y} * gridDim.x + blockIdx.x;
   if (threadIdx.x == 0) *out = add ? *out + s : s;
 }
 
+// Block c: sums[c] = the sum of column c of m[rows, cols], the block's threads taking the rows in
+// turn (a thread per column summing every row alone took 27 us for the linear layers' bias
+// gradients, 256 rows, on an H200).
 __global__ void ColumnSumsKernel(const float* __restrict__ m, int64_t rows, int64_t cols,
                                  float* __restrict__ sums) {
-  const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (c >= cols) return;
-  float s = 0;
-  for (int64_t r = 0; r < rows; ++r) s += m[r * cols + c];
-  sums[c] = s;
+  const float s = BlockSum(m + blockIdx.x, 0, rows, cols);
+  if (threadIdx.x == 0) sums[blockIdx.x] = s;
 }
 
 __global__ void BroadcastRowsKernel(const float* __restrict__ bias, int64_t rows, int64_t cols,
@@ -141,28 +147,28 @@ __global__ void ReluBackwardKernel(const float* y, const float* dy, float* dx, i
   }
 }
 
+template <typename I>
 __global__ void AvgPool2ForwardKernel(const float* __restrict__ x, float* __restrict__ y,
                                       int planes, int h, int w) {
   const int oh = h / 2, ow = w / 2;
-  const int64_t total = int64_t{planes} * oh * ow;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
-       i += int64_t{gridDim.x} * blockDim.x) {
+  const I total = I(planes) * oh * ow;
+  for (I i = I(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += I(gridDim.x) * blockDim.x) {
     const int j = i % ow, r = (i / ow) % oh;
-    const int64_t p = i / (int64_t{oh} * ow);
+    const I p = i / (I(oh) * ow);
     const float* base = x + p * h * w + (2 * r) * w + 2 * j;
     y[i] = 0.25f * (base[0] + base[1] + base[w] + base[w + 1]);
   }
 }
 
 // One thread per dx element: a quarter of its window's gradient, zero on dropped odd edges.
+template <typename I>
 __global__ void AvgPool2BackwardKernel(const float* __restrict__ dy, float* __restrict__ dx,
                                        int planes, int h, int w) {
   const int oh = h / 2, ow = w / 2;
-  const int64_t total = int64_t{planes} * h * w;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
-       i += int64_t{gridDim.x} * blockDim.x) {
+  const I total = I(planes) * h * w;
+  for (I i = I(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += I(gridDim.x) * blockDim.x) {
     const int c = i % w, r = (i / w) % h;
-    const int64_t p = i / (int64_t{h} * w);
+    const I p = i / (I(h) * w);
     const int pr = r / 2, pc = c / 2;
     dx[i] = (pr < oh && pc < ow) ? 0.25f * dy[p * oh * ow + pr * ow + pc] : 0.0f;
   }
@@ -222,24 +228,47 @@ int Grid(int64_t n) { return n == 0 ? 1 : static_cast<int>(std::min<int64_t>(Blo
 
 }  // namespace
 
+// The floats of a convolution's input, its im2col matrix and its output.
+int64_t InputFloats(const ConvDims& d) { return int64_t{d.batch} * d.in_channels * d.height * d.width; }
+int64_t ColFloats(const ConvDims& d) {
+  return int64_t{d.in_channels} * d.kernel * d.kernel * d.batch * d.out_height * d.out_width;
+}
+int64_t OutputFloats(const ConvDims& d) { return int64_t{d.batch} * d.out_channels * d.out_height * d.out_width; }
+
 int Im2Col(const ConvDims& d, const float* x, float* col, void* stream) {
-  const int64_t total = int64_t{d.in_channels} * d.kernel * d.kernel * d.batch * d.out_height * d.out_width;
-  Im2ColKernel<<<Grid(total), kThreads, 0, S(stream)>>>(d, x, col);
+  const int64_t total = ColFloats(d);
+  if (Fits32(total) && Fits32(InputFloats(d))) {
+    Im2ColKernel<int32_t><<<Grid(total), kThreads, 0, S(stream)>>>(d, x, col);
+  } else {
+    Im2ColKernel<int64_t><<<Grid(total), kThreads, 0, S(stream)>>>(d, x, col);
+  }
   return Last();
 }
 int Col2Im(const ConvDims& d, const float* dcol, float* dx, void* stream) {
-  const int64_t total = int64_t{d.batch} * d.in_channels * d.height * d.width;
-  Col2ImKernel<<<Grid(total), kThreads, 0, S(stream)>>>(d, dcol, dx);
+  const int64_t total = InputFloats(d);
+  if (Fits32(total) && Fits32(ColFloats(d))) {
+    Col2ImKernel<int32_t><<<Grid(total), kThreads, 0, S(stream)>>>(d, dcol, dx);
+  } else {
+    Col2ImKernel<int64_t><<<Grid(total), kThreads, 0, S(stream)>>>(d, dcol, dx);
+  }
   return Last();
 }
 int ChannelMajorToNchwBias(const ConvDims& d, const float* out, const float* bias, float* y, void* stream) {
-  const int64_t total = int64_t{d.batch} * d.out_channels * d.out_height * d.out_width;
-  ChannelMajorToNchwBiasKernel<<<Grid(total), kThreads, 0, S(stream)>>>(d, out, bias, y);
+  const int64_t total = OutputFloats(d);
+  if (Fits32(total)) {
+    ChannelMajorToNchwBiasKernel<int32_t><<<Grid(total), kThreads, 0, S(stream)>>>(d, out, bias, y);
+  } else {
+    ChannelMajorToNchwBiasKernel<int64_t><<<Grid(total), kThreads, 0, S(stream)>>>(d, out, bias, y);
+  }
   return Last();
 }
 int NchwToChannelMajor(const ConvDims& d, const float* dy, float* dyt, void* stream) {
-  const int64_t total = int64_t{d.batch} * d.out_channels * d.out_height * d.out_width;
-  NchwToChannelMajorKernel<<<Grid(total), kThreads, 0, S(stream)>>>(d, dy, dyt);
+  const int64_t total = OutputFloats(d);
+  if (Fits32(total)) {
+    NchwToChannelMajorKernel<int32_t><<<Grid(total), kThreads, 0, S(stream)>>>(d, dy, dyt);
+  } else {
+    NchwToChannelMajorKernel<int64_t><<<Grid(total), kThreads, 0, S(stream)>>>(d, dy, dyt);
+  }
   return Last();
 }
 int64_t RowSumSlices(int64_t cols) {
@@ -262,7 +291,8 @@ int RowSums(const float* m, int64_t rows, int64_t cols, float* sums, float* part
   return Last();
 }
 int ColumnSums(const float* m, int64_t rows, int64_t cols, float* sums, void* stream) {
-  ColumnSumsKernel<<<Grid(cols), kThreads, 0, S(stream)>>>(m, rows, cols, sums);
+  if (cols == 0) return 0;
+  ColumnSumsKernel<<<static_cast<unsigned>(cols), kThreads, 0, S(stream)>>>(m, rows, cols, sums);
   return Last();
 }
 int BroadcastRows(const float* bias, int64_t rows, int64_t cols, float* y, void* stream) {
@@ -278,11 +308,21 @@ int ReluBackward(const float* y, const float* dy, float* dx, int64_t n, void* st
   return Last();
 }
 int AvgPool2Forward(const float* x, float* y, int planes, int h, int w, void* stream) {
-  AvgPool2ForwardKernel<<<Grid(int64_t{planes} * (h / 2) * (w / 2)), kThreads, 0, S(stream)>>>(x, y, planes, h, w);
+  const int64_t total = int64_t{planes} * (h / 2) * (w / 2);
+  if (Fits32(int64_t{planes} * h * w)) {
+    AvgPool2ForwardKernel<int32_t><<<Grid(total), kThreads, 0, S(stream)>>>(x, y, planes, h, w);
+  } else {
+    AvgPool2ForwardKernel<int64_t><<<Grid(total), kThreads, 0, S(stream)>>>(x, y, planes, h, w);
+  }
   return Last();
 }
 int AvgPool2Backward(const float* dy, float* dx, int planes, int h, int w, void* stream) {
-  AvgPool2BackwardKernel<<<Grid(int64_t{planes} * h * w), kThreads, 0, S(stream)>>>(dy, dx, planes, h, w);
+  const int64_t total = int64_t{planes} * h * w;
+  if (Fits32(total)) {
+    AvgPool2BackwardKernel<int32_t><<<Grid(total), kThreads, 0, S(stream)>>>(dy, dx, planes, h, w);
+  } else {
+    AvgPool2BackwardKernel<int64_t><<<Grid(total), kThreads, 0, S(stream)>>>(dy, dx, planes, h, w);
+  }
   return Last();
 }
 int SoftmaxCrossEntropy(const float* logits, const float* labels, float* dlogits, float* row_loss,

@@ -10,6 +10,7 @@
 #define SUMMA_WORKER_BACKEND_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -122,8 +123,19 @@ class Backend {
   virtual absl::Status Axpy(float alpha, const float* x, float* y, int64_t n) = 0;
 };
 
-// The OpenBLAS backend; `threads` OpenBLAS threads (process-wide setting).
-std::unique_ptr<Backend> NewCpuBackend(int threads);
+// Where the CPU backend's time goes, phase by phase ("conv 20->50 backward-weights GEMM",
+// "avgpool 26x26 forward", ...): calls, seconds and floating-point operations, accumulated while
+// the backend has one (the layer benchmark, bench/layers_main.cc). Not thread-safe.
+struct CpuPhase {
+  int64_t calls = 0;
+  double seconds = 0;
+  double flops = 0;  // of the matrix products; 0 for phases that only move data
+};
+using CpuProfile = std::map<std::string, CpuPhase>;
+
+// The OpenBLAS backend; `threads` OpenBLAS threads (process-wide setting). With `profile`, each
+// phase of each operation adds its time to it (not owned; must outlive the backend).
+std::unique_ptr<Backend> NewCpuBackend(int threads, CpuProfile* profile = nullptr);
 
 }  // namespace summa::worker
 

@@ -4,9 +4,12 @@
 #include <xmmintrin.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <mutex>
+#include <optional>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "worker/backend.h"
@@ -81,9 +84,38 @@ void Col2Im(const ConvShape& s, int image, const float* col, float* dx) {
   }
 }
 
+// Times one phase of an operation into a CpuProfile, from construction to destruction; nothing
+// (not even the name) when there is no profile.
+class Phase {
+ public:
+  template <typename... Name>
+  Phase(CpuProfile* profile, double flops, const Name&... name) : profile_(profile), flops_(flops) {
+    if (profile_ == nullptr) return;
+    name_ = absl::StrCat(name...);
+    start_ = std::chrono::steady_clock::now();
+  }
+  ~Phase() {
+    if (profile_ == nullptr) return;
+    CpuPhase& p = (*profile_)[name_];
+    p.calls += 1;
+    p.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    p.flops += flops_;
+  }
+  Phase(const Phase&) = delete;
+  Phase& operator=(const Phase&) = delete;
+
+ private:
+  CpuProfile* const profile_;
+  const double flops_;
+  std::string name_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+double GemmFlops(int64_t m, int64_t n, int64_t k) { return 2.0 * m * n * k; }
+
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int threads) {
+  CpuBackend(int threads, CpuProfile* profile) : profile_(profile) {
     FlushDenormals();
     RestartBlasThreadsWithFlushToZero();
     // After the restart: workers this adds are created by this thread and inherit its flags.
@@ -111,19 +143,23 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
   absl::Status Upload(const float* host, int64_t n, float* device) override {
+    Phase phase(profile_, 0, "copy in (weights, labels)");
     if (host != device) std::memcpy(device, host, n * sizeof(float));
     return absl::OkStatus();
   }
   absl::Status Download(const float* device, int64_t n, float* host) override {
+    Phase phase(profile_, 0, "copy out (gradient, totals)");
     if (host != device) std::memcpy(host, device, n * sizeof(float));
     return absl::OkStatus();
   }
   absl::Status Zero(float* device, int64_t n) override {
+    Phase phase(profile_, 0, "zero");
     std::fill_n(device, n, 0.0f);
     return absl::OkStatus();
   }
   absl::Status Gather(const float* table, int64_t row_floats, const float* rows, int n,
                       float* out) override {
+    Phase phase(profile_, 0, "gather (the batch's examples)");
     for (int i = 0; i < n; ++i) {
       std::memcpy(out + i * row_floats, table + static_cast<int64_t>(rows[i]) * row_floats,
                   row_floats * sizeof(float));
@@ -148,9 +184,17 @@ class CpuBackend final : public Backend {
     const int64_t in_size = int64_t{s.in_channels} * s.height * s.width;
     float* col = workspace;
     float* out = workspace + 2 * s.col_floats();
-    for (int i = 0; i < s.batch; ++i) Im2Col(s, i, x + i * in_size, col);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s.out_channels, np, ckk, 1.0f, w, ckk,
-                col, np, 0.0f, out, np);
+    const std::string conv = profile_ ? absl::StrCat("conv ", s.in_channels, "->", s.out_channels, " ") : "";
+    {
+      Phase phase(profile_, 0, conv, "im2col (forward)");
+      for (int i = 0; i < s.batch; ++i) Im2Col(s, i, x + i * in_size, col);
+    }
+    {
+      Phase phase(profile_, GemmFlops(s.out_channels, np, ckk), conv, "forward GEMM");
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s.out_channels, np, ckk, 1.0f, w, ckk,
+                  col, np, 0.0f, out, np);
+    }
+    Phase phase(profile_, 0, conv, "bias and NCHW layout");
     for (int i = 0; i < s.batch; ++i) {
       for (int o = 0; o < s.out_channels; ++o) {
         const float* from = out + o * np + i * pixels;
@@ -171,6 +215,8 @@ class CpuBackend final : public Backend {
     float* col = workspace;
     float* dcol = workspace + s.col_floats();
     float* dyt = workspace + 2 * s.col_floats();
+    const std::string conv = profile_ ? absl::StrCat("conv ", s.in_channels, "->", s.out_channels, " ") : "";
+    std::optional<Phase> phase(std::in_place, profile_, 0, conv, "dy layout and bias gradient");
     // dy to channel-major [O, N*P], summing the bias gradient on the way.
     std::fill_n(dbias, s.out_channels, 0.0f);
     for (int i = 0; i < s.batch; ++i) {
@@ -185,14 +231,18 @@ class CpuBackend final : public Backend {
         dbias[o] += sum;
       }
     }
+    phase.emplace(profile_, 0, conv, "im2col (backward)");
     for (int i = 0; i < s.batch; ++i) Im2Col(s, i, x + i * in_size, col);
     // dw[O, CKK] = dyt[O, N*P] col[CKK, N*P]^T
+    phase.emplace(profile_, GemmFlops(s.out_channels, ckk, np), conv, "backward-weights GEMM");
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s.out_channels, ckk, np, 1.0f, dyt, np, col,
                 np, 0.0f, dw, ckk);
     if (dx != nullptr) {
       // dcol[CKK, N*P] = w[O, CKK]^T dyt[O, N*P]
+      phase.emplace(profile_, GemmFlops(ckk, np, s.out_channels), conv, "backward-data GEMM");
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ckk, np, s.out_channels, 1.0f, w, ckk, dyt,
                   np, 0.0f, dcol, np);
+      phase.emplace(profile_, 0, conv, "col2im");
       std::fill_n(dx, s.batch * in_size, 0.0f);
       for (int i = 0; i < s.batch; ++i) Col2Im(s, i, dcol, dx + i * in_size);
     }
@@ -201,17 +251,20 @@ class CpuBackend final : public Backend {
 
   absl::Status ReluForward(const float* x, float* y, int64_t n) override {
     FlushDenormals();
+    Phase phase(profile_, 0, "relu forward");
     for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0 ? x[i] : 0.0f;
     return absl::OkStatus();
   }
   absl::Status ReluBackward(const float* y, const float* dy, float* dx, int64_t n) override {
     FlushDenormals();
+    Phase phase(profile_, 0, "relu backward");
     for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * static_cast<float>(y[i] > 0);
     return absl::OkStatus();
   }
 
   absl::Status AvgPool2Forward(const float* x, float* y, int planes, int h, int w) override {
     FlushDenormals();
+    Phase phase(profile_, 0, "avgpool ", h, "x", w, " forward");
     const int oh = h / 2, ow = w / 2;
     for (int p = 0; p < planes; ++p) {
       const float* xp = x + int64_t{p} * h * w;
@@ -228,6 +281,7 @@ class CpuBackend final : public Backend {
   }
   absl::Status AvgPool2Backward(const float* dy, float* dx, int planes, int h, int w) override {
     FlushDenormals();
+    Phase phase(profile_, 0, "avgpool ", h, "x", w, " backward");
     const int oh = h / 2, ow = w / 2;
     if (h % 2 != 0 || w % 2 != 0) std::fill_n(dx, int64_t{planes} * h * w, 0.0f);
     for (int p = 0; p < planes; ++p) {
@@ -248,6 +302,7 @@ class CpuBackend final : public Backend {
   absl::Status LinearForward(const float* x, const float* w, const float* bias, float* y, int batch,
                              int in, int out) override {
     FlushDenormals();
+    Phase phase(profile_, GemmFlops(batch, out, in), "linear ", in, "->", out, " forward");
     for (int i = 0; i < batch; ++i) std::memcpy(y + int64_t{i} * out, bias, out * sizeof(float));
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, batch, out, in, 1.0f, x, in, w, out,
                 1.0f, y, out);
@@ -257,6 +312,8 @@ class CpuBackend final : public Backend {
                               float* dbias, int batch, int in, int out) override {
     FlushDenormals();
     // dw[I,O] = x^T dy; dbias = column sums of dy; dx[N,I] = dy w^T.
+    std::optional<Phase> phase(std::in_place, profile_, GemmFlops(in, out, batch), "linear ", in, "->", out,
+                               " backward-weights and bias");
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, in, out, batch, 1.0f, x, in, dy, out, 0.0f,
                 dw, out);
     std::fill_n(dbias, out, 0.0f);
@@ -264,6 +321,7 @@ class CpuBackend final : public Backend {
       for (int o = 0; o < out; ++o) dbias[o] += dy[int64_t{i} * out + o];
     }
     if (dx != nullptr) {
+      phase.emplace(profile_, GemmFlops(batch, in, out), "linear ", in, "->", out, " backward-data");
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, batch, in, out, 1.0f, dy, out, w, out,
                   0.0f, dx, in);
     }
@@ -273,6 +331,7 @@ class CpuBackend final : public Backend {
   absl::Status SoftmaxCrossEntropy(const float* logits, const float* labels, float* dlogits,
                                    int batch, int classes, float* totals) override {
     FlushDenormals();
+    Phase phase(profile_, 0, "softmax cross-entropy");
     double loss = 0;
     int bad = 0;
     for (int i = 0; i < batch; ++i) {
@@ -311,13 +370,19 @@ class CpuBackend final : public Backend {
 
   absl::Status Axpy(float alpha, const float* x, float* y, int64_t n) override {
     FlushDenormals();
+    Phase phase(profile_, 0, "axpy (summing chunks' gradients)");
     cblas_saxpy(static_cast<blasint>(n), alpha, x, 1, y, 1);
     return absl::OkStatus();
   }
+
+ private:
+  CpuProfile* const profile_;  // Not owned; null: no profiling
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> NewCpuBackend(int threads) { return std::make_unique<CpuBackend>(threads); }
+std::unique_ptr<Backend> NewCpuBackend(int threads, CpuProfile* profile) {
+  return std::make_unique<CpuBackend>(threads, profile);
+}
 
 }  // namespace summa::worker

@@ -252,13 +252,21 @@ class CpuBackend final : public Backend {
   absl::Status ReluForward(const float* x, float* y, int64_t n) override {
     FlushDenormals();
     Phase phase(profile_, 0, "relu forward");
-    for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0 ? x[i] : 0.0f;
+#pragma GCC ivdep  // y may be x (in place), element by element
+    for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
     return absl::OkStatus();
   }
   absl::Status ReluBackward(const float* y, const float* dy, float* dx, int64_t n) override {
     FlushDenormals();
     Phase phase(profile_, 0, "relu backward");
-    for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * static_cast<float>(y[i] > 0);
+    // dx may be dy (in place): element-wise, so no iteration depends on another, which ivdep
+    // tells the vectoriser (its overlap check would otherwise fall back to a scalar loop whose
+    // branch mispredicts on half the elements: 16% of a LeNet step, summa-bench-layers).
+#pragma GCC ivdep
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = dy[i];  // loaded whatever y says, so that the select needs no branch
+      dx[i] = y[i] > 0.0f ? g : 0.0f;
+    }
     return absl::OkStatus();
   }
 

@@ -1,4 +1,5 @@
-"""Side-by-side benchmark: Summa (1 and 2 CPU workers) against PyTorch training the same LeNet
+"""Side-by-side benchmark: Summa (1 and 2 CPU workers, and 1 worker with 2 threads) against
+PyTorch training the same LeNet
 from scratch with the same settings (Debian's python3-torch): one process with 1 thread, one
 with as many threads as Summa's 2 workers use, and torch.distributed with gloo, 2 processes of 1
 thread. All runs share one environment (below) and run one after another in this process.
@@ -7,7 +8,9 @@ thread. All runs share one environment (below) and run one after another in this
 
 Prints a markdown table: seconds per epoch (mean over the epochs) and the final test accuracy,
 then checks that every run finished and reached its accuracy (Summa's within 0.01 of PyTorch's
-single-process run after the same epochs); exits non-zero if not.
+single-process run after the same epochs) and the speed targets (issue 15: Summa 1 worker at most
+0.4x, 2 workers at most 0.25x PyTorch's 1-thread epoch; 2 threads at least 1.7x 1); exits
+non-zero if not.
 """
 import argparse
 import json
@@ -35,10 +38,10 @@ def run(cmd, env_extra=None):
     return p.stdout, time.monotonic() - start
 
 
-def summa(workers, args):
+def summa(workers, args, threads=1):
     cmd = [os.path.join(ROOT, "scripts/launch.sh"), "--workers", str(workers), "--epochs",
            str(args.epochs), "--batch_size", "256", "--lr", "0.2", "--", "--progress=never",
-           "--threads=1"]
+           f"--threads={threads}"]
     if args.train_limit:
         cmd.append(f"--train_limit={args.train_limit}")
     out, _ = run(cmd)
@@ -74,6 +77,7 @@ def main():
         ("PyTorch DDP (gloo), 2 processes x 1 thread", lambda: torch_run("ddp", 1, args)),
         ("Summa, 1 CPU worker", lambda: summa(1, args)),
         ("Summa, 2 CPU workers", lambda: summa(2, args)),
+        ("Summa, 1 CPU worker x 2 threads", lambda: summa(1, args, threads=2)),
     ]
     for name, fn in plan:
         print(f"running: {name} ...", file=sys.stderr, flush=True)
@@ -95,6 +99,7 @@ def main():
     torch2 = by["PyTorch, 1 process x 2 threads"]
     ddp = by["PyTorch DDP (gloo), 2 processes x 1 thread"]
     s1, s2 = by["Summa, 1 CPU worker"], by["Summa, 2 CPU workers"]
+    s1t2 = by["Summa, 1 CPU worker x 2 threads"]
     checks = [
         ("Summa 1 worker faster than PyTorch 1 thread", s1[0] < torch1[0]),
         ("Summa 2 workers faster than PyTorch 2 threads", s2[0] < torch2[0]),
@@ -102,6 +107,10 @@ def main():
         ("Summa 2 workers at most half of PyTorch 1 thread", s2[0] <= torch1[0] / 2),
         ("Summa 1 worker accuracy within 0.01 of PyTorch", abs(s1[1] - torch1[1]) <= 0.01),
         ("Summa 2 workers accuracy within 0.01 of PyTorch", abs(s2[1] - torch1[1]) <= 0.01),
+        ("Summa 1 worker at most 0.4x PyTorch 1 thread (issue 15)", s1[0] <= 0.4 * torch1[0]),
+        ("Summa 2 workers at most 0.25x PyTorch 1 thread (issue 15)", s2[0] <= 0.25 * torch1[0]),
+        ("Summa 1 worker x 2 threads at least 1.7x 1 thread (issue 15)", s1[0] >= 1.7 * s1t2[0]),
+        ("Summa 1 worker x 2 threads accuracy within 0.02 of PyTorch", abs(s1t2[1] - torch1[1]) <= 0.02),
     ]
     print()
     for what, ok in checks:

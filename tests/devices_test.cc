@@ -34,5 +34,17 @@ TEST(DevicesTest, CpuListsMakeOneBackendEach) {
   EXPECT_TRUE(absl::IsInvalidArgument(MakeBackends("cpu", 0).status()));
 }
 
+// --threads=3 on the CPU: three CPU backends (the shard split across three threads); a list
+// keeps one backend per entry.
+TEST(DevicesTest, CpuThreadsMakeOneBackendPerThread) {
+  absl::StatusOr<std::vector<std::unique_ptr<Backend>>> b = MakeBackends("cpu", 3);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ(b->size(), 3u);
+  for (const auto& backend : *b) EXPECT_EQ(backend->name(), "cpu");
+  b = MakeBackends("cpu,cpu", 3);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->size(), 2u);
+}
+
 }  // namespace
 }  // namespace summa::worker

@@ -141,6 +141,13 @@ absl::StatusOr<std::vector<std::unique_ptr<Backend>>> MakeBackends(const std::st
     }
     backends.push_back(std::move(b));
   }
+  // --threads=T on the CPU: T backends of one OpenBLAS thread each, the shard split across them
+  // and each computing on a thread of its own (Trainer, DeviceThreads), rather than one OpenBLAS
+  // call spread over T threads, which LeNet's small products do not fill.
+  if (backends.size() == 1 && backends[0]->name() == "cpu" && cpu_threads > 1) {
+    backends.clear();
+    for (int t = 0; t < cpu_threads; ++t) backends.push_back(NewCpuBackend(1));
+  }
   return backends;
 }
 

@@ -15,7 +15,8 @@ namespace summa::worker {
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& device, int cpu_threads);
 
-// `devices` is one device or a comma-separated list; each is made with MakeBackend.
+// `devices` is one device or a comma-separated list; each is made with MakeBackend. One CPU with
+// cpu_threads > 1 becomes cpu_threads CPU backends of one OpenBLAS thread each (--threads).
 absl::StatusOr<std::vector<std::unique_ptr<Backend>>> MakeBackends(const std::string& devices,
                                                                    int cpu_threads);
 

@@ -33,7 +33,11 @@ ABSL_FLAG(std::string, devices, "",
 ABSL_FLAG(std::string, data_dir, summa::kDefaultDataDir,
           "directory with the Fashion-MNIST (or MNIST) IDX files, gzipped or not");
 ABSL_FLAG(uint64_t, seed, 0, "seed of the initial weights and of every epoch's shuffle");
-ABSL_FLAG(int, threads, 1, "OpenBLAS threads for the CPU backend");
+ABSL_FLAG(int, threads, 1,
+          "CPU threads computing this worker's shard: on the CPU the shard is split across T "
+          "copies of the model, each on its own thread with one OpenBLAS thread, and their "
+          "gradients summed before the push (with --devices naming cpu several times: the OpenBLAS "
+          "threads of each)");
 ABSL_FLAG(std::string, status_address, "0.0.0.0:0",
           "host:port where this worker serves summa.v1.Worker/GetStatus (port 0: any free port)");
 ABSL_FLAG(std::string, status_port_file, "", "if set, write the bound status port to this file");

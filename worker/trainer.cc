@@ -56,6 +56,7 @@ absl::Status Trainer::Prepare(int max_shard) {
   SUMMA_ASSIGN_OR_RETURN(weights_, first.AllocHost(params));
   SUMMA_ASSIGN_OR_RETURN(gradients_, first.AllocHost(params));
   max_shard_ = max_shard;
+  device_threads_ = std::make_unique<DeviceThreads>(devices);
   SUMMA_RETURN_IF_ERROR(PrepareResident());
   if (devices > 1) {
     SUMMA_ASSIGN_OR_RETURN(peer_gradients_, first.Alloc(params));
@@ -131,12 +132,13 @@ absl::Status Trainer::LoadWeights() {
 absl::Status Trainer::ComputeGradients(int64_t begin, int n) {
   const int devices = static_cast<int>(models_.size());
   const int64_t params = models_[0]->num_params();
-  for (int d = 0; d < devices; ++d) {
+  // split_batch again, each device's part on its own thread.
+  SUMMA_RETURN_IF_ERROR(device_threads_->Run([&](int d) {
     const int from = d * n / devices, to = (d + 1) * n / devices;
     const Resident& r = resident_[d];
-    SUMMA_RETURN_IF_ERROR(models_[d]->ComputeGradients(
-        Examples::Resident(r.image_table, r.label_table, r.rows + begin + from), to - from));
-  }
+    return models_[d]->ComputeGradients(
+        Examples::Resident(r.image_table, r.label_table, r.rows + begin + from), to - from);
+  }));
   // The seed's allreduce inside one worker: sum every device's gradient onto the first.
   Backend& first = *backends_[0];
   for (int d = 1; d < devices; ++d) {

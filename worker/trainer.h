@@ -19,6 +19,7 @@
 #include "common/trace.h"
 #include "common/idx.h"
 #include "worker/backend.h"
+#include "worker/device_threads.h"
 #include "worker/lease_keeper.h"
 #include "worker/model.h"
 #include "worker/parameter_store.h"
@@ -107,6 +108,7 @@ class Trainer {
   std::FILE* const out_;         // Not owned.
   int rank_ = -1;
   std::vector<std::unique_ptr<Model>> models_;  // one per backend
+  std::unique_ptr<DeviceThreads> device_threads_;  // computes on every backend at once
   // Host staging from the first backend (pinned on CUDA) for the push and pull, allocated once.
   std::unique_ptr<DeviceBuffer> weights_, gradients_;
   // The training set on each device, uploaded once, and the epoch's order as row indices

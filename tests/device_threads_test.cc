@@ -1,0 +1,69 @@
+// DeviceThreads runs one piece of work per device at once, on threads kept across rounds, and
+// reports the first error in device order after every piece has run.
+#include "worker/device_threads.h"
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace summa::worker {
+namespace {
+
+TEST(DeviceThreadsTest, EveryDeviceRunsOncePerRoundOnItsOwnThread) {
+  DeviceThreads threads(3);
+  std::vector<int> runs(3, 0);
+  std::vector<std::thread::id> ids(3);
+  for (int round = 0; round < 50; ++round) {
+    ASSERT_TRUE(threads.Run([&](int d) {
+      ++runs[d];
+      ids[d] = std::this_thread::get_id();
+      return absl::OkStatus();
+    }).ok());
+  }
+  EXPECT_EQ(runs, std::vector<int>({50, 50, 50}));
+  EXPECT_EQ(ids[0], std::this_thread::get_id());  // device 0 on the caller
+  EXPECT_NE(ids[1], ids[0]);
+  EXPECT_NE(ids[2], ids[1]);
+}
+
+// The pieces overlap: each waits until all three have started (a run one after another would
+// never get there and the test would time out rather than pass).
+TEST(DeviceThreadsTest, PiecesRunAtTheSameTime) {
+  DeviceThreads threads(3);
+  std::atomic<int> started{0};
+  ASSERT_TRUE(threads.Run([&](int) {
+    started.fetch_add(1);
+    while (started.load() < 3) std::this_thread::yield();
+    return absl::OkStatus();
+  }).ok());
+}
+
+TEST(DeviceThreadsTest, TheFirstErrorInDeviceOrderAfterEveryPieceRan) {
+  DeviceThreads threads(4);
+  std::atomic<int> ran{0};
+  const absl::Status s = threads.Run([&](int d) {
+    ran.fetch_add(1);
+    return d >= 2 ? absl::InternalError(absl::StrCat("device ", d)) : absl::OkStatus();
+  });
+  EXPECT_EQ(ran.load(), 4);
+  EXPECT_EQ(s, absl::InternalError("device 2"));
+  // And the next round runs normally.
+  EXPECT_TRUE(threads.Run([](int) { return absl::OkStatus(); }).ok());
+}
+
+TEST(DeviceThreadsTest, OneDeviceRunsOnTheCaller) {
+  DeviceThreads threads(1);
+  std::thread::id id;
+  ASSERT_TRUE(threads.Run([&](int d) {
+    EXPECT_EQ(d, 0);
+    id = std::this_thread::get_id();
+    return absl::OkStatus();
+  }).ok());
+  EXPECT_EQ(id, std::this_thread::get_id());
+}
+
+}  // namespace
+}  // namespace summa::worker

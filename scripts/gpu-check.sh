@@ -21,8 +21,10 @@ cd "$(dirname "$0")/.."
 epochs=2 bench=0 profile=()
 while (($#)); do
   case "$1" in
-    --epochs) epochs=$2; shift 2 ;;
-    --bench) bench=$2; shift 2 ;;
+    --epochs|--bench)
+      [[ $# -ge 2 && "$2" =~ ^[0-9]+$ ]] || { echo "gpu-check: $1 needs a number" >&2; exit 2; }
+      if [[ "$1" == --epochs ]]; then epochs=$2; else bench=$2; fi
+      shift 2 ;;
     --profile) profile=(--profile); shift ;;
     *) echo "gpu-check: unknown argument '$1' (--epochs N, --bench E, --profile)" >&2; exit 2 ;;
   esac
@@ -157,7 +159,7 @@ if ((bench > 0)); then
   python=$(command -v python3)
   [[ -x /usr/bin/python3 ]] && /usr/bin/python3 -c 'import torch' 2>/dev/null && python=/usr/bin/python3
   PYTHONUNBUFFERED=1 "$python" bench/gpu_bench.py --epochs "$bench" --bin "$bin" --launch "$launch" \
-    --data_dir "$data" --python "$python" "${profile[@]}" | tee "$out/results-gpu.md"
+    --data_dir "$data" --python "$python" ${profile[@]+"${profile[@]}"} | tee "$out/results-gpu.md"
   rc=${PIPESTATUS[0]}
   ((rc == 0)) || fail "bench/gpu_bench.py exited with status $rc"
 fi

@@ -3,6 +3,7 @@
 #include "worker/device_threads.h"
 
 #include <atomic>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -29,16 +30,23 @@ TEST(DeviceThreadsTest, EveryDeviceRunsOncePerRoundOnItsOwnThread) {
   EXPECT_NE(ids[2], ids[1]);
 }
 
-// The pieces overlap: each waits until all three have started (a run one after another would
-// never get there and the test would time out rather than pass).
+// The pieces overlap: each waits until all three have started. Run one after another, the first
+// would wait alone until its deadline and fail.
 TEST(DeviceThreadsTest, PiecesRunAtTheSameTime) {
   DeviceThreads threads(3);
   std::atomic<int> started{0};
-  ASSERT_TRUE(threads.Run([&](int) {
+  const absl::Status s = threads.Run([&](int d) {
     started.fetch_add(1);
-    while (started.load() < 3) std::this_thread::yield();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (started.load() < 3) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        return absl::DeadlineExceededError(absl::StrCat("device ", d, " waited 30 s for the others"));
+      }
+      std::this_thread::yield();
+    }
     return absl::OkStatus();
-  }).ok());
+  });
+  EXPECT_TRUE(s.ok()) << s;
 }
 
 TEST(DeviceThreadsTest, TheFirstErrorInDeviceOrderAfterEveryPieceRan) {

@@ -105,6 +105,8 @@ absl::Status Trainer::PrepareResident() {
 }
 
 absl::Status Trainer::SetOrder(const std::vector<int64_t>& order) {
+  // order_rows_ is pageable host memory: an Upload from it has read it before returning (CUDA
+  // stages pageable copies), so rewriting it next epoch cannot race the device.
   for (size_t i = 0; i < order.size(); ++i) order_rows_[i] = static_cast<float>(order[i]);
   for (size_t d = 0; d < backends_.size(); ++d) {
     if (resident_[d].order != nullptr) {

@@ -62,9 +62,16 @@ source=$(git config --get remote.origin.url 2>/dev/null || echo "file://$PWD")
 
 echo "image: building localhost/summa:$flavour and localhost/summa:$tag with $engine"
 start=$SECONDS
+# The labels also on the command line: podman 4.3 takes a cached LABEL step whatever the
+# build arguments it expands, and so would label a new revision's image with an old revision.
+labels=()
+for kv in "source=$source" "version=$version" "revision=$revision"; do
+  labels+=(--label "org.opencontainers.image.$kv")
+done
 scripts/container.sh build -f deploy/docker/Dockerfile \
   --build-arg BASE="$base" --build-arg RUNTIME_BASE="$runtime_base" \
   --build-arg VERSION="$version" --build-arg REVISION="$revision" --build-arg SOURCE="$source" \
+  "${labels[@]}" \
   --iidfile "$work/iid" -t "localhost/summa:$flavour" -t "localhost/summa:$tag" .
 id=$(cat "$work/iid")
 if [[ -n "$iidfile" ]]; then

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # Installs every Debian package that Summa's build, tests and default run need.
 # Idempotent: packages already present are not touched, and `apt-get update` runs at most once.
-# Usage: scripts/setup.sh [--bench] [--fuzz]   (--bench adds matplotlib for bench/, --fuzz adds
-# clang and its libFuzzer runtime for scripts/fuzz.sh). PyTorch and NumPy are in the base set:
-# the Python client's tests (tests/python_client_test.py) train with them; python3-venv and
-# setuptools let that test pip-install the package into a virtualenv.
+# Usage: scripts/setup.sh [--bench] [--fuzz] [--image] [--binaries]
+#   --bench     adds matplotlib for bench/
+#   --fuzz      adds clang and its libFuzzer runtime for scripts/fuzz.sh
+#   --image     adds podman, runc and mmdebstrap for scripts/image.sh and the container test
+#   --binaries  instead of the base set, only what building summa-server and summa-worker needs
+#               (scripts/build.sh --binaries): the container image's build stage
+# PyTorch and NumPy are in the base set: the Python client's tests (tests/python_client_test.py)
+# train with them; python3-venv and setuptools let that test pip-install the package into a
+# virtualenv.
 set -euo pipefail
 
 packages=(
@@ -16,13 +21,24 @@ packages=(
   python3 python3-grpcio python3-protobuf python3-yaml
   python3-torch python3-numpy python3-venv python3-setuptools python3-wheel
 )
+# CMake's configure step finds GoogleTest even when only the binaries are built.
+binaries=(
+  build-essential cmake pkg-config ninja-build
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev libgtest-dev libgmock-dev
+  libopenblas-dev zlib1g-dev prometheus-cpp-dev grpc-proto
+)
+extra=()
 for arg in "$@"; do
   case "$arg" in
-    --bench) packages+=(python3-matplotlib) ;;
-    --fuzz) packages+=(clang libclang-rt-14-dev) ;;
-    *) echo "usage: scripts/setup.sh [--bench] [--fuzz]" >&2; exit 2 ;;
+    --bench) extra+=(python3-matplotlib) ;;
+    --fuzz) extra+=(clang libclang-rt-14-dev) ;;
+    --image) extra+=(podman runc mmdebstrap) ;;
+    --binaries) packages=("${binaries[@]}") ;;
+    *) echo "usage: scripts/setup.sh [--bench] [--fuzz] [--image] [--binaries]" >&2; exit 2 ;;
   esac
 done
+packages+=("${extra[@]}")
 
 missing=()
 for p in "${packages[@]}"; do

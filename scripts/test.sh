@@ -56,7 +56,7 @@ suite() {
   (cd build && ctest --output-on-failure --timeout 600 -j "$(nproc)" --no-label-summary)
 }
 
-scripts/setup.sh
+scripts/setup.sh --image  # podman for the container test (tests/container_test.py)
 case "$mode" in
   suite) suite ;;
   sanitize) sanitized_pass "$sanitize" ;;

@@ -9,17 +9,14 @@ holds what the kubelet would put there (the Secrets that scripts/k8s-secrets.sh 
 each volume's items and modes). Drift between the manifests, the Secrets' keys and the
 binaries' flags fails here."""
 import argparse
-import base64
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import unittest
 
-import yaml
-
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "tools"))
+from k8s_pods import expand, flag, health_check, make_secrets, pod_volumes, render, to_host  # noqa: E402
 from procs import ProcessGroup  # noqa: E402
 
 ARGS = None
@@ -27,86 +24,6 @@ ARGS = None
 SERVICE = "summa-server-0.summa-server"  # the server pod's DNS name, in the server's certificate
 TOKENS = "summa-tokens"
 SERVER_TLS, WORKER_TLS = "summa-server-tls", "summa-worker-tls"
-
-
-def render(overlay):
-    out = subprocess.run(["kubectl", "kustomize", os.path.join(ARGS.source, "deploy/k8s/overlays", overlay)],
-                         capture_output=True, text=True, check=True).stdout
-    docs = [d for d in yaml.safe_load_all(out) if d]
-    return {(d["kind"], d["metadata"]["name"]): d for d in docs}
-
-
-def expand(arg, env):
-    """Kubernetes' $(VAR) expansion of container args."""
-    return re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], arg)
-
-
-def flag(args, name):
-    """The value of --name=VALUE in args (the last one, as absl takes it), or None."""
-    values = [a.split("=", 1)[1] for a in args if a.startswith(f"--{name}=")]
-    return values[-1] if values else None
-
-
-def make_secrets(directory):
-    """The Secrets scripts/k8s-secrets.sh prints, by name, with their data decoded."""
-    out = subprocess.run([os.path.join(ARGS.source, "scripts/k8s-secrets.sh"), directory],
-                         capture_output=True, text=True, check=True).stdout
-    return {d["metadata"]["name"]: {**d, "files": {k: base64.b64decode(v) for k, v in d["data"].items()}}
-            for d in yaml.safe_load_all(out) if d}
-
-
-def pod_volumes(pod_spec, container, secrets, root):
-    """Writes what the kubelet would mount for `container` under root (root + mountPath) and
-    returns {mountPath: directory}: a Secret's keys (its items only, when listed; a missing key
-    fails, as the kubelet's mount does) with the volume's mode; an empty directory for a claim."""
-    volumes = {v["name"]: v for v in pod_spec.get("volumes", [])}
-    mounts = {}
-    for m in container.get("volumeMounts", []):
-        directory = root + m["mountPath"]
-        os.makedirs(directory)
-        volume = volumes.get(m["name"])
-        if volume is not None and "secret" in volume:
-            source = volume["secret"]
-            data = secrets[source["secretName"]]["files"]
-            items = source.get("items") or [{"key": k, "path": k} for k in data]
-            for item in items:
-                if item["key"] not in data:
-                    raise AssertionError(f"Secret {source['secretName']} has no key {item['key']}")
-                path = os.path.join(directory, item["path"])
-                with open(path, "wb") as f:
-                    f.write(data[item["key"]])
-                os.chmod(path, item.get("mode", source.get("defaultMode", 0o644)))
-        mounts[m["mountPath"]] = directory
-    return mounts
-
-
-def to_host(arg, mounts, ports):
-    """One container arg as it runs on this host: listen addresses on 127.0.0.1 with an
-    OS-chosen port (`ports` names the flags to map), paths inside a volume inside its directory."""
-    name, _, value = arg.partition("=")
-    if name[2:] in ports and re.fullmatch(r"(0\.0\.0\.0|127\.0\.0\.1):\d+", value):
-        return f"{name}=127.0.0.1:0"
-    for mount_path, directory in mounts.items():
-        if value == mount_path or value.startswith(mount_path + "/"):
-            return f"{name}={directory}{value[len(mount_path):]}"
-    return arg
-
-
-def health_check(target, service="", credentials=None, target_name=None):
-    """grpc.health.v1.Health/Check, spelled in bytes (field 1 of each message): the serving
-    status (1 SERVING, 2 NOT_SERVING), or the gRPC error code's name."""
-    import grpc  # only the runs need it
-    options = [("grpc.ssl_target_name_override", target_name)] if target_name else []
-    channel = (grpc.secure_channel(target, credentials, options) if credentials
-               else grpc.insecure_channel(target))
-    with channel:
-        check = channel.unary_unary("/grpc.health.v1.Health/Check")
-        request = b"\x0a" + bytes([len(service)]) + service.encode() if service else b""
-        try:
-            reply = check(request, timeout=5)
-        except grpc.RpcError as e:
-            return e.code().name
-        return {b"": 0, b"\x08\x01": 1, b"\x08\x02": 2}.get(reply, reply)
 
 
 class K8sManifestTest(unittest.TestCase):
@@ -184,16 +101,21 @@ class K8sManifestTest(unittest.TestCase):
         self.assertEqual(job["metadata"]["annotations"]["prometheus.io/scrape"], "false")
         return health_port
 
+    def images(self, objs):
+        return {objs[k]["spec"]["template"]["spec"]["containers"][0]["image"]
+                for k in [("StatefulSet", "summa-server"), ("Job", "summa-worker")]}
+
     def test_gpu_overlay_gives_each_worker_one_gpu(self):
-        objs = render("gpu")
+        objs = render(ARGS.source, "gpu")
         env = self.check_common(objs)
+        self.assertEqual(self.images(objs), {"summa:gpu"})
         self.assertEqual(env["SUMMA_DEVICE"], "cuda:0")
         worker = objs[("Job", "summa-worker")]["spec"]["template"]["spec"]["containers"][0]
         self.assertEqual(worker["resources"]["limits"]["nvidia.com/gpu"], 1)
 
     def test_base_overlays_speak_plaintext_with_tokens(self):
         for overlay in ["cpu-demo", "gpu"]:
-            objs = render(overlay)
+            objs = render(ARGS.source, overlay)
             server = objs[("StatefulSet", "summa-server")]["spec"]["template"]["spec"]["containers"][0]
             self.assertEqual(server["readinessProbe"]["grpc"]["port"], 50051)
             self.assertEqual(server["livenessProbe"]["grpc"]["port"], 50051)
@@ -201,7 +123,7 @@ class K8sManifestTest(unittest.TestCase):
 
     def test_secrets_script_makes_what_the_manifests_mount(self):
         with tempfile.TemporaryDirectory(prefix="summa-k8s-secrets-") as directory:
-            secrets = make_secrets(os.path.join(directory, "material"))
+            secrets = make_secrets(ARGS.source, os.path.join(directory, "material"))
         self.assertEqual(set(secrets[TOKENS]["files"]), {"worker-token", "admin-token"})
         self.assertNotEqual(secrets[TOKENS]["files"]["worker-token"], secrets[TOKENS]["files"]["admin-token"])
         for name in [SERVER_TLS, WORKER_TLS]:
@@ -210,12 +132,13 @@ class K8sManifestTest(unittest.TestCase):
         self.assertEqual(secrets[SERVER_TLS]["files"]["ca.crt"], secrets[WORKER_TLS]["files"]["ca.crt"])
 
     def test_cpu_demo_command_lines_train_on_this_machine(self):
-        objs = render("cpu-demo")
+        objs = render(ARGS.source, "cpu-demo")
         self.check_common(objs)
+        self.assertEqual(self.images(objs), {"summa:cpu"}, "the image scripts/image.sh builds")
         self.run_overlay(objs)
 
     def test_cpu_demo_tls_command_lines_train_and_probe_on_this_machine(self):
-        objs = render("cpu-demo-tls")
+        objs = render(ARGS.source, "cpu-demo-tls")
         self.check_common(objs, tls=True)
         self.run_overlay(objs, health_port=self.check_tls(objs))
 
@@ -232,7 +155,7 @@ class K8sManifestTest(unittest.TestCase):
         binaries = {"/usr/local/bin/summa-server": os.path.join(ARGS.bin, "server/summa-server"),
                     "/usr/local/bin/summa-worker": os.path.join(ARGS.bin, "worker/summa-worker")}
         with ProcessGroup() as g:
-            secrets = make_secrets(os.path.join(g.dir, "secrets"))
+            secrets = make_secrets(ARGS.source, os.path.join(g.dir, "secrets"))
             mounts = pod_volumes(sts, server_container, secrets, os.path.join(g.dir, "server-pod"))
             port_file = os.path.join(g.dir, "server.port")
             health_port_file = os.path.join(g.dir, "health.port")

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Builds Summa's container image from deploy/docker/Dockerfile and tags it with the git revision:
+#   scripts/image.sh [--gpu] [--iidfile FILE]
+# CPU (default): localhost/summa:cpu and localhost/summa:cpu-<revision>[-dirty], on a Debian 12
+# base that it makes when it is missing (mmdebstrap from the Debian mirror, imported as
+# localhost/debian:bookworm). --gpu: localhost/summa:gpu and :gpu-<revision> on NVIDIA's CUDA
+# images, only where those can be pulled. --iidfile writes the built image's ID there.
+# Installs what it needs first (scripts/setup.sh --image: podman, runc, mmdebstrap); the engine
+# is podman, or docker where that is what the machine has (scripts/container.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+usage="usage: scripts/image.sh [--gpu] [--iidfile FILE]"
+flavour=cpu
+iidfile=""
+while (($#)); do
+  case "$1" in
+    --gpu) flavour=gpu ;;
+    --iidfile) iidfile=${2:?$usage}; shift ;;
+    --iidfile=?*) iidfile=${1#--iidfile=} ;;
+    *) echo "$usage" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+scripts/setup.sh --image
+engine=$(scripts/container.sh --which)
+
+case "$flavour" in
+  cpu)
+    base=localhost/debian:bookworm
+    runtime_base=$base
+    ;;
+  gpu)
+    base=docker.io/nvidia/cuda:13.0.0-devel-ubuntu24.04
+    runtime_base=docker.io/nvidia/cuda:13.0.0-runtime-ubuntu24.04
+    ;;
+esac
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+if [[ "$flavour" == cpu ]] && ! scripts/container.sh image inspect "$base" >/dev/null 2>&1; then
+  echo "image: making $base (mmdebstrap, Debian 12 minbase without docs, man pages or locales)"
+  # The mirrors are named, so mmdebstrap does not read them from a standard input that is not a
+  # terminal (CI's); the excluded paths stay excluded for packages installed on this base later.
+  mmdebstrap --variant=minbase --format=tar --quiet \
+    --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+    --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/info/*' \
+    --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-include=/usr/share/locale/locale.alias' \
+    bookworm "$work/base.tar" \
+    "deb http://deb.debian.org/debian bookworm main" \
+    "deb http://deb.debian.org/debian bookworm-updates main" \
+    "deb http://deb.debian.org/debian-security bookworm-security main" </dev/null
+  scripts/container.sh import "$work/base.tar" "$base" >/dev/null
+fi
+
+revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+tag=$flavour-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+if [[ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]]; then tag+=-dirty; fi
+version=$(git describe --tags --always --dirty 2>/dev/null || echo unknown)
+source=$(git config --get remote.origin.url 2>/dev/null || echo "file://$PWD")
+
+echo "image: building localhost/summa:$flavour and localhost/summa:$tag with $engine"
+start=$SECONDS
+# The labels also on the command line: podman 4.3 takes a cached LABEL step whatever the
+# build arguments it expands, and so would label a new revision's image with an old revision.
+labels=()
+for kv in "source=$source" "version=$version" "revision=$revision"; do
+  labels+=(--label "org.opencontainers.image.$kv")
+done
+scripts/container.sh build -f deploy/docker/Dockerfile \
+  --build-arg BASE="$base" --build-arg RUNTIME_BASE="$runtime_base" \
+  --build-arg VERSION="$version" --build-arg REVISION="$revision" --build-arg SOURCE="$source" \
+  "${labels[@]}" \
+  --iidfile "$work/iid" -t "localhost/summa:$flavour" -t "localhost/summa:$tag" .
+id=$(cat "$work/iid")
+if [[ -n "$iidfile" ]]; then
+  mkdir -p "$(dirname "$iidfile")"
+  cp "$work/iid" "$iidfile"
+fi
+size=$(scripts/container.sh image inspect --format '{{.Size}}' "$id")
+echo "image: localhost/summa:$tag ($id) built in $((SECONDS - start)) s, $((size / 1000000)) MB"

@@ -147,7 +147,7 @@ inline ::testing::AssertionResult CheckConvolution(Backend& ref, Backend& cand) 
     std::vector<float> y(ys), dx(xs), dw(ws), db(s.out_channels), work(s.workspace_floats());
     SUMMA_CHECK_OK(ref.Conv2dForward(s, x.data(), w.data(), b.data(), y.data(), work.data()));
     SUMMA_CHECK_OK(ref.Conv2dBackward(s, x.data(), w.data(), dy.data(), dx.data(), dw.data(),
-                                      db.data(), work.data()));
+                                      db.data(), work.data(), /*columns_ready=*/false));
     SUMMA_CHECK_ASSIGN(auto gx, dev.On(x));
     SUMMA_CHECK_ASSIGN(auto gw, dev.On(w));
     SUMMA_CHECK_ASSIGN(auto gb, dev.On(b));
@@ -158,16 +158,21 @@ inline ::testing::AssertionResult CheckConvolution(Backend& ref, Backend& cand) 
     SUMMA_CHECK_ASSIGN(auto gdb, dev.Zeros(s.out_channels));
     SUMMA_CHECK_ASSIGN(auto gwork, dev.Zeros(s.workspace_floats()));
     SUMMA_CHECK_OK(cand.Conv2dForward(s, gx->data(), gw->data(), gb->data(), gy->data(), gwork->data()));
-    SUMMA_CHECK_OK(cand.Conv2dBackward(s, gx->data(), gw->data(), gdy->data(), gdx->data(),
-                                       gdw->data(), gdb->data(), gwork->data()));
     SUMMA_CHECK_ASSIGN(auto got_y, dev.Back(*gy));
-    SUMMA_CHECK_ASSIGN(auto got_dx, dev.Back(*gdx));
-    SUMMA_CHECK_ASSIGN(auto got_dw, dev.Back(*gdw));
-    SUMMA_CHECK_ASSIGN(auto got_db, dev.Back(*gdb));
     SUMMA_CHECK(CloseScaled(got_y, y, "conv y" + at, 1e-4));
-    SUMMA_CHECK(CloseScaled(got_dx, dx, "conv dx" + at, 1e-4));
-    SUMMA_CHECK(CloseScaled(got_dw, dw, "conv dw" + at, 1e-3));  // sums of up to 2028 products
-    SUMMA_CHECK(CloseScaled(got_db, db, "conv dbias" + at, 1e-3));
+    // First with the columns the forward pass left in the workspace, then rebuilt in a zeroed one.
+    for (const bool columns_ready : {true, false}) {
+      const std::string how = columns_ready ? ", columns from the forward pass" : ", columns rebuilt";
+      if (!columns_ready) SUMMA_CHECK_OK(cand.Zero(gwork->data(), s.workspace_floats()));
+      SUMMA_CHECK_OK(cand.Conv2dBackward(s, gx->data(), gw->data(), gdy->data(), gdx->data(),
+                                         gdw->data(), gdb->data(), gwork->data(), columns_ready));
+      SUMMA_CHECK_ASSIGN(auto got_dx, dev.Back(*gdx));
+      SUMMA_CHECK_ASSIGN(auto got_dw, dev.Back(*gdw));
+      SUMMA_CHECK_ASSIGN(auto got_db, dev.Back(*gdb));
+      SUMMA_CHECK(CloseScaled(got_dx, dx, "conv dx" + at + how, 1e-4));
+      SUMMA_CHECK(CloseScaled(got_dw, dw, "conv dw" + at + how, 1e-3));  // sums of up to 2028 products
+      SUMMA_CHECK(CloseScaled(got_db, db, "conv dbias" + at + how, 1e-3));
+    }
   }
   return ::testing::AssertionSuccess();
 }
@@ -428,9 +433,9 @@ class ForwardingBackend : public Backend {
   }
   absl::Status Conv2dBackward(const ConvShape& shape, const float* x, const float* w,
                               const float* dy, float* dx, float* dw, float* dbias,
-                              float* workspace) override {
+                              float* workspace, bool columns_ready) override {
     Before();
-    return target_->Conv2dBackward(shape, x, w, dy, dx, dw, dbias, workspace);
+    return target_->Conv2dBackward(shape, x, w, dy, dx, dw, dbias, workspace, columns_ready);
   }
   absl::Status ReluForward(const float* x, float* y, int64_t n) override {
     Before();

@@ -43,8 +43,9 @@ class PlantedBugBackend final : public checks::ForwardingBackend {
   PlantedBugBackend(Backend* cpu, Bug bug) : ForwardingBackend(cpu), bug_(bug) {}
 
   absl::Status Conv2dBackward(const ConvShape& s, const float* x, const float* w, const float* dy,
-                              float* dx, float* dw, float* dbias, float* workspace) override {
-    absl::Status st = target()->Conv2dBackward(s, x, w, dy, dx, dw, dbias, workspace);
+                              float* dx, float* dw, float* dbias, float* workspace,
+                              bool columns_ready) override {
+    absl::Status st = target()->Conv2dBackward(s, x, w, dy, dx, dw, dbias, workspace, columns_ready);
     if (!st.ok()) return st;
     const int64_t ws = int64_t{s.out_channels} * s.in_channels * s.kernel * s.kernel;
     const int64_t xs = int64_t{s.batch} * s.in_channels * s.height * s.width;
@@ -94,8 +95,9 @@ class OtherRounding final : public checks::ForwardingBackend {
     return absl::OkStatus();
   }
   absl::Status Conv2dBackward(const ConvShape& s, const float* x, const float* w, const float* dy,
-                              float* dx, float* dw, float* dbias, float* workspace) override {
-    SUMMA_RETURN_IF_ERROR(target()->Conv2dBackward(s, x, w, dy, dx, dw, dbias, workspace));
+                              float* dx, float* dw, float* dbias, float* workspace,
+                              bool columns_ready) override {
+    SUMMA_RETURN_IF_ERROR(target()->Conv2dBackward(s, x, w, dy, dx, dw, dbias, workspace, columns_ready));
     Perturb(dw, int64_t{s.out_channels} * s.in_channels * s.kernel * s.kernel);
     if (dx != nullptr) Perturb(dx, int64_t{s.batch} * s.in_channels * s.height * s.width);
     return absl::OkStatus();

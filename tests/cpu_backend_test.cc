@@ -1,5 +1,7 @@
 // Every layer's backward on the CPU backend against central finite differences of a scalar
 // loss L = sum(r * y) with fixed random r, computed in float64 from the forward pass.
+#include <algorithm>
+#include <cmath>
 #include <functional>
 #include <random>
 #include <thread>
@@ -78,13 +80,18 @@ TEST_F(CpuBackendTest, Conv2dBackwardMatchesFiniteDifferences) {
     EXPECT_TRUE(be_->Conv2dForward(s, x.data(), w.data(), b.data(), y.data(), ws.data()).ok());
     return Dot(r, y);
   };
-  loss();
-  std::vector<float> dx(x.size()), dw(w.size()), db(b.size());
-  ASSERT_TRUE(be_->Conv2dBackward(s, x.data(), w.data(), r.data(), dx.data(), dw.data(), db.data(),
-                                  ws.data()).ok());
-  ExpectGradient(x, dx, loss, "dx");
-  ExpectGradient(w, dw, loss, "dw");
-  ExpectGradient(b, db, loss, "dbias");
+  // Reusing the forward pass's columns, then rebuilding them over a workspace of NaNs.
+  for (const bool columns_ready : {true, false}) {
+    SCOPED_TRACE(columns_ready ? "columns ready" : "columns rebuilt");
+    loss();
+    if (!columns_ready) std::fill(ws.begin(), ws.end(), std::nanf(""));
+    std::vector<float> dx(x.size()), dw(w.size()), db(b.size());
+    ASSERT_TRUE(be_->Conv2dBackward(s, x.data(), w.data(), r.data(), dx.data(), dw.data(), db.data(),
+                                    ws.data(), columns_ready).ok());
+    ExpectGradient(x, dx, loss, "dx");
+    ExpectGradient(w, dw, loss, "dw");
+    ExpectGradient(b, db, loss, "dbias");
+  }
 }
 
 TEST_F(CpuBackendTest, LinearBackwardMatchesFiniteDifferences) {

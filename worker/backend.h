@@ -82,13 +82,18 @@ class Backend {
                             const float* a, const float* b, float beta, float* c) = 0;
 
   // y[N,O,Ho,Wo] = conv(x[N,C,H,W], w[O,C,k,k]) + bias[O]. `workspace` holds
-  // shape.workspace_floats().
+  // shape.workspace_floats(); the forward pass leaves x's im2col matrix in its first
+  // shape.col_floats() (the backward pass may reuse it).
   virtual absl::Status Conv2dForward(const ConvShape& shape, const float* x, const float* w,
                                      const float* bias, float* y, float* workspace) = 0;
   // dw = dL/dw, dbias = dL/dbias (both overwritten), and dx = dL/dx unless dx is null.
+  // `columns_ready`: the workspace still holds the im2col matrix the last Conv2dForward of this
+  // shape and x left there (nothing has written to it since, and x is unchanged), so the
+  // backward pass skips rebuilding it: true for a network's last convolution, whose backward
+  // pass follows its forward pass with no other convolution between them.
   virtual absl::Status Conv2dBackward(const ConvShape& shape, const float* x, const float* w,
                                       const float* dy, float* dx, float* dw, float* dbias,
-                                      float* workspace) = 0;
+                                      float* workspace, bool columns_ready) = 0;
 
   // y = max(x, 0) elementwise (y may equal x).
   virtual absl::Status ReluForward(const float* x, float* y, int64_t n) = 0;

@@ -115,12 +115,12 @@ absl::Status LeNet::Backward(int n, DeviceBuffer& grads) {
   SUMMA_RETURN_IF_ERROR(be.ReluBackward(c2_->data(), dc2_->data(), dc2_->data(), int64_t{n} * kC2 * 9 * 9));
   SUMMA_RETURN_IF_ERROR(be.Conv2dBackward(Conv2(n), p1_->data(), W(*params_, kW2), dc2_->data(),
                                           dp1_->data(), W(grads, kW2), W(grads, kB2),
-                                          workspace_->data()));
+                                          workspace_->data(), /*columns_ready=*/true));
   SUMMA_RETURN_IF_ERROR(be.AvgPool2Backward(dp1_->data(), dc1_->data(), n * kC1, 26, 26));
   SUMMA_RETURN_IF_ERROR(be.ReluBackward(c1_->data(), dc1_->data(), dc1_->data(), int64_t{n} * kC1 * 26 * 26));
   SUMMA_RETURN_IF_ERROR(be.Conv2dBackward(Conv1(n), x_->data(), W(*params_, kW1), dc1_->data(),
                                           /*dx=*/nullptr, W(grads, kW1), W(grads, kB1),
-                                          workspace_->data()));
+                                          workspace_->data(), /*columns_ready=*/false));
   return absl::OkStatus();
 }
 

@@ -165,7 +165,8 @@ class CudaBackend final : public Backend {
   }
 
   absl::Status Conv2dBackward(const ConvShape& s, const float* x, const float* w, const float* dy,
-                              float* dx, float* dw, float* dbias, float* workspace) override {
+                              float* dx, float* dw, float* dbias, float* workspace,
+                              bool columns_ready) override {
     const cuda::ConvDims d = Dims(s);
     const int ckk = s.in_channels * s.kernel * s.kernel;
     const int np = static_cast<int>(s.batch * s.pixels());
@@ -178,7 +179,9 @@ class CudaBackend final : public Backend {
     float* partial = s.out_channels * cuda::RowSumSlices(np) <= s.col_floats() ? dcol : nullptr;
     SUMMA_KERNEL_RETURN_IF_ERROR(cuda::RowSums(dyt, s.out_channels, np, dbias, partial, /*add=*/false, stream_),
                                  "Conv2dBackward dbias");
-    SUMMA_KERNEL_RETURN_IF_ERROR(cuda::Im2Col(d, x, col, stream_), "Conv2dBackward im2col");
+    if (!columns_ready) {
+      SUMMA_KERNEL_RETURN_IF_ERROR(cuda::Im2Col(d, x, col, stream_), "Conv2dBackward im2col");
+    }
     SUMMA_RETURN_IF_ERROR(Gemm(false, true, s.out_channels, ckk, np, 1.0f, dyt, col, 0.0f, dw));
     if (dx != nullptr) {
       SUMMA_RETURN_IF_ERROR(Gemm(true, false, ckk, np, s.out_channels, 1.0f, w, dyt, 0.0f, dcol));

@@ -6,7 +6,9 @@ thread. All runs share one environment (below) and run one after another in this
 
   /usr/bin/python3 bench/train_bench.py [--epochs 10] [--train_limit N]
 
-Prints a markdown table: seconds per epoch (mean over the epochs) and the final test accuracy,
+Prints a markdown table: seconds per epoch (the median of the epochs, and their range: this VM's
+speed drifts by up to 2x between minutes, and a median shrugs off the epochs a drift caught) and
+the final test accuracy,
 then checks that every run finished and reached its accuracy (Summa's within 0.01 of PyTorch's
 single-process run after the same epochs) and the speed targets (issue 15: Summa 1 worker at most
 0.4x, 2 workers at most 0.25x PyTorch's 1-thread epoch; 2 threads at least 1.7x 1); exits
@@ -16,6 +18,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -45,11 +48,16 @@ def summa(workers, args, threads=1):
     if args.train_limit:
         cmd.append(f"--train_limit={args.train_limit}")
     out, _ = run(cmd)
-    secs = [float(s) for s in re.findall(r"([0-9.]+) sec/epoch", out)]
     accs = [float(a) for a in re.findall(r"test acc ([0-9.]+)", out)]
+    return epoch_seconds(out, args), accs[-1], " ".join(cmd).replace(ROOT + "/", "")
+
+
+def epoch_seconds(out, args):
+    """Every epoch line's seconds, checked to be one per epoch."""
+    secs = [float(s) for s in re.findall(r"([0-9.]+) sec/epoch", out)]
     if len(secs) != args.epochs:
         raise RuntimeError(f"expected {args.epochs} epoch lines:\n{out}")
-    return sum(secs) / len(secs), accs[-1], " ".join(cmd).replace(ROOT + "/", "")
+    return secs
 
 
 def torch_run(mode, threads, args):
@@ -62,7 +70,7 @@ def torch_run(mode, threads, args):
     out, _ = run(cmd, env)
     result = json.loads(out.split("RESULT ", 1)[1].splitlines()[0])
     shown = " ".join(cmd[1:]).replace(ROOT + "/", "")
-    return result["sec_per_epoch"], result["test_acc"], f"OPENBLAS_NUM_THREADS={threads} {shown}"
+    return epoch_seconds(out, args), result["test_acc"], f"OPENBLAS_NUM_THREADS={threads} {shown}"
 
 
 def main():
@@ -81,20 +89,22 @@ def main():
     ]
     for name, fn in plan:
         print(f"running: {name} ...", file=sys.stderr, flush=True)
-        sec, acc, cmd = fn()
-        rows.append((name, sec, acc, cmd))
-        print(f"  {sec:.2f} s/epoch, test acc {acc:.3f}", file=sys.stderr, flush=True)
+        secs, acc, cmd = fn()
+        sec = statistics.median(secs)
+        rows.append((name, sec, acc, cmd, secs))
+        print(f"  {sec:.2f} s/epoch (median; {min(secs):.2f}-{max(secs):.2f}), test acc {acc:.3f}",
+              file=sys.stderr, flush=True)
 
     print(f"Command: /usr/bin/python3 bench/train_bench.py --epochs {args.epochs}"
           + (f" --train_limit {args.train_limit}" if args.train_limit else ""))
     print(f"Environment (all runs): {' '.join(f'{k}={v}' for k, v in ENV.items())}; "
           f"{os.cpu_count()} CPUs; LeNet, batch 256, lr 0.2, {args.epochs} epochs\n")
-    print("| run | sec/epoch | test acc | command |")
-    print("|---|---:|---:|---|")
-    for name, sec, acc, cmd in rows:
-        print(f"| {name} | {sec:.2f} | {acc:.3f} | `{cmd}` |")
+    print("| run | sec/epoch (median) | epochs' range | test acc | command |")
+    print("|---|---:|---:|---:|---|")
+    for name, sec, acc, cmd, secs in rows:
+        print(f"| {name} | {sec:.2f} | {min(secs):.2f}-{max(secs):.2f} | {acc:.3f} | `{cmd}` |")
 
-    by = {name: (sec, acc) for name, sec, acc, _ in rows}
+    by = {name: (sec, acc) for name, sec, acc, _, _ in rows}
     torch1 = by["PyTorch, 1 process x 1 thread"]
     torch2 = by["PyTorch, 1 process x 2 threads"]
     ddp = by["PyTorch DDP (gloo), 2 processes x 1 thread"]

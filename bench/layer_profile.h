@@ -22,6 +22,7 @@ struct LayerProfileOptions {
   int steps = 20;    // timed steps, after `warmup` untimed ones
   int warmup = 3;
   int threads = 1;   // OpenBLAS threads
+  worker::Conv5x5 conv5x5 = worker::Conv5x5::kWinograd;  // how conv2 (5x5) is computed
   std::string command_line;
 };
 
@@ -39,7 +40,8 @@ absl::StatusOr<LayerProfile> ProfileLayers(const LayerProfileOptions& o);
 
 // The report: the command, the environment, the table and the checks. `*ok` is false when a check
 // fails: the phases cover 80% to 102% of the step's wall time, LeNet's matrix products add up to
-// its 13.26 MFLOP per example, the loss is finite and positive.
+// its 13.26 MFLOP per example (by im2col; Winograd's conv2 counted as its 49 products per tile),
+// the loss is finite and positive.
 std::string FormatLayerProfile(const LayerProfileOptions& o, const LayerProfile& p, bool* ok);
 
 }  // namespace summa::bench

@@ -81,6 +81,14 @@ TEST(CpuBackendChecks, TheCpuPassesEveryCheckAgainstItself) {
   EXPECT_TRUE(checks::CheckPeerSum(*reference, *candidate));
 }
 
+// Winograd's 5x5 convolutions (the CPU backend's own) against im2col's, as any candidate device
+// is held to the CPU: every operation, then LeNet's steps.
+TEST(CpuBackendChecks, WinogradPassesEveryCheckAgainstIm2col) {
+  auto reference = NewCpuBackend(1, nullptr, Conv5x5::kIm2col), candidate = NewCpuBackend(1);
+  EXPECT_TRUE(checks::CheckOperations(*reference, *candidate));
+  EXPECT_TRUE(checks::CheckLeNetSteps(*reference, *candidate));
+}
+
 // A CPU whose convolution and linear outputs (and convolution gradients) are rounded differently:
 // each value scaled by 1 - 1e-4, 1 or 1 + 1e-4 (a fixed pseudo-random choice): another device's
 // summation order, a hundred times coarser than float's, so that many pre-activations near zero

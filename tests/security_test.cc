@@ -102,7 +102,7 @@ class SecurityTest : public ::testing::Test {
     push.set_rank(0);
     push.set_dtype(pb::DTYPE_FLOAT32);
     push.set_num_examples(1);
-    push.set_data(std::string(16, '\\0'));
+    push.set_data(std::string(16, '\0'));
     pb::PushResponse r;
     return stub->Push(&ctx, push, &r);
   }

@@ -9,6 +9,7 @@
 #ifndef SUMMA_WORKER_BACKEND_H_
 #define SUMMA_WORKER_BACKEND_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -16,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "worker/winograd.h"
 
 namespace summa::worker {
 
@@ -43,9 +45,17 @@ struct ConvShape {
   int64_t col_floats() const { return int64_t{in_channels} * kernel * kernel * batch * pixels(); }
   // Floats of the output in channel-major order: [O, batch*pixels].
   int64_t out_floats() const { return int64_t{out_channels} * batch * pixels(); }
+  // The CPU backend's Winograd buffers for a 5x5 kernel (worker/winograd.h).
+  winograd::Layout winograd() const {
+    return winograd::Layout::Of(batch, in_channels, height, width, out_channels);
+  }
   // Floats of scratch space the forward and backward passes need (an implementation may use
-  // less): two im2col matrices and one channel-major output.
-  int64_t workspace_floats() const { return 2 * col_floats() + out_floats(); }
+  // less): two im2col matrices and one channel-major output, or the Winograd buffers of a 5x5
+  // kernel where those are more.
+  int64_t workspace_floats() const {
+    const int64_t im2col = 2 * col_floats() + out_floats();
+    return kernel == winograd::kKernel ? std::max(im2col, winograd().floats) : im2col;
+  }
 };
 
 class Backend {
@@ -82,13 +92,13 @@ class Backend {
                             const float* a, const float* b, float beta, float* c) = 0;
 
   // y[N,O,Ho,Wo] = conv(x[N,C,H,W], w[O,C,k,k]) + bias[O]. `workspace` holds
-  // shape.workspace_floats(); the forward pass leaves x's im2col matrix in its first
-  // shape.col_floats() (the backward pass may reuse it).
+  // shape.workspace_floats(); the forward pass leaves there what its backward pass may reuse
+  // (x's im2col matrix, or its Winograd transform).
   virtual absl::Status Conv2dForward(const ConvShape& shape, const float* x, const float* w,
                                      const float* bias, float* y, float* workspace) = 0;
   // dw = dL/dw, dbias = dL/dbias (both overwritten), and dx = dL/dx unless dx is null.
-  // `columns_ready`: the workspace still holds the im2col matrix the last Conv2dForward of this
-  // shape and x left there (nothing has written to it since, and x is unchanged), so the
+  // `columns_ready`: the workspace still holds what the last Conv2dForward of this shape and x
+  // left there (nothing has written to it since, and x is unchanged), so the
   // backward pass skips rebuilding it: true for a network's last convolution, whose backward
   // pass follows its forward pass with no other convolution between them.
   virtual absl::Status Conv2dBackward(const ConvShape& shape, const float* x, const float* w,
@@ -138,9 +148,15 @@ struct CpuPhase {
 };
 using CpuProfile = std::map<std::string, CpuPhase>;
 
+// How the CPU backend computes a convolution with a 5x5 kernel (others always by im2col).
+enum class Conv5x5 { kWinograd, kIm2col };
+
 // The OpenBLAS backend; `threads` OpenBLAS threads (process-wide setting). With `profile`, each
-// phase of each operation adds its time to it (not owned; must outlive the backend).
-std::unique_ptr<Backend> NewCpuBackend(int threads, CpuProfile* profile = nullptr);
+// phase of each operation adds its time to it (not owned; must outlive the backend). 5x5
+// convolutions by Winograd's F(3x3, 5x5) unless `conv5x5` says im2col (the layer benchmark's
+// comparison, and the reference the Winograd tests hold it to).
+std::unique_ptr<Backend> NewCpuBackend(int threads, CpuProfile* profile = nullptr,
+                                       Conv5x5 conv5x5 = Conv5x5::kWinograd);
 
 }  // namespace summa::worker
 

@@ -1,4 +1,5 @@
-// The CPU backend: convolutions as im2col + cblas_sgemm per image, the rest as plain loops.
+// The CPU backend: 5x5 convolutions by Winograd's F(3x3, 5x5) (worker/winograd.h), the others as
+// im2col + one cblas_sgemm per batch; the rest as plain loops.
 #include <cblas.h>
 #include <dlfcn.h>
 #include <xmmintrin.h>
@@ -13,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/backend.h"
+#include "worker/winograd.h"
 
 namespace summa::worker {
 namespace {
@@ -90,6 +92,18 @@ inline float CopyAndSum(const float* from, float* to, int64_t n) {
   return sum;
 }
 
+// The sum of from[0, n), in CopyAndSum's order.
+inline float Sum(const float* from, int64_t n) {
+  __m128 lanes = _mm_setzero_ps();
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) lanes = _mm_add_ps(lanes, _mm_loadu_ps(from + j));
+  alignas(16) float sums[4];
+  _mm_store_ps(sums, lanes);
+  float sum = (sums[0] + sums[1]) + (sums[2] + sums[3]);
+  for (; j < n; ++j) sum += from[j];
+  return sum;
+}
+
 // The batch's im2col matrix: col[(c*k + ki)*k + kj][i*P + oh*Wo + ow] = x[i][c][oh + ki][ow + kj],
 // with P = Ho*Wo. Row by row, so that the matrix (megabytes: more than L2 holds) is written in
 // one sequential stream while the inputs it reads (kilobytes per channel) stay in L1.
@@ -159,7 +173,8 @@ double GemmFlops(int64_t m, int64_t n, int64_t k) { return 2.0 * m * n * k; }
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(int threads, CpuProfile* profile) : profile_(profile) {
+  CpuBackend(int threads, CpuProfile* profile, Conv5x5 conv5x5)
+      : profile_(profile), winograd_(conv5x5 == Conv5x5::kWinograd) {
     FlushDenormals();
     RestartBlasThreadsWithFlushToZero();
     // After the restart: workers this adds are created by this thread and inherit its flags.
@@ -223,6 +238,7 @@ class CpuBackend final : public Backend {
   absl::Status Conv2dForward(const ConvShape& s, const float* x, const float* w, const float* bias,
                              float* y, float* workspace) override {
     FlushDenormals();
+    if (Winograd(s)) return WinogradForward(s, x, w, bias, y, workspace);
     const int64_t pixels = s.pixels(), np = s.batch * pixels;
     const int ckk = s.in_channels * s.kernel * s.kernel;
     float* col = workspace;
@@ -253,6 +269,7 @@ class CpuBackend final : public Backend {
                               float* dx, float* dw, float* dbias, float* workspace,
                               bool columns_ready) override {
     FlushDenormals();
+    if (Winograd(s)) return WinogradBackward(s, x, w, dy, dx, dw, dbias, workspace, columns_ready);
     const int64_t pixels = s.pixels(), np = s.batch * pixels;
     const int ckk = s.in_channels * s.kernel * s.kernel;
     float* col = workspace;
@@ -422,13 +439,88 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  bool Winograd(const ConvShape& s) const { return winograd_ && s.kernel == winograd::kKernel; }
+  std::string ConvName(const ConvShape& s) const {
+    return profile_ ? absl::StrCat("conv ", s.in_channels, "->", s.out_channels, " ") : "";
+  }
+
+  // The 49 products of Winograd's transformed domain, one per point p, over the layout's
+  // [rows, columns] blocks: c[p] = op(a[p]) op(b[p]).
+  static void PointProducts(bool ta, bool tb, int m, int n, int k, const float* a, int64_t a_step,
+                            const float* b, int64_t b_step, float* c, int64_t c_step) {
+    for (int p = 0; p < winograd::kPoints; ++p) {
+      cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m,
+                  n, k, 1.0f, a + p * a_step, ta ? m : k, b + p * b_step, tb ? k : n, 0.0f,
+                  c + p * c_step, n);
+    }
+  }
+
+  absl::Status WinogradForward(const ConvShape& s, const float* x, const float* w,
+                               const float* bias, float* y, float* work) {
+    const winograd::Layout l = s.winograd();
+    const int o = s.out_channels, c = s.in_channels, t = static_cast<int>(l.columns);
+    const std::string conv = ConvName(s);
+    {
+      Phase phase(profile_, 0, conv, "Winograd input and kernel transforms");
+      winograd::TransformInput(l, x, work);
+      winograd::TransformKernels(l, w, work);
+    }
+    {
+      // M[p][O][T] = U[p][O][C] V[p][C][T]
+      Phase phase(profile_, winograd::kPoints * GemmFlops(o, t, c), conv, "forward GEMMs (Winograd)");
+      PointProducts(false, false, o, t, c, work + l.u, int64_t{o} * c, work + l.v, int64_t{c} * t,
+                    work + l.m, int64_t{o} * t);
+    }
+    Phase phase(profile_, 0, conv, "Winograd output transform and bias");
+    winograd::TransformOutput(l, bias, work, y);
+    return absl::OkStatus();
+  }
+
+  absl::Status WinogradBackward(const ConvShape& s, const float* x, const float* w, const float* dy,
+                                float* dx, float* dw, float* dbias, float* work,
+                                bool columns_ready) {
+    const winograd::Layout l = s.winograd();
+    const int o = s.out_channels, c = s.in_channels, t = static_cast<int>(l.columns);
+    const std::string conv = ConvName(s);
+    std::optional<Phase> phase(std::in_place, profile_, 0, conv, "Winograd dy transform and bias gradient");
+    const int64_t pixels = s.pixels();
+    for (int oc = 0; oc < o; ++oc) dbias[oc] = 0.0f;
+    for (int i = 0; i < s.batch; ++i) {
+      for (int oc = 0; oc < o; ++oc) {
+        dbias[oc] += Sum(dy + (int64_t{i} * o + oc) * pixels, pixels);
+      }
+    }
+    winograd::TransformOutputGradient(l, dy, work);
+    phase.emplace(profile_, 0, conv, "Winograd input and kernel transforms");
+    if (!columns_ready) winograd::TransformInput(l, x, work);
+    if (dx != nullptr) winograd::TransformKernels(l, w, work);
+    // dU[p][O][C] = dM[p][O][T] V[p][C][T]^T
+    phase.emplace(profile_, winograd::kPoints * GemmFlops(o, c, t), conv,
+                  "backward-weights GEMMs (Winograd)");
+    PointProducts(false, true, o, c, t, work + l.m, int64_t{o} * t, work + l.v, int64_t{c} * t,
+                  work + l.du, int64_t{o} * c);
+    phase.emplace(profile_, 0, conv, "Winograd kernel gradient transform");
+    winograd::TransformKernelGradient(l, work, dw);
+    if (dx != nullptr) {
+      // dV[p][C][T] = U[p][O][C]^T dM[p][O][T], over V (no longer needed)
+      phase.emplace(profile_, winograd::kPoints * GemmFlops(c, t, o), conv,
+                    "backward-data GEMMs (Winograd)");
+      PointProducts(true, false, c, t, o, work + l.u, int64_t{o} * c, work + l.m, int64_t{o} * t,
+                    work + l.v, int64_t{c} * t);
+      phase.emplace(profile_, 0, conv, "Winograd input gradient transform");
+      winograd::TransformInputGradient(l, work, dx);
+    }
+    return absl::OkStatus();
+  }
+
   CpuProfile* const profile_;  // Not owned; null: no profiling
+  const bool winograd_;        // 5x5 kernels by Winograd (else im2col)
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> NewCpuBackend(int threads, CpuProfile* profile) {
-  return std::make_unique<CpuBackend>(threads, profile);
+std::unique_ptr<Backend> NewCpuBackend(int threads, CpuProfile* profile, Conv5x5 conv5x5) {
+  return std::make_unique<CpuBackend>(threads, profile, conv5x5);
 }
 
 }  // namespace summa::worker

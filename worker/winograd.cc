@@ -117,7 +117,12 @@ int LanesOf(const Layout& l, int64_t g) {
 
 }  // namespace
 
-void TransformInput(const Layout& l, const float* x, float* work) {
+// Each transform is compiled three times, for AVX-512, AVX2 and baseline x86-64, and the loader
+// picks the one this CPU runs (GCC's function multiversioning): a vector of 16 floats is one
+// AVX-512 register, two AVX ones or four SSE ones.
+#define SUMMA_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+SUMMA_VECTOR_CLONES void TransformInput(const Layout& l, const float* x, float* work) {
   float* packed = work + l.packed;
   std::fill(packed, work + l.v, 0.0f);
   const int64_t c_n = l.in_channels, h_n = l.height, w_n = l.width;
@@ -151,7 +156,7 @@ void TransformInput(const Layout& l, const float* x, float* work) {
   }
 }
 
-void TransformKernels(const Layout& l, const float* w, float* work) {
+SUMMA_VECTOR_CLONES void TransformKernels(const Layout& l, const float* w, float* work) {
   float* u = work + l.u;
   const int64_t kernels = l.out_channels * l.in_channels;  // U[p] is [O][C]: kernel o*C + c
   for (int64_t first = 0; first < kernels; first += kLanes) {
@@ -168,7 +173,7 @@ void TransformKernels(const Layout& l, const float* w, float* work) {
   }
 }
 
-void TransformOutput(const Layout& l, const float* bias, const float* work, float* y) {
+SUMMA_VECTOR_CLONES void TransformOutput(const Layout& l, const float* bias, const float* work, float* y) {
   const float* m = work + l.m;
   const int64_t o_n = l.out_channels, ho = OutHeight(l), wo = OutWidth(l);
   const int64_t point = o_n * l.columns;
@@ -196,7 +201,7 @@ void TransformOutput(const Layout& l, const float* bias, const float* work, floa
   }
 }
 
-void TransformOutputGradient(const Layout& l, const float* dy, float* work) {
+SUMMA_VECTOR_CLONES void TransformOutputGradient(const Layout& l, const float* dy, float* work) {
   float* m = work + l.m;
   const int64_t o_n = l.out_channels, ho = OutHeight(l), wo = OutWidth(l);
   const int64_t point = o_n * l.columns;
@@ -223,7 +228,7 @@ void TransformOutputGradient(const Layout& l, const float* dy, float* work) {
   }
 }
 
-void TransformInputGradient(const Layout& l, float* work, float* dx) {
+SUMMA_VECTOR_CLONES void TransformInputGradient(const Layout& l, float* work, float* dx) {
   float* packed = work + l.packed;
   std::fill(packed, work + l.v, 0.0f);
   const float* v = work + l.v;
@@ -261,7 +266,7 @@ void TransformInputGradient(const Layout& l, float* work, float* dx) {
   }
 }
 
-void TransformKernelGradient(const Layout& l, const float* work, float* dw) {
+SUMMA_VECTOR_CLONES void TransformKernelGradient(const Layout& l, const float* work, float* dw) {
   const float* du = work + l.du;
   const int64_t kernels = l.out_channels * l.in_channels;
   for (int64_t first = 0; first < kernels; first += kLanes) {

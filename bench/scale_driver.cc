@@ -131,6 +131,7 @@ absl::StatusOr<ScaleRow> Benchmark::RunConfig(int workers) {
                  absl::StrCat("--workers=", workers), absl::StrFormat("--lr=%.17g", o_.lr),
                  absl::StrCat("--partition_bytes=", o_.partition_bytes),
                  absl::StrCat("--barrier_deadline=", timeout)};
+  if (o_.deterministic) server.argv.push_back("--deterministic");
   SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<ChildProcess> server_process, ChildProcess::Start(server));
   SUMMA_ASSIGN_OR_RETURN(const std::string port, WaitForFile(port_file, *server_process, deadline));
   const std::string address = "127.0.0.1:" + port;
@@ -271,7 +272,7 @@ absl::StatusOr<bool> Benchmark::Run() {
   Emit("");
   Emit(absl::StrCat(
       "Each configuration starts one summa-server (--workers=N --lr=", lr, " --partition_bytes=",
-      o_.partition_bytes, ") and N synthetic workers (summa-worker --synthetic=",
+      o_.partition_bytes, o_.deterministic ? " --deterministic" : "", ") and N synthetic workers (summa-worker --synthetic=",
       FormatByteSize(o_.model_bytes), " --steps=", o_.steps, ") on 127.0.0.1: per step each worker "
       "push-pulls the whole model (M bytes up, M down) and computes nothing. step time = the median "
       "over steps 1..", o_.steps - 1, " of the slowest worker's PushPull wall time (step 0 also "

@@ -25,6 +25,7 @@ struct ScaleOptions {
   int shards = 1;                // k; only 1 until the server can be sharded
   double lr = 1.0 / 1024;        // a power of two, so the final weight is exact
   int64_t partition_bytes = 4 << 20;
+  bool deterministic = false;  // the server's --deterministic
   double reference_gbps = 0;     // a second model line at this B (GB/s each way); 0: none
   std::string reference_source;  // where that B comes from, for the report
   absl::Duration timeout = absl::Minutes(20);  // per configuration

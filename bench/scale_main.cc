@@ -31,6 +31,9 @@ ABSL_FLAG(double, lr, 1.0 / 1024,
           "the server's SGD learning rate; a power of two, so that the final weight has an exact "
           "expected value");
 ABSL_FLAG(std::string, partition_bytes, "4MiB", "the server's --partition_bytes");
+ABSL_FLAG(bool, deterministic, false,
+          "run the server with --deterministic (each step's pushes kept and summed in rank order): "
+          "its cost in step time, server CPU and RSS against the default sum-on-arrival");
 ABSL_FLAG(double, reference_gbps, 0,
           "also show the PS model at this bandwidth B (GB/s each way), e.g. the raw-TCP exchange's "
           "from bench/results-allreduce.md; 0: only the B fitted to the 1-worker row");
@@ -90,6 +93,7 @@ int main(int argc, char** argv) {
     return FlagError(absl::StrCat("--partition_bytes: ", partition_bytes.status().message()));
   }
   o.partition_bytes = *partition_bytes;
+  o.deterministic = absl::GetFlag(FLAGS_deterministic);
   o.steps = absl::GetFlag(FLAGS_steps);
   o.shards = absl::GetFlag(FLAGS_shards);
   o.lr = absl::GetFlag(FLAGS_lr);

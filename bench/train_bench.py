@@ -9,8 +9,8 @@ thread. All runs share one environment (below) and run one after another in this
 Prints a markdown table: seconds per epoch (the median of the epochs, and their range: this VM's
 speed drifts by up to 2x between minutes, and a median shrugs off the epochs a drift caught) and
 the final test accuracy,
-then checks that every run finished and reached its accuracy (Summa's within 0.01 of PyTorch's
-single-process run after the same epochs) and the speed targets (issue 15: Summa 1 worker at most
+then checks that every run finished and reached its accuracy (Summa's within 0.02 of PyTorch's
+single-process run after the same epochs, issue 15's bound) and the speed targets (issue 15: Summa 1 worker at most
 0.4x, 2 workers at most 0.25x PyTorch's 1-thread epoch; 2 threads at least 1.7x 1); exits
 non-zero if not.
 """
@@ -115,8 +115,8 @@ def main():
         ("Summa 2 workers faster than PyTorch 2 threads", s2[0] < torch2[0]),
         ("Summa 2 workers faster than PyTorch DDP 2x1", s2[0] < ddp[0]),
         ("Summa 2 workers at most half of PyTorch 1 thread", s2[0] <= torch1[0] / 2),
-        ("Summa 1 worker accuracy within 0.01 of PyTorch", abs(s1[1] - torch1[1]) <= 0.01),
-        ("Summa 2 workers accuracy within 0.01 of PyTorch", abs(s2[1] - torch1[1]) <= 0.01),
+        ("Summa 1 worker accuracy within 0.02 of PyTorch (issue 15)", abs(s1[1] - torch1[1]) <= 0.02),
+        ("Summa 2 workers accuracy within 0.02 of PyTorch (issue 15)", abs(s2[1] - torch1[1]) <= 0.02),
         ("Summa 1 worker at most 0.4x PyTorch 1 thread (issue 15)", s1[0] <= 0.4 * torch1[0]),
         ("Summa 2 workers at most 0.25x PyTorch 1 thread (issue 15)", s2[0] <= 0.25 * torch1[0]),
         ("Summa 1 worker x 2 threads at least 1.7x 1 thread (issue 15)", s1[0] >= 1.7 * s1t2[0]),

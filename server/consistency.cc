@@ -37,7 +37,7 @@ class SyncPolicy final : public ConsistencyPolicy {
     if (values == PushValues::kSkip) {
       p.skip_step = true;
     } else {
-      p.aggregator.Add(AsFloats(r.data), 0, values == PushValues::kZeroNonFinite);
+      p.aggregator.Add(r.rank, AsFloats(r.data), 0, values == PushValues::kZeroNonFinite);
     }
     p.aggregator.AddExamples(r.num_examples);
     p.next_step[r.rank] = r.step + 1;
@@ -96,6 +96,7 @@ class SyncPolicy final : public ConsistencyPolicy {
       if (!ctx_.members->excluded(r) && !p.barrier.has_arrived(r)) return;
     }
     const bool skip = p.skip_step || p.aggregator.contributions() == 0;
+    p.aggregator.Finish();
     Advance(p, p.aggregator.sum(), p.aggregator.num_examples(), skip, now, out);
     p.aggregator.Reset();
     p.barrier.Reset();
@@ -121,7 +122,8 @@ class AsyncPolicy final : public ConsistencyPolicy {
     }
     ++next;
     if (values == PushValues::kZeroNonFinite) {
-      p.aggregator.Add(AsFloats(r.data), r.num_examples, /*zero_nonfinite=*/true);
+      p.aggregator.Add(r.rank, AsFloats(r.data), r.num_examples, /*zero_nonfinite=*/true);
+      p.aggregator.Finish();
       Advance(p, p.aggregator.sum(), r.num_examples, false, now, out);
       p.aggregator.Reset();
     } else {

@@ -69,6 +69,11 @@ absl::Status ValidateOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError("the rejoin deadline must be positive");
   }
   if (options.staleness < 0) return absl::InvalidArgumentError("staleness must not be negative");
+  if (options.deterministic && options.mode != Mode::kSync) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "deterministic aggregation needs sync mode (--mode=sync), not ", ModeName(options.mode),
+        ": async and ssp apply each push alone, in the order pushes arrive"));
+  }
   if (options.checkpoint_every < 0) {
     return absl::InvalidArgumentError("the checkpoint interval must not be negative");
   }

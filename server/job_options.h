@@ -41,6 +41,9 @@ struct ServerOptions {
   int staleness = 0;  // ssp: how many steps a worker may run ahead of the slowest
   OptimizerOptions optimizer;
   NonFinite nonfinite = NonFinite::kReject;
+  // Sync only: each step's pushes are summed in rank order, whatever order they arrive in, so the
+  // weights are the same bits on every run of the same job (server/aggregator.h).
+  bool deterministic = false;
   int64_t partition_bytes = 4 << 20;
   // How long a pull may wait for its step, counted from the pull's arrival.
   absl::Duration barrier_deadline = absl::Minutes(10);

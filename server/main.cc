@@ -90,6 +90,11 @@ ABSL_FLAG(std::string, nonfinite, "reject",
           "a pushed gradient holding NaN or infinity: reject (INVALID_ARGUMENT naming rank, step, "
           "partition and element; nothing changes), skip_step (its step applies no update), or "
           "zero (the bad values count as 0)");
+ABSL_FLAG(bool, deterministic, false,
+          "sync mode: sum each step's pushes in rank order, keeping each push until its step "
+          "completes, so that a job's weights are the same bits whatever order pushes arrive in "
+          "(costs one partition-sized buffer per worker; the default sums pushes as they arrive, "
+          "whose last bits vary with the order once 3 or more workers push)");
 ABSL_FLAG(int64_t, partition_bytes, 4 << 20,
           "largest slice of the flat parameter buffer that one push or pull carries, in bytes");
 ABSL_FLAG(absl::Duration, barrier_deadline, absl::Minutes(10),
@@ -137,6 +142,7 @@ absl::StatusOr<summa::server::ServerOptions> OptionsFromFlags() {
   absl::StatusOr<server::NonFinite> nonfinite = server::ParseNonFinite(absl::GetFlag(FLAGS_nonfinite));
   if (!nonfinite.ok()) return nonfinite.status();
   o.nonfinite = *nonfinite;
+  o.deterministic = absl::GetFlag(FLAGS_deterministic);
   server::OptimizerOptions& opt = o.optimizer;
   opt.name = absl::GetFlag(FLAGS_optimizer);
   opt.learning_rate = absl::GetFlag(FLAGS_lr);

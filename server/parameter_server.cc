@@ -60,7 +60,7 @@ absl::StatusOr<std::unique_ptr<ParameterServer::Model>> ParameterServer::NewMode
     model->partitions.push_back(std::make_unique<Partition>(
         range, options_.world_size,
         flat.empty() ? absl::Span<const float>() : absl::MakeConstSpan(flat.data() + range.offset, range.length),
-        slots, now));
+        slots, now, options_.deterministic));
   }
   if (flat.empty()) model->pending = static_cast<int>(model->partitions.size());
   return model;

@@ -22,14 +22,15 @@
 namespace summa::server {
 
 struct Partition {
+  // `deterministic`: the aggregator keeps each rank's push and sums them in rank order.
   Partition(PartitionRange r, int world_size, absl::Span<const float> initial, int num_slots,
-            absl::Time now)
+            absl::Time now, bool deterministic = false)
       : range(r),
         weights(initial.empty() ? std::vector<float>(r.length, 0.0f)
                                 : std::vector<float>(initial.begin(), initial.end())),
         initialized(!initial.empty()),
         slots(num_slots, std::vector<float>(r.length, 0.0f)),
-        aggregator(r.length),
+        aggregator(r.length, deterministic ? world_size : 0),
         barrier(world_size),
         next_step(world_size, 0),
         last_completion(now) {

@@ -43,8 +43,7 @@ class ParameterServerTest : public ::testing::Test {
   ParameterServerTest() : ps_(Options()) {}
 
   static ServerOptions Options() {
-    ServerOptions o;
-  o.require_sessions = false;
+      ServerOptions o;
     o.require_sessions = false;  // these cases are about other things; sessions: SessionTest
     o.world_size = 2;
     o.optimizer.learning_rate = 1.0;
@@ -877,8 +876,7 @@ TEST(CheckpointConsistencyTest, MomentumStateSurvivesARestore) {
 TEST(AdamTest, AStepThatAppliesNothingIsNotCountedByTheBiasCorrection) {
   // torch counts only the updates it made: Adam after (skipped step, g) equals Adam after (g).
   auto run = [](bool skip_first) {
-    ServerOptions o;
-  o.require_sessions = false;
+      ServerOptions o;
     o.require_sessions = false;  // these cases are about other things; sessions: SessionTest
     o.world_size = 1;
     o.optimizer.name = "adam";
@@ -946,6 +944,71 @@ TEST_F(MembershipTest, SyncCheckpointTakenMidStepRestoresAndTheStepIsPushedAgain
   ASSERT_EQ(*again.Push(Push(1, 1, twos_, 2)), true);
   EXPECT_EQ(again.WeightsForTest(), std::vector<float>(4, -2));
   std::filesystem::remove_all(dir);
+}
+
+// --deterministic: three workers whose pushes arrive in two different orders, three steps of
+// them, end with the same weights bit for bit; summed on arrival they do not (the test's pushes
+// are chosen so that float addition's order shows: 1e8 + 1 rounds to 1e8).
+std::vector<float> WeightsAfterArrivals(bool deterministic, const std::vector<int>& order) {
+  ServerOptions o;
+  o.require_sessions = false;
+  o.world_size = 3;
+  o.deterministic = deterministic;
+  o.optimizer.learning_rate = 1.0;
+  o.partition_bytes = 8;  // 4 floats: two partitions of 2
+  o.barrier_deadline = absl::Seconds(30);
+  EXPECT_TRUE(ValidateOptions(o).ok());
+  ParameterServer ps(o);
+  const std::string zeros = Bytes({0, 0, 0, 0});
+  for (int rank = 0; rank < 3; ++rank) {
+    JoinRequestView v;
+    v.rank = rank;
+    v.world_size = 3;
+    v.params = {{{"w", DType::kFloat32, {4}}, rank == 0 ? absl::string_view(zeros) : absl::string_view()}};
+    EXPECT_TRUE(ps.Join(v).ok());
+  }
+  const std::vector<std::vector<float>> grads = {{1, 3, 1, -1}, {1e8f, -1e8f, -1e8f, 1e8f},
+                                                 {-1e8f, 1e8f, 1e8f, -1e8f}};
+  for (uint64_t step = 0; step < 3; ++step) {
+    for (uint32_t partition = 0; partition < 2; ++partition) {
+      for (int rank : order) {
+        PushRequestView v;
+        v.rank = rank;
+        v.step = step;
+        v.partition = partition;
+        v.num_examples = 1;
+        const std::string data = Bytes({grads[rank][2 * partition], grads[rank][2 * partition + 1]});
+        v.data = data;
+        EXPECT_TRUE(ps.Push(v).ok()) << "rank " << rank << " step " << step;
+      }
+    }
+  }
+  EXPECT_EQ(ps.Status().version, 3u);
+  return ps.WeightsForTest();
+}
+
+TEST(DeterministicAggregationTest, ArrivalOrderDoesNotChangeTheWeights) {
+  const std::vector<float> in_rank_order = WeightsAfterArrivals(true, {0, 1, 2});
+  EXPECT_EQ(WeightsAfterArrivals(true, {2, 1, 0}), in_rank_order);
+  EXPECT_EQ(WeightsAfterArrivals(true, {1, 2, 0}), in_rank_order);
+  // The rank-order sum each step is 0 in every element: the weights never move.
+  EXPECT_EQ(in_rank_order, (std::vector<float>{0, 0, 0, 0}));
+}
+
+TEST(DeterministicAggregationTest, SumOnArrivalDependsOnTheOrder) {
+  EXPECT_NE(WeightsAfterArrivals(false, {0, 1, 2}), WeightsAfterArrivals(false, {1, 2, 0}));
+}
+
+TEST(DeterministicAggregationTest, OnlySyncModeTakesIt) {
+  ServerOptions o;
+  o.deterministic = true;
+  EXPECT_TRUE(ValidateOptions(o).ok());
+  for (Mode mode : {Mode::kAsync, Mode::kSsp}) {
+    o.mode = mode;
+    const absl::Status s = ValidateOptions(o);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("--mode=sync"), std::string::npos) << s;
+  }
 }
 
 }  // namespace

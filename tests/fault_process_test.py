@@ -312,6 +312,25 @@ class FaultProcessTest(unittest.TestCase):
             self.assertNotEqual(code, 0, g.log(job.workers[0]))
             self.assertIn("the job has ended", g.log(job.workers[0]))
 
+    def test_deterministic_sums_give_the_same_weights_whatever_order_pushes_arrive_in(self):
+        # Three workers (from three on, the order of a sum's additions shows in its last bits),
+        # summa-server --deterministic: one run with rank 0's pushes held back 20 ms each, so that
+        # they arrive last, one with rank 2's. The weights agree bit for bit.
+        def run(late_rank):
+            with ProcessGroup() as g:
+                job = Job(g, 3, server_flags=("--deterministic",))
+                for r in range(3):
+                    extra = ["--epochs=1", "--train_limit=1920"]
+                    if r == late_rank:
+                        extra.append("--fault_delay_push=20ms")
+                    job.start_worker(r, *extra)
+                outs = self.finish(g, job)
+                self.assertIn("epoch 1/1", outs[0])
+                self.assertEqual(int(job.status().get("version", 0)), 30)
+                return job.weights()
+
+        self.assertEqual(run(late_rank=0), run(late_rank=2))
+
     def test_no_process_left_behind(self):
         with ProcessGroup() as g:
             job = Job(g, 1)

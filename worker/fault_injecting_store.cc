@@ -25,6 +25,7 @@ void FaultInjectingStore::Exit(const std::string& why) {
 absl::Status FaultInjectingStore::PushPull(uint64_t step, int64_t num_examples,
                                            const float* gradients, float* weights,
                                            std::vector<int>* live_ranks) {
+  if (plan_.delay_push > absl::ZeroDuration()) absl::SleepFor(plan_.delay_push);
   const int64_t s = static_cast<int64_t>(step);
   if (s == plan_.repeat_push_pull_at) {
     SUMMA_RETURN_IF_ERROR(inner_->PushPull(step, num_examples, gradients, weights, live_ranks));

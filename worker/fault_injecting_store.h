@@ -9,8 +9,10 @@
 //    as a client whose first reply was lost retries: the server must count it once;
 //  - exit_before_round: at the member collective of that round (the trainer's epoch-end loss),
 //    the process exits with status 137 before contributing: lost after the last push of an
-//    epoch.
-// A negative value injects nothing.
+//    epoch;
+//  - delay_push: every push (PushPull or Push) waits this long first, so that this rank's pushes
+//    reach the server after the others': a test forces the order pushes arrive in.
+// A negative value (a zero delay) injects nothing.
 //
 // Owns nothing: the inner store and `out` are borrowed. Thread safety as the inner store's.
 #ifndef SUMMA_WORKER_FAULT_INJECTING_STORE_H_
@@ -21,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "worker/parameter_store.h"
 
 namespace summa::worker {
@@ -29,7 +33,11 @@ struct FaultPlan {
   int64_t exit_after_push = -1;
   int64_t repeat_push_pull_at = -1;
   int64_t exit_before_round = -1;
-  bool any() const { return exit_after_push >= 0 || repeat_push_pull_at >= 0 || exit_before_round >= 0; }
+  absl::Duration delay_push = absl::ZeroDuration();
+  bool any() const {
+    return exit_after_push >= 0 || repeat_push_pull_at >= 0 || exit_before_round >= 0 ||
+           delay_push > absl::ZeroDuration();
+  }
 };
 
 class FaultInjectingStore final : public ParameterStore {
@@ -46,6 +54,7 @@ class FaultInjectingStore final : public ParameterStore {
   absl::Status PushPull(uint64_t step, int64_t num_examples, const float* gradients, float* weights,
                         std::vector<int>* live_ranks) override;
   absl::StatusOr<bool> Push(uint64_t step, int64_t num_examples, const float* gradients) override {
+    if (plan_.delay_push > absl::ZeroDuration()) absl::SleepFor(plan_.delay_push);
     return inner_->Push(step, num_examples, gradients);
   }
   absl::Status Heartbeat(int rank) const override { return inner_->Heartbeat(rank); }

@@ -62,6 +62,9 @@ ABSL_FLAG(int64_t, fault_repeat_pushpull_at, -1,
 ABSL_FLAG(int64_t, fault_exit_before_epoch_end, -1,
           "fault injection for tests: exit (status 137) after the last push of this epoch "
           "(0-based), before the epoch-end loss collective; -1: never");
+ABSL_FLAG(absl::Duration, fault_delay_push, absl::ZeroDuration(),
+          "fault injection for tests: wait this long before every push, so that this worker's "
+          "pushes reach the server after the others' (a test forcing the arrival order); 0: never");
 ABSL_FLAG(std::string, trace_file, "",
           "if set, write a timeline of every step (compute, exchange, load, and each "
           "partition's push-pull) to this file as Chrome trace JSON when the worker ends (open it "
@@ -111,7 +114,7 @@ int RunSynthetic(int rank) {
                                "threads", "train_limit", "test_limit", "progress", "status_address",
                                "status_port_file", "metrics_address", "metrics_port_file",
                                "retry_deadline", "trace_file", "fault_exit_after_push",
-                               "fault_repeat_pushpull_at", "fault_exit_before_epoch_end"}) {
+                               "fault_repeat_pushpull_at", "fault_exit_before_epoch_end", "fault_delay_push"}) {
     if (Changed(training)) {
       return FlagError(absl::StrCat("--", training, " does not apply to --synthetic (it trains no model; see --help)"));
     }
@@ -190,6 +193,8 @@ int main(int argc, char** argv) {
   o.faults.exit_after_push = absl::GetFlag(FLAGS_fault_exit_after_push);
   o.faults.repeat_push_pull_at = absl::GetFlag(FLAGS_fault_repeat_pushpull_at);
   o.faults.exit_before_round = absl::GetFlag(FLAGS_fault_exit_before_epoch_end);
+  o.faults.delay_push = absl::GetFlag(FLAGS_fault_delay_push);
+  if (o.faults.delay_push < absl::ZeroDuration()) return FlagError("--fault_delay_push must not be negative");
   absl::Status status = summa::worker::RunWorker(o);
   if (!status.ok()) {
     std::fprintf(stderr, "summa-worker: %s\n", status.ToString().c_str());

@@ -97,8 +97,8 @@ class Backend {
   virtual absl::Status Conv2dForward(const ConvShape& shape, const float* x, const float* w,
                                      const float* bias, float* y, float* workspace) = 0;
   // dw = dL/dw, dbias = dL/dbias (both overwritten), and dx = dL/dx unless dx is null.
-  // `columns_ready`: the workspace still holds what the last Conv2dForward of this shape and x
-  // left there (nothing has written to it since, and x is unchanged), so the
+  // `columns_ready`: the workspace still holds what the last Conv2dForward of this shape, x and w
+  // left there (nothing has written to it since, and x and w are unchanged), so the
   // backward pass skips rebuilding it: true for a network's last convolution, whose backward
   // pass follows its forward pass with no other convolution between them.
   virtual absl::Status Conv2dBackward(const ConvShape& shape, const float* x, const float* w,

@@ -492,8 +492,10 @@ class CpuBackend final : public Backend {
     }
     winograd::TransformOutputGradient(l, dy, work);
     phase.emplace(profile_, 0, conv, "Winograd input and kernel transforms");
-    if (!columns_ready) winograd::TransformInput(l, x, work);
-    if (dx != nullptr) winograd::TransformKernels(l, w, work);
+    if (!columns_ready) {
+      winograd::TransformInput(l, x, work);
+      if (dx != nullptr) winograd::TransformKernels(l, w, work);  // else U, from the forward pass
+    }
     // dU[p][O][C] = dM[p][O][T] V[p][C][T]^T
     phase.emplace(profile_, winograd::kPoints * GemmFlops(o, c, t), conv,
                   "backward-weights GEMMs (Winograd)");

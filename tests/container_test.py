@@ -226,6 +226,10 @@ class ContainerTest(unittest.TestCase):
                 mounts = mounts_of(worker_pod, worker_c, f"worker{index}-pod")
                 args = [to_host(expand(a, env).replace(env["SUMMA_SERVER"], f"{SERVICE}:{port}"), {},
                                 {"status_address", "metrics_address"}) for a in worker_c["args"]]
+                # Each push held back 20 ms: the job's 250 steps take at least 5 s, so that the
+                # kill below lands mid-job however fast the CPU computes (about 1 s for the 190
+                # steps after step 60 at full speed, against podman's inspect and kill).
+                args.append("--fault_delay_push=20ms")
                 workers.append(pod.run(f"worker{index}", self.image, worker_pod, worker_c, args,
                                        {**env, "JOB_COMPLETION_INDEX": str(index)}, mounts,
                                        restart="on-failure"))

@@ -174,7 +174,11 @@ class TrainProcessTest(unittest.TestCase):
                       "--batch_size=64", "--epochs=2", "--train_limit=8000", "--test_limit=500", "--seed=1",
                       "--status_address=127.0.0.1:0"]
             first_status = os.path.join(g.dir, "first.status")
-            first = g.start("first", common + [f"--status_port_file={first_status}"])
+            # The first process holds each push back 200 ms, so that it cannot finish its 250
+            # steps (50 s) before the second has started and joined (a CPU worker takes 2 s for
+            # all of them at full speed); the second trains at full speed.
+            first = g.start("first", common + [f"--status_port_file={first_status}",
+                                               "--fault_delay_push=200ms"])
             r = Reflector(f"127.0.0.1:{int(g.wait_for_file(first_status, first))}")
             status = started_status(r)
             deadline = time.monotonic() + 120

@@ -70,37 +70,26 @@ inline void AddRow(const float* __restrict from, float* __restrict to, int n) {
   for (int j = 0; j < n; ++j) to[j] += from[j];
 }
 
-// to[0, n) = from[0, n); returns their sum, in four lanes (a fixed order: the same result on
-// every run) that vectorise where one running sum would chain every addition on the last
-// (strict float order keeps the compiler from splitting it): conv1's dy layout and bias gradient
-// went from 1.9 ms to 0.6 ms of a LeNet step (summa-bench-layers).
-inline float CopyAndSum(const float* from, float* to, int64_t n) {
+// The sum of from[0, n), in four lanes (a fixed order: the same result on every run) that
+// vectorise where one running sum would chain every addition on the last (strict float order
+// keeps the compiler from splitting it); with `to`, also to[0, n) = from[0, n). conv1's dy layout
+// and bias gradient went from 1.9 ms to 0.6 ms of a LeNet step (summa-bench-layers). One function
+// for both, so that im2col's and Winograd's bias gradients are the same bits.
+inline float Sum(const float* from, int64_t n, float* to = nullptr) {
   __m128 lanes = _mm_setzero_ps();
   int64_t j = 0;
   for (; j + 4 <= n; j += 4) {
     const __m128 v = _mm_loadu_ps(from + j);
-    _mm_storeu_ps(to + j, v);
+    if (to != nullptr) _mm_storeu_ps(to + j, v);
     lanes = _mm_add_ps(lanes, v);
   }
   alignas(16) float sums[4];
   _mm_store_ps(sums, lanes);
   float sum = (sums[0] + sums[1]) + (sums[2] + sums[3]);
   for (; j < n; ++j) {
-    to[j] = from[j];
+    if (to != nullptr) to[j] = from[j];
     sum += from[j];
   }
-  return sum;
-}
-
-// The sum of from[0, n), in CopyAndSum's order.
-inline float Sum(const float* from, int64_t n) {
-  __m128 lanes = _mm_setzero_ps();
-  int64_t j = 0;
-  for (; j + 4 <= n; j += 4) lanes = _mm_add_ps(lanes, _mm_loadu_ps(from + j));
-  alignas(16) float sums[4];
-  _mm_store_ps(sums, lanes);
-  float sum = (sums[0] + sums[1]) + (sums[2] + sums[3]);
-  for (; j < n; ++j) sum += from[j];
   return sum;
 }
 
@@ -243,7 +232,7 @@ class CpuBackend final : public Backend {
     const int ckk = s.in_channels * s.kernel * s.kernel;
     float* col = workspace;
     float* out = workspace + 2 * s.col_floats();
-    const std::string conv = profile_ ? absl::StrCat("conv ", s.in_channels, "->", s.out_channels, " ") : "";
+    const std::string conv = ConvName(s);
     {
       Phase phase(profile_, 0, conv, "im2col (forward)");
       Im2Col(s, x, col);
@@ -275,14 +264,14 @@ class CpuBackend final : public Backend {
     float* col = workspace;
     float* dcol = workspace + s.col_floats();
     float* dyt = workspace + 2 * s.col_floats();
-    const std::string conv = profile_ ? absl::StrCat("conv ", s.in_channels, "->", s.out_channels, " ") : "";
+    const std::string conv = ConvName(s);
     std::optional<Phase> phase(std::in_place, profile_, 0, conv, "dy layout and bias gradient");
     // dy to channel-major [O, N*P], summing the bias gradient on the way.
     std::fill_n(dbias, s.out_channels, 0.0f);
     for (int i = 0; i < s.batch; ++i) {
       for (int o = 0; o < s.out_channels; ++o) {
         const float* from = dy + (int64_t{i} * s.out_channels + o) * pixels;
-        dbias[o] += CopyAndSum(from, dyt + o * np + i * pixels, pixels);
+        dbias[o] += Sum(from, pixels, dyt + o * np + i * pixels);
       }
     }
     if (!columns_ready) {
@@ -440,6 +429,7 @@ class CpuBackend final : public Backend {
 
  private:
   bool Winograd(const ConvShape& s) const { return winograd_ && s.kernel == winograd::kKernel; }
+  // The prefix of a convolution's phase names ("conv 20->50 "); empty without a profile.
   std::string ConvName(const ConvShape& s) const {
     return profile_ ? absl::StrCat("conv ", s.in_channels, "->", s.out_channels, " ") : "";
   }

@@ -48,7 +48,10 @@ class TrainProcessTest(unittest.TestCase):
                 workers.append((g.start(f"worker{rank}", [
                     ARGS.worker, f"--server=127.0.0.1:{port}", f"--rank={rank}", "--world_size=2",
                     "--device=cpu", "--batch_size=64", "--epochs=3", "--train_limit=8000", "--test_limit=2000",
-                    "--seed=1", "--status_address=127.0.0.1:0", f"--status_port_file={status_file}"]),
+                    "--seed=1", "--status_address=127.0.0.1:0", f"--status_port_file={status_file}",
+                    # Rank 0 holds each push back 5 ms (sync: both wait), so the job lasts 2 s
+                    # or more and its status is asked mid-job, not after a fast CPU finished.
+                    f"--fault_delay_push={5 if rank == 0 else 0}ms"]),
                     status_file))
             status_port = int(g.wait_for_file(workers[0][1], workers[0][0]))
             r = Reflector(f"127.0.0.1:{status_port}")
@@ -81,7 +84,9 @@ class TrainProcessTest(unittest.TestCase):
                     ARGS.worker, f"--server=127.0.0.1:{port}", f"--rank={rank}", "--world_size=2",
                     "--device=cpu", "--model=mlp", "--batch_size=64", "--epochs=3",
                     "--train_limit=8000", "--test_limit=2000", "--seed=1",
-                    "--status_address=127.0.0.1:0", f"--status_port_file={status_file}"]),
+                    "--status_address=127.0.0.1:0", f"--status_port_file={status_file}",
+                    # As above: the MLP's 375 steps would take well under a second.
+                    f"--fault_delay_push={5 if rank == 0 else 0}ms"]),
                     status_file))
             status_port = int(g.wait_for_file(workers[0][1], workers[0][0]))
             status = started_status(Reflector(f"127.0.0.1:{status_port}"))
@@ -108,6 +113,15 @@ class TrainProcessTest(unittest.TestCase):
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
                 return r.read().decode()
 
+        def scrape_while_alive(port, proc):
+            """The page, or None once proc has exited and its endpoint with it."""
+            try:
+                return scrape(port)
+            except OSError:
+                if proc.poll() is None:
+                    raise
+                return None
+
         def value(text, name):
             m = re.search(rf"^{name} ([0-9.e+-]+)$", text, re.M)
             self.assertIsNotNone(m, f"{name} missing from:\n{text}")
@@ -124,13 +138,16 @@ class TrainProcessTest(unittest.TestCase):
                                    "--train_limit=3200", "--test_limit=100",
                                    "--status_address=127.0.0.1:0",
                                    "--metrics_address=127.0.0.1:0",
-                                   f"--metrics_port_file={worker_metrics}"])
+                                   f"--metrics_port_file={worker_metrics}",
+                                   # 50 steps take 2.5 s or more, so the scrapes below see
+                                   # the worker mid-job (at full speed it finishes in 0.3 s).
+                                   "--fault_delay_push=50ms"])
             wport = int(g.wait_for_file(worker_metrics, w))
             # The worker's own series, scraped while it trains.
             seen = None
             while w.poll() is None and seen is None:
-                text = scrape(wport)
-                if re.search(r"^summa_worker_steps_total [1-9]", text, re.M):
+                text = scrape_while_alive(wport, w)
+                if text and re.search(r"^summa_worker_steps_total [1-9]", text, re.M):
                     seen = text
                 time.sleep(0.05)
             self.assertIsNotNone(seen, "the worker finished before its metrics showed a step")

@@ -39,8 +39,8 @@ T Small(FuzzedDataProvider& in, T most) {
 }
 
 // `n` floats of the input's bytes, or (when the input says so) some other number of bytes.
-std::string Values(FuzzedDataProvider& in, int64_t n) {
-  const size_t bytes = in.ConsumeBool() ? n * 4 : in.ConsumeIntegralInRange<size_t>(0, n * 8 + 4);
+std::string Values(FuzzedDataProvider& in, int64_t n, int bytes_per_value = 4) {
+  const size_t bytes = in.ConsumeBool() ? n * bytes_per_value : in.ConsumeIntegralInRange<size_t>(0, n * 8 + 4);
   std::string v = in.ConsumeBytesAsString(bytes);
   return v;
 }
@@ -215,8 +215,30 @@ class Session {
     v.step = Small<uint64_t>(in_, 6);
     v.partition = Partition();
     v.num_examples = in_.ConsumeIntegralInRange<int64_t>(-1, 64);
-    v.dtype_is_float32 = in_.ConsumeIntegralInRange(0, 7) != 0;
-    values_.assign(1, Values(in_, v.partition < partitions_.size() ? partitions_[v.partition].length : 1));
+    // Mostly float32; sometimes a 16-bit dtype, sparse (top-k) values, or a dtype unknown.
+    switch (in_.ConsumeIntegralInRange(0, 9)) {
+      case 0: v.dtype = std::nullopt; break;
+      case 1: v.dtype = WireDType::kBfloat16; break;
+      case 2: v.dtype = WireDType::kFloat16; break;
+      default: v.dtype = WireDType::kFloat32; break;
+    }
+    v.sparse = in_.ConsumeIntegralInRange(0, 5) == 0;
+    const int64_t length = v.partition < partitions_.size() ? partitions_[v.partition].length : 1;
+    const int width = v.dtype.has_value() ? WireDTypeBytes(*v.dtype) : 4;
+    if (v.sparse) {
+      // k ascending positions (sometimes not: a refusal), then k values.
+      const int64_t k = in_.ConsumeIntegralInRange<int64_t>(0, length + 1);
+      std::string s;
+      uint32_t position = 0;
+      for (int64_t j = 0; j < k; ++j) {
+        position += in_.ConsumeIntegralInRange<uint32_t>(j == 0 ? 0 : 1, 2);
+        s.append(reinterpret_cast<const char*>(&position), sizeof(position));
+      }
+      s += in_.ConsumeBytesAsString(in_.ConsumeBool() ? k * width : in_.ConsumeIntegralInRange<size_t>(0, k * 8 + 2));
+      values_.assign(1, s);
+    } else {
+      values_.assign(1, Values(in_, length, width));
+    }
     v.data = values_[0];
     v.peer = "fuzz";
     return v;

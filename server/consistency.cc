@@ -8,18 +8,14 @@
 namespace summa::server {
 namespace {
 
-absl::Span<const float> AsFloats(absl::string_view bytes) {
-  return absl::MakeConstSpan(reinterpret_cast<const float*>(bytes.data()), bytes.size() / 4);
-}
-
 class SyncPolicy final : public ConsistencyPolicy {
  public:
   explicit SyncPolicy(PolicyContext c) : ConsistencyPolicy(std::move(c)) {}
   Mode mode() const override { return Mode::kSync; }
   bool CheckpointNeedsOneVersion() const override { return true; }
 
-  absl::StatusOr<bool> Push(Partition& p, const PushRequestView& r, PushValues values,
-                            absl::Time now, CallsToFinish& out) const override
+  absl::StatusOr<bool> Push(Partition& p, const PushRequestView& r, absl::Span<const float> gradient,
+                            PushValues values, absl::Time now, CallsToFinish& out) const override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu) {
     if (r.step < p.version) {
       // A retry whose first reply was lost after the step completed: counted once already.
@@ -37,7 +33,7 @@ class SyncPolicy final : public ConsistencyPolicy {
     if (values == PushValues::kSkip) {
       p.skip_step = true;
     } else {
-      p.aggregator.Add(r.rank, AsFloats(r.data), 0, values == PushValues::kZeroNonFinite);
+      p.aggregator.Add(r.rank, gradient, 0, values == PushValues::kZeroNonFinite);
     }
     p.aggregator.AddExamples(r.num_examples);
     p.next_step[r.rank] = r.step + 1;
@@ -111,8 +107,8 @@ class AsyncPolicy final : public ConsistencyPolicy {
   Mode mode() const override { return bounded_ ? Mode::kSsp : Mode::kAsync; }
   bool CheckpointNeedsOneVersion() const override { return false; }
 
-  absl::StatusOr<bool> Push(Partition& p, const PushRequestView& r, PushValues values,
-                            absl::Time now, CallsToFinish& out) const override
+  absl::StatusOr<bool> Push(Partition& p, const PushRequestView& r, absl::Span<const float> gradient,
+                            PushValues values, absl::Time now, CallsToFinish& out) const override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu) {
     uint64_t& next = p.next_step[r.rank];
     if (r.step < next) return Duplicate(r);
@@ -122,12 +118,12 @@ class AsyncPolicy final : public ConsistencyPolicy {
     }
     ++next;
     if (values == PushValues::kZeroNonFinite) {
-      p.aggregator.Add(r.rank, AsFloats(r.data), r.num_examples, /*zero_nonfinite=*/true);
+      p.aggregator.Add(r.rank, gradient, r.num_examples, /*zero_nonfinite=*/true);
       p.aggregator.Finish();
       Advance(p, p.aggregator.sum(), r.num_examples, false, now, out);
       p.aggregator.Reset();
     } else {
-      Advance(p, AsFloats(r.data), r.num_examples, values == PushValues::kSkip, now, out);
+      Advance(p, gradient, r.num_examples, values == PushValues::kSkip, now, out);
     }
     p.Release(p.clock_parked, Slowest(p), out);
     return true;

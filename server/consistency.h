@@ -14,11 +14,14 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/compression.h"
 #include "server/job_options.h"
 #include "server/membership.h"
 #include "server/optimizer.h"
@@ -33,7 +36,10 @@ struct PushRequestView {
   uint64_t step = 0;
   uint32_t partition = 0;
   int64_t num_examples = 0;
-  bool dtype_is_float32 = true;
+  // The values' dtype on the wire; nullopt for one the server does not know (refused).
+  std::optional<WireDType> dtype = WireDType::kFloat32;
+  // `data` is the sparse layout of common/compression.h (top-k), not the whole partition.
+  bool sparse = false;
   absl::string_view data;
   std::string peer;
 };
@@ -54,11 +60,12 @@ class ConsistencyPolicy {
   static std::unique_ptr<const ConsistencyPolicy> Create(Mode mode, PolicyContext context);
   virtual ~ConsistencyPolicy() = default;
 
-  // Takes a validated push from a member. True when it completed its step (sync) or was applied.
-  // ALREADY_EXISTS for a push already counted; FAILED_PRECONDITION for a finished step or a rank
-  // out of the group; OUT_OF_RANGE for a future step. Refusals change nothing.
-  virtual absl::StatusOr<bool> Push(Partition& p, const PushRequestView& r, PushValues values,
-                                    absl::Time now, CallsToFinish& out) const = 0;
+  // Takes a validated push from a member, its values decoded to float32 in `gradient`. True when
+  // it completed its step (sync) or was applied. ALREADY_EXISTS for a push already counted;
+  // FAILED_PRECONDITION for a finished step or a rank out of the group; OUT_OF_RANGE for a future
+  // step. Refusals change nothing.
+  virtual absl::StatusOr<bool> Push(Partition& p, const PushRequestView& r, absl::Span<const float> gradient,
+                                    PushValues values, absl::Time now, CallsToFinish& out) const = 0;
   // After the membership shrank: completes what that completes.
   virtual void OnExcluded(Partition& p, absl::Time now, CallsToFinish& out) const = 0;
   // Answers `call` with the weights a push-pull of `step` waits for, or parks it until `deadline`.

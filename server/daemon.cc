@@ -187,6 +187,10 @@ void SummaServer::Shutdown() {
   }
   core_.Shutdown();
   hub_.Shutdown();
+  const StatusSnapshot totals = core_.Traffic();
+  SUMMA_LOG(INFO) << "stopped: " << totals.pushes_served << " pushes ("
+                  << totals.bytes_in << " bytes in), " << totals.pulls_served << " replies with weights ("
+                  << totals.bytes_out << " bytes out)";
   if (running_.server) running_.server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   if (health_.server) health_.server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
   shutdown_done_ = true;

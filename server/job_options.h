@@ -11,6 +11,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/compression.h"
 #include "common/trace.h"
 #include "server/limits.h"
 #include "server/optimizer.h"
@@ -44,6 +45,11 @@ struct ServerOptions {
   // Sync only: each step's pushes are summed in rank order, whatever order they arrive in, so the
   // weights are the same bits on every run of the same job (server/aggregator.h).
   bool deterministic = false;
+  // The wire format the server asks of its workers at Join (common/compression.h): the dtype of
+  // pushes and pulls, and top-k for pushes. It takes any of them from any client, and always
+  // sums and keeps the weights in float32.
+  WireDType wire_dtype = WireDType::kFloat32;
+  Compression compression;
   int64_t partition_bytes = 4 << 20;
   // How long a pull may wait for its step, counted from the pull's arrival.
   absl::Duration barrier_deadline = absl::Minutes(10);

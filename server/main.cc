@@ -95,6 +95,16 @@ ABSL_FLAG(bool, deterministic, false,
           "completes, so that a job's weights are the same bits whatever order pushes arrive in "
           "(costs one partition-sized buffer per worker; the default sums pushes as they arrive, "
           "whose last bits vary with the order once 3 or more workers push)");
+ABSL_FLAG(std::string, wire_dtype, "fp32",
+          "the dtype workers push gradients and pull weights in: fp32, bf16 (half the bytes; "
+          "8 bits of mantissa) or fp16 (half the bytes; 11 bits of mantissa, magnitudes from "
+          "6e-8 to 65504). The server sums and keeps the weights in fp32 whatever the wire "
+          "carries; workers learn the choice at Join");
+ABSL_FLAG(std::string, compress, "none",
+          "pushed gradients: none, or topk:RATIO (0 < RATIO < 1): each push carries the RATIO "
+          "share of each partition's gradient of largest magnitude, as positions and values, "
+          "and the worker keeps the rest and adds it to its next step's gradient (error "
+          "feedback); pulls stay dense");
 ABSL_FLAG(int64_t, partition_bytes, 4 << 20,
           "largest slice of the flat parameter buffer that one push or pull carries, in bytes");
 ABSL_FLAG(absl::Duration, barrier_deadline, absl::Minutes(10),
@@ -143,6 +153,12 @@ absl::StatusOr<summa::server::ServerOptions> OptionsFromFlags() {
   if (!nonfinite.ok()) return nonfinite.status();
   o.nonfinite = *nonfinite;
   o.deterministic = absl::GetFlag(FLAGS_deterministic);
+  absl::StatusOr<summa::WireDType> wire = summa::ParseWireDType(absl::GetFlag(FLAGS_wire_dtype));
+  if (!wire.ok()) return wire.status();
+  o.wire_dtype = *wire;
+  absl::StatusOr<summa::Compression> compression = summa::ParseCompression(absl::GetFlag(FLAGS_compress));
+  if (!compression.ok()) return compression.status();
+  o.compression = *compression;
   server::OptimizerOptions& opt = o.optimizer;
   opt.name = absl::GetFlag(FLAGS_optimizer);
   opt.learning_rate = absl::GetFlag(FLAGS_lr);

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/compression.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/vector_ops.h"
@@ -200,8 +201,38 @@ absl::Status ParameterServer::Heartbeat(int rank, uint64_t session) {
 
 absl::Status ParameterServer::Leave(int rank, uint64_t session) { return membership_.Leave(rank, session); }
 
-absl::StatusOr<PushValues> ParameterServer::CheckValues(const PushRequestView& r) {
-  const absl::Span<const float> values = AsFloats(r.data);
+absl::StatusOr<absl::Span<const float>> ParameterServer::PushedGradient(const Partition& p,
+                                                                       const PushRequestView& r) {
+  if (!r.dtype.has_value()) {
+    return absl::InvalidArgumentError("gradients must be DTYPE_FLOAT32, DTYPE_BFLOAT16 or DTYPE_FLOAT16");
+  }
+  const WireDType dtype = *r.dtype;
+  const int64_t n = p.range.length;
+  if (!r.sparse) {
+    const int64_t bytes = n * WireDTypeBytes(dtype);
+    if (static_cast<int64_t>(r.data.size()) != bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "partition ", r.partition, " holds ", n, " floats (", bytes, " bytes",
+          dtype == WireDType::kFloat32 ? "" : absl::StrCat(" of ", WireDTypeName(dtype)),
+          "); the gradients sent are ", r.data.size(), " bytes"));
+    }
+    if (dtype == WireDType::kFloat32) return AsFloats(r.data);
+  }
+  // Grows to the largest partition once per thread (gRPC's few callback threads), then reused.
+  thread_local std::vector<float> decoded;
+  if (static_cast<int64_t>(decoded.size()) < n) decoded.resize(n);
+  const absl::Span<float> out(decoded.data(), n);
+  if (r.sparse) {
+    if (absl::Status s = DecodeSparse(dtype, r.data, out); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("partition ", r.partition, ": ", s.message()));
+    }
+  } else {
+    DecodeValues(dtype, r.data.data(), out);
+  }
+  return absl::Span<const float>(out);
+}
+
+absl::StatusOr<PushValues> ParameterServer::CheckValues(const PushRequestView& r, absl::Span<const float> values) {
   const int64_t bad = FirstNonFinite(values);
   if (bad < 0) return PushValues::kAsSent;
   nonfinite_pushes_.fetch_add(1, std::memory_order_relaxed);
@@ -272,15 +303,14 @@ absl::StatusOr<bool> ParameterServer::Push(const PushRequestView& request) {
   SUMMA_RETURN_IF_ERROR(Answerable());
   SUMMA_ASSIGN_OR_RETURN(const Model* m, ReadyModel());
   if (request.rank < 0 || request.rank >= options_.world_size) return membership_.Touch(request.rank, request.session);
-  SUMMA_ASSIGN_OR_RETURN(Partition* const found,
-                         PartitionFor(*m, request.partition, request.dtype_is_float32, request.data,
-                                      "gradients"));
-  Partition& p = *found;
+  if (request.partition >= m->partitions.size()) return UnknownPartition(*m, request.partition);
+  Partition& p = *m->partitions[request.partition];
+  SUMMA_ASSIGN_OR_RETURN(const absl::Span<const float> gradient, PushedGradient(p, request));
   if (request.num_examples < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("num_examples must not be negative, got ", request.num_examples));
   }
-  SUMMA_ASSIGN_OR_RETURN(const PushValues values, CheckValues(request));
+  SUMMA_ASSIGN_OR_RETURN(const PushValues values, CheckValues(request, gradient));
   SUMMA_RETURN_IF_ERROR(membership_.Touch(request.rank, request.session));
   CallsToFinish released;
   absl::StatusOr<bool> applied;
@@ -291,7 +321,7 @@ absl::StatusOr<bool> ParameterServer::Push(const PushRequestView& request) {
       return absl::FailedPreconditionError(
           absl::StrCat("rank ", request.rank, " is no longer in the group; its pushes are refused"));
     }
-    applied = policy_->Push(p, request, values, options_.clock->Now(), released);
+    applied = policy_->Push(p, request, gradient, values, options_.clock->Now(), released);
   }
   if (absl::IsAlreadyExists(applied.status())) duplicate_pushes_.fetch_add(1, std::memory_order_relaxed);
   if (!applied.ok()) return applied;
@@ -305,7 +335,7 @@ absl::StatusOr<bool> ParameterServer::Push(const PushRequestView& request) {
 
 void ParameterServer::CountAnswers(const CallsToFinish& answered, int64_t floats) {
   pulls_served_.fetch_add(answered.size(), std::memory_order_relaxed);
-  bytes_out_.fetch_add(answered.size() * floats * 4, std::memory_order_relaxed);
+  bytes_out_.fetch_add(answered.value_bytes() * floats, std::memory_order_relaxed);
 }
 
 void ParameterServer::PullFrom(const Model& m, uint32_t partition, uint64_t min_version,
@@ -421,6 +451,15 @@ void ParameterServer::Shutdown() {
   FailParked(absl::UnavailableError("the server is shutting down"));
 }
 
+StatusSnapshot ParameterServer::Traffic() const {
+  StatusSnapshot s;
+  s.bytes_in = bytes_in_.load();
+  s.bytes_out = bytes_out_.load();
+  s.pushes_served = pushes_served_.load();
+  s.pulls_served = pulls_served_.load();
+  return s;
+}
+
 StatusSnapshot ParameterServer::Status() const {
   StatusSnapshot s;
   s.optimizer = optimizer_->Describe();
@@ -449,10 +488,11 @@ StatusSnapshot ParameterServer::Status() const {
   } else {
     s.learning_rate = optimizer_->LearningRate(0);
   }
-  s.bytes_in = bytes_in_.load();
-  s.bytes_out = bytes_out_.load();
-  s.pushes_served = pushes_served_.load();
-  s.pulls_served = pulls_served_.load();
+  const StatusSnapshot traffic = Traffic();
+  s.bytes_in = traffic.bytes_in;
+  s.bytes_out = traffic.bytes_out;
+  s.pushes_served = traffic.pushes_served;
+  s.pulls_served = traffic.pulls_served;
   s.duplicate_pushes = duplicate_pushes_.load();
   s.nonfinite_pushes = nonfinite_pushes_.load();
   return s;

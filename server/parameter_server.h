@@ -174,6 +174,9 @@ class ParameterServer {
   Membership& membership() { return membership_; }
 
   StatusSnapshot Status() const;
+  // The data path's totals (pushes and bytes in, replies and bytes out) in a snapshot with only
+  // those fields set: no clock, no membership, so the daemon may log them as it shuts down.
+  StatusSnapshot Traffic() const;
 
   // A copy of the full flat weights, for tests; empty before the model exists.
   std::vector<float> WeightsForTest() const;
@@ -201,12 +204,16 @@ class ParameterServer {
   absl::Status DefineModel(const JoinRequestView& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(define_mu_);
   absl::Status CheckSameModel(const Model& model, const JoinRequestView& request) const;
   static absl::Status UnknownPartition(const Model& model, uint32_t partition);
-  // The partition that float32 `data` (`what`: "gradients", "initial values") is meant for, or
+  // The partition that float32 `data` (`what`: "initial values") is meant for, or
   // INVALID_ARGUMENT: an unknown partition, another dtype, a length unlike the partition's.
   static absl::StatusOr<Partition*> PartitionFor(const Model& model, uint32_t partition, bool float32,
                                                  absl::string_view data, const char* what);
+  // A push's values as float32: its own bytes when it sent the whole partition in float32,
+  // otherwise decoded (another dtype, or sparse) into this thread's buffer, valid until the
+  // thread's next push. INVALID_ARGUMENT for an unknown dtype or bytes unlike the partition's.
+  static absl::StatusOr<absl::Span<const float>> PushedGradient(const Partition& p, const PushRequestView& r);
   // Checks a push's values under --nonfinite; how to take them, or the refusal.
-  absl::StatusOr<PushValues> CheckValues(const PushRequestView& request);
+  absl::StatusOr<PushValues> CheckValues(const PushRequestView& request, absl::Span<const float> values);
   void PullFrom(const Model& model, uint32_t partition, uint64_t min_version,
                 std::shared_ptr<ParkedCall> call);
   // Membership changed: members left out complete steps; a job that ended aborts parked calls.

@@ -29,6 +29,9 @@ class ParkedCall {
   // (no copy); `counter` is the version (or round) the values belong to.
   virtual void Fill(uint64_t counter, const Snapshot& values) = 0;
   virtual void Finish(absl::Status status) = 0;
+  // The bytes each value takes in the answer (4, or 2 for a pull in a 16-bit wire dtype): what
+  // the server counts as sent.
+  virtual int value_bytes() const { return 4; }
 };
 
 // Claimed calls with the status to finish them with, collected under a lock and finished after
@@ -44,6 +47,12 @@ class CallsToFinish {
     calls_.push_back({std::move(call), std::move(status)});
   }
   size_t size() const { return calls_.size(); }
+  // The calls' value_bytes, summed.
+  int64_t value_bytes() const {
+    int64_t total = 0;
+    for (const auto& entry : calls_) total += entry.first->value_bytes();
+    return total;
+  }
   void FinishAll() {
     for (auto& [call, status] : calls_) call->Finish(std::move(status));
     calls_.clear();

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstring>
 #include <functional>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
@@ -36,15 +37,17 @@ class ParkedReactor final : public grpc::ServerUnaryReactor {
 
   class Call final : public ParkedCall {
    public:
-    Call(ParkedReactor* reactor, FillFn fill, WaitSpan wait, Holds holds)
+    Call(ParkedReactor* reactor, FillFn fill, WaitSpan wait, Holds holds, int value_bytes)
         : reactor_(reactor), fill_(std::move(fill)), wait_(wait),
-          arrived_(wait.tracer != nullptr ? absl::Now() : absl::InfinitePast()), holds_(std::move(holds)) {}
+          arrived_(wait.tracer != nullptr ? absl::Now() : absl::InfinitePast()), holds_(std::move(holds)),
+          value_bytes_(value_bytes) {}
     bool Claim() override { return !claimed_.exchange(true); }
     void Fill(uint64_t counter, const Snapshot& values) override {
       if (wait_.tracer != nullptr) wait_.tracer->Complete(wait_.name, "server", arrived_, absl::Now(), wait_.partition);
       fill_(counter, values);
     }
     void Finish(absl::Status status) override { reactor_->Finish(ToGrpcStatus(status)); }
+    int value_bytes() const override { return value_bytes_; }
 
    private:
     std::atomic<bool> claimed_{false};
@@ -53,10 +56,11 @@ class ParkedReactor final : public grpc::ServerUnaryReactor {
     const WaitSpan wait_;
     const absl::Time arrived_;
     Holds holds_;
+    const int value_bytes_;
   };
 
-  ParkedReactor(FillFn fill, WaitSpan wait, Holds holds)
-      : call_(std::make_shared<Call>(this, std::move(fill), wait, std::move(holds))) {}
+  ParkedReactor(FillFn fill, WaitSpan wait, Holds holds, int value_bytes = 4)
+      : call_(std::make_shared<Call>(this, std::move(fill), wait, std::move(holds), value_bytes)) {}
   std::shared_ptr<Call> call() const { return call_; }
 
   void OnCancel() override {
@@ -83,11 +87,15 @@ void TrimRequestValues(Scratch& values) {
   if (values.capacity() > kKeepBytes) values.Release();
 }
 
-// The snapshot's bytes as a slice that gRPC sends without a copy, holding a reference until
-// it is done with them.
-grpc::Slice SliceOf(const Snapshot& s) {
-  const absl::Span<const float> v = s.values();
-  return grpc::Slice(const_cast<float*>(v.data()), v.size() * sizeof(float), &Snapshot::Return, s.Lend());
+// The snapshot's bytes in `dtype` as a slice that gRPC sends without a copy, holding a reference
+// until it is done with them. A 16-bit dtype's encoding is made once per snapshot and shared.
+grpc::Slice SliceOf(const Snapshot& s, WireDType dtype = WireDType::kFloat32) {
+  if (dtype == WireDType::kFloat32) {
+    const absl::Span<const float> v = s.values();
+    return grpc::Slice(const_cast<float*>(v.data()), v.size() * sizeof(float), &Snapshot::Return, s.Lend());
+  }
+  const absl::Span<const uint16_t> v = s.Encoded(dtype);
+  return grpc::Slice(const_cast<uint16_t*>(v.data()), v.size() * sizeof(uint16_t), &Snapshot::Return, s.Lend());
 }
 
 absl::StatusOr<PushRequestView> ParsePush(grpc::CallbackServerContext* context, const grpc::ByteBuffer& buffer,
@@ -105,27 +113,28 @@ absl::StatusOr<PushRequestView> ParsePush(grpc::CallbackServerContext* context, 
   v.step = header->step();
   v.partition = header->partition();
   v.num_examples = header->num_examples();
-  v.dtype_is_float32 = header->dtype() == pb::DTYPE_FLOAT32;
+  v.dtype = WireDTypeFromProto(header->dtype(), /*unspecified_is_float32=*/false);
+  v.sparse = header->sparse();
   v.data = values->view();
   v.peer = context->peer();
   return v;
 }
 
 // Fill runs under the partition's lock: the live ranks sent are those the step was answered
-// under (an exclusion completes steps under the same lock).
+// under (an exclusion completes steps under the same lock). The values go in `dtype`.
 ParkedReactor* PullReactor(const ParameterServer* core, grpc::ByteBuffer* response, uint32_t partition,
-                           ParkedReactor::Holds holds) {
+                           WireDType dtype, ParkedReactor::Holds holds) {
   const ParkedReactor::WaitSpan wait{core->options().tracer, "wait", partition};
-  return new ParkedReactor([core, response, partition](uint64_t version, const Snapshot& w) {
+  return new ParkedReactor([core, response, partition, dtype](uint64_t version, const Snapshot& w) {
     pb::PullResponse header;
     header.set_partition(partition);
     header.set_version(version);
-    header.set_dtype(pb::DTYPE_FLOAT32);
+    header.set_dtype(WireDTypeToProto(dtype));
     for (int r : core->LiveRanks()) header.add_live_ranks(r);
     std::string prefix = header.SerializeAsString();
-    AppendFieldHeader(pb::PullResponse::kDataFieldNumber, w.values().size() * sizeof(float), &prefix);
-    *response = TwoSlices(prefix, SliceOf(w));
-  }, wait, std::move(holds));
+    AppendFieldHeader(pb::PullResponse::kDataFieldNumber, w.values().size() * WireDTypeBytes(dtype), &prefix);
+    *response = TwoSlices(prefix, SliceOf(w, dtype));
+  }, wait, std::move(holds), WireDTypeBytes(dtype));
 }
 
 grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context, const absl::Status& status) {
@@ -171,6 +180,8 @@ grpc::ServerUnaryReactor* ParameterServerService::Join(grpc::CallbackServerConte
   response->set_lease_seconds(absl::ToDoubleSeconds(core_->options().lease));
   response->set_staleness(core_->options().staleness);
   response->set_initialize(joined->initialize);
+  response->set_wire_dtype(WireDTypeToProto(core_->options().wire_dtype));
+  response->set_topk_ratio(core_->options().compression.topk_ratio);
   for (int r : joined->live_ranks) response->add_live_ranks(r);
   for (const PartitionRange& p : joined->partitions) {
     pb::Partition* out = response->add_partitions();
@@ -273,9 +284,15 @@ grpc::ServerUnaryReactor* ParameterServerService::Pull(grpc::CallbackServerConte
   pb::PullRequest r;
   absl::Status parsed = ParseWithBytes(*request, {}, nullptr, &r);
   if (!parsed.ok()) return Done(context, parsed);
+  const std::optional<WireDType> dtype = WireDTypeFromProto(r.dtype(), /*unspecified_is_float32=*/true);
+  if (!dtype.has_value()) {
+    return Done(context, absl::InvalidArgumentError(absl::StrCat(
+        "a pull's dtype must be DTYPE_FLOAT32 (or unset), DTYPE_BFLOAT16 or DTYPE_FLOAT16, not ",
+        DTypeName(r.dtype()))));
+  }
   absl::StatusOr<PeerBudget::Hold> parked = parked_.Take(PeerKey(r.rank(), context->peer()), 1);
   if (!parked.ok()) return Done(context, parked.status());
-  ParkedReactor* reactor = PullReactor(core_, response, r.partition(), {*std::move(parked), {}});
+  ParkedReactor* reactor = PullReactor(core_, response, r.partition(), *dtype, {*std::move(parked), {}});
   core_->Pull(r.rank(), r.session(), r.partition(), r.min_version(), reactor->call());
   return reactor;
 }
@@ -293,7 +310,10 @@ grpc::ServerUnaryReactor* ParameterServerService::PushPull(grpc::CallbackServerC
   if (!bytes.ok()) return Done(context, bytes.status());
   absl::StatusOr<PeerBudget::Hold> parked = parked_.Take(peer, 1);
   if (!parked.ok()) return Done(context, parked.status());
-  ParkedReactor* reactor = PullReactor(core_, response, header.partition(), {*std::move(parked), {}});
+  // The reply comes in the dtype the push came in (a float32 push when the push's is unknown:
+  // the push is refused, and the reply carries only that status).
+  ParkedReactor* reactor = PullReactor(core_, response, header.partition(),
+                                       view->dtype.value_or(WireDType::kFloat32), {*std::move(parked), {}});
   core_->PushPull(*view, reactor->call());
   TrimRequestValues(values);
   return reactor;
@@ -400,6 +420,8 @@ grpc::ServerUnaryReactor* ParameterServerService::GetStatus(grpc::CallbackServer
   response->set_parked_calls(parked_.total());
   response->set_allreduce_collectives(hub_->collectives());
   response->set_allreduce_buffer_bytes(hub_->buffer_bytes());
+  response->set_wire_dtype(std::string(WireDTypeName(o.wire_dtype)));
+  response->set_compress(CompressionName(o.compression));
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

@@ -24,6 +24,18 @@ absl::Span<const float> Snapshot::values() const {
   return buffer_->data;
 }
 
+absl::Span<const uint16_t> Snapshot::Encoded(WireDType dtype) const {
+  const int which = dtype == WireDType::kBfloat16 ? 0 : 1;
+  absl::MutexLock lock(&buffer_->encode_mu);
+  std::vector<uint16_t>& out = buffer_->halves[which];
+  if (!buffer_->halves_ready[which]) {
+    out.resize(buffer_->data.size());
+    EncodeValues(dtype, buffer_->data, out.data());
+    buffer_->halves_ready[which] = true;
+  }
+  return out;
+}
+
 void* Snapshot::Lend() const {
   Ref(buffer_);
   return buffer_;
@@ -39,7 +51,11 @@ bool SnapshotPool::IsFree(const Snapshot::Buffer* b) { return b->refs.load(std::
 
 int64_t SnapshotPool::bytes() const {
   int64_t n = 0;
-  for (const Snapshot::Buffer* b : buffers_) n += b->data.capacity() * sizeof(float);
+  for (Snapshot::Buffer* b : buffers_) {
+    n += b->data.capacity() * sizeof(float);
+    absl::MutexLock lock(&b->encode_mu);
+    n += (b->halves[0].capacity() + b->halves[1].capacity()) * sizeof(uint16_t);
+  }
   return n;
 }
 
@@ -59,6 +75,10 @@ Snapshot SnapshotPool::Acquire(int64_t length, float** data) {
     buffers_.push_back(b);
   }
   b->data.resize(length);
+  {
+    absl::MutexLock lock(&b->encode_mu);  // no reader holds it: only the pool's reference is left
+    b->halves_ready[0] = b->halves_ready[1] = false;
+  }
   *data = b->data.data();
   Snapshot::Ref(b);
   return Snapshot(b);

@@ -19,7 +19,10 @@
 #include <memory>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "common/compression.h"
 
 namespace summa::server {
 
@@ -40,6 +43,11 @@ class Snapshot {
   bool empty() const { return buffer_ == nullptr; }
   absl::Span<const float> values() const;
 
+  // The values in a 16-bit wire dtype (bf16 or fp16): encoded by the first caller and kept with
+  // the buffer until the pool reuses it, so that every reply of one version shares one encoding.
+  // Valid as long as this handle (or a Lend) holds the buffer. Thread-safe.
+  absl::Span<const uint16_t> Encoded(WireDType dtype) const;
+
   // A reference for code that cannot hold a Snapshot (a gRPC slice's destroy callback): the
   // values stay valid until Return(token) is called, exactly once.
   void* Lend() const;
@@ -50,6 +58,9 @@ class Snapshot {
   struct Buffer {
     std::atomic<int> refs{1};
     std::vector<float> data;
+    absl::Mutex encode_mu;
+    std::vector<uint16_t> halves[2] ABSL_GUARDED_BY(encode_mu);  // bf16, fp16
+    bool halves_ready[2] ABSL_GUARDED_BY(encode_mu) = {false, false};
   };
   explicit Snapshot(Buffer* adopted) : buffer_(adopted) {}  // takes over one reference
   static void Ref(Buffer* b);

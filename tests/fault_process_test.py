@@ -101,9 +101,9 @@ class FaultProcessTest(unittest.TestCase):
             outs[rank] = g.log(proc)
         return outs
 
-    def undisturbed(self):
+    def undisturbed(self, server_flags=()):
         with ProcessGroup() as g:
-            job = Job(g, 2)
+            job = Job(g, 2, server_flags)
             for r in range(2):
                 job.start_worker(r)
             outs = self.finish(g, job)
@@ -224,6 +224,33 @@ class FaultProcessTest(unittest.TestCase):
             self.assertEqual(int(status["partitionCount"]), 8)
             self.assertEqual(int(status["duplicatePushes"]), 8)
             self.assertEqual(int(status["version"]), STEPS)
+            self.assertEqual(job.weights(), baseline_weights)
+
+    def test_compressed_push_resent_after_a_lost_reply_carries_the_same_bytes(self):
+        # bf16 on the wire and top-k 5% with error feedback: a resent push must be the bytes of
+        # the first (encoding the step again would add its gradient to the residual twice). The
+        # weights are bit for bit those of an undisturbed run in the same format, and the server
+        # counted exactly the format's bytes.
+        flags = ["--wire_dtype=bf16", "--compress=topk:0.05"]
+        _, baseline_weights = self.undisturbed(flags)
+        with ProcessGroup() as g:
+            job = Job(g, 2, flags)
+            job.start_worker(0)
+            job.start_worker(1, "--fault_repeat_pushpull_at=100")
+            outs = self.finish(g, job)
+            self.assertIn("dropping the reply to the push-pull of step 100", outs[1])
+            self.assertIn("joined at step 0 (model lenet, sync mode, bf16 on the wire, topk:0.05)", outs[0])
+            status = job.status()
+            self.assertEqual(status["wireDtype"], "bf16")
+            self.assertEqual(status["compress"], "topk:0.05")
+            self.assertEqual(int(status["duplicatePushes"]), 1)
+            self.assertEqual(int(status["version"]), STEPS)
+            # LeNet's 129068 values, one partition: k = ceil(0.05 * 129068) = 6454 positions and
+            # bf16 values a push (6 bytes each; the duplicate is not counted); each reply is the
+            # weights in bf16. Replies: each worker's first pull, one per push-pull, and the
+            # resent one's.
+            self.assertEqual(int(status["bytesIn"]), 2 * STEPS * 6454 * 6)
+            self.assertEqual(int(status["bytesOut"]), (2 * (STEPS + 1) + 1) * 129068 * 2)
             self.assertEqual(job.weights(), baseline_weights)
 
     def test_worker_lost_before_the_epoch_end_collective_under_wait_is_waited_for(self):

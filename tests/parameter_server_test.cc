@@ -25,6 +25,18 @@ std::string Bytes(const std::vector<float>& v) {
   return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4);
 }
 
+// A sparse push's bytes (common/compression.h): positions, then float32 values.
+std::string Sparse(const std::vector<uint32_t>& positions, const std::vector<float>& values) {
+  return std::string(reinterpret_cast<const char*>(positions.data()), positions.size() * 4) + Bytes(values);
+}
+
+// `values` in a 16-bit wire dtype.
+std::string Halves(WireDType dtype, const std::vector<float>& values) {
+  std::string out(values.size() * 2, '\0');
+  EncodeValues(dtype, values, out.data());
+  return out;
+}
+
 // Restores `ps` from the newest whole checkpoint in `dir`, streamed as the daemon does.
 absl::Status RestoreNewest(ParameterServer& ps, const std::string& dir,
                            std::vector<std::string>* warnings = nullptr) {
@@ -202,12 +214,23 @@ TEST_F(ParameterServerTest, BadPushesAreRefusedAndChangeNothing) {
     absl::StatusCode code;
   };
   PushRequestView wrong_dtype = PushView(0, 0, 0, good, 1);
-  wrong_dtype.dtype_is_float32 = false;
+  wrong_dtype.dtype = std::nullopt;
+  PushRequestView bf16_of_float32_length = PushView(0, 0, 0, good, 1);
+  bf16_of_float32_length.dtype = WireDType::kBfloat16;
+  const std::string past_the_end = Sparse({4}, {1});
+  PushRequestView sparse_past_the_end = PushView(0, 0, 0, past_the_end, 1);
+  sparse_past_the_end.sparse = true;
+  const std::string descending = Sparse({2, 1}, {1, 1});
+  PushRequestView sparse_descending = PushView(0, 0, 0, descending, 1);
+  sparse_descending.sparse = true;
   std::vector<Case> cases = {
       {"unknown partition", PushView(0, 0, 7, good, 1), absl::StatusCode::kInvalidArgument},
       {"short data", PushView(0, 0, 0, Bytes({1, 1, 1}), 1), absl::StatusCode::kInvalidArgument},
       {"odd byte length", PushView(0, 0, 0, good + "x", 1), absl::StatusCode::kInvalidArgument},
       {"wrong dtype", wrong_dtype, absl::StatusCode::kInvalidArgument},
+      {"bf16 values of float32's length", bf16_of_float32_length, absl::StatusCode::kInvalidArgument},
+      {"sparse position past the end", sparse_past_the_end, absl::StatusCode::kInvalidArgument},
+      {"sparse positions descending", sparse_descending, absl::StatusCode::kInvalidArgument},
       {"negative examples", PushView(0, 0, 0, good, -1), absl::StatusCode::kInvalidArgument},
       {"rank outside group", PushView(2, 0, 0, good, 1), absl::StatusCode::kInvalidArgument},
       {"negative rank", PushView(-1, 0, 0, good, 1), absl::StatusCode::kInvalidArgument},
@@ -232,6 +255,40 @@ TEST_F(ParameterServerTest, BadPushesAreRefusedAndChangeNothing) {
             absl::StatusCode::kAlreadyExists);
   EXPECT_EQ(ps_.WeightsForTest(), after);
   EXPECT_EQ(ps_.Status().duplicate_pushes, 2u);
+}
+
+TEST_F(ParameterServerTest, PushesInEveryWireFormatAreSummedAsTheirFloat32Values) {
+  JoinBoth();
+  // Step 0 of partition 0 (4 floats): rank 0 sends bf16, rank 1 sends top-k's sparse layout in
+  // fp16; every value is exact in both. Then step 1: fp16 dense from rank 0, sparse bf16 (one
+  // value) from rank 1.
+  const std::string bf16_bytes = Halves(WireDType::kBfloat16, {0.5f, -1.5f, 2.0f, 3.0f});
+  PushRequestView bf16 = PushView(0, 0, 0, bf16_bytes, 1);
+  bf16.dtype = WireDType::kBfloat16;
+  std::string sparse16(8, '\0');
+  const uint32_t positions[] = {1, 3};
+  std::memcpy(sparse16.data(), positions, 8);
+  sparse16 += Halves(WireDType::kFloat16, {0.25f, -4.0f});
+  PushRequestView top_k = PushView(1, 0, 0, sparse16, 1);
+  top_k.dtype = WireDType::kFloat16;
+  top_k.sparse = true;
+  ASSERT_EQ(*ps_.Push(bf16), false);
+  ASSERT_EQ(*ps_.Push(top_k), true);
+  // lr 1 on the sum over 2 examples: w -= [0.5, -1.25, 2, -1] / 2.
+  EXPECT_EQ(ps_.WeightsForTest(), (std::vector<float>{0.75f, 2.625f, 2.0f, 4.5f, 10, 20}));
+  const std::string fp16_bytes = Halves(WireDType::kFloat16, {1, 1, 1, 1});
+  PushRequestView fp16 = PushView(0, 1, 0, fp16_bytes, 1);
+  fp16.dtype = WireDType::kFloat16;
+  std::string one(4, '\0');  // position 0
+  one += Halves(WireDType::kBfloat16, {2});
+  PushRequestView sparse_bf16 = PushView(1, 1, 0, one, 1);
+  sparse_bf16.dtype = WireDType::kBfloat16;
+  sparse_bf16.sparse = true;
+  ASSERT_EQ(*ps_.Push(fp16), false);
+  ASSERT_EQ(*ps_.Push(sparse_bf16), true);
+  EXPECT_EQ(ps_.WeightsForTest(), (std::vector<float>{-0.75f, 2.125f, 1.5f, 4.0f, 10, 20}));
+  // What came, as it came: 8 + 12 + 8 + 6 bytes.
+  EXPECT_EQ(ps_.Status().bytes_in, 34u);
 }
 
 TEST_F(ParameterServerTest, PushBeforeJoinIsRefused) {

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <thread>
 
@@ -40,6 +41,7 @@ class ServiceTest : public ::testing::Test {
     o.partition_bytes = partition_bytes;
     o.barrier_deadline = absl::Seconds(20);
     o.require_sessions = false;  // these typed stubs speak the first release's messages
+    if (configure_) configure_(o);
     auto s = SummaServer::Start("127.0.0.1:0", o);
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = *std::move(s);
@@ -64,6 +66,7 @@ class ServiceTest : public ::testing::Test {
   }
 
   std::unique_ptr<SummaServer> server_;
+  std::function<void(ServerOptions&)> configure_;  // applied last by StartServer, when set
 };
 
 TEST_F(ServiceTest, WorkersInThreadsTakeSyncStepsThroughPushPull) {
@@ -130,6 +133,96 @@ TEST_F(ServiceTest, WorkersInThreadsTakeSyncStepsThroughPushPull) {
   EXPECT_EQ(status.pushes_served(), uint64_t(kWorkers * kSteps * 3));
   EXPECT_EQ(status.parameter_count(), 8);
   EXPECT_EQ(status.bytes_in(), uint64_t(kWorkers * kSteps * 32));
+}
+
+TEST_F(ServiceTest, WireFormatsAreAnnouncedAtJoinAndRepliesComeInTheDtypeAsked) {
+  configure_ = [](ServerOptions& o) {
+    o.wire_dtype = WireDType::kBfloat16;
+    o.compression.topk_ratio = 0.25;
+  };
+  StartServer(1);
+  auto stub = Stub();
+  pb::JoinResponse joined;
+  {
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    ASSERT_TRUE(stub->Join(&ctx, JoinMsg(0, 1, true), &joined).ok());
+  }
+  EXPECT_EQ(joined.wire_dtype(), pb::DTYPE_BFLOAT16);
+  EXPECT_EQ(joined.topk_ratio(), 0.25);
+  auto halves = [](WireDType dtype, const std::vector<float>& v) {
+    std::string out(v.size() * 2, '\0');
+    EncodeValues(dtype, v, out.data());
+    return out;
+  };
+  auto widen = [](WireDType dtype, const std::string& b) {
+    std::vector<float> v(b.size() / 2);
+    DecodeValues(dtype, b.data(), absl::MakeSpan(v));
+    return v;
+  };
+  // A sparse bf16 push-pull of 2 of the 8 values, 1 example at lr 0.5; the reply comes in bf16.
+  pb::PushRequest push;
+  push.set_rank(0);
+  push.set_partition(0);
+  push.set_num_examples(1);
+  push.set_dtype(pb::DTYPE_BFLOAT16);
+  push.set_sparse(true);
+  const uint32_t positions[] = {2, 5};
+  push.set_data(std::string(reinterpret_cast<const char*>(positions), 8) + halves(WireDType::kBfloat16, {1, -2}));
+  const std::vector<float> want = {0, 0, -0.5f, 0, 0, 1, 0, 0};
+  {
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    pb::PullResponse pulled;
+    ASSERT_TRUE(stub->PushPull(&ctx, push, &pulled).ok());
+    EXPECT_EQ(pulled.dtype(), pb::DTYPE_BFLOAT16);
+    EXPECT_EQ(widen(WireDType::kBfloat16, pulled.data()), want);
+  }
+  // A pull names its dtype: fp16, or float32 when unset; an unknown one is refused.
+  for (pb::DType dtype : {pb::DTYPE_FLOAT16, pb::DTYPE_UNSPECIFIED, static_cast<pb::DType>(7)}) {
+    pb::PullRequest pull;
+    pull.set_rank(0);
+    pull.set_min_version(1);
+    pull.set_dtype(dtype);
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    pb::PullResponse pulled;
+    grpc::Status s = stub->Pull(&ctx, pull, &pulled);
+    if (dtype == 7) {
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+      EXPECT_EQ(s.error_message(), "a pull's dtype must be DTYPE_FLOAT32 (or unset), DTYPE_BFLOAT16 or "
+                                   "DTYPE_FLOAT16, not 7");
+      continue;
+    }
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    if (dtype == pb::DTYPE_FLOAT16) {
+      EXPECT_EQ(pulled.dtype(), pb::DTYPE_FLOAT16);
+      EXPECT_EQ(widen(WireDType::kFloat16, pulled.data()), want);
+    } else {
+      EXPECT_EQ(pulled.dtype(), pb::DTYPE_FLOAT32);
+      EXPECT_EQ(Floats(pulled.data()), want);
+    }
+  }
+  // A push of a dtype the server does not know is refused, naming the ones it does.
+  push.set_step(1);
+  push.set_dtype(static_cast<pb::DType>(9));
+  {
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    pb::PushResponse r;
+    grpc::Status s = stub->Push(&ctx, push, &r);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_EQ(s.error_message(), "gradients must be DTYPE_FLOAT32, DTYPE_BFLOAT16 or DTYPE_FLOAT16");
+  }
+  grpc::ClientContext ctx;
+  Deadline(ctx);
+  pb::ServerStatus status;
+  ASSERT_TRUE(stub->GetStatus(&ctx, pb::GetStatusRequest(), &status).ok());
+  EXPECT_EQ(status.wire_dtype(), "bf16");
+  EXPECT_EQ(status.compress(), "topk:0.25");
+  // In: 2 positions and 2 bf16 values. Out: the bytes of each reply as it went (bf16, fp16, fp32).
+  EXPECT_EQ(status.bytes_in(), 12u);
+  EXPECT_EQ(status.bytes_out(), 16u + 16u + 32u);
 }
 
 TEST_F(ServiceTest, ConcurrentAllReduceCallersAllReceiveTheSum) {

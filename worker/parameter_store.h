@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/compression.h"
 #include "common/partition_map.h"
 #include "common/tensor.h"
 #include "summa/v1/summa.pb.h"
@@ -30,6 +31,9 @@ struct JoinInfo {
   absl::Duration lease = absl::Seconds(10);
   std::vector<PartitionRange> partitions;
   std::vector<int> live_ranks;
+  // The job's wire format (summa-server --wire_dtype, --compress), for the log.
+  WireDType wire_dtype = WireDType::kFloat32;
+  Compression compression;
 };
 
 // Who takes part in one AllReduce.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -10,6 +11,7 @@
 #include "common/logging.h"
 #include "common/server_builder.h"
 #include "common/status_macros.h"
+#include "common/tensor_proto.h"
 #include "common/wire.h"
 
 namespace summa::worker {
@@ -141,6 +143,20 @@ absl::StatusOr<JoinInfo> ParameterClient::Join(int rank, int world,
     return absl::FailedPreconditionError(absl::StrCat("the server's partitions cover ", expected,
                                                       " parameters; this worker's model has ", offset));
   }
+  const std::optional<WireDType> wire = WireDTypeFromProto(response.wire_dtype(), /*unspecified_is_float32=*/true);
+  if (!wire.has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat("the server at ", address_, " asks for wire dtype ",
+                                                      DTypeName(response.wire_dtype()),
+                                                      ", which this worker does not know"));
+  }
+  Compression compression;
+  compression.topk_ratio = response.topk_ratio();
+  if (compression.topk_ratio < 0 || compression.topk_ratio >= 1) {
+    return absl::FailedPreconditionError(absl::StrCat("the server at ", address_, " asks for top-k ratio ",
+                                                      compression.topk_ratio, "; it must be in [0, 1)"));
+  }
+  info.wire_dtype = *wire;
+  info.compression = compression;
   rank_ = info.rank;
   session_ = response.session();
   mode_ = info.mode;
@@ -159,6 +175,7 @@ absl::StatusOr<JoinInfo> ParameterClient::Join(int rank, int world,
     pull_requests_[i].set_session(response.session());
     pull_requests_[i].set_partition(partitions_[i].id);
   }
+  SetWireFormat(*wire, compression);
   if (response.initialize()) SUMMA_RETURN_IF_ERROR(SendInitialValues(initial));
   return info;
 }
@@ -241,16 +258,86 @@ absl::Status ParameterClient::ForEachPartition(Start start, const char* trace_na
       trace_name);
 }
 
+void ParameterClient::SetWireFormat(WireDType dtype, Compression compression) {
+  const size_t n = partitions_.size();
+  bool same = dtype == wire_dtype_ && compression.topk_ratio == compression_.topk_ratio;
+  if (same && !dense_float32()) {
+    same = wire_bytes_.size() == n;
+    for (size_t i = 0; same && i < n; ++i) {
+      same = compression.sparse() ? static_cast<int64_t>(topk_[i].residual().size()) == partitions_[i].length
+                                  : wire_bytes_[i] == partitions_[i].length * WireDTypeBytes(dtype);
+    }
+  }
+  for (size_t i = 0; i < n; ++i) pull_requests_[i].set_dtype(WireDTypeToProto(dtype));
+  for (size_t i = 0; i < n; ++i) push_headers_[i].set_dtype(WireDTypeToProto(dtype));
+  for (size_t i = 0; i < n; ++i) push_headers_[i].set_sparse(compression.sparse());
+  if (same) return;  // a rejoin: what top-k has kept back still goes out
+  wire_dtype_ = dtype;
+  compression_ = compression;
+  encoded_step_ = UINT64_MAX;
+  wire_.clear();
+  wire_bytes_.clear();
+  topk_.clear();
+  pulled_.clear();
+  if (dense_float32()) return;
+  for (const PartitionRange& p : partitions_) {
+    if (compression.sparse()) {
+      topk_.emplace_back(p.length, TopKCount(p.length, compression.topk_ratio), dtype);
+      wire_bytes_.push_back(topk_.back().bytes());
+    } else {
+      wire_bytes_.push_back(p.length * WireDTypeBytes(dtype));
+    }
+    wire_.emplace_back(wire_bytes_.back());
+    pulled_.emplace_back(dtype == WireDType::kFloat32 ? 0 : p.length);
+  }
+}
+
+void ParameterClient::EncodeStep(uint64_t step, const float* gradients) {
+  if (dense_float32() || step == encoded_step_) return;
+  for (size_t i = 0; i < partitions_.size(); ++i) {
+    const PartitionRange& p = partitions_[i];
+    const absl::Span<const float> g(gradients + p.offset, p.length);
+    if (compression_.sparse()) {
+      topk_[i].Encode(g, wire_[i].data());
+    } else {
+      EncodeValues(wire_dtype_, g, wire_[i].data());
+    }
+  }
+  encoded_step_ = step;
+}
+
 absl::Status ParameterClient::DecodePull(size_t i, float* weights) {
   const PartitionRange& p = partitions_[i];
   constexpr int kDataPath[] = {pb::PullResponse::kDataFieldNumber};
+  const std::string what = absl::StrCat("partition ", p.id);
   bool got = false;
-  SUMMA_RETURN_IF_ERROR(ParseWithBytes(replies_[i], kDataPath,
-                                       Exactly(weights + p.offset, p.length, &got,
-                                               absl::StrCat("partition ", p.id)),
-                                       &pull_headers_[i]));
+  if (wire_dtype_ == WireDType::kFloat32) {
+    SUMMA_RETURN_IF_ERROR(
+        ParseWithBytes(replies_[i], kDataPath, Exactly(weights + p.offset, p.length, &got, what), &pull_headers_[i]));
+  } else {
+    // 16-bit values land in this partition's buffer, then widen into the weights.
+    std::vector<uint16_t>& pulled = pulled_[i];
+    SUMMA_RETURN_IF_ERROR(ParseWithBytes(
+        replies_[i], kDataPath,
+        [&](uint64_t length) -> absl::StatusOr<char*> {
+          if (length != pulled.size() * sizeof(uint16_t)) {
+            return absl::DataLossError(absl::StrCat(what, " came back with ", length, " bytes, expected ",
+                                                    pulled.size() * sizeof(uint16_t), " (", WireDTypeName(wire_dtype_), ")"));
+          }
+          got = true;
+          return reinterpret_cast<char*>(pulled.data());
+        },
+        &pull_headers_[i]));
+  }
   replies_[i].Clear();
-  if (!got) return absl::DataLossError(absl::StrCat("partition ", p.id, " came back without values"));
+  if (!got) return absl::DataLossError(absl::StrCat(what, " came back without values"));
+  if (pull_headers_[i].dtype() != WireDTypeToProto(wire_dtype_)) {
+    return absl::DataLossError(absl::StrCat(what, " came back as ", DTypeName(pull_headers_[i].dtype()),
+                                            "; asked for ", DTypeName(WireDTypeToProto(wire_dtype_))));
+  }
+  if (wire_dtype_ != WireDType::kFloat32) {
+    DecodeValues(wire_dtype_, pulled_[i].data(), absl::MakeSpan(weights + p.offset, p.length));
+  }
   return absl::OkStatus();
 }
 
@@ -275,13 +362,19 @@ void ParameterClient::EncodePush(size_t i, uint64_t step, int64_t num_examples, 
   header.set_step(step);
   header.set_num_examples(num_examples);
   std::string prefix = header.SerializeAsString();
-  AppendFieldHeader(pb::PushRequest::kDataFieldNumber, p.length * sizeof(float), &prefix);
-  requests_[i] = TwoSlices(prefix, Borrowed(gradients + p.offset, p.length));
+  if (dense_float32()) {
+    AppendFieldHeader(pb::PushRequest::kDataFieldNumber, p.length * sizeof(float), &prefix);
+    requests_[i] = TwoSlices(prefix, Borrowed(gradients + p.offset, p.length));
+    return;
+  }
+  AppendFieldHeader(pb::PushRequest::kDataFieldNumber, wire_bytes_[i], &prefix);
+  requests_[i] = TwoSlices(prefix, grpc::Slice(wire_[i].data(), wire_bytes_[i], grpc::Slice::STATIC_SLICE));
 }
 
 absl::Status ParameterClient::PushPull(uint64_t step, int64_t num_examples, const float* gradients,
                                        float* weights, std::vector<int>* live_ranks) {
   if (rank_ < 0) return absl::FailedPreconditionError("PushPull before Join");
+  EncodeStep(step, gradients);
   SUMMA_RETURN_IF_ERROR(ForEachPartition([&](size_t i) -> CallSpec {
     EncodePush(i, step, num_examples, gradients);
     return {kPushPull, &requests_[i], &replies_[i]};
@@ -302,6 +395,7 @@ absl::Status ParameterClient::PushPull(uint64_t step, int64_t num_examples, cons
 absl::StatusOr<bool> ParameterClient::Push(uint64_t step, int64_t num_examples,
                                            const float* gradients) {
   if (rank_ < 0) return absl::FailedPreconditionError("Push before Join");
+  EncodeStep(step, gradients);
   SUMMA_RETURN_IF_ERROR(ForEachPartition([&](size_t i) -> CallSpec {
     EncodePush(i, step, num_examples, gradients);
     return {kPush, &requests_[i], &replies_[i]};

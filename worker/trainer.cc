@@ -301,6 +301,8 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
   mode_ = joined.mode == summa::v1::MODE_ASYNC ? "async mode"
           : joined.mode == summa::v1::MODE_SSP ? absl::StrCat("ssp mode, staleness ", joined.staleness)
                                                 : "sync mode";
+  if (joined.wire_dtype != WireDType::kFloat32) absl::StrAppend(&mode_, ", ", WireDTypeName(joined.wire_dtype), " on the wire");
+  if (joined.compression.sparse()) absl::StrAppend(&mode_, ", ", CompressionName(joined.compression));
   leases_.Start(rank_, joined.lease);
   SUMMA_RETURN_IF_ERROR(store_->PullAll(joined.version, weights_->data()).status());
   SUMMA_RETURN_IF_ERROR(LoadWeights());

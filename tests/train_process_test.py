@@ -106,6 +106,35 @@ class TrainProcessTest(unittest.TestCase):
             self.assertEqual(g.wait(bad, 60), 1)
             self.assertIn("unknown model 'vgg' (choose one of lenet, mlp)", g.log(bad))
 
+    def test_model_parallel_worker_trains_beside_a_data_parallel_one(self):
+        # Rank 0 splits LeNet across two CPU backends (--model_parallel=2), rank 1 computes it
+        # whole: the server sees two ranks of one job, and the job learns.
+        with ProcessGroup() as g:
+            server, port = g.start_server(ARGS.server, "--workers=2", "--optimizer=adam", "--lr=0.001")
+            common = [ARGS.worker, f"--server=127.0.0.1:{port}", "--world_size=2", "--batch_size=64",
+                      "--epochs=2", "--train_limit=6400", "--test_limit=1000", "--seed=1",
+                      "--status_address=127.0.0.1:0", "--progress=never"]
+            split = g.start("split", common + ["--rank=0", "--devices=cpu,cpu", "--model_parallel=2",
+                                               "--micro_batches=3"])
+            whole = g.start("whole", common + ["--rank=1", "--device=cpu"])
+            for proc in (split, whole):
+                self.assertEqual(g.wait(proc, 240), 0, g.log(proc))
+            out = g.log(split)
+            print(out)
+            self.assertIn("the model split across them, 3 micro-batches", out)
+            self.assertIn("2 workers on [cpu x2, cpu]", out)
+            losses = [float(x) for x in re.findall(r"epoch \d+/\d+: loss ([0-9.]+)", out)]
+            self.assertEqual(len(losses), 2, out)
+            self.assertLess(losses[1], losses[0], "the loss falls epoch over epoch")
+            self.assertGreater(accuracies(out)[-1], 0.5, "well above chance (0.1)")
+            srv = Reflector(f"127.0.0.1:{port}").call("summa.v1.ParameterServer/GetStatus")
+            self.assertEqual(int(srv["version"]), 2 * 6400 // 64, srv)
+            # --model_parallel=2 needs two devices, named; a model that cannot be split is refused.
+            bad = g.start("bad", common + ["--rank=0", "--model_parallel=2"])
+            self.assertEqual(g.wait(bad, 60), 2)
+            self.assertIn("--model_parallel=2 splits the model across two devices: name them with --devices",
+                          g.log(bad))
+
     def test_metrics_are_served_for_prometheus(self):
         import urllib.request
 

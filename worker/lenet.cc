@@ -9,13 +9,96 @@
 namespace summa::worker {
 namespace {
 
-enum Tensor { kW1, kB1, kW2, kB2, kW3, kB3, kW4, kB4 };
-constexpr int kC1 = 20, kC2 = 50, kHidden = 128, kFlat = 800;
+constexpr int kC1 = 20, kC2 = 50, kHidden = 128, kFlat = LeNetFeatures::kOut;
+// Where each tensor starts in its half's parameters (LeNet's flat buffer, the head's from
+// LeNetFeatures::kParams on).
+constexpr int64_t kW1 = 0, kB1 = kC1 * 9, kW2 = kB1 + kC1, kB2 = kW2 + kC2 * kC1 * 25;
+constexpr int64_t kW3 = 0, kB3 = int64_t{kFlat} * kHidden, kW4 = kB3 + kHidden, kB4 = kW4 + kHidden * 10;
+static_assert(kB2 + kC2 == LeNetFeatures::kParams);
+static_assert(kB4 + 10 == LeNetHead::kParams);
 
 ConvShape Conv1(int n) { return {n, 1, 28, 28, kC1, 3}; }  // -> 26x26, pool -> 13x13
 ConvShape Conv2(int n) { return {n, kC1, 13, 13, kC2, 5}; }  // -> 9x9, pool -> 4x4
 
 }  // namespace
+
+absl::StatusOr<std::unique_ptr<LeNetFeatures>> LeNetFeatures::Create(Backend* backend, int capacity, int max_pass) {
+  std::unique_ptr<LeNetFeatures> f(new LeNetFeatures(backend));
+  const int64_t c = capacity, m = max_pass;
+  SUMMA_RETURN_IF_ERROR(AllocBuffers(*backend, {
+      {&f->c1_, c * kC1 * 26 * 26}, {&f->p1_, c * kC1 * 13 * 13}, {&f->c2_, c * kC2 * 9 * 9},
+      {&f->p2_, c * kFlat}, {&f->dp2_, c * kFlat},
+      {&f->dc2_, m * kC2 * 9 * 9}, {&f->dp1_, m * kC1 * 13 * 13}, {&f->dc1_, m * kC1 * 26 * 26},
+      {&f->workspace_, std::max(Conv1(max_pass).workspace_floats(), Conv2(max_pass).workspace_floats())}}));
+  return f;
+}
+
+absl::Status LeNetFeatures::Forward(const float* x, int at, int n, const float* params) {
+  Backend& be = *backend_;
+  float* const c1 = c1_->data() + int64_t{at} * kC1 * 26 * 26;
+  float* const p1 = p1_->data() + int64_t{at} * kC1 * 13 * 13;
+  float* const c2 = c2_->data() + int64_t{at} * kC2 * 9 * 9;
+  SUMMA_RETURN_IF_ERROR(be.Conv2dForward(Conv1(n), x, params + kW1, params + kB1, c1, workspace_->data()));
+  SUMMA_RETURN_IF_ERROR(be.ReluForward(c1, c1, int64_t{n} * kC1 * 26 * 26));
+  SUMMA_RETURN_IF_ERROR(be.AvgPool2Forward(c1, p1, n * kC1, 26, 26));
+  SUMMA_RETURN_IF_ERROR(be.Conv2dForward(Conv2(n), p1, params + kW2, params + kB2, c2, workspace_->data()));
+  SUMMA_RETURN_IF_ERROR(be.ReluForward(c2, c2, int64_t{n} * kC2 * 9 * 9));
+  return be.AvgPool2Forward(c2, out(at), n * kC2, 9, 9);
+}
+
+absl::Status LeNetFeatures::Backward(const float* x, int at, int n, const float* params, float* grads,
+                                     bool columns_ready) {
+  Backend& be = *backend_;
+  const float* const c1 = c1_->data() + int64_t{at} * kC1 * 26 * 26;
+  const float* const p1 = p1_->data() + int64_t{at} * kC1 * 13 * 13;
+  const float* const c2 = c2_->data() + int64_t{at} * kC2 * 9 * 9;
+  float* const dc2 = dc2_->data();
+  float* const dp1 = dp1_->data();
+  float* const dc1 = dc1_->data();
+  SUMMA_RETURN_IF_ERROR(be.AvgPool2Backward(dout(at), dc2, n * kC2, 9, 9));
+  SUMMA_RETURN_IF_ERROR(be.ReluBackward(c2, dc2, dc2, int64_t{n} * kC2 * 9 * 9));
+  SUMMA_RETURN_IF_ERROR(be.Conv2dBackward(Conv2(n), p1, params + kW2, dc2, dp1, grads + kW2, grads + kB2,
+                                          workspace_->data(), columns_ready));
+  SUMMA_RETURN_IF_ERROR(be.AvgPool2Backward(dp1, dc1, n * kC1, 26, 26));
+  SUMMA_RETURN_IF_ERROR(be.ReluBackward(c1, dc1, dc1, int64_t{n} * kC1 * 26 * 26));
+  return be.Conv2dBackward(Conv1(n), x, params + kW1, dc1, /*dx=*/nullptr, grads + kW1, grads + kB1,
+                           workspace_->data(), /*columns_ready=*/false);
+}
+
+absl::StatusOr<std::unique_ptr<LeNetHead>> LeNetHead::Create(Backend* backend, int capacity, int max_pass) {
+  std::unique_ptr<LeNetHead> h(new LeNetHead(backend));
+  const int64_t c = capacity, m = max_pass;
+  SUMMA_RETURN_IF_ERROR(AllocBuffers(*backend, {{&h->h3_, c * kHidden}, {&h->logits_, c * LeNet::kClasses},
+                                            {&h->dlogits_, m * LeNet::kClasses}, {&h->dh3_, m * kHidden}}));
+  return h;
+}
+
+absl::Status LeNetHead::Forward(const float* in, int at, int n, const float* params) {
+  Backend& be = *backend_;
+  float* const h3 = h3_->data() + int64_t{at} * kHidden;
+  SUMMA_RETURN_IF_ERROR(be.LinearForward(in, params + kW3, params + kB3, h3, n, kFlat, kHidden));
+  SUMMA_RETURN_IF_ERROR(be.ReluForward(h3, h3, int64_t{n} * kHidden));
+  return be.LinearForward(h3, params + kW4, params + kB4, logits_->data() + int64_t{at} * LeNet::kClasses, n,
+                          kHidden, LeNet::kClasses);
+}
+
+absl::Status LeNetHead::Backward(const float* in, const float* labels, int at, int n, const float* params,
+                                 float* din, float* grads, float* loss_totals) {
+  Backend& be = *backend_;
+  const float* const h3 = h3_->data() + int64_t{at} * kHidden;
+  float* const dlogits = dlogits_->data();
+  float* const dh3 = dh3_->data();
+  SUMMA_RETURN_IF_ERROR(be.SoftmaxCrossEntropy(logits_->data() + int64_t{at} * LeNet::kClasses, labels, dlogits,
+                                               n, LeNet::kClasses, loss_totals));
+  SUMMA_RETURN_IF_ERROR(be.LinearBackward(h3, params + kW4, dlogits, dh3, grads + kW4, grads + kB4, n, kHidden,
+                                          LeNet::kClasses));
+  SUMMA_RETURN_IF_ERROR(be.ReluBackward(h3, dh3, dh3, int64_t{n} * kHidden));
+  return be.LinearBackward(in, params + kW3, dh3, din, grads + kW3, grads + kB3, n, kFlat, kHidden);
+}
+
+absl::StatusOr<int64_t> LeNetHead::CountCorrect(const float* labels, int at, int n) {
+  return backend_->CountCorrect(logits_->data() + int64_t{at} * LeNet::kClasses, labels, n, LeNet::kClasses);
+}
 
 std::vector<TensorSpec> LeNet::Specs() {
   return {{"W1", DType::kFloat32, {kC1, 1, 3, 3}},   {"b1", DType::kFloat32, {kC1}},
@@ -38,41 +121,16 @@ absl::StatusOr<std::unique_ptr<LeNet>> LeNet::Create(Backend* backend, int max_b
   if (chunk < 0) return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk, " is negative"));
   chunk = chunk == 0 ? max_batch : std::min(chunk, max_batch);
   std::unique_ptr<LeNet> net(new LeNet(backend, max_batch, chunk));
-  int64_t offset = 0;
-  for (const TensorSpec& s : Specs()) {
-    net->offsets_.push_back(offset);
-    offset += s.num_elements();
-  }
   const int64_t b = chunk;
-  const std::pair<std::unique_ptr<DeviceBuffer>*, int64_t> buffers[] = {
-      {&net->params_, NumParams()},
-      {&net->loss_totals_, 2},
-      {&net->grads_, NumParams()},
-      {&net->chunk_grads_, chunk < max_batch ? NumParams() : 0},
-      {&net->x_, b * kImageFloats},
-      {&net->labels_, b},
-      {&net->c1_, b * kC1 * 26 * 26},
-      {&net->p1_, b * kC1 * 13 * 13},
-      {&net->c2_, b * kC2 * 9 * 9},
-      {&net->p2_, b * kFlat},
-      {&net->h3_, b * kHidden},
-      {&net->logits_, b * kClasses},
-      {&net->dlogits_, b * kClasses},
-      {&net->dh3_, b * kHidden},
-      {&net->dp2_, b * kFlat},
-      {&net->dc2_, b * kC2 * 9 * 9},
-      {&net->dp1_, b * kC1 * 13 * 13},
-      {&net->dc1_, b * kC1 * 26 * 26},
-      {&net->workspace_, std::max(Conv1(chunk).workspace_floats(), Conv2(chunk).workspace_floats())},
-  };
-  for (const auto& [slot, floats] : buffers) {
-    SUMMA_ASSIGN_OR_RETURN(*slot, backend->Alloc(floats));
-  }
+  SUMMA_RETURN_IF_ERROR(AllocBuffers(*backend, {{&net->params_, NumParams()},
+                                            {&net->loss_totals_, 2},
+                                            {&net->grads_, NumParams()},
+                                            {&net->chunk_grads_, chunk < max_batch ? NumParams() : 0},
+                                            {&net->x_, b * kImageFloats},
+                                            {&net->labels_, b}}));
+  SUMMA_ASSIGN_OR_RETURN(net->features_, LeNetFeatures::Create(backend, chunk, chunk));
+  SUMMA_ASSIGN_OR_RETURN(net->head_, LeNetHead::Create(backend, chunk, chunk));
   return net;
-}
-
-float* LeNet::W(DeviceBuffer& buf, int tensor) const {
-  return buf.data() + offsets_[tensor];
 }
 
 absl::Status LeNet::SetWeights(const float* host_flat) {
@@ -84,44 +142,16 @@ absl::Status LeNet::GetGradients(float* host_flat) {
 }
 
 absl::Status LeNet::Forward(const Examples& examples, int n) {
-  Backend& be = *backend_;
-  SUMMA_RETURN_IF_ERROR(LoadExamples(be, examples, n, kImageFloats, x_->data(), labels_->data()));
-  SUMMA_RETURN_IF_ERROR(be.Conv2dForward(Conv1(n), x_->data(), W(*params_, kW1), W(*params_, kB1),
-                                         c1_->data(), workspace_->data()));
-  SUMMA_RETURN_IF_ERROR(be.ReluForward(c1_->data(), c1_->data(), int64_t{n} * kC1 * 26 * 26));
-  SUMMA_RETURN_IF_ERROR(be.AvgPool2Forward(c1_->data(), p1_->data(), n * kC1, 26, 26));
-  SUMMA_RETURN_IF_ERROR(be.Conv2dForward(Conv2(n), p1_->data(), W(*params_, kW2), W(*params_, kB2),
-                                         c2_->data(), workspace_->data()));
-  SUMMA_RETURN_IF_ERROR(be.ReluForward(c2_->data(), c2_->data(), int64_t{n} * kC2 * 9 * 9));
-  SUMMA_RETURN_IF_ERROR(be.AvgPool2Forward(c2_->data(), p2_->data(), n * kC2, 9, 9));
-  SUMMA_RETURN_IF_ERROR(be.LinearForward(p2_->data(), W(*params_, kW3), W(*params_, kB3),
-                                         h3_->data(), n, kFlat, kHidden));
-  SUMMA_RETURN_IF_ERROR(be.ReluForward(h3_->data(), h3_->data(), int64_t{n} * kHidden));
-  return be.LinearForward(h3_->data(), W(*params_, kW4), W(*params_, kB4), logits_->data(), n,
-                          kHidden, kClasses);
+  SUMMA_RETURN_IF_ERROR(LoadExamples(*backend_, examples, n, kImageFloats, x_->data(), labels_->data()));
+  SUMMA_RETURN_IF_ERROR(features_->Forward(x_->data(), 0, n, params_->data()));
+  return head_->Forward(features_->out(0), 0, n, params_->data() + LeNetFeatures::kParams);
 }
 
 absl::Status LeNet::Backward(int n, DeviceBuffer& grads) {
-  Backend& be = *backend_;
-  SUMMA_RETURN_IF_ERROR(be.SoftmaxCrossEntropy(logits_->data(), labels_->data(), dlogits_->data(),
-                                             n, kClasses, loss_totals_->data()));
-  SUMMA_RETURN_IF_ERROR(be.LinearBackward(h3_->data(), W(*params_, kW4), dlogits_->data(),
-                                          dh3_->data(), W(grads, kW4), W(grads, kB4), n, kHidden,
-                                          kClasses));
-  SUMMA_RETURN_IF_ERROR(be.ReluBackward(h3_->data(), dh3_->data(), dh3_->data(), int64_t{n} * kHidden));
-  SUMMA_RETURN_IF_ERROR(be.LinearBackward(p2_->data(), W(*params_, kW3), dh3_->data(), dp2_->data(),
-                                          W(grads, kW3), W(grads, kB3), n, kFlat, kHidden));
-  SUMMA_RETURN_IF_ERROR(be.AvgPool2Backward(dp2_->data(), dc2_->data(), n * kC2, 9, 9));
-  SUMMA_RETURN_IF_ERROR(be.ReluBackward(c2_->data(), dc2_->data(), dc2_->data(), int64_t{n} * kC2 * 9 * 9));
-  SUMMA_RETURN_IF_ERROR(be.Conv2dBackward(Conv2(n), p1_->data(), W(*params_, kW2), dc2_->data(),
-                                          dp1_->data(), W(grads, kW2), W(grads, kB2),
-                                          workspace_->data(), /*columns_ready=*/true));
-  SUMMA_RETURN_IF_ERROR(be.AvgPool2Backward(dp1_->data(), dc1_->data(), n * kC1, 26, 26));
-  SUMMA_RETURN_IF_ERROR(be.ReluBackward(c1_->data(), dc1_->data(), dc1_->data(), int64_t{n} * kC1 * 26 * 26));
-  SUMMA_RETURN_IF_ERROR(be.Conv2dBackward(Conv1(n), x_->data(), W(*params_, kW1), dc1_->data(),
-                                          /*dx=*/nullptr, W(grads, kW1), W(grads, kB1),
-                                          workspace_->data(), /*columns_ready=*/false));
-  return absl::OkStatus();
+  SUMMA_RETURN_IF_ERROR(head_->Backward(features_->out(0), labels_->data(), 0, n,
+                                        params_->data() + LeNetFeatures::kParams, features_->dout(0),
+                                        grads.data() + LeNetFeatures::kParams, loss_totals_->data()));
+  return features_->Backward(x_->data(), 0, n, params_->data(), grads.data(), /*columns_ready=*/true);
 }
 
 absl::Status LeNet::ComputeGradients(const Examples& examples, int n) {
@@ -135,8 +165,6 @@ absl::StatusOr<int64_t> LeNet::CountCorrect(const float* images, const float* la
   return ChunkedCountCorrect({max_batch_, chunk_, kImageFloats}, *this, images, labels, n);
 }
 
-absl::StatusOr<int64_t> LeNet::CountLastCorrect(int n) {
-  return backend_->CountCorrect(logits_->data(), labels_->data(), n, kClasses);
-}
+absl::StatusOr<int64_t> LeNet::CountLastCorrect(int n) { return head_->CountCorrect(labels_->data(), 0, n); }
 
 }  // namespace summa::worker

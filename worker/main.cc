@@ -30,6 +30,15 @@ ABSL_FLAG(std::string, devices, "",
           "several local devices for this one worker, e.g. cuda:0,cuda:1: the shard is split "
           "across them and their gradients summed on the first before the push (overrides "
           "--device)");
+ABSL_FLAG(int, model_parallel, 1,
+          "1: data parallelism over --devices (the shard split across them). 2: model "
+          "parallelism, the seed's second method: lenet's convolutions on the first of two "
+          "--devices, its dense layers on the second, the activations and their gradients "
+          "passed between them, the batch pipelined through them in --micro_batches; the "
+          "worker still pushes and pulls as one rank");
+ABSL_FLAG(int, micro_batches, 4,
+          "--model_parallel=2: micro-batches each batch is cut into (GPipe's schedule: more "
+          "shrink the pipeline's bubble, each is a smaller pass)");
 ABSL_FLAG(std::string, data_dir, summa::kDefaultDataDir,
           "directory with the Fashion-MNIST (or MNIST) IDX files, gzipped or not");
 ABSL_FLAG(uint64_t, seed, 0, "seed of the initial weights and of every epoch's shuffle");
@@ -110,7 +119,8 @@ int FlagError(const std::string& message) {
 // summa-worker --synthetic=SIZE: the flags that apply, checked, and the synthetic run.
 int RunSynthetic(int rank) {
   // Training flags given with --synthetic are a mistake, not something to ignore quietly.
-  for (const char* training : {"batch_size", "epochs", "model", "device", "devices", "data_dir", "seed",
+  for (const char* training : {"batch_size", "epochs", "model", "device", "devices", "model_parallel",
+                               "micro_batches", "data_dir", "seed",
                                "threads", "train_limit", "test_limit", "progress", "status_address",
                                "status_port_file", "metrics_address", "metrics_port_file",
                                "retry_deadline", "trace_file", "fault_exit_after_push",
@@ -166,6 +176,21 @@ int main(int argc, char** argv) {
   o.trainer.batch_size = absl::GetFlag(FLAGS_batch_size);
   o.trainer.epochs = absl::GetFlag(FLAGS_epochs);
   o.trainer.model = absl::GetFlag(FLAGS_model);
+  o.trainer.model_parallel = absl::GetFlag(FLAGS_model_parallel);
+  o.trainer.micro_batches = absl::GetFlag(FLAGS_micro_batches);
+  if (o.trainer.model_parallel != 1 && o.trainer.model_parallel != 2) {
+    return FlagError(absl::StrCat("--model_parallel must be 1 or 2, got ", o.trainer.model_parallel));
+  }
+  if (o.trainer.micro_batches < 1) {
+    return FlagError(absl::StrCat("--micro_batches must be at least 1, got ", o.trainer.micro_batches));
+  }
+  if (o.trainer.model_parallel == 2 && absl::GetFlag(FLAGS_devices).empty()) {
+    return FlagError("--model_parallel=2 splits the model across two devices: name them with --devices "
+                     "(cpu,cpu here; cuda:0,cuda:1 with two GPUs)");
+  }
+  if (o.trainer.model_parallel == 1 && Changed("micro_batches")) {
+    return FlagError("--micro_batches applies only with --model_parallel=2");
+  }
   o.trainer.seed = absl::GetFlag(FLAGS_seed);
   const std::string progress = absl::GetFlag(FLAGS_progress);
   if (progress != "auto" && progress != "always" && progress != "never") {

@@ -47,8 +47,8 @@ class Mlp final : public Model, private ChunkPasses {
   absl::StatusOr<double> TakeLoss() override;
   absl::Status GetGradients(float* host_flat) override;
   absl::StatusOr<int64_t> CountCorrect(const float* images, const float* labels, int n) override;
-  DeviceBuffer& weights() override { return *params_; }
-  DeviceBuffer& gradients() override { return *grads_; }
+  DeviceBuffer* weights() override { return params_.get(); }
+  DeviceBuffer* gradients() override { return grads_.get(); }
 
  private:
   Mlp(Backend* backend, int max_batch, int chunk)

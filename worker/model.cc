@@ -125,4 +125,12 @@ absl::StatusOr<double> GradientsAndLoss(Model& model, const float* images, const
   return model.TakeLoss();
 }
 
+absl::Status AllocBuffers(Backend& backend,
+                          std::initializer_list<std::pair<std::unique_ptr<DeviceBuffer>*, int64_t>> buffers) {
+  for (const auto& [slot, floats] : buffers) {
+    SUMMA_ASSIGN_OR_RETURN(*slot, backend.Alloc(floats));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace summa::worker

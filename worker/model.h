@@ -9,7 +9,9 @@
 #define SUMMA_WORKER_MODEL_H_
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -72,9 +74,10 @@ class Model {
   // How many of n <= max_batch() examples the model classifies right.
   virtual absl::StatusOr<int64_t> CountCorrect(const float* images, const float* labels, int n) = 0;
 
-  // The flat device buffers, num_params() floats each.
-  virtual DeviceBuffer& weights() = 0;
-  virtual DeviceBuffer& gradients() = 0;
+  // The flat device buffers, num_params() floats each; null for a model split across devices
+  // (PipelinedLeNet), which holds each device's share in buffers of its own.
+  virtual DeviceBuffer* weights() = 0;
+  virtual DeviceBuffer* gradients() = 0;
 };
 
 // ComputeGradients on host arrays, then TakeLoss: one batch's summed loss (for tests and tools).
@@ -128,6 +131,10 @@ absl::Status LoadExamples(Backend& backend, const Examples& examples, int n, int
 // For implementations' TakeLoss: reads and zeroes `totals` (Backend::SoftmaxCrossEntropy's two
 // floats).
 absl::StatusOr<double> TakeLossTotals(Backend& backend, DeviceBuffer& totals, int classes);
+
+// For implementations' Create: allocates each buffer, of the given number of floats, on `backend`.
+absl::Status AllocBuffers(Backend& backend,
+                          std::initializer_list<std::pair<std::unique_ptr<DeviceBuffer>*, int64_t>> buffers);
 
 // Helpers for implementations: how many floats `specs` hold, and the seed's initialisation:
 // weights drawn from N(0, stddev^2) with `seed` in specs order, biases (names starting with 'b')

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "worker/pipeline.h"
 #include "worker/sharding.h"
 
 namespace summa::worker {
@@ -38,9 +39,24 @@ Trainer::~Trainer() = default;
 
 absl::Status Trainer::Prepare(int max_shard) {
   if (backends_.empty()) return absl::InvalidArgumentError("the trainer needs at least one device");
-  const int devices = static_cast<int>(backends_.size());
+  if (options_.model_parallel == 2) {
+    // One model over both devices: to the rest of the trainer, one device's model.
+    if (backends_.size() != 2) {
+      return absl::InvalidArgumentError(absl::StrCat("--model_parallel=2 splits the model across two devices; ",
+                                                     backends_.size(), " given (--devices=cpu,cpu or cuda:0,cuda:1)"));
+    }
+    SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
+                           NewPipelinedModel(options_.model, backends_[0], backends_[1], std::max(1, max_shard),
+                                             options_.micro_batches));
+    models_.push_back(std::move(model));
+  } else if (options_.model_parallel != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--model_parallel must be 1 or 2, got ", options_.model_parallel));
+  }
+  const int devices = static_cast<int>(models_.empty() ? backends_.size() : models_.size());
   const int per_device = (max_shard + devices - 1) / devices;
-  for (Backend* b : backends_) {
+  for (int d = 0; models_.size() < static_cast<size_t>(devices); ++d) {
+    Backend* const b = backends_[d];
     SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
                            NewModel(options_.model, b, std::max(1, per_device), b->preferred_chunk()));
     models_.push_back(std::move(model));
@@ -83,7 +99,8 @@ absl::Status Trainer::PrepareResident() {
   order_rows_.assign(n, 0.0f);
   const int64_t image_floats = int64_t{train_->rows} * train_->cols;
   resident_.clear();
-  for (Backend* b : backends_) {
+  for (size_t d = 0; d < models_.size(); ++d) {  // a split model takes its examples on its first device
+    Backend* const b = backends_[d];
     Resident r;
     if (b->host_memory()) {
       r.image_table = train_->images.data();
@@ -108,7 +125,7 @@ absl::Status Trainer::SetOrder(const std::vector<int64_t>& order) {
   // order_rows_ is pageable host memory: an Upload from it has read it before returning (CUDA
   // stages pageable copies), so rewriting it next epoch cannot race the device.
   for (size_t i = 0; i < order.size(); ++i) order_rows_[i] = static_cast<float>(order[i]);
-  for (size_t d = 0; d < backends_.size(); ++d) {
+  for (size_t d = 0; d < resident_.size(); ++d) {
     if (resident_[d].order != nullptr) {
       SUMMA_RETURN_IF_ERROR(backends_[d]->Upload(order_rows_.data(), static_cast<int64_t>(order.size()),
                                                  resident_[d].order->data()));
@@ -144,9 +161,9 @@ absl::Status Trainer::ComputeGradients(int64_t begin, int n) {
   // The seed's allreduce inside one worker: sum every device's gradient onto the first.
   Backend& first = *backends_[0];
   for (int d = 1; d < devices; ++d) {
-    SUMMA_RETURN_IF_ERROR(first.CopyFromPeer(*backends_[d], models_[d]->gradients().data(),
+    SUMMA_RETURN_IF_ERROR(first.CopyFromPeer(*backends_[d], models_[d]->gradients()->data(),
                                              params, peer_gradients_->data()));
-    SUMMA_RETURN_IF_ERROR(first.Axpy(1.0f, peer_gradients_->data(), models_[0]->gradients().data(),
+    SUMMA_RETURN_IF_ERROR(first.Axpy(1.0f, peer_gradients_->data(), models_[0]->gradients()->data(),
                                      params));
   }
   return absl::OkStatus();

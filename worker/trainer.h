@@ -33,6 +33,10 @@ struct TrainerOptions {
   int64_t batch_size = 256;  // the global minibatch, split across the world
   int epochs = 10;
   std::string model = "lenet";  // a name from ModelNames()
+  // 1: data parallelism over the devices (the shard split across them). 2: model parallelism,
+  // the model split across exactly two devices (pipeline.h), its batch cut into micro_batches.
+  int model_parallel = 1;
+  int micro_batches = 4;
   uint64_t seed = 0;           // initial weights and the epochs' shuffles
   bool progress_bar = false;   // redraw a bar with examples/s (on a terminal)
   bool evaluate = true;        // test accuracy after each epoch

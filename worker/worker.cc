@@ -131,6 +131,9 @@ absl::Status RunWorker(const WorkerOptions& options) {
   SUMMA_LOG(INFO) << options.trainer.model << " worker (rank " << options.trainer.rank << " of " << options.trainer.world_size
  << ") on " << devices[0]->name()
                   << (devices.size() > 1 ? absl::StrCat(" and ", devices.size() - 1, " more devices") : "")
+                  << (options.trainer.model_parallel == 2
+                          ? absl::StrCat(" (the model split across them, ", options.trainer.micro_batches, " micro-batches)")
+                          : "")
                   << ", status on port " << status_server.port
                   << ", server " << options.server;
 

@@ -1,0 +1,125 @@
+// Model parallelism (pipeline.h): LeNet split across two CPU backends, its batch in
+// micro-batches, gives the single-device gradient, loss and predictions.
+#include "worker/pipeline.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "worker/lenet.h"
+
+namespace summa::worker {
+namespace {
+
+struct Batch {
+  std::vector<float> images, labels;
+};
+
+Batch RandomBatch(int n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> pixel(0, 1);
+  Batch b;
+  b.images.resize(int64_t{n} * LeNet::kImageFloats);
+  for (float& p : b.images) p = pixel(rng);
+  for (int i = 0; i < n; ++i) b.labels.push_back(static_cast<float>(rng() % LeNet::kClasses));
+  return b;
+}
+
+// Weights larger than the seed's, so that every layer's gradient is well above float noise.
+std::vector<float> Weights() {
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> normal(0, 0.1f);
+  std::vector<float> w(LeNet::NumParams());
+  for (float& v : w) v = normal(rng);
+  return w;
+}
+
+struct Result {
+  std::vector<float> gradient;
+  double loss = 0;
+  int64_t correct = 0;
+};
+
+Result Step(Model& model, const std::vector<float>& w, const Batch& b, int n) {
+  Result r;
+  EXPECT_TRUE(model.SetWeights(w.data()).ok());
+  absl::StatusOr<double> loss = GradientsAndLoss(model, b.images.data(), b.labels.data(), n);
+  EXPECT_TRUE(loss.ok()) << loss.status();
+  r.loss = loss.value_or(-1);
+  r.gradient.resize(LeNet::NumParams());
+  EXPECT_TRUE(model.GetGradients(r.gradient.data()).ok());
+  absl::StatusOr<int64_t> correct = model.CountCorrect(b.images.data(), b.labels.data(), n);
+  EXPECT_TRUE(correct.ok()) << correct.status();
+  r.correct = correct.value_or(-1);
+  return r;
+}
+
+TEST(PipelineTest, SplitModelMatchesOneDeviceForEveryMicroBatchCount) {
+  const int kBatch = 13;  // micro-batches of unequal sizes for most counts
+  const std::vector<float> w = Weights();
+  const Batch batch = RandomBatch(kBatch, 11);
+  auto one = NewCpuBackend(1);
+  auto reference_model = LeNet::Create(one.get(), kBatch);
+  ASSERT_TRUE(reference_model.ok());
+  const Result want = Step(**reference_model, w, batch, kBatch);
+  float largest = 0;
+  for (float g : want.gradient) largest = std::max(largest, std::abs(g));
+  ASSERT_GT(largest, 0.1f);
+  for (int micro : {1, 2, 3, 4, 13, 20}) {
+    auto first = NewCpuBackend(1), second = NewCpuBackend(1);
+    auto split = PipelinedLeNet::Create(first.get(), second.get(), kBatch, micro);
+    ASSERT_TRUE(split.ok()) << split.status();
+    // Twice: the second step must not keep anything of the first (a gradient summed into it).
+    for (int step = 0; step < 2; ++step) {
+      const Result got = Step(**split, w, batch, kBatch);
+      ASSERT_EQ(got.gradient.size(), want.gradient.size());
+      for (size_t i = 0; i < got.gradient.size(); ++i) {
+        ASSERT_NEAR(got.gradient[i], want.gradient[i], 1e-5f * largest)
+            << micro << " micro-batches, step " << step << ", parameter " << i;
+      }
+      EXPECT_NEAR(got.loss, want.loss, 1e-5 * want.loss) << micro << " micro-batches";
+      EXPECT_EQ(got.correct, want.correct) << micro << " micro-batches";
+    }
+    EXPECT_EQ((*split)->timing().count, 2);
+  }
+}
+
+TEST(PipelineTest, SmallerBatchesAndAnEmptyShard) {
+  const std::vector<float> w = Weights();
+  const Batch batch = RandomBatch(5, 3);
+  auto one = NewCpuBackend(1), first = NewCpuBackend(1), second = NewCpuBackend(1);
+  auto reference_model = LeNet::Create(one.get(), 8);
+  auto split = PipelinedLeNet::Create(first.get(), second.get(), 8, 4);
+  ASSERT_TRUE(reference_model.ok() && split.ok());
+  const Result want = Step(**reference_model, w, batch, 5);
+  const Result got = Step(**split, w, batch, 5);
+  float largest = 0;
+  for (float g : want.gradient) largest = std::max(largest, std::abs(g));
+  for (size_t i = 0; i < got.gradient.size(); ++i) {
+    ASSERT_NEAR(got.gradient[i], want.gradient[i], 1e-5f * largest) << i;
+  }
+  // No examples: zero gradient, nothing added to the loss.
+  absl::StatusOr<double> empty = GradientsAndLoss(**split, nullptr, nullptr, 0);
+  ASSERT_TRUE(empty.ok());
+  EXPECT_EQ(*empty, 0.0);
+  std::vector<float> g(LeNet::NumParams(), 1.0f);
+  ASSERT_TRUE((*split)->GetGradients(g.data()).ok());
+  EXPECT_EQ(g, std::vector<float>(LeNet::NumParams(), 0.0f));
+  EXPECT_EQ((*split)->ComputeGradients(Examples::Host(batch.images.data(), batch.labels.data()), 9).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(PipelineTest, BadConfigurationsAreRefusedByName) {
+  auto first = NewCpuBackend(1), second = NewCpuBackend(1);
+  EXPECT_EQ(PipelinedLeNet::Create(first.get(), second.get(), 8, 0).status().message(),
+            "micro-batches must be at least 1, got 0");
+  EXPECT_FALSE(PipelinedLeNet::Create(first.get(), first.get(), 8, 2).ok());
+  absl::StatusOr<std::unique_ptr<Model>> mlp = NewPipelinedModel("mlp", first.get(), second.get(), 8, 2);
+  EXPECT_EQ(mlp.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(mlp.status().message().find("model mlp cannot be split"), absl::string_view::npos) << mlp.status();
+}
+
+}  // namespace
+}  // namespace summa::worker

@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/backend_checks.h"
+#include "tests/split_check.h"
 #include "worker/backend.h"
 #include "worker/devices.h"
 
@@ -101,6 +102,28 @@ class CudaBackendTest : public ::testing::Test {
 
   std::unique_ptr<Backend> gpu_, cpu_;
 };
+
+// Model parallelism on GPUs: LeNet split across cuda:0 and cuda:1 (or two backends on cuda:0
+// where there is one GPU) gives the gradient of LeNet whole on cuda:0, for several micro-batch
+// counts.
+TEST_F(CudaBackendTest, LeNetSplitAcrossTwoDevicesMatchesOneDevice) {
+  using namespace testing_split;  // NOLINT: the shared check's helpers
+  const int kBatch = 13;
+  const std::vector<float> w = Weights();
+  const Batch batch = RandomBatch(kBatch, 11);
+  auto whole = LeNet::Create(gpu_.get(), kBatch);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  const Result want = Step(**whole, w, batch, kBatch);
+  auto first = MakeBackend("cuda:0", 1);
+  ASSERT_TRUE(first.ok()) << first.status();
+  std::unique_ptr<Backend> second = Second();
+  ASSERT_NE(second, nullptr);
+  for (int micro : {1, 3, 13}) {
+    auto split = PipelinedLeNet::Create(first->get(), second.get(), kBatch, micro);
+    ASSERT_TRUE(split.ok()) << split.status();
+    EXPECT_TRUE(SameStep(want, Step(**split, w, batch, kBatch))) << micro << " micro-batches";
+  }
+}
 
 TEST_F(CudaBackendTest, GemmInAllTranspositions) { EXPECT_TRUE(checks::CheckGemm(*cpu_, *gpu_)); }
 

@@ -8,53 +8,18 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/split_check.h"
 #include "worker/lenet.h"
 
 namespace summa::worker {
 namespace {
 
-struct Batch {
-  std::vector<float> images, labels;
-};
-
-Batch RandomBatch(int n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> pixel(0, 1);
-  Batch b;
-  b.images.resize(int64_t{n} * LeNet::kImageFloats);
-  for (float& p : b.images) p = pixel(rng);
-  for (int i = 0; i < n; ++i) b.labels.push_back(static_cast<float>(rng() % LeNet::kClasses));
-  return b;
-}
-
-// Weights larger than the seed's, so that every layer's gradient is well above float noise.
-std::vector<float> Weights() {
-  std::mt19937_64 rng(5);
-  std::normal_distribution<float> normal(0, 0.1f);
-  std::vector<float> w(LeNet::NumParams());
-  for (float& v : w) v = normal(rng);
-  return w;
-}
-
-struct Result {
-  std::vector<float> gradient;
-  double loss = 0;
-  int64_t correct = 0;
-};
-
-Result Step(Model& model, const std::vector<float>& w, const Batch& b, int n) {
-  Result r;
-  EXPECT_TRUE(model.SetWeights(w.data()).ok());
-  absl::StatusOr<double> loss = GradientsAndLoss(model, b.images.data(), b.labels.data(), n);
-  EXPECT_TRUE(loss.ok()) << loss.status();
-  r.loss = loss.value_or(-1);
-  r.gradient.resize(LeNet::NumParams());
-  EXPECT_TRUE(model.GetGradients(r.gradient.data()).ok());
-  absl::StatusOr<int64_t> correct = model.CountCorrect(b.images.data(), b.labels.data(), n);
-  EXPECT_TRUE(correct.ok()) << correct.status();
-  r.correct = correct.value_or(-1);
-  return r;
-}
+using testing_split::Batch;
+using testing_split::RandomBatch;
+using testing_split::Result;
+using testing_split::SameStep;
+using testing_split::Step;
+using testing_split::Weights;
 
 TEST(PipelineTest, SplitModelMatchesOneDeviceForEveryMicroBatchCount) {
   const int kBatch = 13;  // micro-batches of unequal sizes for most counts
@@ -73,14 +38,7 @@ TEST(PipelineTest, SplitModelMatchesOneDeviceForEveryMicroBatchCount) {
     ASSERT_TRUE(split.ok()) << split.status();
     // Twice: the second step must not keep anything of the first (a gradient summed into it).
     for (int step = 0; step < 2; ++step) {
-      const Result got = Step(**split, w, batch, kBatch);
-      ASSERT_EQ(got.gradient.size(), want.gradient.size());
-      for (size_t i = 0; i < got.gradient.size(); ++i) {
-        ASSERT_NEAR(got.gradient[i], want.gradient[i], 1e-5f * largest)
-            << micro << " micro-batches, step " << step << ", parameter " << i;
-      }
-      EXPECT_NEAR(got.loss, want.loss, 1e-5 * want.loss) << micro << " micro-batches";
-      EXPECT_EQ(got.correct, want.correct) << micro << " micro-batches";
+      EXPECT_TRUE(SameStep(want, Step(**split, w, batch, kBatch))) << micro << " micro-batches, step " << step;
     }
     EXPECT_EQ((*split)->timing().count, 2);
   }
@@ -94,12 +52,7 @@ TEST(PipelineTest, SmallerBatchesAndAnEmptyShard) {
   auto split = PipelinedLeNet::Create(first.get(), second.get(), 8, 4);
   ASSERT_TRUE(reference_model.ok() && split.ok());
   const Result want = Step(**reference_model, w, batch, 5);
-  const Result got = Step(**split, w, batch, 5);
-  float largest = 0;
-  for (float g : want.gradient) largest = std::max(largest, std::abs(g));
-  for (size_t i = 0; i < got.gradient.size(); ++i) {
-    ASSERT_NEAR(got.gradient[i], want.gradient[i], 1e-5f * largest) << i;
-  }
+  EXPECT_TRUE(SameStep(want, Step(**split, w, batch, 5)));
   // No examples: zero gradient, nothing added to the loss.
   absl::StatusOr<double> empty = GradientsAndLoss(**split, nullptr, nullptr, 0);
   ASSERT_TRUE(empty.ok());

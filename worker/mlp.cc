@@ -37,21 +37,16 @@ absl::StatusOr<std::unique_ptr<Mlp>> Mlp::Create(Backend* backend, int max_batch
   chunk = chunk == 0 ? max_batch : std::min(chunk, max_batch);
   std::unique_ptr<Mlp> net(new Mlp(backend, max_batch, chunk));
   const int64_t b = chunk;
-  const std::pair<std::unique_ptr<DeviceBuffer>*, int64_t> buffers[] = {
-      {&net->params_, kParams},
-      {&net->loss_totals_, 2},
-      {&net->grads_, kParams},
-      {&net->chunk_grads_, chunk < max_batch ? kParams : 0},
-      {&net->x_, b * kImageFloats},
-      {&net->labels_, b},
-      {&net->h1_, b * kHidden},
-      {&net->logits_, b * kClasses},
-      {&net->dlogits_, b * kClasses},
-      {&net->dh1_, b * kHidden},
-  };
-  for (const auto& [slot, floats] : buffers) {
-    SUMMA_ASSIGN_OR_RETURN(*slot, backend->Alloc(floats));
-  }
+  SUMMA_RETURN_IF_ERROR(AllocBuffers(*backend, {{&net->params_, kParams},
+                                                {&net->loss_totals_, 2},
+                                                {&net->grads_, kParams},
+                                                {&net->chunk_grads_, chunk < max_batch ? kParams : 0},
+                                                {&net->x_, b * kImageFloats},
+                                                {&net->labels_, b},
+                                                {&net->h1_, b * kHidden},
+                                                {&net->logits_, b * kClasses},
+                                                {&net->dlogits_, b * kClasses},
+                                                {&net->dh1_, b * kHidden}}));
   return net;
 }
 

@@ -1,5 +1,6 @@
 #include "common/compression.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -140,7 +141,12 @@ void FromHalfPortable(const uint16_t* in, int64_t n, float* out) {
 }
 
 bool HasF16c() {
-  static const bool has = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  // AVX (with the OS saving its registers, which __builtin_cpu_supports checks) and F16C
+  // (CPUID leaf 1, ECX; not every compiler's __builtin_cpu_supports knows it).
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __builtin_cpu_supports("avx") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+  }();
   return has;
 }
 

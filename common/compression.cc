@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/vector_ops.h"
 
 namespace summa {
 namespace {
@@ -17,7 +18,7 @@ namespace {
 // bfloat16 is the upper half of a float32: rounding to nearest even adds 0x7fff plus the lowest
 // kept bit before the shift. NaN is kept NaN (its quiet bit set), which the rounding could carry
 // into infinity. Branch-free, so that the loop vectorises.
-__attribute__((target_clones("avx512f", "avx2", "default")))
+SUMMA_VECTOR_CLONES
 void ToBfloat16(const float* __restrict in, int64_t n, uint16_t* __restrict out) {
   for (int64_t i = 0; i < n; ++i) {
     uint32_t u;
@@ -28,7 +29,7 @@ void ToBfloat16(const float* __restrict in, int64_t n, uint16_t* __restrict out)
   }
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default")))
+SUMMA_VECTOR_CLONES
 void FromBfloat16(const uint16_t* __restrict in, int64_t n, float* __restrict out) {
   for (int64_t i = 0; i < n; ++i) {
     const uint32_t u = static_cast<uint32_t>(in[i]) << 16;

@@ -8,6 +8,16 @@
 
 #include "absl/types/span.h"
 
+// Marks a hot loop to be compiled for AVX-512, AVX2 and baseline x86-64, the loader picking the
+// one this CPU runs (GCC's function multiversioning: an ifunc resolver chooses at load time).
+// Under ThreadSanitizer only the baseline is built: a resolver runs before TSan's runtime has
+// started, and TSan's instrumentation of it crashes the program as it loads.
+#if defined(__SANITIZE_THREAD__)
+#define SUMMA_VECTOR_CLONES
+#else
+#define SUMMA_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+
 namespace summa {
 
 // sum[i] += values[i]. The spans have one length and do not overlap.

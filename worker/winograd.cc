@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstring>
 
+#include "common/vector_ops.h"
+
 namespace summa::worker::winograd {
 namespace {
 
@@ -118,9 +120,8 @@ int LanesOf(const Layout& l, int64_t g) {
 }  // namespace
 
 // Each transform is compiled three times, for AVX-512, AVX2 and baseline x86-64, and the loader
-// picks the one this CPU runs (GCC's function multiversioning): a vector of 16 floats is one
-// AVX-512 register, two AVX ones or four SSE ones.
-#define SUMMA_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+// picks the one this CPU runs (SUMMA_VECTOR_CLONES, common/vector_ops.h): a vector of 16 floats
+// is one AVX-512 register, two AVX ones or four SSE ones.
 
 SUMMA_VECTOR_CLONES void TransformInput(const Layout& l, const float* x, float* work) {
   float* packed = work + l.packed;

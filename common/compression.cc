@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -43,7 +44,10 @@ uint16_t HalfOf(float f) {
   const uint32_t sign = (x >> 16) & 0x8000u;
   const uint32_t a = x & 0x7fffffffu;
   if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));  // NaN, quieted
-  if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // 65520 and up round to infinity
+  if (a == 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u);  // infinity stays infinity
+  // A finite value past the largest half (65504) saturates there: a gradient that large is sent
+  // as the largest half (top-k keeps the rest), not as an infinity the server would refuse.
+  if (a >= 0x477fe000u) return static_cast<uint16_t>(sign | 0x7bffu);
   if (a < 0x38800000u) {  // below 2^-14: a subnormal half, or zero
     if (a <= 0x33000000u) return static_cast<uint16_t>(sign);  // up to 2^-25 (a tie) rounds to zero
     const uint32_t m = (a & 0x7fffffu) | 0x800000u;
@@ -79,9 +83,19 @@ float FloatOfHalf(uint16_t h) {
 
 __attribute__((target("avx,f16c")))
 void ToHalfF16c(const float* in, int64_t n, uint16_t* out) {
+  // Finite values saturate at +-65504 as HalfOf's do; infinity and NaN pass (min and max return
+  // their second operand when either is NaN, so x goes second).
+  const __m256 largest = _mm256_set1_ps(65504.0f);
+  const __m256 lowest = _mm256_set1_ps(-65504.0f);
+  const __m256 infinity = _mm256_set1_ps(std::numeric_limits<float>::infinity());
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 x = _mm256_loadu_ps(in + i);
+    const __m256 clamped = _mm256_max_ps(lowest, _mm256_min_ps(largest, x));
+    const __m256 is_infinite = _mm256_cmp_ps(_mm256_and_ps(x, magnitude), infinity, _CMP_EQ_OQ);
+    const __m256 y = _mm256_blendv_ps(clamped, x, is_infinite);
+    const __m128i h = _mm256_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
   }
   for (; i < n; ++i) out[i] = HalfOf(in[i]);
@@ -258,15 +272,31 @@ absl::Status DecodeSparse(WireDType dtype, absl::string_view bytes, absl::Span<f
 }
 
 TopKEncoder::TopKEncoder(int64_t length, int64_t k, WireDType dtype)
-    : k_(std::clamp<int64_t>(k, 1, std::max<int64_t>(1, length))), dtype_(dtype),
-      residual_(length, 0.0f), keys_(length), positions_(k_), picked_(k_) {}
+    : k_(std::clamp<int64_t>(k, std::min<int64_t>(1, length), std::max<int64_t>(0, length))), dtype_(dtype),
+      residual_{std::vector<float>(length, 0.0f), std::vector<float>(length, 0.0f)}, keys_(length),
+      positions_(k_), picked_(k_) {}
+
+void TopKEncoder::Undo() {
+  if (!can_undo_) return;
+  current_ = 1 - current_;
+  can_undo_ = false;
+}
+
+void TopKEncoder::Reset() {
+  for (std::vector<float>& r : residual_) std::fill(r.begin(), r.end(), 0.0f);
+  can_undo_ = false;
+}
 
 void TopKEncoder::Encode(absl::Span<const float> gradient, char* out) {
-  const int64_t n = static_cast<int64_t>(residual_.size());
-  float* __restrict acc = residual_.data();
+  const int64_t n = static_cast<int64_t>(keys_.size());
+  if (k_ == 0) return;  // an empty partition sends nothing
+  const float* __restrict before = residual_[current_].data();
+  float* __restrict acc = residual_[1 - current_].data();
+  current_ = 1 - current_;
+  can_undo_ = true;
   uint32_t* __restrict keys = keys_.data();
   for (int64_t i = 0; i < n; ++i) {
-    acc[i] += gradient[i];
+    acc[i] = before[i] + gradient[i];
     keys[i] = MagnitudeKey(acc[i]);
   }
   // The k-th largest magnitude; then every value above it, and as many equal to it as make k,

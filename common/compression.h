@@ -61,22 +61,31 @@ absl::Status DecodeSparse(WireDType dtype, absl::string_view bytes, absl::Span<f
 // kept and added to the next step's gradient, so nothing a worker computes is lost, only late.
 class TopKEncoder {
  public:
-  // A partition of `length` values of which pushes carry `k` (1 <= k <= length).
+  // A partition of `length` values of which pushes carry `k` (clamped to [min(1, length), length]).
   TopKEncoder(int64_t length, int64_t k, WireDType dtype);
 
   // acc = gradient + residual; writes the k values of acc of largest magnitude (NaN and
   // infinity first, so that the server's --nonfinite policy sees them) to `out`
   // (SparseBytes(k) bytes) in the sparse layout; residual = acc - what was sent.
   void Encode(absl::Span<const float> gradient, char* out);
+  // Takes the last Encode back (a push the server never applied): the residual is again what it
+  // was before it. Once; a second Undo, or one before any Encode, changes nothing.
+  void Undo();
+  // Forgets what earlier pushes left out (the server's history and this worker's parted).
+  void Reset();
 
   int64_t k() const { return k_; }
   int64_t bytes() const { return SparseBytes(k_, dtype_); }
-  absl::Span<const float> residual() const { return residual_; }
+  absl::Span<const float> residual() const { return residual_[current_]; }
 
  private:
   const int64_t k_;
   const WireDType dtype_;
-  std::vector<float> residual_;    // what earlier pushes left out, then this step's acc
+  // The residual before and after the last Encode, which writes the one not current (so that
+  // Undo costs nothing).
+  std::vector<float> residual_[2];
+  int current_ = 0;
+  bool can_undo_ = false;
   std::vector<uint32_t> keys_;     // |acc| as ordered keys, reordered by the selection
   std::vector<uint32_t> positions_;
   std::vector<float> picked_;      // the chosen values in float32, then as sent

@@ -240,8 +240,9 @@ absl::StatusOr<PushValues> ParameterServer::CheckValues(const PushRequestView& r
     case NonFinite::kReject:
       return absl::InvalidArgumentError(absl::StrCat(
           "rank ", r.rank, " pushed a non-finite gradient for step ", r.step, ", partition ", r.partition,
-          ": element ", bad, " is ", values[bad], " (refused; --nonfinite=skip_step or zero "
-          "would take it)"));
+          ": element ", bad, " is ", values[bad],
+          r.dtype.has_value() && *r.dtype != WireDType::kFloat32 ? absl::StrCat(" (sent as ", WireDTypeName(*r.dtype), ")") : "",
+          " (refused; --nonfinite=skip_step or zero would take it)"));
     case NonFinite::kSkipStep: return PushValues::kSkip;
     case NonFinite::kZero: return PushValues::kZeroNonFinite;
   }

@@ -114,6 +114,10 @@ absl::StatusOr<PushRequestView> ParsePush(grpc::CallbackServerContext* context, 
   v.partition = header->partition();
   v.num_examples = header->num_examples();
   v.dtype = WireDTypeFromProto(header->dtype(), /*unspecified_is_float32=*/false);
+  if (!v.dtype.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gradients must be DTYPE_FLOAT32, DTYPE_BFLOAT16 or DTYPE_FLOAT16, not ", DTypeName(header->dtype())));
+  }
   v.sparse = header->sparse();
   v.data = values->view();
   v.peer = context->peer();

@@ -25,6 +25,7 @@ absl::Span<const float> Snapshot::values() const {
 }
 
 absl::Span<const uint16_t> Snapshot::Encoded(WireDType dtype) const {
+  if (dtype == WireDType::kFloat32) return {};  // float32 is values(): no encoding to make
   const int which = dtype == WireDType::kBfloat16 ? 0 : 1;
   absl::MutexLock lock(&buffer_->encode_mu);
   std::vector<uint16_t>& out = buffer_->halves[which];

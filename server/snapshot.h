@@ -45,7 +45,8 @@ class Snapshot {
 
   // The values in a 16-bit wire dtype (bf16 or fp16): encoded by the first caller and kept with
   // the buffer until the pool reuses it, so that every reply of one version shares one encoding.
-  // Valid as long as this handle (or a Lend) holds the buffer. Thread-safe.
+  // Valid as long as this handle (or a Lend) holds the buffer. Thread-safe. Empty for float32
+  // (use values()).
   absl::Span<const uint16_t> Encoded(WireDType dtype) const;
 
   // A reference for code that cannot hold a Snapshot (a gRPC slice's destroy callback): the

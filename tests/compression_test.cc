@@ -52,17 +52,29 @@ TEST(CompressionTest, Bfloat16RoundsToNearestEvenAndKeepsNaN) {
   }
 }
 
-TEST(CompressionTest, Float16RoundsToNearestEvenAtEveryRangeEdge) {
-  const std::vector<float> in = {1.0f, 65504.0f, 65519.0f, 65520.0f, -1e6f,
+TEST(CompressionTest, Float16RoundsToNearestEvenAtEveryRangeEdgeAndSaturatesFiniteValues) {
+  // Past 65504 (the largest half) a finite value saturates; infinity stays infinity.
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> in = {1.0f, 65504.0f, 65519.0f, 65520.0f, -1e6f, FromBits(0x7f7fffff), inf, -inf,
                                  std::ldexp(1.0f, -24), std::ldexp(1.0f, -25), std::ldexp(1.5f, -25),
                                  std::ldexp(3.0f, -25),  // a subnormal tie, rounds to even (2 * 2^-24)
                                  std::ldexp(1.0f, -14), 0.1f, -0.0f, std::numeric_limits<float>::quiet_NaN()};
-  const std::vector<uint16_t> want = {0x3c00, 0x7bff, 0x7bff, 0x7c00, 0xfc00, 0x0001, 0x0000, 0x0001,
+  const std::vector<uint16_t> want = {0x3c00, 0x7bff, 0x7bff, 0x7bff, 0xfbff, 0x7bff, 0x7c00, 0xfc00, 0x0001, 0x0000, 0x0001,
                                       0x0002, 0x0400, 0x2e66, 0x8000, 0x7e00};
   std::vector<uint16_t> portable(in.size());
   internal::ToHalfPortable(in.data(), static_cast<int64_t>(in.size()), portable.data());
   EXPECT_EQ(portable, want);
   EXPECT_EQ(Encode16(WireDType::kFloat16, in), want);
+  // The vector loop (8 at a time) saturates as the scalar tail does.
+  std::vector<float> eight(16, 1e5f);
+  eight[3] = -7e4f;
+  eight[5] = inf;
+  eight[6] = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<uint16_t> halves = Encode16(WireDType::kFloat16, eight);
+  for (size_t i = 0; i < eight.size(); ++i) {
+    const uint16_t expected = i == 3 ? 0xfbff : i == 5 ? 0x7c00 : i == 6 ? 0x7e00 : 0x7bff;
+    EXPECT_EQ(halves[i], expected) << i;
+  }
 }
 
 TEST(CompressionTest, PortableFloat16MatchesTheHardwareOnEveryHalfAndAMillionFloats) {
@@ -191,6 +203,41 @@ TEST(CompressionTest, WhatIsSentPlusWhatIsKeptIsExactlyWhatWasComputed) {
       before.assign(e.residual().begin(), e.residual().end());
     }
   }
+}
+
+TEST(CompressionTest, TopKInFloat16KeepsWhatSaturationLeftOut) {
+  TopKEncoder e(2, 1, WireDType::kFloat16);
+  std::vector<char> wire(e.bytes());
+  e.Encode({1e5f, 1.0f}, wire.data());
+  EXPECT_EQ(Sent(e, WireDType::kFloat16, wire, 2), (std::vector<float>{65504.0f, 0}));
+  EXPECT_EQ(std::vector<float>(e.residual().begin(), e.residual().end()), (std::vector<float>{1e5f - 65504.0f, 1}));
+}
+
+TEST(CompressionTest, UndoTakesTheLastEncodeBackOnceAndResetForgetsEverything) {
+  TopKEncoder e(3, 1, WireDType::kFloat32);
+  std::vector<char> wire(e.bytes());
+  e.Undo();  // nothing to take back
+  e.Encode({4, 2, 1}, wire.data());
+  e.Encode({1, 1, 1}, wire.data());  // acc [1, 3, 2]: 3 goes out
+  EXPECT_EQ(std::vector<float>(e.residual().begin(), e.residual().end()), (std::vector<float>{1, 0, 2}));
+  e.Undo();
+  EXPECT_EQ(std::vector<float>(e.residual().begin(), e.residual().end()), (std::vector<float>{0, 2, 1}));
+  e.Undo();  // once only
+  EXPECT_EQ(std::vector<float>(e.residual().begin(), e.residual().end()), (std::vector<float>{0, 2, 1}));
+  e.Encode({1, 1, 1}, wire.data());
+  EXPECT_EQ(std::vector<float>(e.residual().begin(), e.residual().end()), (std::vector<float>{1, 0, 2}));
+  e.Reset();
+  EXPECT_EQ(std::vector<float>(e.residual().begin(), e.residual().end()), (std::vector<float>{0, 0, 0}));
+  e.Undo();  // a reset is not taken back
+  EXPECT_EQ(std::vector<float>(e.residual().begin(), e.residual().end()), (std::vector<float>{0, 0, 0}));
+}
+
+TEST(CompressionTest, AnEmptyPartitionSendsNothing) {
+  TopKEncoder e(0, 5, WireDType::kBfloat16);
+  EXPECT_EQ(e.k(), 0);
+  EXPECT_EQ(e.bytes(), 0);
+  e.Encode({}, nullptr);
+  EXPECT_TRUE(e.residual().empty());
 }
 
 TEST(CompressionTest, NonFiniteValuesAreSentFirstAndNotKept) {

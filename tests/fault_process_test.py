@@ -253,6 +253,51 @@ class FaultProcessTest(unittest.TestCase):
             self.assertEqual(int(status["bytesOut"]), (2 * (STEPS + 1) + 1) * 129068 * 2)
             self.assertEqual(job.weights(), baseline_weights)
 
+    def test_server_restored_under_topk_resumes_with_each_workers_residuals(self):
+        # bf16 and top-k 5%: both workers are frozen (SIGSTOP) mid-run, the server checkpoints
+        # the version they froze at (v) and is killed, and the restarted server restores v. Each
+        # worker had encoded step v-1 (which the server has: its residuals stand) or step v (the
+        # server lacks it: the encoding is taken back, residuals included, and made again from
+        # the gradient recomputed on the restored weights). Either way the job ends with an
+        # undisturbed run's weights, bit for bit, and no worker drops its residuals.
+        flags = ["--wire_dtype=bf16", "--compress=topk:0.05"]
+        _, baseline_weights = self.undisturbed(flags)
+        with ProcessGroup() as g:
+            ckpt = os.path.join(g.dir, "ckpt")
+            # A lease that outlasts the freeze; a checkpoint at every version the ticker sees.
+            job = Job(g, 2, [*flags, f"--checkpoint_dir={ckpt}", "--checkpoint_every=1", "--lease=60s"])
+            for r in range(2):
+                job.start_worker(r)
+            job.wait_version(150)
+            for w in job.workers.values():
+                w.send_signal(signal.SIGSTOP)
+            try:
+                deadline = time.monotonic() + 30
+                while True:
+                    status = job.status()
+                    if int(status.get("lastCheckpointVersion", 0)) == int(status["version"]):
+                        break
+                    self.assertLess(time.monotonic(), deadline, f"no checkpoint of the frozen version: {status}")
+                    time.sleep(0.05)
+                frozen_at = int(status["version"])
+                job.server.send_signal(signal.SIGKILL)
+                job.server.wait()
+                time.sleep(1)
+                job.start_server(job.port)
+                self.assertIn(f"restored {ckpt}", g.log(job.server))
+            finally:
+                for w in job.workers.values():
+                    w.send_signal(signal.SIGCONT)
+            outs = self.finish(g, job)
+            for out in outs.values():
+                # v, or v + 1 where both pushes of step v were on their way as the workers froze.
+                rejoined = [int(s) for s in re.findall(r"rejoined at step (\d+) ", out)]
+                self.assertEqual(len(rejoined), 1, out)
+                self.assertIn(rejoined[0], (frozen_at, frozen_at + 1), out)
+                self.assertNotIn("residuals", out)
+            self.assertEqual(int(job.status()["version"]), STEPS)
+            self.assertEqual(job.weights(), baseline_weights)
+
     def test_worker_lost_before_the_epoch_end_collective_under_wait_is_waited_for(self):
         # Rank 1 dies after the last push of epoch 1, before the loss collective that rank 0 is
         # already in. Rank 0 waits (not the 10-minute barrier deadline: the test allows 240 s),

@@ -631,6 +631,15 @@ TEST_F(MembershipTest, NonFiniteGradientsAreRejectedByDefaultNamingWhereTheyAre)
   ASSERT_EQ(*ps->Push(Push(1, 0, twos_, 2)), true);
   EXPECT_EQ(ps->WeightsForTest(), std::vector<float>(4, -1));
   EXPECT_EQ(ps->Status().nonfinite_pushes, 1u);
+  // A 16-bit push names its wire dtype (an infinity in fp16 is a value past 65504 sent without
+  // saturating, or a real one).
+  const uint16_t halves[4] = {0, 0, 0x7c00, 0};
+  const std::string half_bytes(reinterpret_cast<const char*>(halves), sizeof(halves));
+  auto fp16 = Push(1, 1, half_bytes, 2);
+  fp16.dtype = WireDType::kFloat16;
+  refused = ps->Push(fp16);
+  EXPECT_NE(refused.status().message().find("element 2 is inf (sent as fp16)"), absl::string_view::npos)
+      << refused.status();
 }
 
 TEST_F(MembershipTest, NonFiniteGradientsCanSkipTheStepOrCountAsZero) {

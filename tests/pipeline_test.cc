@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/backend_checks.h"
 #include "tests/split_check.h"
 #include "worker/lenet.h"
 
@@ -60,8 +61,60 @@ TEST(PipelineTest, SmallerBatchesAndAnEmptyShard) {
   std::vector<float> g(LeNet::NumParams(), 1.0f);
   ASSERT_TRUE((*split)->GetGradients(g.data()).ok());
   EXPECT_EQ(g, std::vector<float>(LeNet::NumParams(), 0.0f));
-  EXPECT_EQ((*split)->ComputeGradients(Examples::Host(batch.images.data(), batch.labels.data()), 9).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*split)->ComputeGradients(Examples::Host(batch.images.data(), batch.labels.data()), 9).message(),
+            "a batch of 9 examples exceeds the model's 8");
+  EXPECT_EQ((*split)->ComputeGradients(Examples::Host(batch.images.data(), batch.labels.data()), -1).message(),
+            "a batch of -1 examples: the count must not be negative");
+}
+
+// Forwards to a CPU backend, but the `fail_at`-th call (from 1) of LinearForward (the dense
+// layers, on the second stage) or Conv2dForward (the convolutions, on the first) fails once.
+class FailingOnce final : public checks::ForwardingBackend {
+ public:
+  FailingOnce(Backend* cpu, int fail_at) : ForwardingBackend(cpu), fail_at_(fail_at) {}
+  absl::Status LinearForward(const float* x, const float* w, const float* bias, float* y, int batch, int in,
+                             int out) override {
+    if (++calls_ == fail_at_) return absl::ResourceExhaustedError("planted: the dense layers ran out of memory");
+    return ForwardingBackend::LinearForward(x, w, bias, y, batch, in, out);
+  }
+  absl::Status Conv2dForward(const ConvShape& shape, const float* x, const float* w, const float* bias, float* y,
+                             float* workspace) override {
+    if (++calls_ == fail_at_) return absl::ResourceExhaustedError("planted: the convolutions ran out of memory");
+    return ForwardingBackend::Conv2dForward(shape, x, w, bias, y, workspace);
+  }
+
+ private:
+  const int fail_at_;
+  int calls_ = 0;
+};
+
+TEST(PipelineTest, AStageThatFailsStopsTheOtherAndTheNextStepIsWhole) {
+  // Four micro-batches. The head's LinearForward runs twice a micro-batch, as the features'
+  // Conv2dForward does: failing the 4th call fails micro-batch 1 on the second stage (while the
+  // first waits for its gradients) or micro-batch 1 on the first (while the second waits for its
+  // features). Either way the step returns the failing stage's error, not the other's ABORTED,
+  // and does not hang; the next step is the single-device step exactly.
+  const int kBatch = 8;
+  const std::vector<float> w = Weights();
+  const Batch batch = RandomBatch(kBatch, 5);
+  auto one = NewCpuBackend(1);
+  auto reference_model = LeNet::Create(one.get(), kBatch);
+  ASSERT_TRUE(reference_model.ok());
+  const Result want = Step(**reference_model, w, batch, kBatch);
+  for (int failing_stage : {0, 1}) {
+    auto cpu0 = NewCpuBackend(1), cpu1 = NewCpuBackend(1);
+    FailingOnce first(cpu0.get(), failing_stage == 0 ? 4 : 0), second(cpu1.get(), failing_stage == 1 ? 4 : 0);
+    auto split = PipelinedLeNet::Create(&first, &second, kBatch, 4);
+    ASSERT_TRUE(split.ok()) << split.status();
+    ASSERT_TRUE((*split)->SetWeights(w.data()).ok());
+    const absl::Status failed = (*split)->ComputeGradients(Examples::Host(batch.images.data(), batch.labels.data()),
+                                                           kBatch);
+    EXPECT_EQ(failed.code(), absl::StatusCode::kResourceExhausted) << failed;
+    EXPECT_NE(failed.message().find(failing_stage == 0 ? "convolutions" : "dense layers"), absl::string_view::npos)
+        << failed;
+    (*split)->TakeLoss().IgnoreError();  // the failed step's partial loss
+    EXPECT_TRUE(SameStep(want, Step(**split, w, batch, kBatch))) << "stage " << failing_stage << " failed";
+  }
 }
 
 TEST(PipelineTest, BadConfigurationsAreRefusedByName) {

@@ -212,7 +212,7 @@ TEST_F(ServiceTest, WireFormatsAreAnnouncedAtJoinAndRepliesComeInTheDtypeAsked) 
     pb::PushResponse r;
     grpc::Status s = stub->Push(&ctx, push, &r);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-    EXPECT_EQ(s.error_message(), "gradients must be DTYPE_FLOAT32, DTYPE_BFLOAT16 or DTYPE_FLOAT16");
+    EXPECT_EQ(s.error_message(), "gradients must be DTYPE_FLOAT32, DTYPE_BFLOAT16 or DTYPE_FLOAT16, not 9");
   }
   grpc::ClientContext ctx;
   Deadline(ctx);

@@ -62,5 +62,21 @@ TEST(SnapshotTest, AHandleOutlivesItsPool) {
   EXPECT_EQ(kept.values()[1], 5.0f);
 }
 
+TEST(SnapshotTest, AVersionIsEncodedOnceForEveryReplyAndAReusedBufferIsEncodedAfresh) {
+  SnapshotPool pool;
+  Snapshot first = Filled(pool, 3, 1.5f);
+  const absl::Span<const uint16_t> a = first.Encoded(WireDType::kBfloat16);
+  EXPECT_EQ(std::vector<uint16_t>(a.begin(), a.end()), std::vector<uint16_t>(3, 0x3fc0));
+  EXPECT_EQ(first.Encoded(WireDType::kBfloat16).data(), a.data());  // shared, not made again
+  const absl::Span<const uint16_t> h = first.Encoded(WireDType::kFloat16);
+  EXPECT_EQ(std::vector<uint16_t>(h.begin(), h.end()), std::vector<uint16_t>(3, 0x3e00));
+  EXPECT_TRUE(first.Encoded(WireDType::kFloat32).empty());  // float32 is values()
+  first = Snapshot();
+  // The pool hands the buffer out again with new values: its encoding is of those.
+  Snapshot second = Filled(pool, 3, -2.0f);
+  const absl::Span<const uint16_t> b = second.Encoded(WireDType::kBfloat16);
+  EXPECT_EQ(std::vector<uint16_t>(b.begin(), b.end()), std::vector<uint16_t>(3, 0xc000));
+}
+
 }  // namespace
 }  // namespace summa::server

@@ -63,12 +63,20 @@ std::vector<float> NormalWeights(const std::vector<TensorSpec>& specs, uint64_t 
   return flat;
 }
 
+absl::Status CheckBatch(int n, int max_batch) {
+  if (n < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("a batch of ", n, " examples: the count must not be negative"));
+  }
+  if (n > max_batch) {
+    return absl::InvalidArgumentError(absl::StrCat("a batch of ", n, " examples exceeds the model's ", max_batch));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ChunkedGradients(Backend& backend, const ChunkShape& shape, ChunkPasses& passes,
                               const Examples& examples, int n, DeviceBuffer& grads,
                               DeviceBuffer& chunk_grads) {
-  if (n < 0 || n > shape.max_batch) {
-    return absl::InvalidArgumentError(absl::StrCat("batch of ", n, " exceeds the model's ", shape.max_batch));
-  }
+  SUMMA_RETURN_IF_ERROR(CheckBatch(n, shape.max_batch));
   if (n == 0) return backend.Zero(grads.data(), grads.size());
   if (n <= shape.chunk) {
     SUMMA_RETURN_IF_ERROR(passes.Forward(examples, n));
@@ -86,9 +94,7 @@ absl::Status ChunkedGradients(Backend& backend, const ChunkShape& shape, ChunkPa
 
 absl::StatusOr<int64_t> ChunkedCountCorrect(const ChunkShape& shape, ChunkPasses& passes,
                                             const float* images, const float* labels, int n) {
-  if (n < 0 || n > shape.max_batch) {
-    return absl::InvalidArgumentError(absl::StrCat("batch of ", n, " exceeds the model's ", shape.max_batch));
-  }
+  SUMMA_RETURN_IF_ERROR(CheckBatch(n, shape.max_batch));
   int64_t correct = 0;
   for (int begin = 0; begin < n; begin += shape.chunk) {
     const int m = std::min(shape.chunk, n - begin);

@@ -115,6 +115,8 @@ struct ChunkShape {
   int chunk = 0;  // examples per pass; the whole batch when it is not smaller
   int image_floats = 0;
 };
+// OK for a batch of 0 to max_batch examples; else INVALID_ARGUMENT saying which bound it broke.
+absl::Status CheckBatch(int n, int max_batch);
 // Model::ComputeGradients over chunks: each chunk's gradient lands in `chunk_grads` and is summed
 // into `grads` (one pass straight into `grads` when the batch fits one chunk).
 absl::Status ChunkedGradients(Backend& backend, const ChunkShape& shape, ChunkPasses& passes,

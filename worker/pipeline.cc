@@ -136,9 +136,7 @@ absl::Status PipelinedLeNet::RunStage1(int n, int m) {
 }
 
 absl::Status PipelinedLeNet::ComputeGradients(const Examples& examples, int n) {
-  if (n < 0 || n > max_batch_) {
-    return absl::InvalidArgumentError(absl::StrCat("batch of ", n, " exceeds the model's ", max_batch_));
-  }
+  SUMMA_RETURN_IF_ERROR(CheckBatch(n, max_batch_));
   if (n == 0) {
     SUMMA_RETURN_IF_ERROR(first_->Zero(grads0_->data(), LeNetFeatures::kParams));
     return second_->Zero(grads1_->data(), LeNetHead::kParams);

@@ -175,7 +175,9 @@ absl::StatusOr<JoinInfo> ParameterClient::Join(int rank, int world,
     pull_requests_[i].set_session(response.session());
     pull_requests_[i].set_partition(partitions_[i].id);
   }
-  SetWireFormat(*wire, compression);
+  partition_names_.clear();
+  for (const PartitionRange& p : partitions_) partition_names_.push_back(absl::StrCat("partition ", p.id));
+  SetWireFormat(*wire, compression, info.next_step);
   if (response.initialize()) SUMMA_RETURN_IF_ERROR(SendInitialValues(initial));
   return info;
 }
@@ -254,64 +256,30 @@ absl::Status ParameterClient::ForEach(size_t n, Start start, What what, const ch
 template <typename Start>
 absl::Status ParameterClient::ForEachPartition(Start start, const char* trace_name) {
   return ForEach(
-      partitions_.size(), start, [this](size_t i) { return absl::StrCat("partition ", partitions_[i].id); },
+      partitions_.size(), start, [this](size_t i) -> const std::string& { return partition_names_[i]; },
       trace_name);
 }
 
-void ParameterClient::SetWireFormat(WireDType dtype, Compression compression) {
-  const size_t n = partitions_.size();
-  bool same = dtype == wire_dtype_ && compression.topk_ratio == compression_.topk_ratio;
-  if (same && !dense_float32()) {
-    same = wire_bytes_.size() == n;
-    for (size_t i = 0; same && i < n; ++i) {
-      same = compression.sparse() ? static_cast<int64_t>(topk_[i].residual().size()) == partitions_[i].length
-                                  : wire_bytes_[i] == partitions_[i].length * WireDTypeBytes(dtype);
-    }
-  }
-  for (size_t i = 0; i < n; ++i) pull_requests_[i].set_dtype(WireDTypeToProto(dtype));
-  for (size_t i = 0; i < n; ++i) push_headers_[i].set_dtype(WireDTypeToProto(dtype));
-  for (size_t i = 0; i < n; ++i) push_headers_[i].set_sparse(compression.sparse());
-  if (same) return;  // a rejoin: what top-k has kept back still goes out
-  wire_dtype_ = dtype;
-  compression_ = compression;
-  encoded_step_ = UINT64_MAX;
-  wire_.clear();
-  wire_bytes_.clear();
-  topk_.clear();
+void ParameterClient::SetWireFormat(WireDType dtype, Compression compression, uint64_t next_step) {
+  encoder_.Configure(partitions_, dtype, compression);
+  const std::string dropped = encoder_.Rejoined(next_step);
+  if (!dropped.empty()) SUMMA_LOG(WARNING) << dropped;
   pulled_.clear();
-  if (dense_float32()) return;
-  for (const PartitionRange& p : partitions_) {
-    if (compression.sparse()) {
-      topk_.emplace_back(p.length, TopKCount(p.length, compression.topk_ratio), dtype);
-      wire_bytes_.push_back(topk_.back().bytes());
-    } else {
-      wire_bytes_.push_back(p.length * WireDTypeBytes(dtype));
-    }
-    wire_.emplace_back(wire_bytes_.back());
-    pulled_.emplace_back(dtype == WireDType::kFloat32 ? 0 : p.length);
-  }
-}
-
-void ParameterClient::EncodeStep(uint64_t step, const float* gradients) {
-  if (dense_float32() || step == encoded_step_) return;
   for (size_t i = 0; i < partitions_.size(); ++i) {
-    const PartitionRange& p = partitions_[i];
-    const absl::Span<const float> g(gradients + p.offset, p.length);
-    if (compression_.sparse()) {
-      topk_[i].Encode(g, wire_[i].data());
-    } else {
-      EncodeValues(wire_dtype_, g, wire_[i].data());
-    }
+    pull_requests_[i].set_dtype(WireDTypeToProto(dtype));
+    push_headers_[i].set_dtype(WireDTypeToProto(dtype));
+    push_headers_[i].set_sparse(compression.sparse());
+    pulled_.emplace_back(dtype == WireDType::kFloat32 ? 0 : partitions_[i].length);
   }
-  encoded_step_ = step;
 }
 
 absl::Status ParameterClient::DecodePull(size_t i, float* weights) {
   const PartitionRange& p = partitions_[i];
+  const WireDType dtype = encoder_.dtype();
   constexpr int kDataPath[] = {pb::PullResponse::kDataFieldNumber};
-  const std::string what = absl::StrCat("partition ", p.id);
+  const std::string& what = partition_names_[i];
   bool got = false;
-  if (wire_dtype_ == WireDType::kFloat32) {
+  if (dtype == WireDType::kFloat32) {
     SUMMA_RETURN_IF_ERROR(
         ParseWithBytes(replies_[i], kDataPath, Exactly(weights + p.offset, p.length, &got, what), &pull_headers_[i]));
   } else {
@@ -322,7 +290,7 @@ absl::Status ParameterClient::DecodePull(size_t i, float* weights) {
         [&](uint64_t length) -> absl::StatusOr<char*> {
           if (length != pulled.size() * sizeof(uint16_t)) {
             return absl::DataLossError(absl::StrCat(what, " came back with ", length, " bytes, expected ",
-                                                    pulled.size() * sizeof(uint16_t), " (", WireDTypeName(wire_dtype_), ")"));
+                                                    pulled.size() * sizeof(uint16_t), " (", WireDTypeName(dtype), ")"));
           }
           got = true;
           return reinterpret_cast<char*>(pulled.data());
@@ -331,12 +299,12 @@ absl::Status ParameterClient::DecodePull(size_t i, float* weights) {
   }
   replies_[i].Clear();
   if (!got) return absl::DataLossError(absl::StrCat(what, " came back without values"));
-  if (pull_headers_[i].dtype() != WireDTypeToProto(wire_dtype_)) {
+  if (pull_headers_[i].dtype() != WireDTypeToProto(dtype)) {
     return absl::DataLossError(absl::StrCat(what, " came back as ", DTypeName(pull_headers_[i].dtype()),
-                                            "; asked for ", DTypeName(WireDTypeToProto(wire_dtype_))));
+                                            "; asked for ", DTypeName(WireDTypeToProto(dtype))));
   }
-  if (wire_dtype_ != WireDType::kFloat32) {
-    DecodeValues(wire_dtype_, pulled_[i].data(), absl::MakeSpan(weights + p.offset, p.length));
+  if (dtype != WireDType::kFloat32) {
+    DecodeValues(dtype, pulled_[i].data(), absl::MakeSpan(weights + p.offset, p.length));
   }
   return absl::OkStatus();
 }
@@ -362,19 +330,20 @@ void ParameterClient::EncodePush(size_t i, uint64_t step, int64_t num_examples, 
   header.set_step(step);
   header.set_num_examples(num_examples);
   std::string prefix = header.SerializeAsString();
-  if (dense_float32()) {
+  if (encoder_.dense_float32()) {
     AppendFieldHeader(pb::PushRequest::kDataFieldNumber, p.length * sizeof(float), &prefix);
     requests_[i] = TwoSlices(prefix, Borrowed(gradients + p.offset, p.length));
     return;
   }
-  AppendFieldHeader(pb::PushRequest::kDataFieldNumber, wire_bytes_[i], &prefix);
-  requests_[i] = TwoSlices(prefix, grpc::Slice(wire_[i].data(), wire_bytes_[i], grpc::Slice::STATIC_SLICE));
+  const absl::string_view bytes = encoder_.bytes(i);
+  AppendFieldHeader(pb::PushRequest::kDataFieldNumber, bytes.size(), &prefix);
+  requests_[i] = TwoSlices(prefix, grpc::Slice(bytes.data(), bytes.size(), grpc::Slice::STATIC_SLICE));
 }
 
 absl::Status ParameterClient::PushPull(uint64_t step, int64_t num_examples, const float* gradients,
                                        float* weights, std::vector<int>* live_ranks) {
   if (rank_ < 0) return absl::FailedPreconditionError("PushPull before Join");
-  EncodeStep(step, gradients);
+  encoder_.Encode(step, num_examples, gradients);
   SUMMA_RETURN_IF_ERROR(ForEachPartition([&](size_t i) -> CallSpec {
     EncodePush(i, step, num_examples, gradients);
     return {kPushPull, &requests_[i], &replies_[i]};
@@ -395,7 +364,7 @@ absl::Status ParameterClient::PushPull(uint64_t step, int64_t num_examples, cons
 absl::StatusOr<bool> ParameterClient::Push(uint64_t step, int64_t num_examples,
                                            const float* gradients) {
   if (rank_ < 0) return absl::FailedPreconditionError("Push before Join");
-  EncodeStep(step, gradients);
+  encoder_.Encode(step, num_examples, gradients);
   SUMMA_RETURN_IF_ERROR(ForEachPartition([&](size_t i) -> CallSpec {
     EncodePush(i, step, num_examples, gradients);
     return {kPush, &requests_[i], &replies_[i]};

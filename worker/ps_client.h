@@ -4,9 +4,8 @@
 // partitions in flight at once, spread over `channels` connections. The data path is raw
 // (common/wire.h): a pushed gradient goes out as a slice of the caller's buffer (no copy), and a
 // reply's values are copied once, from gRPC's receive slices straight into the caller's weights.
-// In a job whose server asks for another wire format (--wire_dtype, --compress), each push is
-// encoded once per step into a buffer of the client's (a resend of the step sends the same
-// bytes: top-k's error feedback must not count a step twice) and pulls are widened to float32.
+// In a job whose server asks for another wire format (--wire_dtype, --compress), pushes go out
+// as PushEncoder (worker/push_encoder.h) encodes them and pulls are widened to float32.
 // Every call carries a deadline. Not thread-safe, except Heartbeat, which a second thread may
 // call at any time.
 #ifndef SUMMA_WORKER_PS_CLIENT_H_
@@ -31,6 +30,7 @@
 #include "common/transport.h"
 #include "summa/v1/summa.grpc.pb.h"
 #include "worker/parameter_store.h"
+#include "worker/push_encoder.h"
 
 namespace summa::worker {
 
@@ -89,13 +89,9 @@ class ParameterClient final : public ParameterStore {
   void EncodePush(size_t i, uint64_t step, int64_t num_examples, const float* gradients);
   // Reads partition i's pull reply: the header into pull_headers_[i], the values into `weights`.
   absl::Status DecodePull(size_t i, float* weights);
-  // Sets up the wire format the server asked for at Join (keeping top-k's residuals when the
-  // partitions and format are unchanged, as on a rejoin).
-  void SetWireFormat(WireDType dtype, Compression compression);
-  // Encodes every partition of `gradients` for `step` into wire_, unless it already holds that
-  // step's push (a resend).
-  void EncodeStep(uint64_t step, const float* gradients);
-  bool dense_float32() const { return wire_dtype_ == WireDType::kFloat32 && !compression_.sparse(); }
+  // Sets up the wire format the server asked for at a Join that resumes this rank at
+  // `next_step` (see PushEncoder::Rejoined for top-k's residuals).
+  void SetWireFormat(WireDType dtype, Compression compression, uint64_t next_step);
 
   const std::string address_;
   const absl::Duration call_deadline_;
@@ -114,15 +110,11 @@ class ParameterClient final : public ParameterStore {
   std::vector<grpc::ByteBuffer> requests_;
   std::vector<grpc::ByteBuffer> replies_;
   std::vector<summa::v1::PullResponse> pull_headers_;
-  // The wire format, and per partition: the encoded push (its bytes in wire_bytes_), top-k's
-  // state, and a pull reply's 16-bit values before they are widened.
-  WireDType wire_dtype_ = WireDType::kFloat32;
-  Compression compression_;
-  std::vector<std::vector<char>> wire_;
-  std::vector<int64_t> wire_bytes_;
-  std::vector<TopKEncoder> topk_;
+  std::vector<std::string> partition_names_;  // "partition <id>", for errors
+  // The pushes in the job's wire format, and per partition a pull reply's 16-bit values before
+  // they are widened.
+  PushEncoder encoder_;
   std::vector<std::vector<uint16_t>> pulled_;
-  uint64_t encoded_step_ = UINT64_MAX;  // the step wire_ holds, or none
   Tracer* tracer_ = nullptr;
 };
 

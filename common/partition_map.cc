@@ -39,4 +39,19 @@ absl::StatusOr<PartitionMap> PartitionMap::Create(std::vector<TensorSpec> specs,
   return map;
 }
 
+std::vector<int> AssignShards(const std::vector<PartitionRange>& partitions, int shards) {
+  std::vector<size_t> order(partitions.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return partitions[a].length > partitions[b].length; });
+  std::vector<int64_t> load(std::max(1, shards), 0);
+  std::vector<int> shard_of(partitions.size(), 0);
+  for (size_t i : order) {
+    const int least = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    shard_of[i] = least;
+    load[least] += partitions[i].length;
+  }
+  return shard_of;
+}
+
 }  // namespace summa

@@ -41,6 +41,12 @@ class PartitionMap {
   int64_t partition_bytes_ = 0;
 };
 
+// Which of `shards` server shards holds each partition (by position in `partitions`), balanced
+// by bytes: the largest partition first, each to the shard holding the fewest floats so far (the
+// lower shard on a tie). Deterministic: every shard computes the same assignment from the same
+// map.
+std::vector<int> AssignShards(const std::vector<PartitionRange>& partitions, int shards);
+
 }  // namespace summa
 
 #endif  // SUMMA_COMMON_PARTITION_MAP_H_

@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# Runs a Summa job on this machine: one summa-server and N summa-worker processes, or with
-# --python SCRIPT, N processes of a Python training script that uses the summa package.
+# Runs a Summa job on this machine: one summa-server (or K shards of one) and N summa-worker
+# processes, or with --python SCRIPT, N processes of a Python training script that uses the summa
+# package.
 # Rank 0 prints to this terminal (with a progress bar on a tty); the server's and the other
 # workers' output goes to log files in the run directory. Ctrl-C or any failure stops every
 # process; the exit status is non-zero if any process failed.
 #
-#   scripts/launch.sh [--workers N] [--epochs E] [--batch_size B] [--lr LR] [--bin DIR]
-#                     [--run_dir DIR] [--trace_dir DIR] [--server_args "FLAGS"]
+#   scripts/launch.sh [--workers N] [--shards K] [--epochs E] [--batch_size B] [--lr LR]
+#                     [--bin DIR] [--run_dir DIR] [--trace_dir DIR] [--server_args "FLAGS"]
 #                     [--python SCRIPT] [-- extra summa-worker (or SCRIPT) flags]
+# --shards: K summa-server shards (--shards=K --shard=I, each with --server_args; shard 0 writes
+# server.{port,log,pid}, shard I shardI.*); workers get every shard's address. The model needs
+# at least K partitions: give a --partition_bytes in --server_args for a small model (LeNet's
+# 129068 parameters are 8 partitions of 64 KiB: --server_args "--partition_bytes=65536").
 # --python: each process runs /usr/bin/python3 SCRIPT --server=127.0.0.1:PORT --world_size=N
 # with RANK and WORLD_SIZE set and the build tree's summa package on PYTHONPATH; --epochs and
 # --batch_size are passed on only when given.
@@ -16,17 +21,18 @@
 # e.g. --server_args "--mode=ssp --staleness=2 --checkpoint_dir=/tmp/ckpt"
 set -uo pipefail
 
-workers=2 epochs=10 batch=256 lr=0.2
+workers=2 shards=1 epochs=10 batch=256 lr=0.2
 bin="$(cd "$(dirname "$0")/.." && pwd)/build"
 run_dir=""
 server_args=""
 extra=()
 python_script=""
 given=()  # --epochs and --batch_size as given, for a --python script
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
 while (($#)); do
   case "$1" in
     --workers) workers=$2; shift 2 ;;
+    --shards) shards=$2; shift 2 ;;
     --epochs) epochs=$2; given+=(--epochs="$2"); shift 2 ;;
     --batch_size) batch=$2; given+=(--batch_size="$2"); shift 2 ;;
     --python) python_script=$2; shift 2 ;;
@@ -41,6 +47,10 @@ while (($#)); do
   esac
 done
 [[ "$workers" =~ ^[1-9][0-9]*$ ]] || { echo "launch: --workers must be a positive integer" >&2; exit 2; }
+[[ "$shards" =~ ^[1-9][0-9]*$ ]] || { echo "launch: --shards must be a positive integer" >&2; exit 2; }
+if ((shards > 1)) && [[ -n "$python_script" ]]; then
+  echo "launch: --shards needs summa-worker (the Python client talks to one server)" >&2; exit 2
+fi
 server_bin="$bin/server/summa-server"
 worker_bin="$bin/worker/summa-worker"
 needed=("$server_bin" "$worker_bin")
@@ -70,24 +80,34 @@ stop_all() {
 trap 'stop_all; exit 130' INT TERM
 trap 'stop_all' EXIT
 
-server_trace=()
-if [[ -n "${trace_dir:-}" ]]; then
-  mkdir -p "$trace_dir" || { echo "launch: cannot create --trace_dir $trace_dir" >&2; exit 2; }
-  server_trace=(--trace_file="$trace_dir/server.json")
-fi
-"$server_bin" --address=127.0.0.1:0 --port_file="$run_dir/server.port" --workers="$workers" \
-  --lr="$lr" "${server_trace[@]}" $server_args >"$run_dir/server.log" 2>&1 &
-server_pid=$!
-pids+=("$server_pid")
-echo "$server_pid" >"$run_dir/server.pid"
-for _ in $(seq 300); do
-  [[ -s "$run_dir/server.port" ]] && break
-  kill -0 "$server_pid" 2>/dev/null || { echo "launch: summa-server failed:" >&2; cat "$run_dir/server.log" >&2; exit 1; }
-  sleep 0.1
+# Shard 0 (the only server without --shards) writes server.*, shard i shard<i>.*.
+addresses=()
+for ((i = 0; i < shards; i++)); do
+  name=server
+  ((i > 0)) && name="shard$i"
+  shard_flags=()
+  ((shards > 1)) && shard_flags=(--shards="$shards" --shard="$i")
+  server_trace=()
+  if [[ -n "${trace_dir:-}" ]]; then
+    mkdir -p "$trace_dir" || { echo "launch: cannot create --trace_dir $trace_dir" >&2; exit 2; }
+    server_trace=(--trace_file="$trace_dir/$name.json")
+  fi
+  "$server_bin" --address=127.0.0.1:0 --port_file="$run_dir/$name.port" --workers="$workers" \
+    --lr="$lr" "${shard_flags[@]}" "${server_trace[@]}" $server_args >"$run_dir/$name.log" 2>&1 &
+  server_pid=$!
+  pids+=("$server_pid")
+  echo "$server_pid" >"$run_dir/$name.pid"
+  for _ in $(seq 300); do
+    [[ -s "$run_dir/$name.port" ]] && break
+    kill -0 "$server_pid" 2>/dev/null || { echo "launch: summa-server ($name) failed:" >&2; cat "$run_dir/$name.log" >&2; exit 1; }
+    sleep 0.1
+  done
+  [[ -s "$run_dir/$name.port" ]] || { echo "launch: summa-server ($name) did not listen within 30 s" >&2; exit 1; }
+  addresses+=("127.0.0.1:$(cat "$run_dir/$name.port")")
 done
-[[ -s "$run_dir/server.port" ]] || { echo "launch: summa-server did not listen within 30 s" >&2; exit 1; }
 port=$(cat "$run_dir/server.port")
-echo "launch: summa-server on 127.0.0.1:$port, $workers workers, batch $batch, lr $lr, $epochs epochs; logs in $run_dir"
+servers=$(IFS=,; echo "${addresses[*]}")
+echo "launch: summa-server on $servers, $workers workers, batch $batch, lr $lr, $epochs epochs; logs in $run_dir"
 
 declare -A rank_of
 for ((r = 0; r < workers; r++)); do
@@ -99,7 +119,7 @@ for ((r = 0; r < workers; r++)); do
   else
     cmd=("$worker_bin")
   fi
-  args=(--server="127.0.0.1:$port" --rank="$r" --world_size="$workers" --batch_size="$batch"
+  args=(--server="$servers" --rank="$r" --world_size="$workers" --batch_size="$batch"
         --epochs="$epochs" --status_port_file="$run_dir/worker$r.status_port" "${extra[@]}")
   [[ -n "${trace_dir:-}" ]] && args+=(--trace_file="$trace_dir/worker$r.json")
   # A Python script takes its own flags (after --), not summa-worker's.
@@ -117,7 +137,7 @@ for ((r = 0; r < workers; r++)); do
 done
 
 status=0
-running=("${pids[@]:1}")
+running=("${pids[@]:shards}")
 while ((${#running[@]})); do
   wait -n -p done_pid "${running[@]}"
   rc=$?

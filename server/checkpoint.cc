@@ -118,7 +118,8 @@ absl::StatusOr<std::vector<float>> FloatsOf(const std::string& bytes, int64_t n,
 std::string Describe(const JobDescription& j) {
   return absl::StrCat(j.world_size, " workers, ", ModeName(j.mode), " mode, partitions of ",
                       j.partition_bytes, " bytes, optimizer ", j.optimizer_name, " with state [",
-                      absl::StrJoin(j.slot_names, ", "), "]");
+                      absl::StrJoin(j.slot_names, ", "), "]",
+                      j.shards > 1 ? absl::StrCat(", shard ", j.shard, " of ", j.shards) : "");
 }
 
 absl::StatusOr<PartitionSnapshot> DecodePartition(const CheckpointHeader& h, const PartitionRange& range,
@@ -200,6 +201,10 @@ summa::v1::Checkpoint EncodeCheckpointHeader(const JobDescription& job, const st
   c.set_optimizer(job.optimizer);
   c.set_optimizer_name(job.optimizer_name);
   for (const std::string& name : job.slot_names) c.add_slot_names(name);
+  if (job.shards > 1) {
+    c.set_shard(job.shard);
+    c.set_shards(job.shards);
+  }
   c.set_created_unix_seconds(absl::ToUnixSeconds(created));
   for (const TensorSpec& spec : specs) SpecToProto(spec, c.add_params());
   return c;
@@ -228,7 +233,10 @@ absl::StatusOr<CheckpointHeader> DecodeCheckpointHeader(const summa::v1::Checkpo
   theirs.optimizer_name = c.optimizer_name();
   theirs.optimizer = c.optimizer();
   theirs.slot_names.assign(c.slot_names().begin(), c.slot_names().end());
-  if (theirs.world_size != ours.world_size || theirs.mode != ours.mode ||
+  theirs.shard = c.shard();
+  theirs.shards = std::max(1, c.shards());
+  if (theirs.world_size != ours.world_size || theirs.mode != ours.mode || theirs.shard != ours.shard ||
+      theirs.shards != ours.shards ||
       theirs.partition_bytes != ours.partition_bytes || theirs.optimizer_name != ours.optimizer_name ||
       theirs.slot_names != ours.slot_names) {
     return absl::FailedPreconditionError(absl::StrCat("the checkpoint is of a job of ", Describe(theirs),
@@ -262,12 +270,16 @@ absl::StatusOr<CheckpointHeader> DecodeCheckpointHeader(const summa::v1::Checkpo
   absl::StatusOr<PartitionMap> map = PartitionMap::Create(std::move(specs), ours.partition_bytes);
   if (!map.ok()) return absl::DataLossError(absl::StrCat("the checkpoint's model: ", map.status().message()));
   h.map = *std::move(map);
+  const std::vector<int> shard_of = AssignShards(h.map.partitions(), ours.shards);
+  for (const PartitionRange& r : h.map.partitions()) {
+    if (shard_of[r.id] == ours.shard) h.held.push_back(r);
+  }
   return h;
 }
 
 absl::Status DecodePartitions(const CheckpointHeader& h, PartitionSource& source,
                               absl::FunctionRef<absl::Status(PartitionSnapshot)> take) {
-  const std::vector<PartitionRange>& ranges = h.map.partitions();
+  const std::vector<PartitionRange>& ranges = h.held;
   summa::v1::PartitionCheckpoint in;
   size_t count = 0;
   while (true) {

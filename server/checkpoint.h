@@ -40,6 +40,8 @@ struct JobDescription {
   std::string optimizer_name;
   std::string optimizer;
   std::vector<std::string> slot_names;
+  int shard = 0;   // this server's shard of `shards`: which partitions its checkpoints hold
+  int shards = 1;
 };
 
 struct PartitionSnapshot {
@@ -78,7 +80,8 @@ class PartitionSource {
 // A checkpoint's header, decoded and checked against this server's job.
 struct CheckpointHeader {
   JobDescription job;  // the checkpoint's; differs from ours in `optimizer` at most
-  PartitionMap map;    // the model's tensors, and the partitions the checkpoint must hold
+  PartitionMap map;    // the model's tensors and partitions
+  std::vector<PartitionRange> held;  // the partitions the checkpoint must hold: its shard's
   uint64_t version = 0;
   absl::Time created = absl::InfinitePast();
 };

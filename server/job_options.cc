@@ -61,6 +61,10 @@ absl::Status ValidateOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("partition size must be at least 4 bytes, got ", options.partition_bytes));
   }
+  if (options.shards < 1 || options.shard < 0 || options.shard >= options.shards) {
+    return absl::InvalidArgumentError(absl::StrCat("shard ", options.shard, " of ", options.shards,
+                                                   ": give --shards=K (K >= 1) and --shard=I with 0 <= I < K"));
+  }
   if (options.barrier_deadline <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("the barrier deadline must be positive");
   }

@@ -51,6 +51,10 @@ struct ServerOptions {
   WireDType wire_dtype = WireDType::kFloat32;
   Compression compression;
   int64_t partition_bytes = 4 << 20;
+  // This server is shard `shard` of `shards`: it holds the partitions common/partition_map.h's
+  // AssignShards gives it and refuses the others (a worker talks to every shard).
+  int shard = 0;
+  int shards = 1;
   // How long a pull may wait for its step, counted from the pull's arrival.
   absl::Duration barrier_deadline = absl::Minutes(10);
   // A member that makes no call for this long has lapsed.

@@ -107,6 +107,12 @@ ABSL_FLAG(std::string, compress, "none",
           "feedback); pulls stay dense");
 ABSL_FLAG(int64_t, partition_bytes, 4 << 20,
           "largest slice of the flat parameter buffer that one push or pull carries, in bytes");
+ABSL_FLAG(int, shards, 1,
+          "server shards in the job: each holds the partitions assigned to it (balanced by bytes; "
+          "the model needs at least this many partitions: see --partition_bytes), and workers "
+          "give every shard's address, in shard order, to --server. Give every shard the same "
+          "job flags");
+ABSL_FLAG(int, shard, 0, "this server's shard, 0 to --shards - 1");
 ABSL_FLAG(absl::Duration, barrier_deadline, absl::Minutes(10),
           "how long a pull or an AllReduce waits for the rest of its group before it fails with "
           "DEADLINE_EXCEEDED (e.g. 30s, 10m)");
@@ -176,6 +182,8 @@ absl::StatusOr<summa::server::ServerOptions> OptionsFromFlags() {
   opt.warmup_steps = absl::GetFlag(FLAGS_lr_warmup_steps);
   opt.total_steps = absl::GetFlag(FLAGS_lr_total_steps);
   o.partition_bytes = absl::GetFlag(FLAGS_partition_bytes);
+  o.shard = absl::GetFlag(FLAGS_shard);
+  o.shards = absl::GetFlag(FLAGS_shards);
   o.barrier_deadline = absl::GetFlag(FLAGS_barrier_deadline);
   o.lease = absl::GetFlag(FLAGS_lease);
   o.rejoin_deadline = absl::GetFlag(FLAGS_rejoin_deadline);
@@ -276,10 +284,10 @@ int main(int argc, char** argv) {
     return 1;
   }
   const int port = (*server)->port();
-  std::printf("summa-server listening on port %d: %d workers, %s mode, %s, partitions of %lld bytes\n",
+  std::printf("summa-server listening on port %d: %d workers, %s mode, %s, partitions of %lld bytes%s\n",
               port, options.world_size, summa::server::ModeName(options.mode),
-              (*server)->core().Status().optimizer.c_str(),
-              static_cast<long long>(options.partition_bytes));
+              (*server)->core().Status().optimizer.c_str(), static_cast<long long>(options.partition_bytes),
+              options.shards > 1 ? absl::StrCat(", shard ", options.shard, " of ", options.shards).c_str() : "");
   std::fflush(stdout);
   // Writes a bound port to its --*_port_file, when one is given.
   auto write_port = [](const std::string& file, int bound) {

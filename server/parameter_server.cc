@@ -54,10 +54,21 @@ absl::StatusOr<std::unique_ptr<ParameterServer::Model>> ParameterServer::NewMode
     return absl::InvalidArgumentError(absl::StrCat("the model has ", map.num_elements(),
                                                    " parameters but ", flat.size(), " values came"));
   }
+  const int shards = options_.shards;
+  if (static_cast<int>(map.partitions().size()) < shards) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the model is ", map.partitions().size(), " partition", map.partitions().size() == 1 ? "" : "s", " of at most ",
+        options_.partition_bytes, " bytes; ", shards, " shards need at least ", shards,
+        " (give every shard a smaller --partition_bytes)"));
+  }
+  const std::vector<int> shard_of = AssignShards(map.partitions(), shards);
   auto model = std::make_unique<Model>(std::move(map));
   const int slots = static_cast<int>(optimizer_->SlotNames().size());
   const absl::Time now = options_.clock->Now();
+  model->index_of.assign(model->map.partitions().size(), -1);
   for (const PartitionRange& range : model->map.partitions()) {
+    if (shard_of[range.id] != options_.shard) continue;
+    model->index_of[range.id] = static_cast<int>(model->partitions.size());
     model->partitions.push_back(std::make_unique<Partition>(
         range, options_.world_size,
         flat.empty() ? absl::Span<const float>() : absl::MakeConstSpan(flat.data() + range.offset, range.length),
@@ -179,7 +190,7 @@ absl::StatusOr<JoinResult> ParameterServer::Join(const JoinRequestView& request)
   JoinResult result;
   result.rank = rank;
   result.session = admitted.session;
-  result.partitions = m.map.partitions();
+  for (const auto& p : m.partitions) result.partitions.push_back(p->range);
   result.version = UINT64_MAX;
   result.next_step = UINT64_MAX;
   for (const auto& p : m.partitions) {
@@ -260,15 +271,23 @@ absl::StatusOr<const ParameterServer::Model*> ParameterServer::ReadyModel() cons
   return m;
 }
 
-absl::Status ParameterServer::UnknownPartition(const Model& m, uint32_t partition) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown partition ", partition, "; the model has ", m.partitions.size()));
+absl::StatusOr<Partition*> ParameterServer::Find(const Model& m, uint32_t id) const {
+  if (id >= m.index_of.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown partition ", id, "; the model has ", m.index_of.size()));
+  }
+  if (m.index_of[id] < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("partition ", id, " is held by shard ",
+                                                   AssignShards(m.map.partitions(), options_.shards)[id],
+                                                   ", not this one (shard ", options_.shard, " of ",
+                                                   options_.shards, ")"));
+  }
+  return m.partitions[m.index_of[id]].get();
 }
 
 absl::StatusOr<Partition*> ParameterServer::PartitionFor(const Model& m, uint32_t partition, bool float32,
                                                          absl::string_view data, const char* what) {
-  if (partition >= m.partitions.size()) return UnknownPartition(m, partition);
-  Partition* p = m.partitions[partition].get();
+  SUMMA_ASSIGN_OR_RETURN(Partition* const p, Find(m, partition));
   if (!float32) return absl::InvalidArgumentError(absl::StrCat(what, " must be float32 (DTYPE_FLOAT32)"));
   if (static_cast<int64_t>(data.size()) != p->range.length * 4) {
     return absl::InvalidArgumentError(absl::StrCat("partition ", partition, " holds ", p->range.length,
@@ -304,8 +323,8 @@ absl::StatusOr<bool> ParameterServer::Push(const PushRequestView& request) {
   SUMMA_RETURN_IF_ERROR(Answerable());
   SUMMA_ASSIGN_OR_RETURN(const Model* m, ReadyModel());
   if (request.rank < 0 || request.rank >= options_.world_size) return membership_.Touch(request.rank, request.session);
-  if (request.partition >= m->partitions.size()) return UnknownPartition(*m, request.partition);
-  Partition& p = *m->partitions[request.partition];
+  SUMMA_ASSIGN_OR_RETURN(Partition* const found, Find(*m, request.partition));
+  Partition& p = *found;
   SUMMA_ASSIGN_OR_RETURN(const absl::Span<const float> gradient, PushedGradient(p, request));
   if (request.num_examples < 0) {
     return absl::InvalidArgumentError(
@@ -341,13 +360,12 @@ void ParameterServer::CountAnswers(const CallsToFinish& answered, int64_t floats
 
 void ParameterServer::PullFrom(const Model& m, uint32_t partition, uint64_t min_version,
                                std::shared_ptr<ParkedCall> call) {
-  if (partition >= m.partitions.size()) {
-    if (call->Claim()) {
-      call->Finish(UnknownPartition(m, partition));
-    }
+  absl::StatusOr<Partition*> found = Find(m, partition);
+  if (!found.ok()) {
+    if (call->Claim()) call->Finish(found.status());
     return;
   }
-  Partition& p = *m.partitions[partition];
+  Partition& p = **found;
   CallsToFinish answer, refusal;
   {
     absl::MutexLock lock(&p.mu);
@@ -387,7 +405,7 @@ void ParameterServer::PushPull(const PushRequestView& request, std::shared_ptr<P
     if (call->Claim()) call->Finish(pushed.status());
     return;
   }
-  Partition& p = *model()->partitions[request.partition];
+  Partition& p = **Find(*model(), request.partition);  // found by the push above
   CallsToFinish answer, refusal;
   {
     absl::MutexLock lock(&p.mu);

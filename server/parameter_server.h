@@ -187,7 +187,10 @@ class ParameterServer {
   struct Model {
     explicit Model(PartitionMap m) : map(std::move(m)) {}
     PartitionMap map;
+    // This shard's partitions (every one without shards), in id order.
     std::vector<std::unique_ptr<Partition>> partitions;
+    // Per partition id: its index in `partitions`, or -1 for another shard's.
+    std::vector<int> index_of;
     // Partitions still without initial values (a model defined by a values_follow join); pushes
     // and pulls are refused until none is left.
     mutable std::atomic<int> pending{0};
@@ -203,10 +206,12 @@ class ParameterServer {
   absl::StatusOr<const Model*> ReadyModel() const;
   absl::Status DefineModel(const JoinRequestView& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(define_mu_);
   absl::Status CheckSameModel(const Model& model, const JoinRequestView& request) const;
-  static absl::Status UnknownPartition(const Model& model, uint32_t partition);
+  // Partition `id` of this shard, or INVALID_ARGUMENT naming why not (no such partition, or
+  // another shard's).
+  absl::StatusOr<Partition*> Find(const Model& model, uint32_t id) const;
   // The partition that float32 `data` (`what`: "initial values") is meant for, or
   // INVALID_ARGUMENT: an unknown partition, another dtype, a length unlike the partition's.
-  static absl::StatusOr<Partition*> PartitionFor(const Model& model, uint32_t partition, bool float32,
+  absl::StatusOr<Partition*> PartitionFor(const Model& model, uint32_t partition, bool float32,
                                                  absl::string_view data, const char* what);
   // A push's values as float32: its own bytes when it sent the whole partition in float32,
   // otherwise decoded (another dtype, or sparse) into this thread's buffer, valid until the

@@ -16,6 +16,8 @@ JobDescription ParameterServer::Job() const {
   j.world_size = options_.world_size;
   j.mode = options_.mode;
   j.partition_bytes = options_.partition_bytes;
+  j.shard = options_.shard;
+  j.shards = options_.shards;
   j.optimizer_name = optimizer_->name();
   j.optimizer = optimizer_->Describe();
   j.slot_names = optimizer_->SlotNames();
@@ -30,7 +32,7 @@ absl::Status ParameterServer::Restore(const summa::v1::Checkpoint& header, Parti
   SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, NewModel(h.map.specs(), {}));
   uint64_t low = UINT64_MAX;
   SUMMA_RETURN_IF_ERROR(DecodePartitions(h, partitions, [&](PartitionSnapshot snap) {
-    Partition& p = *model->partitions[snap.id];
+    Partition& p = *model->partitions[model->index_of[snap.id]];  // one of h.held: this shard's
     absl::MutexLock plock(&p.mu);
     // Copied into the partition's own buffers: the optimizer holds views of the slots.
     std::copy(snap.weights.begin(), snap.weights.end(), p.weights.begin());

@@ -186,6 +186,8 @@ grpc::ServerUnaryReactor* ParameterServerService::Join(grpc::CallbackServerConte
   response->set_initialize(joined->initialize);
   response->set_wire_dtype(WireDTypeToProto(core_->options().wire_dtype));
   response->set_topk_ratio(core_->options().compression.topk_ratio);
+  response->set_shard(core_->options().shard);
+  response->set_shards(core_->options().shards);
   for (int r : joined->live_ranks) response->add_live_ranks(r);
   for (const PartitionRange& p : joined->partitions) {
     pb::Partition* out = response->add_partitions();
@@ -426,6 +428,8 @@ grpc::ServerUnaryReactor* ParameterServerService::GetStatus(grpc::CallbackServer
   response->set_allreduce_buffer_bytes(hub_->buffer_bytes());
   response->set_wire_dtype(std::string(WireDTypeName(o.wire_dtype)));
   response->set_compress(CompressionName(o.compression));
+  response->set_shard(o.shard);
+  response->set_shards(o.shards);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

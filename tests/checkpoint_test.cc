@@ -191,6 +191,31 @@ TEST(CheckpointCodecTest, AJobThatDiffersIsRefusedNamingBothSides) {
   EXPECT_TRUE(DecodeCheckpoint(c, ours).ok());
 }
 
+TEST(CheckpointCodecTest, AShardsCheckpointHoldsItsPartitionsAndOnlyThatShardRestoresIt) {
+  // Partition 0 (4 floats) is shard 0's of 2, partition 1 (2 floats) shard 1's.
+  ServerSnapshot s = Snapshot();
+  s.job.shard = 1;
+  s.job.shards = 2;
+  s.partitions.erase(s.partitions.begin());
+  const summa::v1::Checkpoint c = EncodeCheckpoint(s);
+  auto back = DecodeCheckpoint(c, s.job);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->partitions.size(), 1u);
+  EXPECT_EQ(back->partitions[0].id, 1u);
+  EXPECT_EQ(back->partitions[0].weights, (std::vector<float>{5, 6}));
+  JobDescription other = s.job;
+  other.shard = 0;
+  auto refused = DecodeCheckpoint(c, other);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("shard 1 of 2; this server runs"), absl::string_view::npos)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("shard 0 of 2"), absl::string_view::npos) << refused.status();
+  // Neither an unsharded server nor a shard takes the other's checkpoint.
+  EXPECT_EQ(DecodeCheckpoint(c, Snapshot().job).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(DecodeCheckpoint(EncodeCheckpoint(Snapshot()), s.job).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST(CheckpointCodecTest, SyncPartitionsAtDifferentVersionsAreDataLoss) {
   ServerSnapshot s = Snapshot();
   s.job.mode = Mode::kSync;

@@ -32,11 +32,22 @@ def accuracies(text):
 class Job:
     """A server and its workers inside one ProcessGroup."""
 
-    def __init__(self, group, world, server_flags=(), port=None):
+    def __init__(self, group, world, server_flags=(), port=None, shards=1):
         self.g, self.world = group, world
         self.server_flags = ["--workers=%d" % world, "--optimizer=adam", "--lr=0.001", "--lease=1s",
                              *server_flags]
-        self.start_server(port)
+        if shards == 1:
+            self.start_server(port)
+            self.ports = [self.port]
+        else:
+            # Shard i of `shards`, each on its own port; shard 0 answers status().
+            self.ports, self.shards = [], []
+            for i in range(shards):
+                proc, p = group.start_server(ARGS.server, *self.server_flags, f"--shards={shards}", f"--shard={i}",
+                                             name=f"shard{i}")
+                self.shards.append(proc)
+                self.ports.append(p)
+            self.server, self.port = self.shards[0], self.ports[0]
         self.workers = {}
 
     def start_server(self, port=None):
@@ -54,7 +65,7 @@ class Job:
     def start_worker(self, rank, *extra):
         name = f"worker{rank}-{time.monotonic_ns()}"
         self.workers[rank] = self.g.start(name, [
-            ARGS.worker, f"--server=127.0.0.1:{self.port}", f"--rank={rank}",
+            ARGS.worker, "--server=" + ",".join(f"127.0.0.1:{p}" for p in self.ports), f"--rank={rank}",
             f"--world_size={self.world}", "--status_address=127.0.0.1:0", "--progress=never",
             "--retry_deadline=60s", *JOB, *extra])
         return self.workers[rank]
@@ -84,13 +95,23 @@ class Job:
         raise AssertionError(f"version {at_least} not reached in {seconds} s")
 
     def weights(self):
-        """The whole flat weights, every partition."""
-        r = Reflector(f"127.0.0.1:{self.port}", timeout=5)
-        parts = int(self.status().get("partitionCount", 1))
-        return b"".join(
-            base64.b64decode(r.call("summa.v1.ParameterServer/Pull",
-                                    '{"rank": -1, "partition": %d}' % p)["data"])
-            for p in range(parts))
+        """The whole flat weights, every partition, from the shard that holds it."""
+        shards = [Reflector(f"127.0.0.1:{p}", timeout=5) for p in self.ports]
+        parts = sum(int(r.call("summa.v1.ParameterServer/GetStatus").get("partitionCount", 1)) for r in shards)
+        out = b""
+        for p in range(parts):
+            for r in shards:
+                try:
+                    reply = r.call("summa.v1.ParameterServer/Pull", '{"rank": -1, "partition": %d}' % p)
+                except grpc.RpcError as e:
+                    if "held by shard" in (e.details() or ""):
+                        continue
+                    raise
+                out += base64.b64decode(reply["data"])
+                break
+            else:
+                raise AssertionError(f"no shard holds partition {p}")
+        return out
 
 
 class FaultProcessTest(unittest.TestCase):
@@ -402,6 +423,35 @@ class FaultProcessTest(unittest.TestCase):
                 return job.weights()
 
         self.assertEqual(run(late_rank=0), run(late_rank=2))
+
+    def test_two_shards_give_the_weights_of_one_server_whatever_order_pushes_arrive_in(self):
+        # LeNet in 8 partitions of at most 64 KiB, --deterministic, three workers: one server,
+        # then two shards (4 partitions each, by bytes) with rank 0's pushes arriving last, then
+        # with rank 2's. Each partition's sum and step are the same arithmetic wherever it is
+        # held: the weights agree bit for bit.
+        def run(shards, late_rank):
+            with ProcessGroup() as g:
+                job = Job(g, 3, server_flags=("--deterministic", "--partition_bytes=65536"), shards=shards)
+                for r in range(3):
+                    extra = ["--epochs=1", "--train_limit=1920"]
+                    if r == late_rank:
+                        extra.append("--fault_delay_push=20ms")
+                    job.start_worker(r, *extra)
+                outs = self.finish(g, job)
+                self.assertIn("epoch 1/1", outs[0])
+                counts = []
+                for i, port in enumerate(job.ports):
+                    status = Reflector(f"127.0.0.1:{port}", timeout=5).call("summa.v1.ParameterServer/GetStatus")
+                    self.assertEqual(int(status.get("version", 0)), 30)
+                    self.assertEqual((int(status.get("shard", 0)), int(status.get("shards", 0))), (i, shards))
+                    counts.append(int(status.get("partitionCount", 0)))
+                self.assertEqual(counts, [8] if shards == 1 else [4, 4])
+                return job.weights()
+
+        one = run(1, late_rank=0)
+        self.assertEqual(len(one), 129068 * 4)
+        self.assertEqual(run(2, late_rank=0), one)
+        self.assertEqual(run(2, late_rank=2), one)
 
     def test_no_process_left_behind(self):
         with ProcessGroup() as g:

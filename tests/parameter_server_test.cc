@@ -642,6 +642,42 @@ TEST_F(MembershipTest, NonFiniteGradientsAreRejectedByDefaultNamingWhereTheyAre)
       << refused.status();
 }
 
+TEST_F(MembershipTest, AShardHoldsItsPartitionsAndRefusesTheOthersByName) {
+  ServerOptions o;
+  o.partition_bytes = 8;  // two partitions of two floats: partition 0 on shard 0, 1 on shard 1
+  o.shards = 2;
+  o.shard = 1;
+  auto ps = Make(o);
+  auto joined = ps->Join(Rejoin(0));
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  ASSERT_EQ(joined->partitions.size(), 1u);
+  EXPECT_EQ(joined->partitions[0].id, 1u);
+  EXPECT_EQ(joined->partitions[0].offset, 2);
+  const std::vector<float> twos = {2, 2};
+  const std::string bytes(reinterpret_cast<const char*>(twos.data()), 8);
+  auto refused = ps->Push(Push(0, 0, bytes, 1));
+  EXPECT_EQ(refused.status().message(), "partition 0 is held by shard 0, not this one (shard 1 of 2)");
+  PushRequestView mine = Push(0, 0, bytes, 1);
+  mine.partition = 1;
+  EXPECT_TRUE(ps->Push(mine).ok());
+  EXPECT_EQ(ps->Status().partition_count, 1);
+}
+
+TEST_F(MembershipTest, AModelOfFewerPartitionsThanShardsIsRefused) {
+  ServerOptions o;
+  o.world_size = 2;
+  o.shards = 2;
+  o.clock = &clock_;
+  ParameterServer ps(o);
+  JoinRequestView v;
+  v.rank = 0;
+  v.world_size = 2;
+  v.params = {{{"w", DType::kFloat32, {4}}, absl::string_view(zeros_)}};
+  auto joined = ps.Join(v);
+  EXPECT_EQ(joined.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(joined.status().message().find("2 shards need at least 2"), absl::string_view::npos) << joined.status();
+}
+
 TEST_F(MembershipTest, NonFiniteGradientsCanSkipTheStepOrCountAsZero) {
   std::vector<float> bad = {2, std::numeric_limits<float>::infinity(), 2, 2};
   const std::string bytes(reinterpret_cast<const char*>(bad.data()), 16);

@@ -24,6 +24,16 @@ TEST(PartitionMapTest, OnePartitionWhenTheModelFits) {
   EXPECT_EQ(map->partitions()[0].length, 10);
 }
 
+TEST(PartitionMapTest, ShardsAreBalancedByBytesTheLargestFirst) {
+  // 10, 10, 10, 5, 5: the three 10s go to shards 0, 1, 0 (a tie to the lower shard), the 5s to
+  // shard 1, the lighter: 20 floats each.
+  const std::vector<PartitionRange> parts = {{0, 0, 10}, {1, 10, 10}, {2, 20, 10}, {3, 30, 5}, {4, 35, 5}};
+  EXPECT_EQ(AssignShards(parts, 2), (std::vector<int>{0, 1, 0, 1, 1}));
+  EXPECT_EQ(AssignShards(parts, 1), (std::vector<int>{0, 0, 0, 0, 0}));
+  // A small partition first in id order still waits for the large ones.
+  EXPECT_EQ(AssignShards({{0, 0, 1}, {1, 1, 8}, {2, 9, 8}}, 2), (std::vector<int>{0, 0, 1}));
+}
+
 TEST(PartitionMapTest, RefusesBadModels) {
   EXPECT_FALSE(PartitionMap::Create({}, 16).ok());
   EXPECT_FALSE(PartitionMap::Create({{"w", DType::kFloat32, {0}}}, 16).ok());

@@ -331,6 +331,41 @@ class TrainProcessTest(unittest.TestCase):
         self.assertFalse([p for p in pids if alive(p)], "no process left behind")
 
 
+    def test_launcher_runs_a_job_on_two_server_shards(self):
+        # LeNet in 8 partitions of at most 64 KiB over two shards: each sums and steps its own 4
+        # (balanced by bytes), every push of every step; the launcher stops all four processes.
+        run_dir = os.path.join(ProcessGroup().dir, "run")
+        trace_dir = os.path.join(run_dir, "trace")
+        ok = subprocess.run([ARGS.launch, "--workers", "2", "--shards", "2", "--epochs", "1", "--batch_size", "64",
+                             "--bin", ARGS.bin, "--run_dir", run_dir, "--trace_dir", trace_dir,
+                             "--server_args", "--partition_bytes=65536", "--",
+                             "--train_limit=1000", "--test_limit=500"],
+                            capture_output=True, text=True, timeout=240)
+        self.assertEqual(ok.returncode, 0, ok.stdout + ok.stderr)
+        self.assertIn("all 2 workers finished", ok.stdout)
+        steps = -(-1000 // 64)
+        for name in ("server", "shard1"):
+            with open(os.path.join(trace_dir, name + ".json")) as f:
+                spans = collections.Counter(e["name"] for e in json.load(f)["traceEvents"] if e.get("ph") == "X")
+            self.assertEqual(spans["sum"], 2 * steps * 4, (name, spans))
+            self.assertEqual(spans["optimizer"], steps * 4, (name, spans))
+            with open(os.path.join(run_dir, name + ".log")) as f:
+                self.assertIn(f"shard {0 if name == 'server' else 1} of 2", f.read())
+        pids = [int(open(os.path.join(run_dir, f)).read()) for f in os.listdir(run_dir) if f.endswith(".pid")]
+        self.assertEqual(len(pids), 4)
+        self.assertFalse([p for p in pids if alive(p)], "no process left behind")
+
+        # LeNet whole is one partition: two shards cannot split it, and the job says why.
+        run_dir2 = run_dir + "2"
+        bad = subprocess.run([ARGS.launch, "--workers", "1", "--shards", "2", "--epochs", "1", "--bin", ARGS.bin,
+                              "--run_dir", run_dir2, "--", "--train_limit=100"],
+                             capture_output=True, text=True, timeout=120)
+        self.assertNotEqual(bad.returncode, 0)
+        self.assertIn("2 shards need at least 2", bad.stderr)
+        pids = [int(open(os.path.join(run_dir2, f)).read()) for f in os.listdir(run_dir2) if f.endswith(".pid")]
+        time.sleep(0.2)
+        self.assertFalse([p for p in pids if alive(p)], "no process left behind")
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)

@@ -15,7 +15,9 @@
 #include "worker/synthetic.h"
 #include "worker/worker.h"
 
-ABSL_FLAG(std::string, server, "127.0.0.1:50051", "host:port of summa-server");
+ABSL_FLAG(std::string, server, "127.0.0.1:50051",
+          "host:port of summa-server; for a sharded job (summa-server --shards=K), every shard's, "
+          "comma-separated in shard order (shard 0 first: it assigns the rank)");
 ABSL_FLAG(int, rank, -2,
           "this worker's rank in [0, world_size); default: $JOB_COMPLETION_INDEX if set, else "
           "-1 (the server assigns the lowest free rank)");

@@ -6,6 +6,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/ascii.h"
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
@@ -51,14 +53,18 @@ ParameterClient::ParameterClient(const std::string& address, absl::Duration call
     : address_(address), call_deadline_(call_deadline), join_deadline_(join_deadline),
       token_(std::move(security.token)) {
   const std::shared_ptr<grpc::ChannelCredentials> credentials = ChannelCredentialsFor(security.tls);
-  for (int i = 0; i < std::max(1, channels); ++i) {
-    grpc::ChannelArguments args = DefaultChannelArguments();
-    // Channels with unlike arguments never share a connection.
-    args.SetInt("summa.channel_index", i);
-    std::shared_ptr<grpc::Channel> channel =
-        grpc::CreateCustomChannel(address, credentials, args);
-    if (i == 0) stub_ = pb::ParameterServer::NewStub(channel);
-    generic_.push_back(std::make_unique<grpc::GenericStub>(channel));
+  for (absl::string_view one : absl::StrSplit(address, ',')) {
+    auto shard = std::make_unique<Shard>();
+    shard->address = std::string(absl::StripAsciiWhitespace(one));
+    for (int i = 0; i < std::max(1, channels); ++i) {
+      grpc::ChannelArguments args = DefaultChannelArguments();
+      // Channels with unlike arguments never share a connection.
+      args.SetInt("summa.channel_index", i);
+      std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(shard->address, credentials, args);
+      if (i == 0) shard->stub = pb::ParameterServer::NewStub(channel);
+      shard->generic.push_back(std::make_unique<grpc::GenericStub>(channel));
+    }
+    shards_.push_back(std::move(shard));
   }
 }
 
@@ -75,6 +81,35 @@ std::unique_ptr<grpc::ClientContext> ParameterClient::NewContext() const {
   ctx->set_deadline(absl::ToChronoTime(absl::Now() + call_deadline_));
   AttachToken(token_, ctx.get());
   return ctx;
+}
+
+absl::StatusOr<pb::JoinResponse> ParameterClient::JoinShard(Shard& shard, const pb::JoinRequest& request) {
+  const absl::Time give_up = absl::Now() + join_deadline_;
+  absl::Duration backoff = absl::Milliseconds(50);
+  pb::JoinResponse response;
+  for (int attempt = 1;; ++attempt) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(std::min(give_up, absl::Now() + absl::Seconds(10))));
+    AttachToken(token_, &ctx);
+    grpc::Status s = shard.stub->Join(&ctx, request, &response);
+    if (s.ok()) return response;
+    // A server over its join rate (summa-server --join_rate) takes us a moment later; its other
+    // RESOURCE_EXHAUSTED refusals (a model over its limit) stand.
+    const bool retry = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                       s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                       (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+                        absl::StrContains(s.error_message(), "--join_rate"));
+    if (!retry || absl::Now() + backoff >= give_up) {
+      absl::Status st = FromGrpcStatus(s);
+      return absl::Status(st.code(), absl::StrCat("join ", shard.address, " as rank ", request.rank(),
+                                                  " failed after ", attempt, " attempts: ", st.message()));
+    }
+    if (attempt == 1 || attempt % 20 == 0) {
+      SUMMA_LOG(INFO) << "waiting for the server at " << shard.address << ": " << s.error_message();
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(1));
+  }
 }
 
 absl::StatusOr<JoinInfo> ParameterClient::Join(int rank, int world,
@@ -96,32 +131,31 @@ absl::StatusOr<JoinInfo> ParameterClient::Join(int rank, int world,
   // The values, when this worker has them, follow partition by partition (SendInitialValues):
   // no message holds the whole model.
   request.set_values_follow(initial != nullptr);
-  const absl::Time give_up = absl::Now() + join_deadline_;
-  absl::Duration backoff = absl::Milliseconds(50);
-  pb::JoinResponse response;
-  for (int attempt = 1;; ++attempt) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(std::min(give_up, absl::Now() + absl::Seconds(10))));
-    AttachToken(token_, &ctx);
-    grpc::Status s = stub_->Join(&ctx, request, &response);
-    if (s.ok()) break;
-    // A server over its join rate (summa-server --join_rate) takes us a moment later; its other
-    // RESOURCE_EXHAUSTED refusals (a model over its limit) stand.
-    const bool retry = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                       s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
-                       (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
-                        absl::StrContains(s.error_message(), "--join_rate"));
-    if (!retry || absl::Now() + backoff >= give_up) {
-      absl::Status st = FromGrpcStatus(s);
-      return absl::Status(st.code(), absl::StrCat("join ", address_, " as rank ", rank, " failed after ",
-                                                  attempt, " attempts: ", st.message()));
+  // Shard 0 first: it assigns the rank (when asked to) that the others are joined with.
+  const int k = static_cast<int>(shards_.size());
+  std::vector<pb::JoinResponse> responses;
+  for (int i = 0; i < k; ++i) {
+    SUMMA_ASSIGN_OR_RETURN(pb::JoinResponse response, JoinShard(*shards_[i], request));
+    const int said = std::max(1, response.shards());
+    if (response.shard() != i || said != k) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the server at ", shards_[i]->address, " is shard ", response.shard(), " of ", said, "; --server lists it as shard ",
+          i, " of ", k, " (give every shard's address, in shard order)"));
     }
-    if (attempt == 1 || attempt % 20 == 0) {
-      SUMMA_LOG(INFO) << "waiting for the server at " << address_ << ": " << s.error_message();
+    if (i == 0) {
+      request.set_rank(response.rank());
+    } else if (response.next_step() != responses[0].next_step() || response.mode() != responses[0].mode() ||
+               response.wire_dtype() != responses[0].wire_dtype() ||
+               response.topk_ratio() != responses[0].topk_ratio()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the shards disagree: shard 0 (", shards_[0]->address, ") resumes rank ", response.rank(), " at step ",
+          responses[0].next_step(), ", shard ", i, " (", shards_[i]->address, ") at step ", response.next_step(),
+          " (or their modes or wire formats differ): start every shard with the same job flags and "
+          "checkpoints of one version"));
     }
-    absl::SleepFor(backoff);
-    backoff = std::min(backoff * 2, absl::Seconds(1));
+    responses.push_back(std::move(response));
   }
+  const pb::JoinResponse& response = responses[0];
   JoinInfo info;
   info.rank = response.rank();
   info.version = response.version();
@@ -130,14 +164,23 @@ absl::StatusOr<JoinInfo> ParameterClient::Join(int rank, int world,
   info.staleness = response.staleness();
   if (response.lease_seconds() > 0) info.lease = absl::Seconds(response.lease_seconds());
   info.live_ranks.assign(response.live_ranks().begin(), response.live_ranks().end());
+  // Every shard's partitions, in offset order, must tile the model.
+  std::vector<std::pair<PartitionRange, int>> held;
+  for (int i = 0; i < k; ++i) {
+    info.version = std::min(info.version, responses[i].version());
+    for (const pb::Partition& p : responses[i].partitions()) held.push_back({{p.id(), p.offset(), p.length()}, i});
+  }
+  std::sort(held.begin(), held.end(), [](const auto& a, const auto& b) { return a.first.offset < b.first.offset; });
   int64_t expected = 0;
-  for (const pb::Partition& p : response.partitions()) {
-    if (p.offset() != expected || p.length() <= 0) {
-      return absl::InternalError(absl::StrCat("the server's partition ", p.id(), " at offset ",
-                                              p.offset(), " does not tile the model"));
+  shard_of_.clear();
+  for (const auto& [p, shard] : held) {
+    if (p.offset != expected || p.length <= 0) {
+      return absl::InternalError(absl::StrCat("the server's partition ", p.id, " at offset ", p.offset,
+                                              " does not tile the model"));
     }
-    expected += p.length();
-    info.partitions.push_back({p.id(), p.offset(), p.length()});
+    expected += p.length;
+    info.partitions.push_back(p);
+    shard_of_.push_back(shard);
   }
   if (expected != offset) {
     return absl::FailedPreconditionError(absl::StrCat("the server's partitions cover ", expected,
@@ -145,20 +188,20 @@ absl::StatusOr<JoinInfo> ParameterClient::Join(int rank, int world,
   }
   const std::optional<WireDType> wire = WireDTypeFromProto(response.wire_dtype(), /*unspecified_is_float32=*/true);
   if (!wire.has_value()) {
-    return absl::FailedPreconditionError(absl::StrCat("the server at ", address_, " asks for wire dtype ",
+    return absl::FailedPreconditionError(absl::StrCat("the server at ", shards_[0]->address, " asks for wire dtype ",
                                                       DTypeName(response.wire_dtype()),
                                                       ", which this worker does not know"));
   }
   Compression compression;
   compression.topk_ratio = response.topk_ratio();
   if (compression.topk_ratio < 0 || compression.topk_ratio >= 1) {
-    return absl::FailedPreconditionError(absl::StrCat("the server at ", address_, " asks for top-k ratio ",
+    return absl::FailedPreconditionError(absl::StrCat("the server at ", shards_[0]->address, " asks for top-k ratio ",
                                                       compression.topk_ratio, "; it must be in [0, 1)"));
   }
   info.wire_dtype = *wire;
   info.compression = compression;
   rank_ = info.rank;
-  session_ = response.session();
+  for (int i = 0; i < k; ++i) shards_[i]->session = responses[i].session();
   mode_ = info.mode;
   partitions_ = info.partitions;
   push_headers_.assign(partitions_.size(), pb::PushRequest());
@@ -166,53 +209,62 @@ absl::StatusOr<JoinInfo> ParameterClient::Join(int rank, int world,
   requests_.assign(partitions_.size(), grpc::ByteBuffer());
   replies_.assign(partitions_.size(), grpc::ByteBuffer());
   pull_headers_.assign(partitions_.size(), pb::PullResponse());
-  for (size_t i = 0; i < partitions_.size(); ++i) {
-    push_headers_[i].set_rank(rank_);
-    push_headers_[i].set_session(response.session());
-    push_headers_[i].set_partition(partitions_[i].id);
-    push_headers_[i].set_dtype(pb::DTYPE_FLOAT32);
-    pull_requests_[i].set_rank(rank_);
-    pull_requests_[i].set_session(response.session());
-    pull_requests_[i].set_partition(partitions_[i].id);
-  }
   partition_names_.clear();
-  for (const PartitionRange& p : partitions_) partition_names_.push_back(absl::StrCat("partition ", p.id));
+  for (size_t i = 0; i < partitions_.size(); ++i) {
+    const uint64_t session = responses[shard_of_[i]].session();
+    push_headers_[i].set_rank(rank_);
+    push_headers_[i].set_session(session);
+    push_headers_[i].set_partition(partitions_[i].id);
+    pull_requests_[i].set_rank(rank_);
+    pull_requests_[i].set_session(session);
+    pull_requests_[i].set_partition(partitions_[i].id);
+    partition_names_.push_back(k == 1 ? absl::StrCat("partition ", partitions_[i].id)
+                                      : absl::StrCat("partition ", partitions_[i].id, " (shard ", shard_of_[i], ")"));
+  }
   SetWireFormat(*wire, compression, info.next_step);
-  if (response.initialize()) SUMMA_RETURN_IF_ERROR(SendInitialValues(initial));
+  std::vector<bool> initialize(k);
+  bool any = false;
+  for (int i = 0; i < k; ++i) any |= initialize[i] = responses[i].initialize();
+  if (any) SUMMA_RETURN_IF_ERROR(SendInitialValues(initial, initialize));
   return info;
 }
 
-absl::Status ParameterClient::SendInitialValues(const float* initial) {
+absl::Status ParameterClient::SendInitialValues(const float* initial, const std::vector<bool>& initialize) {
   // A window of partitions in flight: the server buffers at most that many at once.
   constexpr size_t kWindow = 8;
+  std::vector<size_t> due;  // the partitions to send
+  for (size_t i = 0; i < partitions_.size(); ++i) {
+    if (initialize[shard_of_[i]]) due.push_back(i);
+  }
   size_t applied = 0;
-  for (size_t first = 0; first < partitions_.size(); first += kWindow) {
-    const size_t n = std::min(kWindow, partitions_.size() - first);
+  for (size_t first = 0; first < due.size(); first += kWindow) {
+    const size_t n = std::min(kWindow, due.size() - first);
     SUMMA_RETURN_IF_ERROR(ForEach(
         n,
         [&](size_t k) -> CallSpec {
-          const size_t i = first + k;
+          const size_t i = due[first + k];
           const PartitionRange& p = partitions_[i];
           pb::InitializeRequest header;
           header.set_rank(rank_);
-          header.set_session(session_);
+          header.set_session(shards_[shard_of_[i]]->session);
           header.set_partition(p.id);
           header.set_dtype(pb::DTYPE_FLOAT32);
           std::string prefix = header.SerializeAsString();
           AppendFieldHeader(pb::InitializeRequest::kDataFieldNumber, p.length * sizeof(float), &prefix);
           requests_[i] = TwoSlices(prefix, Borrowed(initial + p.offset, p.length));
-          return {kInitialize, &requests_[i], &replies_[i]};
+          return {kInitialize, &requests_[i], &replies_[i], shard_of_[i]};
         },
-        [&](size_t k) { return absl::StrCat("initial values of partition ", partitions_[first + k].id); },
+        [&](size_t k) { return absl::StrCat("initial values of ", partition_names_[due[first + k]]); },
         "initialize"));
-    for (size_t i = first; i < first + n; ++i) {
+    for (size_t j = first; j < first + n; ++j) {
+      const size_t i = due[j];
       pb::InitializeResponse reply;
       SUMMA_RETURN_IF_ERROR(ParseWithBytes(replies_[i], {}, nullptr, &reply));
       replies_[i].Clear();
       applied += reply.applied();
     }
   }
-  SUMMA_LOG(INFO) << "sent the initial values of " << applied << " of " << partitions_.size()
+  SUMMA_LOG(INFO) << "sent the initial values of " << applied << " of " << due.size()
                   << " partitions (the others had theirs)";
   return absl::OkStatus();
 }
@@ -233,7 +285,9 @@ absl::Status ParameterClient::ForEach(size_t n, Start start, What what, const ch
     Call& c = calls[i];
     c.context = NewContext();
     c.begun = tracer_ != nullptr ? absl::Now() : absl::InfinitePast();
-    c.reader = Generic(i).PrepareUnaryCall(c.context.get(), spec.method, *spec.request, &queue_);
+    const Shard& shard = *shards_[spec.shard];
+    c.reader = shard.generic[i % shard.generic.size()]->PrepareUnaryCall(c.context.get(), spec.method,
+                                                                         *spec.request, &queue_);
     c.reader->StartCall();
     c.reader->Finish(spec.reply, &c.status, reinterpret_cast<void*>(i));
   }
@@ -256,8 +310,13 @@ absl::Status ParameterClient::ForEach(size_t n, Start start, What what, const ch
 template <typename Start>
 absl::Status ParameterClient::ForEachPartition(Start start, const char* trace_name) {
   return ForEach(
-      partitions_.size(), start, [this](size_t i) -> const std::string& { return partition_names_[i]; },
-      trace_name);
+      partitions_.size(),
+      [&](size_t i) {
+        CallSpec spec = start(i);
+        spec.shard = shard_of_[i];
+        return spec;
+      },
+      [this](size_t i) -> const std::string& { return partition_names_[i]; }, trace_name);
 }
 
 void ParameterClient::SetWireFormat(WireDType dtype, Compression compression, uint64_t next_step) {
@@ -380,25 +439,33 @@ absl::StatusOr<bool> ParameterClient::Push(uint64_t step, int64_t num_examples,
 }
 
 absl::Status ParameterClient::Heartbeat(int rank) const {
-  pb::HeartbeatRequest request;
-  request.set_rank(rank);
-  request.set_session(session_);
-  pb::HeartbeatResponse response;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-  AttachToken(token_, &ctx);
-  return FromGrpcStatus(stub_->Heartbeat(&ctx, request, &response));
+  for (const auto& shard : shards_) {
+    pb::HeartbeatRequest request;
+    request.set_rank(rank);
+    request.set_session(shard->session);
+    pb::HeartbeatResponse response;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    AttachToken(token_, &ctx);
+    SUMMA_RETURN_IF_ERROR(FromGrpcStatus(shard->stub->Heartbeat(&ctx, request, &response)));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ParameterClient::Leave(int rank) {
-  pb::LeaveRequest request;
-  request.set_rank(rank);
-  request.set_session(session_);
-  pb::LeaveResponse response;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-  AttachToken(token_, &ctx);
-  return FromGrpcStatus(stub_->Leave(&ctx, request, &response));
+  absl::Status first_error;
+  for (const auto& shard : shards_) {
+    pb::LeaveRequest request;
+    request.set_rank(rank);
+    request.set_session(shard->session);
+    pb::LeaveResponse response;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    AttachToken(token_, &ctx);
+    absl::Status left = FromGrpcStatus(shard->stub->Leave(&ctx, request, &response));
+    if (first_error.ok()) first_error = left;  // every shard is told, whatever one says
+  }
+  return first_error;
 }
 
 absl::StatusOr<std::vector<float>> ParameterClient::AllReduce(const Collective& group,
@@ -437,7 +504,7 @@ absl::Status ParameterClient::AllReduceInto(const Collective& group, absl::Span<
         outer.set_rank(group.rank);
         outer.set_members(group.members);
         outer.set_round(group.round);
-        if (group.members) outer.set_session(session_);
+        if (group.members) outer.set_session(shards_[0]->session);
         pb::Tensor tensor;
         tensor.set_name(outer.name());
         tensor.set_dtype(pb::DTYPE_FLOAT32);

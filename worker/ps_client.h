@@ -36,10 +36,12 @@ namespace summa::worker {
 
 class ParameterClient final : public ParameterStore {
  public:
-  // `call_deadline` bounds each RPC (a push-pull waits for the slowest worker, so keep it longer
-  // than the server's barrier deadline); `join_deadline` bounds the whole join with retries.
-  // `channels` (at least 1) TCP connections carry the partitions, partition i on channel
-  // i % channels.
+  // `address` is host:port of summa-server, or of every shard of a sharded job, comma-separated
+  // in shard order (summa-server --shard=I --shards=K): each partition goes to the shard that
+  // holds it, every shard's calls in flight at once. `call_deadline` bounds each RPC (a
+  // push-pull waits for the slowest worker, so keep it longer than the server's barrier
+  // deadline); `join_deadline` bounds each shard's join with retries. `channels` (at least 1)
+  // TCP connections to each shard carry its partitions, partition i on channel i % channels.
   ParameterClient(const std::string& address, absl::Duration call_deadline,
                   absl::Duration join_deadline, int channels = 1, ClientSecurity security = {});
   ~ParameterClient() override;
@@ -69,22 +71,32 @@ class ParameterClient final : public ParameterStore {
 
  private:
   std::unique_ptr<grpc::ClientContext> NewContext() const;
-  grpc::GenericStub& Generic(size_t i) const { return *generic_[i % generic_.size()]; }
-  // One data-path call: the method, and the request and reply buffers (alive until it ends).
+  // A server, or one shard of a sharded job.
+  struct Shard {
+    std::string address;
+    std::unique_ptr<summa::v1::ParameterServer::Stub> stub;  // the control calls
+    std::vector<std::unique_ptr<grpc::GenericStub>> generic;  // the data path, one per channel
+    std::atomic<uint64_t> session{0};  // from the last Join; Heartbeat reads it from another thread
+  };
+  // One data-path call: the method, the request and reply buffers (alive until it ends), and
+  // the shard it goes to (collectives: shard 0, the coordinator).
   struct CallSpec {
     const char* method;
     const grpc::ByteBuffer* request;
     grpc::ByteBuffer* reply;
+    int shard = 0;
   };
+  // Joins one shard (retrying while it is not up, within join_deadline_).
+  absl::StatusOr<summa::v1::JoinResponse> JoinShard(Shard& shard, const summa::v1::JoinRequest& request);
   // Starts the call `start(i)` describes for each i in [0, n) at once and waits for all;
   // `what(i)` names call i in an error, `trace_name` its span in the trace.
   template <typename Start, typename What>
   absl::Status ForEach(size_t n, Start start, What what, const char* trace_name);
   template <typename Start>
   absl::Status ForEachPartition(Start start, const char* trace_name);
-  // Sends every partition's initial values (after a Join that the server answered with
-  // `initialize`), a window of partitions at a time.
-  absl::Status SendInitialValues(const float* initial);
+  // Sends the initial values of every partition of the shards marked in `initialize` (their Join
+  // answered `initialize`), a window of partitions at a time.
+  absl::Status SendInitialValues(const float* initial, const std::vector<bool>& initialize);
   // Partition i's push: its header, then its slice of `gradients`, sent without a copy.
   void EncodePush(size_t i, uint64_t step, int64_t num_examples, const float* gradients);
   // Reads partition i's pull reply: the header into pull_headers_[i], the values into `weights`.
@@ -97,13 +109,12 @@ class ParameterClient final : public ParameterStore {
   const absl::Duration call_deadline_;
   const absl::Duration join_deadline_;
   const std::string token_;  // sent with every call (none when empty)
-  std::unique_ptr<summa::v1::ParameterServer::Stub> stub_;  // the control calls
-  std::vector<std::unique_ptr<grpc::GenericStub>> generic_;  // the data path, one per channel
+  std::vector<std::unique_ptr<Shard>> shards_;
   grpc::CompletionQueue queue_;  // the data path's replies, collected by the calling thread
   int rank_ = -1;
-  std::atomic<uint64_t> session_{0};  // from the last Join; Heartbeat reads it from another thread
   summa::v1::Mode mode_ = summa::v1::MODE_SYNC;
-  std::vector<PartitionRange> partitions_;
+  std::vector<PartitionRange> partitions_;  // every shard's, in offset order
+  std::vector<int> shard_of_;               // per partition: the shard that holds it
   // One request, reply and header per partition, reused across steps.
   std::vector<summa::v1::PushRequest> push_headers_;
   std::vector<summa::v1::PullRequest> pull_requests_;

@@ -45,10 +45,10 @@ class ProcessGroup:
             time.sleep(0.05)
         raise AssertionError(f"{proc.name} did not write {path} within {seconds} s")
 
-    def start_server(self, server_bin, *flags):
-        port_file = os.path.join(self.dir, "server.port")
-        proc = self.start("server", [server_bin, "--address=127.0.0.1:0",
-                                     f"--port_file={port_file}", *flags])
+    def start_server(self, server_bin, *flags, name="server"):
+        port_file = os.path.join(self.dir, f"{name}.port")
+        proc = self.start(name, [server_bin, "--address=127.0.0.1:0",
+                                 f"--port_file={port_file}", *flags])
         return proc, int(self.wait_for_file(port_file, proc))
 
     def wait(self, proc, seconds):

@@ -84,12 +84,12 @@ class Benchmark {
   bool keep_run_dir() const { return !failures_.empty(); }
 
  private:
-  // One worker count: a fresh server, the workers, the samples, the checks.
-  absl::StatusOr<ScaleRow> RunConfig(int workers);
+  // One configuration: k fresh server shards, N workers, the samples, the checks.
+  absl::StatusOr<ScaleRow> RunConfig(int shards, int workers);
   // Writes the plot through the Python script; the error says why it could not.
   absl::Status Plot(const std::vector<ScaleRow>& rows);
   void Emit(const std::string& line);
-  ScaleRow FailedRow(int workers, const absl::Status& error);
+  ScaleRow FailedRow(int shards, int workers, const absl::Status& error);
   std::string RunPath(const std::string& name) const { return absl::StrCat(run_dir_, "/", name); }
 
   const ScaleOptions& o_;
@@ -104,37 +104,44 @@ void Benchmark::Emit(const std::string& line) {
   absl::StrAppend(&report_, line, "\n");
 }
 
-ScaleRow Benchmark::FailedRow(int workers, const absl::Status& error) {
+ScaleRow Benchmark::FailedRow(int shards, int workers, const absl::Status& error) {
   ScaleRow row;
   row.workers = workers;
-  row.shards = o_.shards;
+  row.shards = shards;
   row.model_bytes = o_.model_bytes;
   row.note = absl::StrCat("FAILED [", failures_.size() + 1, "]");
   std::string why = error.ToString();
   if (absl::IsDeadlineExceeded(error)) absl::StrAppend(&why, " (--timeout=", absl::FormatDuration(o_.timeout), ")");
-  failures_.push_back(absl::StrCat("[", failures_.size() + 1, "] ", workers, " workers: ", why));
+  failures_.push_back(absl::StrCat("[", failures_.size() + 1, "] ", workers, " workers, k = ", shards, ": ", why));
   std::fprintf(stderr, "%s\n", failures_.back().c_str());
   return row;
 }
 
-absl::StatusOr<ScaleRow> Benchmark::RunConfig(int workers) {
+absl::StatusOr<ScaleRow> Benchmark::RunConfig(int shards, int workers) {
   const absl::Time deadline = absl::Now() + o_.timeout;
   const double load_average = LoadAverage();
   SUMMA_ASSIGN_OR_RETURN(const float expected, ExpectedFirstWeight(workers, o_.steps, o_.lr));
-  const std::string tag = absl::StrCat("n", workers);
-  const std::string port_file = RunPath(tag + ".port");
+  const std::string tag = absl::StrCat("k", shards, "n", workers);
   const std::string timeout = absl::FormatDuration(o_.timeout);
-  ChildOptions server;
-  server.name = "summa-server";
-  server.log_path = RunPath(tag + "-server.log");
-  server.argv = {o_.server, "--address=127.0.0.1:0", absl::StrCat("--port_file=", port_file),
-                 absl::StrCat("--workers=", workers), absl::StrFormat("--lr=%.17g", o_.lr),
-                 absl::StrCat("--partition_bytes=", o_.partition_bytes),
-                 absl::StrCat("--barrier_deadline=", timeout)};
-  if (o_.deterministic) server.argv.push_back("--deterministic");
-  SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<ChildProcess> server_process, ChildProcess::Start(server));
-  SUMMA_ASSIGN_OR_RETURN(const std::string port, WaitForFile(port_file, *server_process, deadline));
-  const std::string address = "127.0.0.1:" + port;
+  std::vector<std::unique_ptr<ChildProcess>> server_processes;
+  std::vector<std::string> addresses;
+  for (int i = 0; i < shards; ++i) {
+    const std::string port_file = RunPath(absl::StrCat(tag, "-shard", i, ".port"));
+    ChildOptions server;
+    server.name = shards == 1 ? "summa-server" : absl::StrCat("summa-server shard ", i);
+    server.log_path = RunPath(absl::StrCat(tag, "-shard", i, ".log"));
+    server.argv = {o_.server, "--address=127.0.0.1:0", absl::StrCat("--port_file=", port_file),
+                   absl::StrCat("--workers=", workers), absl::StrFormat("--lr=%.17g", o_.lr),
+                   absl::StrCat("--partition_bytes=", o_.partition_bytes),
+                   absl::StrCat("--barrier_deadline=", timeout), absl::StrCat("--shards=", shards),
+                   absl::StrCat("--shard=", i)};
+    if (o_.deterministic) server.argv.push_back("--deterministic");
+    SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<ChildProcess> process, ChildProcess::Start(server));
+    SUMMA_ASSIGN_OR_RETURN(const std::string port, WaitForFile(port_file, *process, deadline));
+    addresses.push_back("127.0.0.1:" + port);
+    server_processes.push_back(std::move(process));
+  }
+  const std::string address = absl::StrJoin(addresses, ",");
 
   std::vector<ChildOptions> worker_options(workers);
   for (int r = 0; r < workers; ++r) {
@@ -160,23 +167,41 @@ absl::StatusOr<ScaleRow> Benchmark::RunConfig(int workers) {
     return std::all_of(outputs.begin(), outputs.end(),
                        [&](const std::string& out) { return absl::StrContains(out, line); });
   };
-  auto on_output = [&](const std::vector<std::string>& outputs) {
-    if (!open && all_past(outputs, 0)) open = SampleServer(server_process->pid(), address, worker_processes);
-    if (open && !close && all_past(outputs, last)) {
-      close = SampleServer(server_process->pid(), address, worker_processes);
+  // Every shard sampled (the workers' CPU with shard 0's sample): totals over the shards.
+  auto sample = [&](const std::vector<std::unique_ptr<ChildProcess>>& with_workers) -> absl::StatusOr<ServerSample> {
+    static const std::vector<std::unique_ptr<ChildProcess>> kNone;
+    ServerSample total;
+    total.version = UINT64_MAX;
+    for (int i = 0; i < shards; ++i) {
+      SUMMA_ASSIGN_OR_RETURN(const ServerSample one,
+                             SampleServer(server_processes[i]->pid(), addresses[i], i == 0 ? with_workers : kNone));
+      total.cpu_seconds += one.cpu_seconds;
+      if (i == 0) total.workers_cpu_seconds = one.workers_cpu_seconds;
+      total.bytes_in += one.bytes_in;
+      total.bytes_out += one.bytes_out;
+      total.version = std::min(total.version, one.version);
     }
+    return total;
+  };
+  auto on_output = [&](const std::vector<std::string>& outputs) {
+    if (!open && all_past(outputs, 0)) open = sample(worker_processes);
+    if (open && !close && all_past(outputs, last)) close = sample(worker_processes);
   };
   std::vector<std::string> outputs;
-  ChildProcess* const servers[] = {server_process.get()};
-  SUMMA_RETURN_IF_ERROR(RunToCompletion(Pointers(worker_processes), servers, deadline, &outputs, on_output));
+  SUMMA_RETURN_IF_ERROR(
+      RunToCompletion(Pointers(worker_processes), Pointers(server_processes), deadline, &outputs, on_output));
   if (!open || !close) {
     return absl::DataLossError(absl::StrCat("the workers' step lines never showed every worker past steps 0 and ", last));
   }
   SUMMA_RETURN_IF_ERROR(open->status());
   SUMMA_RETURN_IF_ERROR(close->status());
-  SUMMA_ASSIGN_OR_RETURN(const ServerSample end, SampleServer(server_process->pid(), address, {}));
-  SUMMA_ASSIGN_OR_RETURN(const int64_t peak_rss, PeakRssBytes(server_process->pid()));
-  SUMMA_RETURN_IF_ERROR(server_process->Stop(kStopGrace));
+  SUMMA_ASSIGN_OR_RETURN(const ServerSample end, sample({}));
+  int64_t peak_rss = 0;
+  for (const auto& process : server_processes) {
+    SUMMA_ASSIGN_OR_RETURN(const int64_t rss, PeakRssBytes(process->pid()));
+    peak_rss = std::max(peak_rss, rss);
+  }
+  for (const auto& process : server_processes) SUMMA_RETURN_IF_ERROR(process->Stop(kStopGrace));
 
   std::vector<worker::SyntheticResult> results;
   for (int r = 0; r < workers; ++r) {
@@ -189,18 +214,19 @@ absl::StatusOr<ScaleRow> Benchmark::RunConfig(int workers) {
   }
   ScaleRow row;
   row.workers = workers;
-  row.shards = o_.shards;
+  row.shards = shards;
   row.model_bytes = o_.model_bytes;
   SUMMA_ASSIGN_OR_RETURN(const double step_us, MedianSlowestStepUs(results));
   row.step_ms = step_us / 1e3;
-  const double window_steps = static_cast<double>(last);
+  // Per shard: the totals over the shards, divided by k.
+  const double window_steps = static_cast<double>(last) * shards;
   const ServerSample& from = **open;
   const ServerSample& to = **close;
   row.server_in_mib = Mib(static_cast<double>(to.bytes_in - from.bytes_in) / window_steps);
   row.server_out_mib = Mib(static_cast<double>(to.bytes_out - from.bytes_out) / window_steps);
   row.server_cpu_s = (to.cpu_seconds - from.cpu_seconds) / window_steps;
   if (from.workers_cpu_seconds && to.workers_cpu_seconds) {
-    row.workers_cpu_s = (*to.workers_cpu_seconds - *from.workers_cpu_seconds) / window_steps;
+    row.workers_cpu_s = (*to.workers_cpu_seconds - *from.workers_cpu_seconds) / static_cast<double>(last);
   }
   row.load_average = load_average;
   row.server_peak_rss_mib = Mib(static_cast<double>(peak_rss));
@@ -215,7 +241,7 @@ absl::StatusOr<ScaleRow> Benchmark::RunConfig(int workers) {
   if (!wrong.empty()) {
     row.correct = false;
     row.note = absl::StrCat("no [", failures_.size() + 1, "]");
-    failures_.push_back(absl::StrCat("[", failures_.size() + 1, "] ", workers, " workers: ", wrong));
+    failures_.push_back(absl::StrCat("[", failures_.size() + 1, "] ", workers, " workers, k = ", shards, ": ", wrong));
     std::fprintf(stderr, "%s\n", failures_.back().c_str());
   }
   return row;
@@ -233,7 +259,7 @@ absl::Status Benchmark::Plot(const std::vector<ScaleRow>& rows) {
   plot.log_path = RunPath("plot.log");
   plot.argv = {o_.python, o_.plot_script, "--data=" + data, "--out=" + o_.plot_path,
                absl::StrCat("--title=summa-server, model ", FormatByteSize(o_.model_bytes), ", ", o_.steps,
-                            " steps, k = ", o_.shards)};
+                            " steps, k = ", absl::StrJoin(o_.shards, ", "))};
   if (o_.reference_gbps > 0) {
     plot.argv.push_back(absl::StrFormat("--reference_label=%.3f GB/s (%s)", o_.reference_gbps, o_.reference_source));
   }
@@ -246,18 +272,20 @@ absl::Status Benchmark::Plot(const std::vector<ScaleRow>& rows) {
 absl::StatusOr<bool> Benchmark::Run() {
   const std::string environment = DescribeEnvironment();
   std::vector<ScaleRow> rows;
-  for (int workers : o_.workers) {
-    std::fprintf(stderr, "running %d synthetic worker%s, model %s, %lld steps ...\n", workers,
-                 workers == 1 ? "" : "s", FormatByteSize(o_.model_bytes).c_str(),
-                 static_cast<long long>(o_.steps));
-    absl::StatusOr<ScaleRow> row = RunConfig(workers);
-    if (absl::IsCancelled(row.status())) return row.status();
-    rows.push_back(row.ok() ? *row : FailedRow(workers, row.status()));
+  for (int shards : o_.shards) {
+    for (int workers : o_.workers) {
+      std::fprintf(stderr, "running %d synthetic worker%s on %d shard%s, model %s, %lld steps ...\n", workers,
+                   workers == 1 ? "" : "s", shards, shards == 1 ? "" : "s", FormatByteSize(o_.model_bytes).c_str(),
+                   static_cast<long long>(o_.steps));
+      absl::StatusOr<ScaleRow> row = RunConfig(shards, workers);
+      if (absl::IsCancelled(row.status())) return row.status();
+      rows.push_back(row.ok() ? *row : FailedRow(shards, workers, row.status()));
+    }
   }
   // The model's B from the 1-worker row, when there is one that ran.
   std::optional<double> fitted;
   for (const ScaleRow& r : rows) {
-    if (r.workers == 1 && r.step_ms) fitted = FitBandwidth(o_.model_bytes, *r.step_ms / 1e3);
+    if (r.workers == 1 && r.shards == 1 && r.step_ms) fitted = FitBandwidth(o_.model_bytes, *r.step_ms / 1e3);
   }
   const bool reference = o_.reference_gbps > 0;
   for (ScaleRow& r : rows) {
@@ -271,18 +299,18 @@ absl::StatusOr<bool> Benchmark::Run() {
   Emit(environment);
   Emit("");
   Emit(absl::StrCat(
-      "Each configuration starts one summa-server (--workers=N --lr=", lr, " --partition_bytes=",
+      "Each configuration starts k summa-server shards (--shards=k --shard=i --workers=N --lr=", lr, " --partition_bytes=",
       o_.partition_bytes, o_.deterministic ? " --deterministic" : "", ") and N synthetic workers (summa-worker --synthetic=",
       FormatByteSize(o_.model_bytes), " --steps=", o_.steps, ") on 127.0.0.1: per step each worker "
       "push-pulls the whole model (M bytes up, M down) and computes nothing. step time = the median "
       "over steps 1..", o_.steps - 1, " of the slowest worker's PushPull wall time (step 0 also "
-      "waits for every worker to join). server in/out and CPU per step: the server's gradient and "
-      "weight byte counters (GetStatus) and its utime+stime (/proc/PID/stat), and the workers' "
-      "utime+stime summed, from the moment "
+      "waits for every worker to join). server in/out and CPU per step, per shard: the shards' gradient and "
+      "weight byte counters (GetStatus) and their utime+stime (/proc/PID/stat), summed and divided by k, "
+      "and the workers' utime+stime summed, from the moment "
       "every worker has finished step 0 to the moment every worker has finished step ", o_.steps - 2,
       ", divided by ", o_.steps - 2, " (both ends are seen through the workers' step lines, a "
       "few ms late: meaningful for steps well above that). server peak RSS = "
-      "VmHWM, read before the server is stopped. load avg = the machine's 1-minute load average as "
+      "the largest shard's VmHWM, read before the shards are stopped. load avg = the machine's 1-minute load average as "
       "the configuration began (the benchmark shares the machine). correct = every worker's first weight equals the "
       "exact w0 - S*lr*N(N+1)/2/P (P = the power of two >= N of examples per step), every other "
       "weight moved by as much, and the server ended at version S."));
@@ -291,19 +319,16 @@ absl::StatusOr<bool> Benchmark::Run() {
       "PS model: max(M/B, N*M/(k*B)) (BytePS, OSDI 2020: full-duplex links of B bytes/s each way). ");
   if (fitted) {
     absl::StrAppend(&model, absl::StrFormat(
-        "B fitted to the 1-worker row: B = M/t1 = %.3f GB/s each way (%.3f GB/s counting both "
+        "B fitted to the 1-worker, 1-shard row: B = M/t1 = %.3f GB/s each way (%.3f GB/s counting both "
         "directions; either reading predicts t_N = max(1, N/k) x t1).", *fitted / 1e9, 2 * *fitted / 1e9));
   } else {
-    absl::StrAppend(&model, "No 1-worker row ran, so no B was fitted.");
+    absl::StrAppend(&model, "No 1-worker, 1-shard row ran, so no B was fitted.");
   }
   if (reference) {
     absl::StrAppend(&model, absl::StrFormat(" Reference: B = %.3f GB/s each way (%s).", o_.reference_gbps,
                                             o_.reference_source));
   }
   Emit(model);
-  Emit("");
-  Emit(absl::StrCat("k (server shards) = ", o_.shards, ": the k axis awaits server shards (issue 10), "
-                    "which are not built yet; summa-server is one process, so --shards accepts only 1."));
   Emit("");
   Emit(ScaleTableHeader(reference));
   bool all_correct = true;
@@ -340,10 +365,14 @@ absl::Status ValidateScaleOptions(const ScaleOptions& o) {
   for (int n : o.workers) {
     if (n < 1) return absl::InvalidArgumentError("--workers: every worker count must be at least 1");
   }
-  if (o.shards != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--shards=", o.shards, ": summa-server cannot be sharded yet (server shards are another "
-        "part of issue 10, not built), so only 1 is accepted"));
+  if (o.shards.empty()) return absl::InvalidArgumentError("--shards: name at least one shard count");
+  const int64_t partitions = o.partition_bytes > 0 ? (o.model_bytes + o.partition_bytes - 1) / o.partition_bytes : 0;
+  for (int k : o.shards) {
+    if (k < 1) return absl::InvalidArgumentError("--shards: every shard count must be at least 1");
+    if (k > partitions) {
+      return absl::InvalidArgumentError(absl::StrCat("--shards=", k, ": the model is ", partitions,
+                                                     " partitions of --partition_bytes; each shard needs one"));
+    }
   }
   if (o.model_bytes <= 0 || o.model_bytes % 4 != 0) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -1,8 +1,9 @@
-// The scaling benchmark's driver (summa-bench-scale): for each worker count it starts one
-// summa-server and that many synthetic workers (summa-worker --synthetic) on 127.0.0.1, lets them
-// run the steps, and measures per configuration the step time (median over steps of the slowest
-// worker), the bytes through the server per step, the server's CPU time per step and its peak
-// RSS, and checks every worker's final weights against their exact expected value. It prints a
+// The scaling benchmark's driver (summa-bench-scale): for each shard count k and worker count N
+// it starts k summa-server shards and N synthetic workers (summa-worker --synthetic) on
+// 127.0.0.1, lets them run the steps, and measures per configuration the step time (median over
+// steps of the slowest worker), the bytes through a shard per step, a shard's CPU time per step
+// (both the mean over shards) and the largest shard's peak RSS, and checks every worker's final
+// weights against their exact expected value. It prints a
 // markdown table next to the parameter-server model (scale_report.h) and can plot it. Every
 // child is killed by its PID on every path out, SIGINT and SIGTERM to the driver included.
 // Not thread-safe.
@@ -22,7 +23,7 @@ struct ScaleOptions {
   std::vector<int> workers;      // worker counts, run in this order
   int64_t model_bytes = 64 << 20;
   int64_t steps = 20;            // at least 3: step 0 is not timed
-  int shards = 1;                // k; only 1 until the server can be sharded
+  std::vector<int> shards = {1};  // k, the server shards, run in this order (each with every N)
   double lr = 1.0 / 1024;        // a power of two, so the final weight is exact
   int64_t partition_bytes = 4 << 20;
   bool deterministic = false;  // the server's --deterministic
@@ -38,8 +39,9 @@ struct ScaleOptions {
   std::string command_line;      // printed first
 };
 
-// INVALID_ARGUMENT naming the first option that cannot work (including --shards other than 1,
-// and an lr, step and worker count whose final weight has no exact expected value).
+// INVALID_ARGUMENT naming the first option that cannot work (including a shard count the model's
+// partitions cannot cover, and an lr, step and worker count whose final weight has no exact
+// expected value).
 absl::Status ValidateScaleOptions(const ScaleOptions& options);
 
 // Runs every configuration, then prints the report (progress to stderr) and writes the plot.

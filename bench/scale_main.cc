@@ -24,9 +24,9 @@ ABSL_FLAG(int64_t, steps, 20,
           "synchronous steps per configuration, at least 3 (step 0 is not timed: it also waits for "
           "every worker to join; the server is measured from the end of step 0 to the end of step "
           "S-2)");
-ABSL_FLAG(int, shards, 1,
-          "k, the server shards; only 1 until summa-server can be sharded (another part of issue "
-          "10, not built)");
+ABSL_FLAG(std::string, shards, "1",
+          "comma-separated shard counts k: each runs every worker count on k summa-server shards "
+          "(--shards=k --shard=i); the model needs at least k partitions of --partition_bytes");
 ABSL_FLAG(double, lr, 1.0 / 1024,
           "the server's SGD learning rate; a power of two, so that the final weight has an exact "
           "expected value");
@@ -60,13 +60,13 @@ ABSL_FLAG(bool, check, false,
 namespace {
 
 constexpr char kUsage[] =
-    "the parameter server's scaling benchmark. For each worker count N it starts one summa-server "
-    "and N synthetic workers (summa-worker --synthetic: they push a gradient and pull the weights "
+    "the parameter server's scaling benchmark. For each shard count k and worker count N it starts "
+    "k summa-server shards and N synthetic workers (summa-worker --synthetic: they push a gradient and pull the weights "
     "of a model of --model_bytes each step, computing nothing) on 127.0.0.1, and prints a markdown "
     "table: step time (median over steps of the slowest worker) next to the parameter-server model "
-    "max(M/B, N*M/(k*B)), bytes and CPU seconds per step through the server, its peak RSS, and "
+    "max(M/B, N*M/(k*B)), bytes and CPU seconds per step through a shard, the largest peak RSS, and "
     "whether every worker's final weights are exactly right.\n\n"
-    "  summa-bench-scale --workers=1,2,4,8,16,32 --model_bytes=64MiB --steps=20 "
+    "  summa-bench-scale --workers=1,2,4,8,16,32 --shards=1,2 --model_bytes=64MiB --steps=20 "
     "--out=bench/results-scale.md --plot=bench/scale.png";
 
 int FlagError(const std::string& message) {
@@ -95,7 +95,12 @@ int main(int argc, char** argv) {
   o.partition_bytes = *partition_bytes;
   o.deterministic = absl::GetFlag(FLAGS_deterministic);
   o.steps = absl::GetFlag(FLAGS_steps);
-  o.shards = absl::GetFlag(FLAGS_shards);
+  o.shards.clear();
+  for (absl::string_view k : absl::StrSplit(absl::GetFlag(FLAGS_shards), ',', absl::SkipEmpty())) {
+    int shards = 0;
+    if (!absl::SimpleAtoi(k, &shards)) return FlagError(absl::StrCat("--shards: '", k, "' is not a number"));
+    o.shards.push_back(shards);
+  }
   o.lr = absl::GetFlag(FLAGS_lr);
   o.reference_gbps = absl::GetFlag(FLAGS_reference_gbps);
   o.reference_source = absl::GetFlag(FLAGS_reference_source);

@@ -38,27 +38,31 @@ def main():
     if not rows:
         print(f"scale_plot.py: {args.data} has no rows", file=sys.stderr)
         return 1
-    workers = [int(r["workers"]) for r in rows]
+    workers = sorted({int(r["workers"]) for r in rows})
+    shard_counts = sorted({int(r["shards"]) for r in rows})
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
 
-    def plot(values, label, **style):
-        points = [(n, v) for n, v in zip(workers, values) if v is not None]
+    def plot(rows_of_k, values, label, **style):
+        points = [(int(r["workers"]), v) for r, v in zip(rows_of_k, values) if v is not None]
         if points:
             ax.plot([p[0] for p in points], [p[1] for p in points], label=label, **style)
 
-    plot(column(rows, "step_ms"), "summa: measured step (median of slowest worker)",
-         marker="o", linewidth=2)
-    plot(column(rows, "model_ms"), "PS model max(M/B, NM/kB), B fitted to 1 worker",
-         linestyle="--", marker="x")
-    plot(column(rows, "reference_ms"),
-         f"PS model, B = {args.reference_label}" if args.reference_label else "PS model, reference B",
-         linestyle=":", marker="+")
+    for k in shard_counts:
+        of_k = [r for r in rows if int(r["shards"]) == k]
+        plot(of_k, column(of_k, "step_ms"), f"summa, k = {k}: measured step (median of slowest worker)",
+             marker="o", linewidth=2)
+        plot(of_k, column(of_k, "model_ms"), f"PS model max(M/B, NM/kB), k = {k}, B fitted to 1 worker",
+             linestyle="--", marker="x")
+        plot(of_k, column(of_k, "reference_ms"),
+             f"PS model, k = {k}, B = {args.reference_label}" if args.reference_label
+             else f"PS model, k = {k}, reference B",
+             linestyle=":", marker="+")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xticks(workers)
     ax.set_xticklabels([str(n) for n in workers])
-    ax.set_xlabel("workers N (one server, k = 1)")
+    ax.set_xlabel("workers N (k server shards)")
     ax.set_ylabel("step time (ms)")
     ax.set_title(args.title)
     ax.grid(True, which="both", alpha=0.3)

@@ -58,8 +58,8 @@ std::string ScaleTableHeader(bool reference) {
   return absl::StrCat(
       "| workers | k | model | step time (ms, median of slowest) | PS model, B fitted (ms) | ",
       reference ? "PS model, B reference (ms) | " : "",
-      "server in (MiB/step) | server out (MiB/step) | through server (GB/s, in+out) | "
-      "server CPU (s/step) | workers CPU (s/step, all) | server peak RSS (MiB) | load avg at start | "
+      "per shard in (MiB/step) | per shard out (MiB/step) | through a shard (GB/s, in+out) | "
+      "per shard CPU (s/step) | workers CPU (s/step, all) | largest shard peak RSS (MiB) | load avg at start | "
       "correct |\n",
       "|---:|---:|---:|---:|---:|", reference ? "---:|" : "", "---:|---:|---:|---:|---:|---:|---:|---|");
 }

@@ -1,5 +1,6 @@
 #include "server/job_options.h"
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace summa::server {
@@ -50,6 +51,18 @@ absl::StatusOr<Mode> ModeFromProto(summa::v1::Mode mode) {
     case summa::v1::MODE_SSP: return Mode::kSsp;
     default: return absl::InvalidArgumentError(absl::StrCat("unknown mode ", static_cast<int>(mode)));
   }
+}
+
+absl::StatusOr<int> ShardFromHostname(const char* hostname) {
+  const absl::string_view name = hostname != nullptr ? hostname : "";
+  const size_t dash = name.rfind('-');
+  int ordinal = -1;
+  if (dash == absl::string_view::npos || !absl::SimpleAtoi(name.substr(dash + 1), &ordinal) || ordinal < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--shards > 1 needs --shard, or a $HOSTNAME ending in a StatefulSet ordinal (summa-server-1); "
+        "$HOSTNAME is '", name, "'"));
+  }
+  return ordinal;
 }
 
 absl::Status ValidateOptions(const ServerOptions& options) {

@@ -76,6 +76,10 @@ struct ServerOptions {
   LimitOptions limits;
 };
 
+// A StatefulSet pod's ordinal, the number after the last '-' of its hostname (summa-server-1: 1),
+// for --shard's default; INVALID_ARGUMENT naming the hostname when it has none.
+absl::StatusOr<int> ShardFromHostname(const char* hostname);
+
 absl::Status ValidateOptions(const ServerOptions& options);
 
 }  // namespace summa::server

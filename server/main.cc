@@ -112,7 +112,9 @@ ABSL_FLAG(int, shards, 1,
           "the model needs at least this many partitions: see --partition_bytes), and workers "
           "give every shard's address, in shard order, to --server. Give every shard the same "
           "job flags");
-ABSL_FLAG(int, shard, 0, "this server's shard, 0 to --shards - 1");
+ABSL_FLAG(int, shard, -1,
+          "this server's shard, 0 to --shards - 1; default: 0 for an unsharded job, else the "
+          "ordinal that ends $HOSTNAME (a StatefulSet's pod summa-server-1 is shard 1)");
 ABSL_FLAG(absl::Duration, barrier_deadline, absl::Minutes(10),
           "how long a pull or an AllReduce waits for the rest of its group before it fails with "
           "DEADLINE_EXCEEDED (e.g. 30s, 10m)");
@@ -182,8 +184,13 @@ absl::StatusOr<summa::server::ServerOptions> OptionsFromFlags() {
   opt.warmup_steps = absl::GetFlag(FLAGS_lr_warmup_steps);
   opt.total_steps = absl::GetFlag(FLAGS_lr_total_steps);
   o.partition_bytes = absl::GetFlag(FLAGS_partition_bytes);
-  o.shard = absl::GetFlag(FLAGS_shard);
   o.shards = absl::GetFlag(FLAGS_shards);
+  o.shard = absl::GetFlag(FLAGS_shard);
+  if (o.shard == -1) {
+    absl::StatusOr<int> ordinal = o.shards > 1 ? summa::server::ShardFromHostname(std::getenv("HOSTNAME")) : 0;
+    if (!ordinal.ok()) return ordinal.status();
+    o.shard = *ordinal;
+  }
   o.barrier_deadline = absl::GetFlag(FLAGS_barrier_deadline);
   o.lease = absl::GetFlag(FLAGS_lease);
   o.rejoin_deadline = absl::GetFlag(FLAGS_rejoin_deadline);

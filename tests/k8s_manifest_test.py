@@ -1,7 +1,7 @@
 """Kubernetes manifests: every overlay renders with `kubectl kustomize` and holds what Summa
 promises (headless Service, StatefulSet with a checkpoint volume and gRPC probes, indexed worker
 Job, ConfigMap, NetworkPolicy, PodDisruptionBudget, one GPU per worker in the gpu overlay, the
-Secrets mounted read-only where the flags point), and the cpu-demo and cpu-demo-tls overlays'
+Secrets mounted read-only where the flags point), and the cpu-demo, cpu-demo-sharded and cpu-demo-tls overlays'
 exact command lines and environment train on this machine: the binaries run as the containers
 would, with the Service's DNS name and the listen addresses mapped to 127.0.0.1 (OS-chosen
 ports), the completion index as the rank, and each volume mapped to a directory of its own that
@@ -114,7 +114,7 @@ class K8sManifestTest(unittest.TestCase):
         self.assertEqual(worker["resources"]["limits"]["nvidia.com/gpu"], 1)
 
     def test_base_overlays_speak_plaintext_with_tokens(self):
-        for overlay in ["cpu-demo", "gpu"]:
+        for overlay in ["cpu-demo", "cpu-demo-sharded", "gpu"]:
             objs = render(ARGS.source, overlay)
             server = objs[("StatefulSet", "summa-server")]["spec"]["template"]["spec"]["containers"][0]
             self.assertEqual(server["readinessProbe"]["grpc"]["port"], 50051)
@@ -137,6 +137,12 @@ class K8sManifestTest(unittest.TestCase):
         self.assertEqual(self.images(objs), {"summa:cpu"}, "the image scripts/image.sh builds")
         self.run_overlay(objs)
 
+    def test_cpu_demo_sharded_command_lines_train_on_two_shards_on_this_machine(self):
+        objs = render(ARGS.source, "cpu-demo-sharded")
+        self.check_common(objs)
+        self.assertEqual(objs[("StatefulSet", "summa-server")]["spec"]["replicas"], 2)
+        self.run_overlay(objs)
+
     def test_cpu_demo_tls_command_lines_train_and_probe_on_this_machine(self):
         objs = render(ARGS.source, "cpu-demo-tls")
         self.check_common(objs, tls=True)
@@ -154,27 +160,41 @@ class K8sManifestTest(unittest.TestCase):
         worker = worker_pod["containers"][0]
         binaries = {"/usr/local/bin/summa-server": os.path.join(ARGS.bin, "server/summa-server"),
                     "/usr/local/bin/summa-worker": os.path.join(ARGS.bin, "worker/summa-worker")}
+        replicas = objs[("StatefulSet", "summa-server")]["spec"].get("replicas", 1)
+        self.assertEqual(replicas, int(env["SUMMA_SHARDS"]), "one server pod per shard")
+        pods = [f"summa-server-{i}.summa-server:50051" for i in range(replicas)]
+        self.assertEqual(env["SUMMA_SERVER"], ",".join(pods),
+                         "workers reach every shard by its pod's DNS name, in shard order")
         with ProcessGroup() as g:
             secrets = make_secrets(ARGS.source, os.path.join(g.dir, "secrets"))
-            mounts = pod_volumes(sts, server_container, secrets, os.path.join(g.dir, "server-pod"))
-            port_file = os.path.join(g.dir, "server.port")
-            health_port_file = os.path.join(g.dir, "health.port")
-            server_args = [to_host(expand(x, env), mounts, {"address", "metrics_address", "health_address"})
-                           for x in server_container["args"]]
-            server_args.append(f"--port_file={port_file}")
-            if health_port is not None:
-                server_args.append(f"--health_port_file={health_port_file}")
-            server = g.start("server", [binaries[server_container["command"][0]], *server_args], env=env)
-            port = int(g.wait_for_file(port_file, server))
-            self.assertEqual(env["SUMMA_SERVER"], f"{SERVICE}:50051", "workers reach the server by its Service name")
-            if health_port is not None:
-                self.probe_tls_server(server_container, port, int(g.wait_for_file(health_port_file, server)),
-                                      secrets)
+            ports = []
+            for i in range(replicas):
+                # Pod summa-server-i: its own volumes, and the hostname its shard comes from.
+                mounts = pod_volumes(sts, server_container, secrets, os.path.join(g.dir, f"server{i}-pod"))
+                port_file = os.path.join(g.dir, f"server{i}.port")
+                health_port_file = os.path.join(g.dir, f"health{i}.port")
+                server_args = [to_host(expand(x, env), mounts, {"address", "metrics_address", "health_address"})
+                               for x in server_container["args"]]
+                server_args.append(f"--port_file={port_file}")
+                if health_port is not None:
+                    server_args.append(f"--health_port_file={health_port_file}")
+                server = g.start(f"server{i}", [binaries[server_container["command"][0]], *server_args],
+                                 env={**env, "HOSTNAME": f"summa-server-{i}"})
+                ports.append(int(g.wait_for_file(port_file, server)))
+                if health_port is not None:
+                    self.probe_tls_server(server_container, ports[i], int(g.wait_for_file(health_port_file, server)),
+                                          secrets)
+                if replicas > 1:
+                    self.assertIn(f"shard {i} of {replicas}", g.log(server))
+
+            def to_local(arg):
+                for pod, port in zip(pods, ports):
+                    arg = arg.replace(pod, f"127.0.0.1:{port}")
+                return arg
             workers = []
             for index in range(job["spec"]["completions"]):
                 mounts = pod_volumes(worker_pod, worker, secrets, os.path.join(g.dir, f"worker{index}-pod"))
-                args = [to_host(expand(x, env).replace(env["SUMMA_SERVER"], f"127.0.0.1:{port}"), mounts,
-                                {"status_address", "metrics_address"})
+                args = [to_host(to_local(expand(x, env)), mounts, {"status_address", "metrics_address"})
                         for x in worker["args"]]
                 workers.append(g.start(f"worker{index}", [binaries[worker["command"][0]], *args],
                                        env={**env, "JOB_COMPLETION_INDEX": str(index)}))

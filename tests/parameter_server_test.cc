@@ -678,6 +678,28 @@ TEST_F(MembershipTest, AModelOfFewerPartitionsThanShardsIsRefused) {
   EXPECT_NE(joined.status().message().find("2 shards need at least 2"), absl::string_view::npos) << joined.status();
 }
 
+TEST(ShardOptionsTest, AShardComesFromItsFlagsOrItsPodsOrdinal) {
+  EXPECT_EQ(*ShardFromHostname("summa-server-1"), 1);
+  EXPECT_EQ(*ShardFromHostname("summa-server-12"), 12);
+  for (const char* bad : {"summa-server", "summa-server-x", "", "summa-server-1a"}) {
+    const absl::StatusOr<int> refused = ShardFromHostname(bad);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(refused.status().message().find(absl::StrCat("'", bad, "'")), absl::string_view::npos) << refused.status();
+  }
+  EXPECT_FALSE(ShardFromHostname(nullptr).ok());
+  ServerOptions o;
+  o.shards = 2;
+  o.shard = 1;
+  EXPECT_TRUE(ValidateOptions(o).ok());
+  for (auto [shard, shards] : {std::pair{2, 2}, {-1, 2}, {0, 0}}) {
+    o.shard = shard;
+    o.shards = shards;
+    const absl::Status s = ValidateOptions(o);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << shard << " of " << shards;
+    EXPECT_NE(s.message().find(absl::StrCat("shard ", shard, " of ", shards)), absl::string_view::npos) << s;
+  }
+}
+
 TEST_F(MembershipTest, NonFiniteGradientsCanSkipTheStepOrCountAsZero) {
   std::vector<float> bad = {2, std::numeric_limits<float>::infinity(), 2, 2};
   const std::string bytes(reinterpret_cast<const char*>(bad.data()), 16);

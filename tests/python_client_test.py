@@ -280,6 +280,16 @@ class PythonClientTest(unittest.TestCase):
             self.assertEqual(code, 1, out)
             self.assertRegex(out, r"launch: worker [01] \(pid \d+\) failed with status 2")
 
+    def test_a_shard_of_a_sharded_job_is_refused_by_name(self):
+        with ProcessGroup() as g:
+            server, port = g.start_server(ARGS.server, "--workers=1", "--shards=2", "--shard=1", "--partition_bytes=8")
+            client = summa.Client(f"127.0.0.1:{port}", rank=0, world_size=1, join_timeout=5)
+            with self.assertRaises(summa.SummaError) as caught:
+                client.join([("w", (4,))], np.zeros(4, np.float32))
+            self.assertEqual(caught.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
+            self.assertIn("is shard 1 of 2; this client talks to one unsharded summa-server", caught.exception.message)
+            client.close()
+
     def test_a_newer_join_for_the_rank_fences_the_older_client(self):
         with ProcessGroup() as g:
             server, port = g.start_server(ARGS.server, "--workers=1")

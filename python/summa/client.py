@@ -130,6 +130,11 @@ class Client:
                     log.info("waiting for the server at %s: %s", self.server, e.details())
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 1.0)
+        if response.shards > 1:
+            raise SummaError(grpc.StatusCode.FAILED_PRECONDITION,
+                             f"the server at {self.server} is shard {response.shard} of {response.shards}; "
+                             "this client talks to one unsharded summa-server (summa-worker --server "
+                             "takes every shard's address)", "join")
         partitions = []
         expected = 0
         for p in response.partitions:

@@ -405,6 +405,16 @@ class FaultProcessTest(unittest.TestCase):
             self.assertNotEqual(code, 0, g.log(job.workers[0]))
             self.assertIn("the job has ended", g.log(job.workers[0]))
 
+    def thirty_steps_one_late(self, g, job, late_rank):
+        """Three workers, one epoch of 1920 examples (30 steps), `late_rank`'s pushes held back
+        20 ms each so that they arrive last; their logs."""
+        for r in range(3):
+            extra = ["--epochs=1", "--train_limit=1920"]
+            if r == late_rank:
+                extra.append("--fault_delay_push=20ms")
+            job.start_worker(r, *extra)
+        return self.finish(g, job)
+
     def test_deterministic_sums_give_the_same_weights_whatever_order_pushes_arrive_in(self):
         # Three workers (from three on, the order of a sum's additions shows in its last bits),
         # summa-server --deterministic: one run with rank 0's pushes held back 20 ms each, so that
@@ -412,12 +422,7 @@ class FaultProcessTest(unittest.TestCase):
         def run(late_rank):
             with ProcessGroup() as g:
                 job = Job(g, 3, server_flags=("--deterministic",))
-                for r in range(3):
-                    extra = ["--epochs=1", "--train_limit=1920"]
-                    if r == late_rank:
-                        extra.append("--fault_delay_push=20ms")
-                    job.start_worker(r, *extra)
-                outs = self.finish(g, job)
+                outs = self.thirty_steps_one_late(g, job, late_rank)
                 self.assertIn("epoch 1/1", outs[0])
                 self.assertEqual(int(job.status().get("version", 0)), 30)
                 return job.weights()
@@ -432,12 +437,7 @@ class FaultProcessTest(unittest.TestCase):
         def run(shards, late_rank):
             with ProcessGroup() as g:
                 job = Job(g, 3, server_flags=("--deterministic", "--partition_bytes=65536"), shards=shards)
-                for r in range(3):
-                    extra = ["--epochs=1", "--train_limit=1920"]
-                    if r == late_rank:
-                        extra.append("--fault_delay_push=20ms")
-                    job.start_worker(r, *extra)
-                outs = self.finish(g, job)
+                outs = self.thirty_steps_one_late(g, job, late_rank)
                 self.assertIn("epoch 1/1", outs[0])
                 counts = []
                 for i, port in enumerate(job.ports):

@@ -22,14 +22,20 @@ using testing_split::SameStep;
 using testing_split::Step;
 using testing_split::Weights;
 
+// LeNet whole on one CPU backend: the step a split model must match.
+Result OneDevice(const std::vector<float>& w, const Batch& batch, int n) {
+  auto one = NewCpuBackend(1);
+  auto model = LeNet::Create(one.get(), n);
+  EXPECT_TRUE(model.ok()) << model.status();
+  if (!model.ok()) return {};
+  return Step(**model, w, batch, n);
+}
+
 TEST(PipelineTest, SplitModelMatchesOneDeviceForEveryMicroBatchCount) {
   const int kBatch = 13;  // micro-batches of unequal sizes for most counts
   const std::vector<float> w = Weights();
   const Batch batch = RandomBatch(kBatch, 11);
-  auto one = NewCpuBackend(1);
-  auto reference_model = LeNet::Create(one.get(), kBatch);
-  ASSERT_TRUE(reference_model.ok());
-  const Result want = Step(**reference_model, w, batch, kBatch);
+  const Result want = OneDevice(w, batch, kBatch);
   float largest = 0;
   for (float g : want.gradient) largest = std::max(largest, std::abs(g));
   ASSERT_GT(largest, 0.1f);
@@ -97,10 +103,7 @@ TEST(PipelineTest, AStageThatFailsStopsTheOtherAndTheNextStepIsWhole) {
   const int kBatch = 8;
   const std::vector<float> w = Weights();
   const Batch batch = RandomBatch(kBatch, 5);
-  auto one = NewCpuBackend(1);
-  auto reference_model = LeNet::Create(one.get(), kBatch);
-  ASSERT_TRUE(reference_model.ok());
-  const Result want = Step(**reference_model, w, batch, kBatch);
+  const Result want = OneDevice(w, batch, kBatch);
   for (int failing_stage : {0, 1}) {
     auto cpu0 = NewCpuBackend(1), cpu1 = NewCpuBackend(1);
     FailingOnce first(cpu0.get(), failing_stage == 0 ? 4 : 0), second(cpu1.get(), failing_stage == 1 ? 4 : 0);

@@ -438,34 +438,32 @@ absl::StatusOr<bool> ParameterClient::Push(uint64_t step, int64_t num_examples,
   return completed;
 }
 
-absl::Status ParameterClient::Heartbeat(int rank) const {
+template <typename Request, typename Response>
+absl::Status ParameterClient::EveryShard(int rank, absl::Duration deadline,
+                                         grpc::Status (pb::ParameterServer::Stub::*method)(grpc::ClientContext*,
+                                                                                            const Request&,
+                                                                                            Response*)) const {
+  absl::Status first_error;
   for (const auto& shard : shards_) {
-    pb::HeartbeatRequest request;
+    Request request;
     request.set_rank(rank);
     request.set_session(shard->session);
-    pb::HeartbeatResponse response;
+    Response response;
     grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
     AttachToken(token_, &ctx);
-    SUMMA_RETURN_IF_ERROR(FromGrpcStatus(shard->stub->Heartbeat(&ctx, request, &response)));
+    absl::Status answered = FromGrpcStatus(((*shard->stub).*method)(&ctx, request, &response));
+    if (first_error.ok()) first_error = answered;  // every shard is called, whatever one answers
   }
-  return absl::OkStatus();
+  return first_error;
+}
+
+absl::Status ParameterClient::Heartbeat(int rank) const {
+  return EveryShard(rank, absl::Seconds(5), &pb::ParameterServer::Stub::Heartbeat);
 }
 
 absl::Status ParameterClient::Leave(int rank) {
-  absl::Status first_error;
-  for (const auto& shard : shards_) {
-    pb::LeaveRequest request;
-    request.set_rank(rank);
-    request.set_session(shard->session);
-    pb::LeaveResponse response;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    AttachToken(token_, &ctx);
-    absl::Status left = FromGrpcStatus(shard->stub->Leave(&ctx, request, &response));
-    if (first_error.ok()) first_error = left;  // every shard is told, whatever one says
-  }
-  return first_error;
+  return EveryShard(rank, absl::Seconds(10), &pb::ParameterServer::Stub::Leave);
 }
 
 absl::StatusOr<std::vector<float>> ParameterClient::AllReduce(const Collective& group,

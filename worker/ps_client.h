@@ -86,6 +86,12 @@ class ParameterClient final : public ParameterStore {
     grpc::ByteBuffer* reply;
     int shard = 0;
   };
+  // Calls `method` (Heartbeat, Leave) on every shard as `rank` with that shard's session, each
+  // within `deadline`, whatever another answers; the first error.
+  template <typename Request, typename Response>
+  absl::Status EveryShard(int rank, absl::Duration deadline,
+                          grpc::Status (summa::v1::ParameterServer::Stub::*method)(grpc::ClientContext*,
+                                                                                    const Request&, Response*)) const;
   // Joins one shard (retrying while it is not up, within join_deadline_).
   absl::StatusOr<summa::v1::JoinResponse> JoinShard(Shard& shard, const summa::v1::JoinRequest& request);
   // Starts the call `start(i)` describes for each i in [0, n) at once and waits for all;

@@ -191,7 +191,7 @@ void ConsistencyPolicy::Advance(Partition& p, absl::Span<const float> grad_sum, 
   ++p.version;
   p.last_step = now - p.last_completion;
   p.last_completion = now;
-  if (p.range.id == 0 && ctx_.step_observer) ctx_.step_observer(p.last_step);
+  if (p.reports && ctx_.step_observer) ctx_.step_observer(p.last_step);
   p.Release(p.parked, p.version, out);
 }
 

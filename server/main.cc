@@ -64,7 +64,7 @@ ABSL_FLAG(absl::Duration, rejoin_deadline, absl::Minutes(5),
           "ends with an error");
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "directory for checkpoints (weights, optimizer state, version); the newest whole one is "
-          "restored at start; empty: no checkpoints");
+          "restored at start; a shard keeps its own in DIR/shard-I-of-K; empty: no checkpoints");
 ABSL_FLAG(int64_t, checkpoint_every, 100,
           "write a checkpoint every this many steps (and on SIGTERM); 0: only on SIGTERM");
 ABSL_FLAG(std::string, optimizer, "sgd",
@@ -195,6 +195,10 @@ absl::StatusOr<summa::server::ServerOptions> OptionsFromFlags() {
   o.lease = absl::GetFlag(FLAGS_lease);
   o.rejoin_deadline = absl::GetFlag(FLAGS_rejoin_deadline);
   o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  // Shards may share a directory: each keeps (and prunes, and restores) its own checkpoints.
+  if (!o.checkpoint_dir.empty() && o.shards > 1) {
+    o.checkpoint_dir = absl::StrCat(o.checkpoint_dir, "/shard-", o.shard, "-of-", o.shards);
+  }
   o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   o.require_sessions = absl::GetFlag(FLAGS_require_sessions);
   LimitOptions& l = o.limits;

@@ -74,6 +74,7 @@ absl::StatusOr<std::unique_ptr<ParameterServer::Model>> ParameterServer::NewMode
         flat.empty() ? absl::Span<const float>() : absl::MakeConstSpan(flat.data() + range.offset, range.length),
         slots, now, options_.deterministic));
   }
+  model->partitions.front()->reports = true;  // there is one: shards <= partitions
   if (flat.empty()) model->pending = static_cast<int>(model->partitions.size());
   return model;
 }
@@ -499,7 +500,7 @@ StatusSnapshot ParameterServer::Status() const {
     for (const auto& p : m->partitions) {
       absl::ReaderMutexLock lock(&p->mu);
       s.version = std::min(s.version, p->version);
-      if (p->range.id == 0) {
+      if (p->reports) {
         s.last_step = p->last_step;
         s.learning_rate = optimizer_->LearningRate(p->version);
       }

@@ -38,6 +38,9 @@ struct Partition {
   }
 
   const PartitionRange range;
+  // The first partition this server holds: its steps are the ones status and metrics report
+  // (step time, learning rate). Set once, before the model is published.
+  bool reports = false;
   mutable absl::Mutex mu;
   // Updates applied: steps completed (sync) or pushes applied (async, ssp).
   uint64_t version ABSL_GUARDED_BY(mu) = 0;

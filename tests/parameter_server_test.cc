@@ -661,6 +661,8 @@ TEST_F(MembershipTest, AShardHoldsItsPartitionsAndRefusesTheOthersByName) {
   mine.partition = 1;
   EXPECT_TRUE(ps->Push(mine).ok());
   EXPECT_EQ(ps->Status().partition_count, 1);
+  // Its first partition reports the job's steps and rate (partition 0 is another shard's).
+  EXPECT_EQ(ps->Status().learning_rate, 1.0);
 }
 
 TEST_F(MembershipTest, AModelOfFewerPartitionsThanShardsIsRefused) {

@@ -86,10 +86,24 @@ TEST_F(PushEncoderTest, ARejoinWhereTheServerLacksTheStepTakesItBackAndEncodesIt
 
 TEST_F(PushEncoderTest, AServerThatWentBackFurtherDropsTheResiduals) {
   const std::string line = e_.Rejoined(0);
-  EXPECT_NE(line.find("expects step 0 after this worker's push of step 1"), std::string::npos) << line;
+  EXPECT_NE(line.find("expects step 0 where this worker's residuals lead to step 2"), std::string::npos) << line;
   EXPECT_EQ(Residuals(e_), std::vector<float>(10, 0.0f));
   e_.Encode(0, 64, kStep0.data());
   EXPECT_EQ(Residuals(e_), after_step0_);
+}
+
+TEST_F(PushEncoderTest, ASecondRejoinBeforeAnyPushJudgesFromWhatTheFirstLeft) {
+  // The server has step 1, then (restored again) lacks it: taken back at the second rejoin.
+  EXPECT_EQ(e_.Rejoined(2), "");
+  EXPECT_EQ(e_.Rejoined(1), "");
+  EXPECT_EQ(Residuals(e_), after_step0_);
+  // The same rejoin again changes nothing; a step further back cannot be taken back: dropped.
+  EXPECT_EQ(e_.Rejoined(1), "");
+  EXPECT_EQ(Residuals(e_), after_step0_);
+  EXPECT_NE(e_.Rejoined(0), "");
+  EXPECT_EQ(Residuals(e_), std::vector<float>(10, 0.0f));
+  // From zero residuals, any step is a fresh start.
+  EXPECT_EQ(e_.Rejoined(5), "");
 }
 
 TEST_F(PushEncoderTest, AJobThatWentOnWithoutThisRankDropsTheResiduals) {

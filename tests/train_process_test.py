@@ -336,13 +336,18 @@ class TrainProcessTest(unittest.TestCase):
         # (balanced by bytes), every push of every step; the launcher stops all four processes.
         run_dir = os.path.join(ProcessGroup().dir, "run")
         trace_dir = os.path.join(run_dir, "trace")
+        ckpt = os.path.join(run_dir, "ckpt")
         ok = subprocess.run([ARGS.launch, "--workers", "2", "--shards", "2", "--epochs", "1", "--batch_size", "64",
                              "--bin", ARGS.bin, "--run_dir", run_dir, "--trace_dir", trace_dir,
-                             "--server_args", "--partition_bytes=65536", "--",
+                             "--server_args", f"--partition_bytes=65536 --checkpoint_dir={ckpt}", "--",
                              "--train_limit=1000", "--test_limit=500"],
                             capture_output=True, text=True, timeout=240)
         self.assertEqual(ok.returncode, 0, ok.stdout + ok.stderr)
         self.assertIn("all 2 workers finished", ok.stdout)
+        # One checkpoint directory given to both: each shard keeps its own (the last, on SIGTERM).
+        self.assertEqual(sorted(os.listdir(ckpt)), ["shard-0-of-2", "shard-1-of-2"])
+        for shard in os.listdir(ckpt):
+            self.assertTrue([f for f in os.listdir(os.path.join(ckpt, shard)) if f.endswith(".summa")], shard)
         steps = -(-1000 // 64)
         for name in ("server", "shard1"):
             with open(os.path.join(trace_dir, name + ".json")) as f:

@@ -83,7 +83,8 @@ std::unique_ptr<grpc::ClientContext> ParameterClient::NewContext() const {
   return ctx;
 }
 
-absl::StatusOr<pb::JoinResponse> ParameterClient::JoinShard(Shard& shard, const pb::JoinRequest& request) {
+absl::StatusOr<pb::JoinResponse> ParameterClient::JoinShard(size_t index, const pb::JoinRequest& request) {
+  Shard& shard = *shards_[index];
   const absl::Time give_up = absl::Now() + join_deadline_;
   absl::Duration backoff = absl::Milliseconds(50);
   pb::JoinResponse response;
@@ -109,6 +110,19 @@ absl::StatusOr<pb::JoinResponse> ParameterClient::JoinShard(Shard& shard, const 
     }
     absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, absl::Seconds(1));
+    // The shards joined already keep this rank's lease while this one is awaited (a
+    // StatefulSet may start its pods one after another); their answers are not waited on here:
+    // a lost lease shows at the next call.
+    for (size_t j = 0; j < index; ++j) {
+      pb::HeartbeatRequest beat;
+      beat.set_rank(request.rank());
+      beat.set_session(shards_[j]->session);
+      pb::HeartbeatResponse ignored;
+      grpc::ClientContext beat_ctx;
+      beat_ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+      AttachToken(token_, &beat_ctx);
+      shards_[j]->stub->Heartbeat(&beat_ctx, beat, &ignored);
+    }
   }
 }
 
@@ -135,7 +149,8 @@ absl::StatusOr<JoinInfo> ParameterClient::Join(int rank, int world,
   const int k = static_cast<int>(shards_.size());
   std::vector<pb::JoinResponse> responses;
   for (int i = 0; i < k; ++i) {
-    SUMMA_ASSIGN_OR_RETURN(pb::JoinResponse response, JoinShard(*shards_[i], request));
+    SUMMA_ASSIGN_OR_RETURN(pb::JoinResponse response, JoinShard(i, request));
+    shards_[i]->session = response.session();
     const int said = std::max(1, response.shards());
     if (response.shard() != i || said != k) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -144,14 +159,20 @@ absl::StatusOr<JoinInfo> ParameterClient::Join(int rank, int world,
     }
     if (i == 0) {
       request.set_rank(response.rank());
-    } else if (response.next_step() != responses[0].next_step() || response.mode() != responses[0].mode() ||
-               response.wire_dtype() != responses[0].wire_dtype() ||
+    } else if (response.mode() != responses[0].mode() || response.wire_dtype() != responses[0].wire_dtype() ||
                response.topk_ratio() != responses[0].topk_ratio()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the shards disagree: shard ", i, " (", shards_[i]->address, ") runs another mode or wire format than "
+          "shard 0 (", shards_[0]->address, "): start every shard with the same job flags"));
+    } else if (std::max(response.next_step(), responses[0].next_step()) -
+                   std::min(response.next_step(), responses[0].next_step()) > 1) {
+      // One step apart is a push-pull that reached some shards and not others, as it may reach
+      // some partitions of one server: the step is pushed again, and a shard that has it takes
+      // it as a duplicate. Further apart, a shard went back (a restore) the others cannot follow.
       return absl::FailedPreconditionError(absl::StrCat(
           "the shards disagree: shard 0 (", shards_[0]->address, ") resumes rank ", response.rank(), " at step ",
           responses[0].next_step(), ", shard ", i, " (", shards_[i]->address, ") at step ", response.next_step(),
-          " (or their modes or wire formats differ): start every shard with the same job flags and "
-          "checkpoints of one version"));
+          ": restart every shard from checkpoints of one version"));
     }
     responses.push_back(std::move(response));
   }
@@ -168,6 +189,7 @@ absl::StatusOr<JoinInfo> ParameterClient::Join(int rank, int world,
   std::vector<std::pair<PartitionRange, int>> held;
   for (int i = 0; i < k; ++i) {
     info.version = std::min(info.version, responses[i].version());
+    info.next_step = std::min(info.next_step, responses[i].next_step());
     for (const pb::Partition& p : responses[i].partitions()) held.push_back({{p.id(), p.offset(), p.length()}, i});
   }
   std::sort(held.begin(), held.end(), [](const auto& a, const auto& b) { return a.first.offset < b.first.offset; });
@@ -201,7 +223,6 @@ absl::StatusOr<JoinInfo> ParameterClient::Join(int rank, int world,
   info.wire_dtype = *wire;
   info.compression = compression;
   rank_ = info.rank;
-  for (int i = 0; i < k; ++i) shards_[i]->session = responses[i].session();
   mode_ = info.mode;
   partitions_ = info.partitions;
   push_headers_.assign(partitions_.size(), pb::PushRequest());

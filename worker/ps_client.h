@@ -92,8 +92,9 @@ class ParameterClient final : public ParameterStore {
   absl::Status EveryShard(int rank, absl::Duration deadline,
                           grpc::Status (summa::v1::ParameterServer::Stub::*method)(grpc::ClientContext*,
                                                                                     const Request&, Response*)) const;
-  // Joins one shard (retrying while it is not up, within join_deadline_).
-  absl::StatusOr<summa::v1::JoinResponse> JoinShard(Shard& shard, const summa::v1::JoinRequest& request);
+  // Joins shard `index` (retrying while it is not up, within join_deadline_), heartbeating the
+  // shards before it (joined already) while it waits.
+  absl::StatusOr<summa::v1::JoinResponse> JoinShard(size_t index, const summa::v1::JoinRequest& request);
   // Starts the call `start(i)` describes for each i in [0, n) at once and waits for all;
   // `what(i)` names call i in an error, `trace_name` its span in the trace.
   template <typename Start, typename What>

@@ -26,6 +26,8 @@ void PushEncoder::Configure(const std::vector<PartitionRange>& partitions, WireD
   dtype_ = dtype;
   compression_ = compression;
   encoded_step_ = kNone;
+  residual_next_ = kNone;
+  can_undo_ = false;
   wire_.clear();
   topk_.clear();
   if (dense_float32()) {
@@ -43,15 +45,19 @@ void PushEncoder::Configure(const std::vector<PartitionRange>& partitions, WireD
 }
 
 std::string PushEncoder::Rejoined(uint64_t next_step) {
-  const uint64_t last = encoded_step_;
   encoded_step_ = kNone;  // a push after a Join is encoded from the gradient computed then
-  if (topk_.empty() || last == kNone || next_step == last + 1) return "";
-  if (next_step == last) {
+  const uint64_t expected = residual_next_;
+  if (topk_.empty() || expected == kNone || next_step == expected) return "";
+  if (next_step + 1 == expected && can_undo_) {
     for (TopKEncoder& e : topk_) e.Undo();
+    residual_next_ = next_step;
+    can_undo_ = false;
     return "";
   }
   for (TopKEncoder& e : topk_) e.Reset();
-  return absl::StrCat("the server expects step ", next_step, " after this worker's push of step ", last,
+  residual_next_ = kNone;
+  can_undo_ = false;
+  return absl::StrCat("the server expects step ", next_step, " where this worker's residuals lead to step ", expected,
                       ": top-k's residuals (what earlier pushes left out) are dropped");
 }
 
@@ -72,6 +78,8 @@ void PushEncoder::Encode(uint64_t step, int64_t num_examples, const float* gradi
   }
   encoded_step_ = step;
   encoded_examples_ = num_examples;
+  residual_next_ = step + 1;
+  can_undo_ = true;
 }
 
 absl::Span<const float> PushEncoder::residual(size_t i) const {

@@ -23,13 +23,17 @@ class PushEncoder {
   // top-k's residuals and the last encoding, for Rejoined to judge; anything else starts afresh.
   void Configure(const std::vector<PartitionRange>& partitions, WireDType dtype, Compression compression);
 
-  // After a Join whose server expects this rank's `next_step`: the last encoded step was
-  //  - next_step - 1: the server has it; top-k's residuals stand;
-  //  - next_step: the server never applied it (it restored the version before, or the push was
-  //    lost): the encoding is taken back, residuals included, and the step is encoded again
-  //    from the gradient recomputed;
+  // After a Join whose server expects this rank's `next_step`, against the step the residuals
+  // lead to (the last step encoded, plus one):
+  //  - the same: the server has every step they account for; they stand;
+  //  - one less: the server never applied the last encoding (it restored the version before, or
+  //    the push was lost): it is taken back, residuals included, and the step is encoded again
+  //    from the gradient recomputed (once: a second step back is not kept);
   //  - anything else: the server went back further (a checkpoint), or on without this rank;
   //    what earlier pushes left out no longer fits its history, and the residuals are dropped.
+  // In async and ssp modes a push may have reached some partitions and not others; the step is
+  // taken back for all, and the partitions that had it keep their first push (a duplicate is
+  // dropped), so theirs is the residual of the recomputed gradient: exact in sync mode only.
   // Returns a line for the log when residuals were dropped, else "".
   std::string Rejoined(uint64_t next_step);
 
@@ -54,8 +58,12 @@ class PushEncoder {
   Compression compression_;
   std::vector<std::vector<char>> wire_;  // per partition, sized once
   std::vector<TopKEncoder> topk_;
-  uint64_t encoded_step_ = kNone;  // the step wire_ holds, or none
+  uint64_t encoded_step_ = kNone;  // the step wire_ holds for a resend, or none
   int64_t encoded_examples_ = 0;
+  // The step top-k's residuals lead to (the last encoded, plus one), and whether the last
+  // encoding can still be taken back; kNone while they are zero.
+  uint64_t residual_next_ = kNone;
+  bool can_undo_ = false;
 };
 
 }  // namespace summa::worker

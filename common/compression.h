@@ -74,6 +74,8 @@ class TopKEncoder {
   // Forgets what earlier pushes left out (the server's history and this worker's parted).
   void Reset();
 
+  // Whether Undo would take an Encode back.
+  bool can_undo() const { return can_undo_; }
   int64_t k() const { return k_; }
   int64_t bytes() const { return SparseBytes(k_, dtype_); }
   absl::Span<const float> residual() const { return residual_[current_]; }

@@ -114,14 +114,7 @@ absl::StatusOr<pb::JoinResponse> ParameterClient::JoinShard(size_t index, const 
     // StatefulSet may start its pods one after another); their answers are not waited on here:
     // a lost lease shows at the next call.
     for (size_t j = 0; j < index; ++j) {
-      pb::HeartbeatRequest beat;
-      beat.set_rank(request.rank());
-      beat.set_session(shards_[j]->session);
-      pb::HeartbeatResponse ignored;
-      grpc::ClientContext beat_ctx;
-      beat_ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-      AttachToken(token_, &beat_ctx);
-      shards_[j]->stub->Heartbeat(&beat_ctx, beat, &ignored);
+      CallShard(*shards_[j], request.rank(), absl::Seconds(5), &pb::ParameterServer::Stub::Heartbeat).IgnoreError();
     }
   }
 }
@@ -460,20 +453,24 @@ absl::StatusOr<bool> ParameterClient::Push(uint64_t step, int64_t num_examples,
 }
 
 template <typename Request, typename Response>
+absl::Status ParameterClient::CallShard(const Shard& shard, int rank, absl::Duration deadline,
+                                        ShardMethod<Request, Response> method) const {
+  Request request;
+  request.set_rank(rank);
+  request.set_session(shard.session);
+  Response response;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+  AttachToken(token_, &ctx);
+  return FromGrpcStatus(((*shard.stub).*method)(&ctx, request, &response));
+}
+
+template <typename Request, typename Response>
 absl::Status ParameterClient::EveryShard(int rank, absl::Duration deadline,
-                                         grpc::Status (pb::ParameterServer::Stub::*method)(grpc::ClientContext*,
-                                                                                            const Request&,
-                                                                                            Response*)) const {
+                                         ShardMethod<Request, Response> method) const {
   absl::Status first_error;
   for (const auto& shard : shards_) {
-    Request request;
-    request.set_rank(rank);
-    request.set_session(shard->session);
-    Response response;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
-    AttachToken(token_, &ctx);
-    absl::Status answered = FromGrpcStatus(((*shard->stub).*method)(&ctx, request, &response));
+    absl::Status answered = CallShard(*shard, rank, deadline, method);
     if (first_error.ok()) first_error = answered;  // every shard is called, whatever one answers
   }
   return first_error;

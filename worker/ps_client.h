@@ -86,12 +86,17 @@ class ParameterClient final : public ParameterStore {
     grpc::ByteBuffer* reply;
     int shard = 0;
   };
-  // Calls `method` (Heartbeat, Leave) on every shard as `rank` with that shard's session, each
-  // within `deadline`, whatever another answers; the first error.
+  // A member call of the stub that names only a rank and its session (Heartbeat, Leave).
   template <typename Request, typename Response>
-  absl::Status EveryShard(int rank, absl::Duration deadline,
-                          grpc::Status (summa::v1::ParameterServer::Stub::*method)(grpc::ClientContext*,
-                                                                                    const Request&, Response*)) const;
+  using ShardMethod = grpc::Status (summa::v1::ParameterServer::Stub::*)(grpc::ClientContext*, const Request&,
+                                                                          Response*);
+  // Calls `method` on `shard` as `rank` with that shard's session, within `deadline`.
+  template <typename Request, typename Response>
+  absl::Status CallShard(const Shard& shard, int rank, absl::Duration deadline,
+                         ShardMethod<Request, Response> method) const;
+  // CallShard on every shard, whatever another answers; the first error.
+  template <typename Request, typename Response>
+  absl::Status EveryShard(int rank, absl::Duration deadline, ShardMethod<Request, Response> method) const;
   // Joins shard `index` (retrying while it is not up, within join_deadline_), heartbeating the
   // shards before it (joined already) while it waits.
   absl::StatusOr<summa::v1::JoinResponse> JoinShard(size_t index, const summa::v1::JoinRequest& request);

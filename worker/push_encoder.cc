@@ -27,7 +27,6 @@ void PushEncoder::Configure(const std::vector<PartitionRange>& partitions, WireD
   compression_ = compression;
   encoded_step_ = kNone;
   residual_next_ = kNone;
-  can_undo_ = false;
   wire_.clear();
   topk_.clear();
   if (dense_float32()) {
@@ -48,15 +47,13 @@ std::string PushEncoder::Rejoined(uint64_t next_step) {
   encoded_step_ = kNone;  // a push after a Join is encoded from the gradient computed then
   const uint64_t expected = residual_next_;
   if (topk_.empty() || expected == kNone || next_step == expected) return "";
-  if (next_step + 1 == expected && can_undo_) {
+  if (next_step + 1 == expected && topk_[0].can_undo()) {  // every partition's encoder alike
     for (TopKEncoder& e : topk_) e.Undo();
     residual_next_ = next_step;
-    can_undo_ = false;
     return "";
   }
   for (TopKEncoder& e : topk_) e.Reset();
   residual_next_ = kNone;
-  can_undo_ = false;
   return absl::StrCat("the server expects step ", next_step, " where this worker's residuals lead to step ", expected,
                       ": top-k's residuals (what earlier pushes left out) are dropped");
 }
@@ -79,7 +76,6 @@ void PushEncoder::Encode(uint64_t step, int64_t num_examples, const float* gradi
   encoded_step_ = step;
   encoded_examples_ = num_examples;
   residual_next_ = step + 1;
-  can_undo_ = true;
 }
 
 absl::Span<const float> PushEncoder::residual(size_t i) const {

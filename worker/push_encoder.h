@@ -60,10 +60,8 @@ class PushEncoder {
   std::vector<TopKEncoder> topk_;
   uint64_t encoded_step_ = kNone;  // the step wire_ holds for a resend, or none
   int64_t encoded_examples_ = 0;
-  // The step top-k's residuals lead to (the last encoded, plus one), and whether the last
-  // encoding can still be taken back; kNone while they are zero.
+  // The step top-k's residuals lead to (the last encoded, plus one); kNone while they are zero.
   uint64_t residual_next_ = kNone;
-  bool can_undo_ = false;
 };
 
 }  // namespace summa::worker

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -373,7 +374,7 @@ absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Create(const
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
-  const std::string path = absl::StrFormat("%s/ckpt-%012d.summa", dir, header.version());
+  const std::string path = CheckpointPath(dir, header.version());
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Errno("create " + tmp);
@@ -668,6 +669,32 @@ absl::Status CheckpointReader::Verify() {
     return status_;
   }
   return CheckTrailer();
+}
+
+std::string CheckpointPath(const std::string& dir, uint64_t version) {
+  return absl::StrFormat("%s/ckpt-%012d.summa", dir, version);
+}
+
+std::vector<uint64_t> CheckpointVersions(const std::string& dir) {
+  std::vector<uint64_t> versions;
+  for (const std::string& path : CheckpointFiles(dir)) {
+    const std::string name = std::filesystem::path(path).stem().string();  // ckpt-000000000012
+    uint64_t version;
+    if (absl::SimpleAtoi(absl::string_view(name).substr(5), &version)) versions.push_back(version);
+  }
+  std::sort(versions.begin(), versions.end());
+  return versions;
+}
+
+absl::Status RemoveCheckpointsAfter(const std::string& dir, uint64_t version) {
+  for (uint64_t v : CheckpointVersions(dir)) {
+    if (v <= version) continue;
+    std::error_code ec;
+    const std::string path = CheckpointPath(dir, v);
+    std::filesystem::remove(path, ec);
+    if (ec) return absl::InternalError(absl::StrCat("cannot remove ", path, ": ", ec.message()));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::optional<RestoredCheckpoint>> RestoreNewestCheckpoint(

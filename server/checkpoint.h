@@ -180,6 +180,15 @@ class CheckpointReader : public PartitionSource {
   absl::Status status_;
 };
 
+// The file a checkpoint of `version` is written to in `dir`.
+std::string CheckpointPath(const std::string& dir, uint64_t version);
+// The versions of the checkpoint files in `dir` (whole or not), ascending; none when it does not
+// exist.
+std::vector<uint64_t> CheckpointVersions(const std::string& dir);
+// Removes the checkpoints in `dir` of versions above `version`: a history a rollback abandoned.
+// INTERNAL naming the file that could not be removed.
+absl::Status RemoveCheckpointsAfter(const std::string& dir, uint64_t version);
+
 struct RestoredCheckpoint {
   std::string path;
   summa::v1::Checkpoint header;

@@ -16,6 +16,8 @@ SummaServer::SummaServer(ServerOptions options, TokenCheck tokens)
       service_(&core_, &hub_, [this](std::function<void()> task) { RunInBackground(std::move(task)); },
                &tokens_) {
   core_.membership().AddObserver([this] { hub_.OnMembershipChange(); });
+  // The tick thread writes it at once: the next multiple of --checkpoint_every may come soon.
+  core_.OnCheckpointDue([this] { RunInBackground([] {}); });
 }
 
 absl::StatusOr<std::unique_ptr<SummaServer>> SummaServer::Start(const std::string& address,

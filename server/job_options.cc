@@ -94,6 +94,10 @@ absl::Status ValidateOptions(const ServerOptions& options) {
   if (options.checkpoint_every < 0) {
     return absl::InvalidArgumentError("the checkpoint interval must not be negative");
   }
+  if (options.keep_checkpoints < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("at least 1 checkpoint must be kept, got --keep_checkpoints=", options.keep_checkpoints));
+  }
   if (options.clock == nullptr) return absl::InvalidArgumentError("no clock");
   if (absl::Status s = ValidateLimits(options.limits, options.partition_bytes); !s.ok()) return s;
   return Optimizer::Create(options.optimizer).status();

@@ -66,7 +66,13 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
           "directory for checkpoints (weights, optimizer state, version); the newest whole one is "
           "restored at start; a shard keeps its own in DIR/shard-I-of-K; empty: no checkpoints");
 ABSL_FLAG(int64_t, checkpoint_every, 100,
-          "write a checkpoint every this many steps (and on SIGTERM); 0: only on SIGTERM");
+          "write a checkpoint every this many steps (and on SIGTERM); 0: only on SIGTERM. In sync "
+          "mode the checkpoints are of the versions that are multiples of it, so that shards keep "
+          "the same versions");
+ABSL_FLAG(int, keep_checkpoints, 2,
+          "keep the newest this many checkpoints; with --shards, keep enough that the shards share "
+          "one after any of them restarts (a worker rolls the shards back to the newest version "
+          "every shard keeps when they are more than one step apart): 4 or more");
 ABSL_FLAG(std::string, optimizer, "sgd",
           "optimizer applied to the summed gradient divided by the examples pushed, with "
           "PyTorch's semantics: sgd, adam or adamw (decoupled weight decay)");
@@ -200,6 +206,7 @@ absl::StatusOr<summa::server::ServerOptions> OptionsFromFlags() {
     o.checkpoint_dir = absl::StrCat(o.checkpoint_dir, "/shard-", o.shard, "-of-", o.shards);
   }
   o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  o.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
   o.require_sessions = absl::GetFlag(FLAGS_require_sessions);
   LimitOptions& l = o.limits;
   const struct {

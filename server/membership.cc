@@ -101,7 +101,7 @@ absl::Status Membership::CheckSession(int rank, uint64_t session) const {
   }
   if (current == 0) {
     return absl::NotFoundError(absl::StrCat(
-        "rank ", rank, " is not a member (never joined, or the server restarted); Join again"));
+        "rank ", rank, " is not a member (never joined, or the server restarted or rolled back); Join again"));
   }
   if (session == 0) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -127,7 +127,7 @@ absl::Status Membership::Touch(int rank, uint64_t session) {
     switch (state(rank)) {
       case MemberState::kAbsent:
         return absl::NotFoundError(absl::StrCat(
-            "rank ", rank, " is not a member (never joined, or the server restarted); Join again"));
+            "rank ", rank, " is not a member (never joined, or the server restarted or rolled back); Join again"));
       case MemberState::kDropped:
         return absl::FailedPreconditionError(absl::StrCat(
             "rank ", rank, " was dropped from the group when its lease lapsed; its pushes are refused"));
@@ -143,6 +143,16 @@ absl::Status Membership::Touch(int rank, uint64_t session) {
   }
   slot.last_seen_ns.store(absl::ToUnixNanos(clock_->Now()), std::memory_order_relaxed);
   return absl::OkStatus();
+}
+
+void Membership::Forget() {
+  absl::MutexLock lock(&mu_);
+  for (int r = 0; r < world_size_; ++r) {
+    const MemberState s = state(r);
+    if (s != MemberState::kAlive && s != MemberState::kLapsed) continue;
+    slots_[r].session.store(0, std::memory_order_release);
+    SetState(r, MemberState::kAbsent);
+  }
 }
 
 void Membership::CountPush(int rank, int64_t examples) {

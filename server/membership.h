@@ -89,6 +89,10 @@ class Membership {
   // Takes `rank` out for good (when `session` is its current one); its observers are told.
   absl::Status Leave(int rank, uint64_t session);
 
+  // Every alive or lapsed member becomes absent, its session void: their next calls are told
+  // NOT_FOUND (Join again). Dropped and departed ranks stay out.
+  void Forget();
+
   // Lapses expired leases, drops them under `shrink`, ends the job under `wait` when one has
   // been lapsed for the rejoin deadline.
   void Tick(absl::Time now);

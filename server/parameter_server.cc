@@ -41,6 +41,13 @@ ParameterServer::ParameterServer(ServerOptions options)
 
 ParameterServer::~ParameterServer() { Shutdown(); }
 
+absl::Status ParameterServer::Gone(const Partition& p) const {
+  if (p.retired) {
+    return absl::NotFoundError("the server rolled back to an older version to agree with the other shards; Join again");
+  }
+  return Answerable();
+}
+
 absl::Status ParameterServer::Answerable() const {
   if (membership_.job_ended()) return absl::AbortedError(absl::StrCat("the job has ended: ", job_error()));
   if (shut_down_) return absl::UnavailableError("the server is shutting down");
@@ -201,6 +208,9 @@ absl::StatusOr<JoinResult> ParameterServer::Join(const JoinRequestView& request)
   }
   result.live_ranks = LiveRanks();
   result.initialize = pending > 0;
+  if (options_.shards > 1 && options_.mode == Mode::kSync && !options_.checkpoint_dir.empty()) {
+    result.checkpoint_versions = CheckpointVersions(options_.checkpoint_dir);
+  }
   SUMMA_LOG(INFO) << "rank " << rank << " joined from " << request.peer << " at version "
                   << result.version << " (" << ModeName(options_.mode) << " mode)";
   return result;
@@ -338,11 +348,13 @@ absl::StatusOr<bool> ParameterServer::Push(const PushRequestView& request) {
   {
     TraceSpan span(options_.tracer, "sum", "server", p.range.id);
     absl::MutexLock lock(&p.mu);
+    if (p.retired) return Gone(p);
     if (membership_.excluded(request.rank)) {
       return absl::FailedPreconditionError(
           absl::StrCat("rank ", request.rank, " is no longer in the group; its pushes are refused"));
     }
     applied = policy_->Push(p, request, gradient, values, options_.clock->Now(), released);
+    if (applied.ok() && *applied) MaybeFreeze(*m, p);
   }
   if (absl::IsAlreadyExists(applied.status())) duplicate_pushes_.fetch_add(1, std::memory_order_relaxed);
   if (!applied.ok()) return applied;
@@ -370,14 +382,17 @@ void ParameterServer::PullFrom(const Model& m, uint32_t partition, uint64_t min_
   CallsToFinish answer, refusal;
   {
     absl::MutexLock lock(&p.mu);
-    if (p.version >= min_version) {
+    if (p.retired) {
+      if (call->Claim()) refusal.Add(std::move(call), Gone(p));
+    } else if (p.version >= min_version) {
       if (!call->Claim()) return;
       call->Fill(p.version, p.Published());
       answer.Add(std::move(call), absl::OkStatus());
     } else if (absl::Status refused = policy_->CheckPull(p, min_version); !refused.ok()) {
       if (call->Claim()) refusal.Add(std::move(call), std::move(refused));
-    } else if (absl::Status gone = Answerable(); !gone.ok()) {
-      // Checked under the lock that FailParked takes: a call parked now would never be failed.
+    } else if (absl::Status gone = Gone(p); !gone.ok()) {
+      // Checked under the lock that FailParked and RollBack take: a call parked now would never
+      // be failed.
       if (call->Claim()) refusal.Add(std::move(call), std::move(gone));
     } else {
       p.parked.Park(std::move(call), min_version, options_.clock->Now() + options_.barrier_deadline);
@@ -406,11 +421,17 @@ void ParameterServer::PushPull(const PushRequestView& request, std::shared_ptr<P
     if (call->Claim()) call->Finish(pushed.status());
     return;
   }
-  Partition& p = **Find(*model(), request.partition);  // found by the push above
+  const Model& m = *model();
+  // A rollback since the push voided its session before it published this model.
+  if (absl::Status s = membership_.CheckSession(request.rank, request.session); !s.ok()) {
+    if (call->Claim()) call->Finish(s);
+    return;
+  }
+  Partition& p = **Find(m, request.partition);  // found by the push above
   CallsToFinish answer, refusal;
   {
     absl::MutexLock lock(&p.mu);
-    if (absl::Status gone = Answerable(); !gone.ok()) {
+    if (absl::Status gone = Gone(p); !gone.ok()) {
       if (call->Claim()) refusal.Add(std::move(call), std::move(gone));
     } else {
       policy_->AnswerPushPull(p, request.step, std::move(call),
@@ -432,7 +453,9 @@ void ParameterServer::OnMembershipChange() {
     CallsToFinish released;
     {
       absl::MutexLock lock(&p->mu);
+      const uint64_t before = p->version;
       policy_->OnExcluded(*p, now, released);
+      if (p->version != before) MaybeFreeze(*m, *p);
     }
     CountAnswers(released, p->range.length);
   }
@@ -488,6 +511,8 @@ StatusSnapshot ParameterServer::Status() const {
   {
     absl::MutexLock info(&info_mu_);
     s.checkpoint = checkpoint_;
+    s.rollbacks = rollbacks_;
+    s.last_rollback_version = last_rollback_version_;
   }
   s.job_error = job_error();
   if (const Model* m = model(); m != nullptr) {

@@ -13,8 +13,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -68,6 +70,9 @@ struct JoinResult {
   std::vector<int> live_ranks;
   // Some partitions have no initial values yet: this joiner (values_follow) must send them.
   bool initialize = false;
+  // Sync mode, one shard of several: the versions of the checkpoints it keeps, ascending (what
+  // RollBack can go back to).
+  std::vector<uint64_t> checkpoint_versions;
 };
 
 struct CheckpointInfo {
@@ -96,6 +101,8 @@ struct StatusSnapshot {
   std::string optimizer;
   CheckpointInfo checkpoint;
   std::string job_error;  // why the job ended, when it did
+  uint64_t rollbacks = 0;
+  uint64_t last_rollback_version = 0;
 };
 
 class ParameterServer {
@@ -159,8 +166,24 @@ class ParameterServer {
   // DEADLINE_EXCEEDED, naming what the step still waits for.
   void Tick(absl::Time now);
 
-  // Writes a checkpoint when one is due (every `checkpoint_every` steps), or at once when
-  // `force`. FAILED_PRECONDITION in sync mode while partitions are between versions (retry).
+  // Sync mode: restores this server's checkpoint of `to_version` in place of the live model, if
+  // the server is still at `from_version`, so that shards agree again after one of them was
+  // restored from an older checkpoint. Every member must then join again (its calls get
+  // NOT_FOUND), parked calls are failed alike, and checkpoints newer than `to_version` are
+  // removed (a history the job abandoned). True when it rolled back; false when the server was
+  // at `to_version` already. FAILED_PRECONDITION outside sync mode, without checkpoints, or with
+  // no checkpoint of that version (naming those kept); NOT_FOUND when the caller is not a member
+  // (Join again); ABORTED when the server is at neither version; DATA_LOSS for a torn file.
+  // Blocks on disk I/O.
+  absl::StatusOr<bool> RollBack(int rank, uint64_t session, uint64_t to_version, uint64_t from_version);
+
+  // Called (with a partition lock held: keep it cheap, never call back in) when every partition
+  // holds its copy of a version due for a checkpoint (sync mode), so that the caller runs
+  // MaybeCheckpoint soon. Register before use.
+  void OnCheckpointDue(std::function<void()> due) { checkpoint_due_ = std::move(due); }
+
+  // Writes a checkpoint when one is due (every `checkpoint_every` steps: in sync mode the copies
+  // every partition took at the newest multiple of it), or at once when `force`. FAILED_PRECONDITION in sync mode while partitions are between versions (retry).
   // Blocks on disk I/O: call it from a thread of the daemon's, never from a gRPC callback.
   absl::Status MaybeCheckpoint(bool force);
 
@@ -194,9 +217,22 @@ class ParameterServer {
     // Partitions still without initial values (a model defined by a values_follow join); pushes
     // and pulls are refused until none is left.
     mutable std::atomic<int> pending{0};
+    // Sync checkpoints: partitions' copies taken (Freeze), counted to tell when all hold one.
+    mutable std::atomic<uint64_t> frozen{0};
   };
 
   const Model* model() const { return model_.load(std::memory_order_acquire); }
+  // The model's version: the lowest of its partitions'.
+  static uint64_t VersionOf(const Model& model);
+  // The model a checkpoint holds, unpublished, and its version; DATA_LOSS when its partitions
+  // are torn, corrupt or do not tile its model.
+  absl::StatusOr<std::pair<std::unique_ptr<Model>, uint64_t>> ModelFrom(const summa::v1::Checkpoint& header,
+                                                                        PartitionSource& partitions) const;
+  // Sync checkpoints: copies `p` for the checkpoint writer when it just reached a multiple of
+  // --checkpoint_every, and tells checkpoint_due_ once every partition has.
+  void MaybeFreeze(const Model& model, Partition& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
+  // Refuses a call on a partition whose model a rollback replaced; Answerable() otherwise.
+  absl::Status Gone(const Partition& p) const ABSL_SHARED_LOCKS_REQUIRED(p.mu);
   // `flat` holds every initial value, or is empty: the values follow through Initialize (or a
   // restore), and the partitions are pending until then.
   absl::StatusOr<std::unique_ptr<Model>> NewModel(std::vector<TensorSpec> specs,
@@ -236,11 +272,17 @@ class ParameterServer {
 
   absl::Mutex define_mu_;  // serializes defining the model
   std::unique_ptr<Model> model_owner_ ABSL_GUARDED_BY(define_mu_);
+  // Models a rollback replaced: calls that read the pointer before may still hold them. Kept
+  // until the server goes (one model's memory per rollback).
+  std::vector<std::unique_ptr<Model>> retired_ ABSL_GUARDED_BY(define_mu_);
+  std::function<void()> checkpoint_due_;  // fixed before use
   std::atomic<const Model*> model_{nullptr};
 
   absl::Mutex checkpoint_mu_;  // one checkpoint at a time; taken before any partition lock
   mutable absl::Mutex info_mu_;
   CheckpointInfo checkpoint_ ABSL_GUARDED_BY(info_mu_);
+  uint64_t rollbacks_ ABSL_GUARDED_BY(info_mu_) = 0;
+  uint64_t last_rollback_version_ ABSL_GUARDED_BY(info_mu_) = 0;
 
   std::atomic<bool> shut_down_{false};
   std::atomic<uint64_t> bytes_in_{0};

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "server/checkpoint.h"
@@ -24,11 +25,9 @@ JobDescription ParameterServer::Job() const {
   return j;
 }
 
-absl::Status ParameterServer::Restore(const summa::v1::Checkpoint& header, PartitionSource& partitions) {
+absl::StatusOr<std::pair<std::unique_ptr<ParameterServer::Model>, uint64_t>> ParameterServer::ModelFrom(
+    const summa::v1::Checkpoint& header, PartitionSource& partitions) const {
   SUMMA_ASSIGN_OR_RETURN(const CheckpointHeader h, DecodeCheckpointHeader(header, Job()));
-  absl::MutexLock lock(&define_mu_);
-  if (model_owner_ != nullptr) return absl::FailedPreconditionError("the model is already defined");
-  // Built unpublished, so a checkpoint found torn halfway leaves no model behind.
   SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, NewModel(h.map.specs(), {}));
   uint64_t low = UINT64_MAX;
   SUMMA_RETURN_IF_ERROR(DecodePartitions(h, partitions, [&](PartitionSnapshot snap) {
@@ -45,11 +44,115 @@ absl::Status ParameterServer::Restore(const summa::v1::Checkpoint& header, Parti
     return absl::OkStatus();
   }));
   model->pending = 0;
-  PublishModel(std::move(model));
+  return std::make_pair(std::move(model), low);
+}
+
+absl::Status ParameterServer::Restore(const summa::v1::Checkpoint& header, PartitionSource& partitions) {
+  absl::MutexLock lock(&define_mu_);
+  if (model_owner_ != nullptr) return absl::FailedPreconditionError("the model is already defined");
+  // Built unpublished, so a checkpoint found torn halfway leaves no model behind.
+  SUMMA_ASSIGN_OR_RETURN(auto restored, ModelFrom(header, partitions));
+  PublishModel(std::move(restored.first));
   absl::MutexLock info(&info_mu_);
-  checkpoint_.version = low;
-  checkpoint_.written = h.created;
+  checkpoint_.version = restored.second;
+  checkpoint_.written = absl::FromUnixSeconds(header.created_unix_seconds());
   return absl::OkStatus();
+}
+
+uint64_t ParameterServer::VersionOf(const Model& model) {
+  uint64_t low = UINT64_MAX;
+  for (const auto& p : model.partitions) {
+    absl::ReaderMutexLock lock(&p->mu);
+    low = std::min(low, p->version);
+  }
+  return low;
+}
+
+absl::StatusOr<bool> ParameterServer::RollBack(int rank, uint64_t session, uint64_t to_version,
+                                               uint64_t from_version) {
+  SUMMA_RETURN_IF_ERROR(Answerable());
+  if (options_.mode != Mode::kSync) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a rollback keeps shards at one version, which only sync mode has; this server runs ",
+        ModeName(options_.mode), " mode"));
+  }
+  if (options_.checkpoint_dir.empty()) {
+    return absl::FailedPreconditionError("this server keeps no checkpoints to roll back to (--checkpoint_dir)");
+  }
+  SUMMA_RETURN_IF_ERROR(membership_.CheckSession(rank, session));
+  // No checkpoint of the history being abandoned is written meanwhile.
+  absl::MutexLock checkpoint_lock(&checkpoint_mu_);
+  SUMMA_ASSIGN_OR_RETURN(const Model* const old, ReadyModel());
+  const uint64_t at = VersionOf(*old);
+  if (at == to_version) return false;  // another member asked first
+  if (at != from_version) {
+    return absl::AbortedError(absl::StrCat("this server is at version ", at, ", not ", from_version,
+                                           " as rank ", rank, " saw it: join again and look"));
+  }
+  const std::string path = CheckpointPath(options_.checkpoint_dir, to_version);
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(path);
+  if (absl::IsNotFound(reader.status())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this server keeps no checkpoint of version ", to_version, " (it keeps ",
+        absl::StrJoin(CheckpointVersions(options_.checkpoint_dir), ", "), " in ", options_.checkpoint_dir,
+        "); start every shard with a larger --keep_checkpoints"));
+  }
+  if (!reader.ok()) return reader.status();
+  SUMMA_ASSIGN_OR_RETURN(auto restored, ModelFrom((*reader)->header(), **reader));
+  if (restored.second != to_version) {
+    return absl::DataLossError(absl::StrCat(path, " holds version ", restored.second, ", not ", to_version));
+  }
+  // Members first: a call that reads the new model once it is published finds its session void.
+  membership_.Forget();
+  const absl::Status gone = absl::NotFoundError(absl::StrCat(
+      "the server rolled back to version ", to_version, " to agree with the other shards; Join again"));
+  CallsToFinish failed;
+  {
+    absl::MutexLock define(&define_mu_);
+    for (const auto& p : old->partitions) {
+      absl::MutexLock plock(&p->mu);
+      p->retired = true;
+      p->parked.FailAll(gone, failed);
+      p->clock_parked.FailAll(gone, failed);
+    }
+    retired_.push_back(std::move(model_owner_));
+    PublishModel(std::move(restored.first));
+  }
+  failed.FinishAll();
+  absl::Status pruned = RemoveCheckpointsAfter(options_.checkpoint_dir, to_version);
+  if (!pruned.ok()) SUMMA_LOG(WARNING) << "after the rollback: " << pruned.message();
+  {
+    absl::MutexLock info(&info_mu_);
+    checkpoint_ = {path, to_version, absl::FromUnixSeconds((*reader)->header().created_unix_seconds())};
+    ++rollbacks_;
+    last_rollback_version_ = to_version;
+  }
+  SUMMA_LOG(WARNING) << "rolled back from version " << at << " to version " << to_version << " (" << path
+                     << ") at rank " << rank << "'s request: the shards were more than one step apart; "
+                     << "every member joins again";
+  return true;
+}
+
+void ParameterServer::MaybeFreeze(const Model& model, Partition& p) {
+  const int64_t every = options_.checkpoint_every;
+  if (options_.mode != Mode::kSync || every <= 0 || options_.checkpoint_dir.empty() ||
+      p.version % static_cast<uint64_t>(every) != 0) {
+    return;
+  }
+  PartitionSnapshot& f = p.frozen;  // its buffers keep their capacity from one copy to the next
+  f.id = p.range.id;
+  f.version = p.version;
+  f.updates = p.updates;
+  f.weights.assign(p.weights.begin(), p.weights.end());
+  f.slots.resize(p.slots.size());
+  for (size_t i = 0; i < p.slots.size(); ++i) f.slots[i].assign(p.slots[i].begin(), p.slots[i].end());
+  f.next_steps.assign(p.next_step.begin(), p.next_step.end());
+  for (uint64_t& next : f.next_steps) next = std::min(next, p.version);
+  p.has_frozen = true;
+  // Partitions step together: every one freezes a version before any reaches the next.
+  if ((model.frozen.fetch_add(1, std::memory_order_acq_rel) + 1) % model.partitions.size() == 0 && checkpoint_due_) {
+    checkpoint_due_();
+  }
 }
 
 absl::Status ParameterServer::MaybeCheckpoint(bool force) {
@@ -66,12 +169,16 @@ absl::Status ParameterServer::MaybeCheckpoint(bool force) {
   // Sync: every partition at one moment, so all their locks (in id order) are held while they
   // are copied. Async and ssp: each partition records its own version and pushes, so each is
   // copied under its own lock alone, as it is written.
+  // Sync, when not forced: the copies every partition took as it reached the same multiple of
+  // --checkpoint_every (MaybeFreeze), so that every shard writes the same versions.
+  const bool frozen = one_version && !force && options_.checkpoint_every > 0;
   std::vector<PartitionSnapshot> copies;
   for (const auto& p : m->partitions) p->mu.Lock();
   uint64_t low = UINT64_MAX, high = 0;
   for (const auto& p : m->partitions) {
-    low = std::min(low, p->version);
-    high = std::max(high, p->version);
+    const uint64_t v = frozen ? (p->has_frozen ? p->frozen.version : 0) : p->version;
+    low = std::min(low, v);
+    high = std::max(high, v);
   }
   const bool due = force || (options_.checkpoint_every > 0 &&
                              low >= last + static_cast<uint64_t>(options_.checkpoint_every));
@@ -80,6 +187,10 @@ absl::Status ParameterServer::MaybeCheckpoint(bool force) {
   if (write && one_version) {
     copies.reserve(m->partitions.size());
     for (const auto& p : m->partitions) {
+      if (frozen) {
+        copies.push_back(p->frozen);
+        continue;
+      }
       copies.push_back({p->range.id, p->version, p->updates, p->weights, p->slots, p->next_step});
       // Sync: pushes to the step in progress are summed, not applied, and the checkpoint does
       // not hold that sum; after a restore their ranks push that step again.
@@ -88,7 +199,12 @@ absl::Status ParameterServer::MaybeCheckpoint(bool force) {
   }
   for (auto it = m->partitions.rbegin(); it != m->partitions.rend(); ++it) (*it)->mu.Unlock();
   if (!due) return absl::OkStatus();
-  if (!consistent) return absl::FailedPreconditionError("partitions are between versions; retry");
+  if (!consistent) {
+    // Frozen copies of unlike versions: the newest is still being taken (or the writer fell
+    // more than --checkpoint_every steps behind, and that version is skipped).
+    if (frozen) return absl::OkStatus();
+    return absl::FailedPreconditionError("partitions are between versions; retry");
+  }
   if (!write) return absl::OkStatus();  // nothing new since the last one
   const absl::Time created = options_.clock->Now();
   // `low`: in async and ssp mode, partitions may move past it before they are copied.
@@ -106,7 +222,7 @@ absl::Status ParameterServer::MaybeCheckpoint(bool force) {
     }
     SUMMA_RETURN_IF_ERROR(writer->Append(EncodePartition(snap)));
   }
-  SUMMA_ASSIGN_OR_RETURN(const std::string path, writer->Finish());
+  SUMMA_ASSIGN_OR_RETURN(const std::string path, writer->Finish(options_.keep_checkpoints));
   absl::MutexLock info(&info_mu_);
   checkpoint_ = {path, low, created};
   SUMMA_LOG(INFO) << "checkpoint at version " << low << " written to " << path;

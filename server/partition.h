@@ -15,6 +15,7 @@
 #include "absl/types/span.h"
 #include "common/partition_map.h"
 #include "server/aggregator.h"
+#include "server/checkpoint.h"
 #include "server/parked_call.h"
 #include "server/snapshot.h"
 #include "server/step_barrier.h"
@@ -59,6 +60,13 @@ struct Partition {
   ParkingLot clock_parked ABSL_GUARDED_BY(mu);  // ssp: waiting for the slowest member
   absl::Time last_completion ABSL_GUARDED_BY(mu);
   absl::Duration last_step ABSL_GUARDED_BY(mu) = absl::ZeroDuration();
+  // Sync checkpoints: the partition as it was when it reached `frozen.version`, the newest
+  // multiple of --checkpoint_every it reached (taken then, into buffers reused each time), for
+  // the checkpoint writer; `has_frozen` until then.
+  PartitionSnapshot frozen ABSL_GUARDED_BY(mu);
+  bool has_frozen ABSL_GUARDED_BY(mu) = false;
+  // The model this partition belongs to was replaced by a rollback: every call is refused.
+  bool retired ABSL_GUARDED_BY(mu) = false;
 
   // The weights as of `version`, shared by every reply that sends them: copied once per version
   // (the first time a reply needs it) into a buffer of `snapshots`, never once per reply.

@@ -189,6 +189,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Join(grpc::CallbackServerConte
   response->set_shard(core_->options().shard);
   response->set_shards(core_->options().shards);
   for (int r : joined->live_ranks) response->add_live_ranks(r);
+  for (uint64_t v : joined->checkpoint_versions) response->add_checkpoint_versions(v);
   for (const PartitionRange& p : joined->partitions) {
     pb::Partition* out = response->add_partitions();
     out->set_id(p.id);
@@ -232,6 +233,24 @@ grpc::ServerUnaryReactor* ParameterServerService::Checkpoint(grpc::CallbackServe
       response->set_version(status.checkpoint.version);
     }
     reactor->Finish(ToGrpcStatus(s));
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::RollBack(grpc::CallbackServerContext* context,
+                                                           const pb::RollBackRequest* request,
+                                                           pb::RollBackResponse* response) {
+  if (absl::Status auth = tokens_->Check(*context, Role::kWorker); !auth.ok()) return Done(context, auth);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  // Reads a checkpoint file: off gRPC's threads.
+  background_([core = core_, reactor, request, response] {
+    absl::StatusOr<bool> rolled = core->RollBack(request->rank(), request->session(), request->to_version(),
+                                                 request->from_version());
+    if (rolled.ok()) {
+      response->set_rolled_back(*rolled);
+      response->set_version(request->to_version());
+    }
+    reactor->Finish(ToGrpcStatus(rolled.status()));
   });
   return reactor;
 }
@@ -430,6 +449,8 @@ grpc::ServerUnaryReactor* ParameterServerService::GetStatus(grpc::CallbackServer
   response->set_compress(CompressionName(o.compression));
   response->set_shard(o.shard);
   response->set_shards(o.shards);
+  response->set_rollbacks(s.rollbacks);
+  response->set_last_rollback_version(s.last_rollback_version);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

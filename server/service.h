@@ -58,6 +58,9 @@ class ParameterServerService final : public ServiceBase {
   grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* context,
                                  const grpc::ByteBuffer* request,
                                  grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* RollBack(grpc::CallbackServerContext* context,
+                                     const summa::v1::RollBackRequest* request,
+                                     summa::v1::RollBackResponse* response) override;
   grpc::ServerUnaryReactor* Initialize(grpc::CallbackServerContext* context,
                                        const grpc::ByteBuffer* request,
                                        grpc::ByteBuffer* response) override;

@@ -54,13 +54,27 @@ class Job:
         if port is None:
             self.server, self.port = self.g.start_server(ARGS.server, *self.server_flags)
         else:
-            port_file = os.path.join(self.g.dir, f"server-{time.monotonic_ns()}.port")
-            self.server = self.g.start(f"server-{port}-{time.monotonic_ns()}", [
-                ARGS.server, f"--address=127.0.0.1:{port}", f"--port_file={port_file}",
-                *self.server_flags])
-            self.g.wait_for_file(port_file, self.server)
+            self.server = self.restart_on(port, self.server_flags)
             self.port = port
         return self.server
+
+    def restart_on(self, port, flags):
+        port_file = os.path.join(self.g.dir, f"server-{time.monotonic_ns()}.port")
+        proc = self.g.start(f"server-{port}-{time.monotonic_ns()}", [
+            ARGS.server, f"--address=127.0.0.1:{port}", f"--port_file={port_file}", *flags])
+        self.g.wait_for_file(port_file, proc)
+        return proc
+
+    def restart_shard(self, i):
+        """Starts shard i again on its port (after it was killed)."""
+        self.shards[i] = self.restart_on(self.ports[i], [*self.server_flags, f"--shards={len(self.ports)}",
+                                                         f"--shard={i}"])
+        if i == 0:
+            self.server = self.shards[0]
+        return self.shards[i]
+
+    def shard_status(self, i):
+        return Reflector(f"127.0.0.1:{self.ports[i]}", timeout=5).call("summa.v1.ParameterServer/GetStatus")
 
     def start_worker(self, rank, *extra):
         name = f"worker{rank}-{time.monotonic_ns()}"
@@ -122,9 +136,9 @@ class FaultProcessTest(unittest.TestCase):
             outs[rank] = g.log(proc)
         return outs
 
-    def undisturbed(self, server_flags=()):
+    def undisturbed(self, server_flags=(), shards=1):
         with ProcessGroup() as g:
-            job = Job(g, 2, server_flags)
+            job = Job(g, 2, server_flags, shards=shards)
             for r in range(2):
                 job.start_worker(r)
             outs = self.finish(g, job)
@@ -452,6 +466,66 @@ class FaultProcessTest(unittest.TestCase):
         self.assertEqual(len(one), 129068 * 4)
         self.assertEqual(run(2, late_rank=0), one)
         self.assertEqual(run(2, late_rank=2), one)
+
+    def test_shard_killed_and_restored_from_an_older_checkpoint_rolls_the_other_back(self):
+        # Two shards, two workers, sync under `wait`, a checkpoint every 5 steps (every shard
+        # writes the same versions). Both workers are frozen mid-epoch, shard 1 is SIGKILLed and
+        # its newest checkpoints lost, so that it restarts 10 or more steps behind shard 0. The
+        # workers rejoin, find the shards apart, and roll shard 0 back to the version shard 1
+        # restored (a version both keep); the steps are redone and the job ends with an
+        # undisturbed run's weights, bit for bit.
+        flags = ["--partition_bytes=65536"]
+        _, baseline_weights = self.undisturbed(flags, shards=2)
+        with ProcessGroup() as g:
+            ckpt = os.path.join(g.dir, "ckpt")
+            job = Job(g, 2, [*flags, f"--checkpoint_dir={ckpt}", "--checkpoint_every=5", "--keep_checkpoints=20",
+                             "--lease=60s"], shards=2)
+            for r in range(2):
+                job.start_worker(r)
+            job.wait_version(150)
+            for w in job.workers.values():
+                w.send_signal(signal.SIGSTOP)
+            try:
+                dirs = [os.path.join(ckpt, f"shard-{i}-of-2") for i in range(2)]
+
+                def versions(d):
+                    return sorted(int(f[5:17]) for f in os.listdir(d) if f.startswith("ckpt-") and f.endswith(".summa"))
+
+                # The shards write the multiples of 5 they reach: wait for the frozen ones.
+                deadline = time.monotonic() + 30
+                while True:
+                    at = [int(job.shard_status(i).get("version", 0)) for i in range(2)]
+                    kept = [versions(d) for d in dirs]
+                    if all(k and k[-1] == v - v % 5 for k, v in zip(kept, at)):
+                        break
+                    self.assertLess(time.monotonic(), deadline, f"shards at {at} keep {kept}")
+                    time.sleep(0.05)
+                common = sorted(set(kept[0]) & set(kept[1]))
+                self.assertGreaterEqual(len(common), 3, kept)
+                older = common[-3]  # at least 10 steps behind shard 0
+                job.shards[1].send_signal(signal.SIGKILL)
+                job.shards[1].wait()
+                for v in kept[1]:
+                    if v > older:
+                        os.remove(os.path.join(dirs[1], "ckpt-%012d.summa" % v))
+                job.restart_shard(1)
+                self.assertIn(f"at version {older}", g.log(job.shards[1]))
+            finally:
+                for w in job.workers.values():
+                    w.send_signal(signal.SIGCONT)
+            outs = self.finish(g, job)
+            for out in outs.values():
+                rejoined = [int(s) for s in re.findall(r"rejoined at step (\d+) ", out)]
+                self.assertTrue(rejoined, out)
+                self.assertEqual(set(rejoined), {older}, out)
+            zero, one = job.shard_status(0), job.shard_status(1)
+            self.assertEqual((int(zero["version"]), int(one["version"])), (STEPS, STEPS))
+            self.assertEqual((int(zero.get("rollbacks", 0)), int(zero.get("lastRollbackVersion", 0))), (1, older))
+            self.assertEqual(int(one.get("rollbacks", 0)), 0)
+            rolled = [int(v) for v in re.findall(rf"rolled back from version (\d+) to version {older} ", g.log(job.shards[0]))]
+            self.assertEqual(len(rolled), 1, g.log(job.shards[0]))
+            self.assertGreaterEqual(rolled[0], older + 10)
+            self.assertEqual(job.weights(), baseline_weights)
 
     def test_no_process_left_behind(self):
         with ProcessGroup() as g:

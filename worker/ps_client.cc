@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <optional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/ascii.h"
 #include "absl/synchronization/mutex.h"
@@ -66,6 +68,41 @@ ParameterClient::ParameterClient(const std::string& address, absl::Duration call
     }
     shards_.push_back(std::move(shard));
   }
+}
+
+absl::StatusOr<Agreement> PlanAgreement(const std::vector<ShardVersions>& shards) {
+  if (shards.empty()) return absl::InvalidArgumentError("no shards");
+  uint64_t low = UINT64_MAX;
+  for (const ShardVersions& s : shards) low = std::min(low, s.version);
+  // Candidates, newest first: the lowest shard's version, one before it, and any checkpoint.
+  std::vector<uint64_t> candidates = {low};
+  if (low > 0) candidates.push_back(low - 1);
+  for (const ShardVersions& s : shards) {
+    for (uint64_t v : s.checkpoints) {
+      if (v <= low) candidates.push_back(v);
+    }
+  }
+  std::sort(candidates.begin(), candidates.end(), std::greater<>());
+  for (uint64_t v : candidates) {
+    Agreement plan{v, {}};
+    bool feasible = true;
+    for (size_t i = 0; i < shards.size() && feasible; ++i) {
+      const ShardVersions& s = shards[i];
+      if (s.version == v || s.version == v + 1) continue;
+      feasible = std::binary_search(s.checkpoints.begin(), s.checkpoints.end(), v);
+      plan.roll_back.push_back(static_cast<int>(i));
+    }
+    if (feasible) return plan;
+  }
+  std::string kept;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    absl::StrAppend(&kept, i == 0 ? "" : "; ", "shard ", i, " at version ", shards[i].version, " keeps ",
+                    shards[i].checkpoints.empty() ? "no checkpoints" : absl::StrCat("checkpoints of versions ",
+                                                                                      absl::StrJoin(shards[i].checkpoints, ", ")));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "no version is common to every shard (", kept, "); start the shards with a larger --keep_checkpoints, or "
+      "restart every shard from checkpoints of one version"));
 }
 
 ParameterClient::~ParameterClient() {
@@ -141,33 +178,82 @@ absl::StatusOr<JoinInfo> ParameterClient::Join(int rank, int world,
   // Shard 0 first: it assigns the rank (when asked to) that the others are joined with.
   const int k = static_cast<int>(shards_.size());
   std::vector<pb::JoinResponse> responses;
-  for (int i = 0; i < k; ++i) {
-    SUMMA_ASSIGN_OR_RETURN(pb::JoinResponse response, JoinShard(i, request));
-    shards_[i]->session = response.session();
-    const int said = std::max(1, response.shards());
-    if (response.shard() != i || said != k) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the server at ", shards_[i]->address, " is shard ", response.shard(), " of ", said, "; --server lists it as shard ",
-          i, " of ", k, " (give every shard's address, in shard order)"));
+  // A pass that rolls shards back voids this rank's sessions there: it joins again. Two passes
+  // settle it (another worker's rollback meanwhile is found done); a third finds a fault.
+  constexpr int kPasses = 3;
+  for (int pass = 1;; ++pass) {
+    responses.clear();
+    for (int i = 0; i < k; ++i) {
+      SUMMA_ASSIGN_OR_RETURN(pb::JoinResponse response, JoinShard(i, request));
+      shards_[i]->session = response.session();
+      const int said = std::max(1, response.shards());
+      if (response.shard() != i || said != k) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "the server at ", shards_[i]->address, " is shard ", response.shard(), " of ", said,
+            "; --server lists it as shard ", i, " of ", k, " (give every shard's address, in shard order)"));
+      }
+      if (i == 0) {
+        request.set_rank(response.rank());
+      } else if (response.mode() != responses[0].mode() || response.wire_dtype() != responses[0].wire_dtype() ||
+                 response.topk_ratio() != responses[0].topk_ratio()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "the shards disagree: shard ", i, " (", shards_[i]->address, ") runs another mode or wire format than "
+            "shard 0 (", shards_[0]->address, "): start every shard with the same job flags"));
+      }
+      responses.push_back(std::move(response));
     }
-    if (i == 0) {
-      request.set_rank(response.rank());
-    } else if (response.mode() != responses[0].mode() || response.wire_dtype() != responses[0].wire_dtype() ||
-               response.topk_ratio() != responses[0].topk_ratio()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the shards disagree: shard ", i, " (", shards_[i]->address, ") runs another mode or wire format than "
-          "shard 0 (", shards_[0]->address, "): start every shard with the same job flags"));
-    } else if (std::max(response.next_step(), responses[0].next_step()) -
-                   std::min(response.next_step(), responses[0].next_step()) > 1) {
-      // One step apart is a push-pull that reached some shards and not others, as it may reach
-      // some partitions of one server: the step is pushed again, and a shard that has it takes
-      // it as a duplicate. Further apart, a shard went back (a restore) the others cannot follow.
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the shards disagree: shard 0 (", shards_[0]->address, ") resumes rank ", response.rank(), " at step ",
-          responses[0].next_step(), ", shard ", i, " (", shards_[i]->address, ") at step ", response.next_step(),
-          ": restart every shard from checkpoints of one version"));
+    // One step apart is a push-pull that reached some shards and not others, as it may reach
+    // some partitions of one server: the step is pushed again, and a shard that has it takes
+    // it as a duplicate. Further apart, a shard was restored from an older checkpoint: in sync
+    // mode the others go back to a version every shard keeps.
+    uint64_t low = UINT64_MAX, high = 0;
+    for (const pb::JoinResponse& r : responses) {
+      low = std::min(low, r.next_step());
+      high = std::max(high, r.next_step());
     }
-    responses.push_back(std::move(response));
+    if (high - low <= 1) break;
+    std::string where;
+    std::vector<ShardVersions> versions;
+    for (int i = 0; i < k; ++i) {
+      absl::StrAppend(&where, i == 0 ? "" : ", ", "shard ", i, " (", shards_[i]->address, ") at step ",
+                      responses[i].next_step());
+      versions.push_back({responses[i].version(), {responses[i].checkpoint_versions().begin(),
+                                                   responses[i].checkpoint_versions().end()}});
+    }
+    if (responses[0].mode() != pb::MODE_SYNC || pass == kPasses) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the shards disagree: they resume rank ", request.rank(), " at ", where,
+          responses[0].mode() != pb::MODE_SYNC ? "; only sync mode rolls shards back: restart every shard from "
+                                                 "checkpoints of one version"
+                                               : absl::StrCat(" after ", pass - 1, " rollbacks")));
+    }
+    absl::StatusOr<Agreement> agreement = PlanAgreement(versions);
+    if (!agreement.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the shards disagree: ", where, ": ", agreement.status().message()));
+    }
+    for (int i : agreement->roll_back) {
+      pb::RollBackRequest ask;
+      ask.set_rank(request.rank());
+      ask.set_session(responses[i].session());
+      ask.set_to_version(agreement->version);
+      ask.set_from_version(responses[i].version());
+      pb::RollBackResponse answer;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + call_deadline_));
+      AttachToken(token_, &ctx);
+      const absl::Status s = FromGrpcStatus(shards_[i]->stub->RollBack(&ctx, ask, &answer));
+      // NOT_FOUND: another member's rollback voided our session first; ABORTED: the shard moved.
+      // Either way the next pass looks again.
+      if (!s.ok() && !absl::IsNotFound(s) && !absl::IsAborted(s)) {
+        return absl::Status(s.code(), absl::StrCat("the shards disagree (", where, "); rolling shard ", i, " (",
+                                                   shards_[i]->address, ") back to version ",
+                                                   agreement->version, " failed: ", s.message()));
+      }
+      SUMMA_LOG(WARNING) << "rank " << request.rank() << ": the shards disagree (" << where << "); shard " << i
+                         << (s.ok() && answer.rolled_back() ? " rolled back" : " asked to roll back") << " to version "
+                         << agreement->version << (s.ok() ? "" : absl::StrCat(" (", s.message(), ")"));
+    }
   }
   const pb::JoinResponse& response = responses[0];
   JoinInfo info;

@@ -34,6 +34,26 @@
 
 namespace summa::worker {
 
+// Where one shard of a sync-mode job stands at a worker's Join: its version, and the versions of
+// the checkpoints it keeps.
+struct ShardVersions {
+  uint64_t version = 0;
+  std::vector<uint64_t> checkpoints;
+};
+
+// How the shards come to agree when they are more than one step apart (one was restored from an
+// older checkpoint): every shard in `roll_back` restores its checkpoint of `version`; the
+// others are at `version` or one step past it (they take that step's pushes as duplicates).
+struct Agreement {
+  uint64_t version = 0;
+  std::vector<int> roll_back;  // shard indices
+};
+
+// The newest version the shards can agree on: at most the lowest shard's, and for every shard
+// its own version, the one before, or a checkpoint it keeps. FAILED_PRECONDITION naming each
+// shard's version and checkpoints when there is none.
+absl::StatusOr<Agreement> PlanAgreement(const std::vector<ShardVersions>& shards);
+
 class ParameterClient final : public ParameterStore {
  public:
   // `address` is host:port of summa-server, or of every shard of a sharded job, comma-separated

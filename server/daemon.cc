@@ -24,8 +24,10 @@ absl::StatusOr<std::unique_ptr<SummaServer>> SummaServer::Start(const std::strin
                                                                 ServerOptions options,
                                                                 const std::string& metrics_address,
                                                                 EndpointSecurity security,
-                                                                const std::string& health_address) {
+                                                                const std::string& health_address,
+                                                                Coordinator coordinator) {
   if (absl::Status tls = ValidateTls(security.tls, /*server=*/true); !tls.ok()) return tls;
+  options.follower = !coordinator.address.empty() && options.shard > 0;
   absl::Status valid = ValidateOptions(options);
   if (!valid.ok()) return valid;
   std::unique_ptr<MetricsEndpoint> metrics;
@@ -76,6 +78,10 @@ absl::StatusOr<std::unique_ptr<SummaServer>> SummaServer::Start(const std::strin
     server->health_ = *std::move(health);
   }
   server->ticker_ = std::thread([s = server.get()] { s->TickLoop(); });
+  if (server->core_.options().follower) {
+    server->follower_ = std::make_unique<ShardFollower>(coordinator.address, coordinator.security, &server->core_);
+    SUMMA_LOG(INFO) << "shard " << options.shard << " follows shard 0's membership view at " << coordinator.address;
+  }
   return server;
 }
 
@@ -176,6 +182,7 @@ void SummaServer::Shutdown() {
   }
   if (ticker_.joinable()) ticker_.join();
   if (signals_.joinable()) signals_.join();
+  follower_.reset();
   if (running_.health) running_.health->SetServing(false);
   // The last checkpoint: retried briefly, since partitions may be between versions of a step.
   if (!core_.options().checkpoint_dir.empty()) {

@@ -20,10 +20,18 @@
 #include "common/server_builder.h"
 #include "common/transport.h"
 #include "server/all_reduce.h"
+#include "server/coordination.h"
 #include "server/parameter_server.h"
 #include "server/service.h"
 
 namespace summa::server {
+
+// A shard other than 0 follows shard 0 (server/coordination.h): its address, and what to call
+// it with.
+struct Coordinator {
+  std::string address;  // empty: this server follows no one
+  ClientSecurity security;
+};
 
 class SummaServer {
  public:
@@ -36,7 +44,8 @@ class SummaServer {
                                                             ServerOptions options,
                                                             const std::string& metrics_address = "",
                                                             EndpointSecurity security = {},
-                                                            const std::string& health_address = "");
+                                                            const std::string& health_address = "",
+                                                            Coordinator coordinator = {});
   ~SummaServer();
 
   int port() const { return running_.port; }
@@ -89,6 +98,7 @@ class SummaServer {
   ParameterServerService service_;
   RunningServer running_;
   RunningServer health_;  // the health-only listener: follows running_.health; empty without one
+  std::unique_ptr<ShardFollower> follower_;  // a shard other than 0 with a coordinator
   absl::Mutex shutdown_mu_;  // held through a whole Shutdown, so later callers wait for it
   bool shutdown_done_ ABSL_GUARDED_BY(shutdown_mu_) = false;
   absl::Mutex mu_;

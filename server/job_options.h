@@ -55,6 +55,9 @@ struct ServerOptions {
   // AssignShards gives it and refuses the others (a worker talks to every shard).
   int shard = 0;
   int shards = 1;
+  // A shard other than 0 that follows shard 0's membership view (summa-server --coordinator):
+  // its own lapsed leases drop no one and end nothing (server/coordination.h).
+  bool follower = false;
   // How long a pull may wait for its step, counted from the pull's arrival.
   absl::Duration barrier_deadline = absl::Minutes(10);
   // A member that makes no call for this long has lapsed.

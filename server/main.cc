@@ -118,6 +118,12 @@ ABSL_FLAG(int, shards, 1,
           "the model needs at least this many partitions: see --partition_bytes), and workers "
           "give every shard's address, in shard order, to --server. Give every shard the same "
           "job flags");
+ABSL_FLAG(std::string, coordinator, "",
+          "shard 0's host:port, given to every shard of a sharded job (shard 0 ignores it): the "
+          "other shards report to it every half second and follow its membership view (who is in "
+          "the group, whether the job has ended), and its GetStatus shows every shard. They call it "
+          "with this server's TLS files (--tls_ca, or --tls_cert when there is none, as the CA to "
+          "trust) and --token_file's token. Empty: each shard keeps its own leases");
 ABSL_FLAG(int, shard, -1,
           "this server's shard, 0 to --shards - 1; default: 0 for an unsharded job, else the "
           "ordinal that ends $HOSTNAME (a StatefulSet's pod summa-server-1 is shard 1)");
@@ -263,6 +269,20 @@ absl::StatusOr<summa::EndpointSecurity> SecurityFromFlags() {
   return s;
 }
 
+absl::StatusOr<summa::server::Coordinator> CoordinatorFromFlags() {
+  summa::server::Coordinator c;
+  c.address = absl::GetFlag(FLAGS_coordinator);
+  if (c.address.empty()) return c;
+  const std::string cert = absl::GetFlag(FLAGS_tls_cert), ca = absl::GetFlag(FLAGS_tls_ca);
+  if (!cert.empty()) c.security.tls = {cert, absl::GetFlag(FLAGS_tls_key), ca.empty() ? cert : ca};
+  if (!absl::GetFlag(FLAGS_token_file).empty()) {
+    absl::StatusOr<std::string> t = summa::ReadTokenFile(absl::GetFlag(FLAGS_token_file));
+    if (!t.ok()) return t.status();
+    c.security.token = *std::move(t);
+  }
+  return c;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -293,10 +313,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "summa-server: %s\n", std::string(security.status().message()).c_str());
     return 2;
   }
+  absl::StatusOr<summa::server::Coordinator> coordinator = CoordinatorFromFlags();
+  if (!coordinator.ok()) {
+    std::fprintf(stderr, "summa-server: %s\n", std::string(coordinator.status().message()).c_str());
+    return 2;
+  }
   summa::BlockTerminationSignals();
   auto server = summa::server::SummaServer::Start(absl::GetFlag(FLAGS_address), options,
                                                   absl::GetFlag(FLAGS_metrics_address), *std::move(security),
-                                                  absl::GetFlag(FLAGS_health_address));
+                                                  absl::GetFlag(FLAGS_health_address), *std::move(coordinator));
   if (!server.ok()) {
     std::fprintf(stderr, "summa-server: %s\n", std::string(server.status().message()).c_str());
     return 1;

@@ -43,7 +43,37 @@ void Membership::Notify() {
 void Membership::SetState(int rank, MemberState s) {
   slots_[rank].state.store(static_cast<int>(s), std::memory_order_release);
   if (s == MemberState::kDropped || s == MemberState::kLeft) {
-    slots_[rank].excluded.store(true, std::memory_order_release);
+    const bool was = slots_[rank].excluded.exchange(true, std::memory_order_acq_rel);
+    if (!was && !follower_) view_.fetch_add(1, std::memory_order_acq_rel);
+  }
+}
+
+std::vector<int> Membership::ExcludedRanks() const {
+  std::vector<int> out;
+  for (int r = 0; r < world_size_; ++r) {
+    if (excluded(r)) out.push_back(r);
+  }
+  return out;
+}
+
+void Membership::Follow(uint64_t view, const std::vector<int>& excluded, const std::string& job_error) {
+  bool changed = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (view <= view_.load(std::memory_order_acquire)) return;
+    view_.store(view, std::memory_order_release);
+    for (int r : excluded) {
+      if (r < 0 || r >= world_size_ || this->excluded(r)) continue;
+      SUMMA_LOG(WARNING) << "rank " << r << " is out of the group in shard 0's view " << view
+                         << "; dropping it here too";
+      SetState(r, MemberState::kDropped);
+      changed = true;
+    }
+  }
+  if (!job_error.empty()) {
+    EndJob(absl::StrCat("shard 0 ended the job: ", job_error));  // notifies
+  } else if (changed) {
+    Notify();
   }
 }
 
@@ -179,6 +209,14 @@ void Membership::Tick(absl::Time now) {
     for (int r = 0; r < world_size_; ++r) {
       Details& d = details_[r];
       const absl::Time expiry = absl::FromUnixNanos(slots_[r].last_seen_ns.load()) + lease_;
+      if (state(r) == MemberState::kAlive && expiry <= now && follower_) {
+        // Shard 0 decides whether it is dropped, or the job ends.
+        d.lapsed_at = now;
+        SUMMA_LOG(WARNING) << "rank " << r << " made no call for " << absl::FormatDuration(lease_)
+                           << " (lease lapsed); shard 0 decides what follows";
+        SetState(r, MemberState::kLapsed);
+        continue;
+      }
       if (state(r) == MemberState::kAlive && expiry <= now) {
         d.lapsed_at = now;
         SUMMA_LOG(WARNING) << "rank " << r << " lost: no call for " << absl::FormatDuration(lease_)
@@ -190,7 +228,8 @@ void Membership::Tick(absl::Time now) {
         SetState(r, on_loss_ == OnWorkerLoss::kShrink ? MemberState::kDropped : MemberState::kLapsed);
         dropped |= on_loss_ == OnWorkerLoss::kShrink;
       }
-      if (state(r) == MemberState::kLapsed && end_job.empty() && now - d.lapsed_at >= rejoin_deadline_) {
+      if (state(r) == MemberState::kLapsed && !follower_ && end_job.empty() &&
+          now - d.lapsed_at >= rejoin_deadline_) {
         end_job = absl::StrCat("rank ", r, " was lost (lease lapsed ", absl::FormatDuration(now - d.lapsed_at),
                                " ago) and did not rejoin within --rejoin_deadline=",
                                absl::FormatDuration(rejoin_deadline_));
@@ -223,6 +262,7 @@ void Membership::EndJob(const std::string& why) {
     if (!job_error_.empty()) return;
     job_error_ = why;
     job_ended_.store(true, std::memory_order_release);
+    if (!follower_) view_.fetch_add(1, std::memory_order_acq_rel);
   }
   SUMMA_LOG(ERROR) << "ending the job: " << why;
   Notify();

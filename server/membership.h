@@ -66,6 +66,20 @@ class Membership {
   // Called with no lock held after ranks were excluded or the job ended. Register before use.
   void AddObserver(std::function<void()> on_change);
 
+  // A shard other than 0 of a job with a coordinator: a lapsed lease drops no one and ends
+  // nothing here; shard 0 decides, and Follow applies its view. Before use.
+  void set_follower() { follower_ = true; }
+  bool follower() const { return follower_; }
+
+  // The membership view: it moves on each time a rank is excluded or the job ends (on a
+  // follower, it is the newest view of shard 0's that Follow applied).
+  uint64_t view() const { return view_.load(std::memory_order_acquire); }
+  // The ranks excluded (dropped or departed), ascending.
+  std::vector<int> ExcludedRanks() const;
+  // Applies shard 0's view: its excluded ranks are dropped here too, and its job error ends the
+  // job here. An older view than one applied changes nothing.
+  void Follow(uint64_t view, const std::vector<int>& excluded, const std::string& job_error);
+
   int world_size() const { return world_size_; }
 
   // Admits (or readmits) `rank`, or assigns the lowest absent rank for -1. INVALID_ARGUMENT for a
@@ -134,6 +148,8 @@ class Membership {
   void Notify();
 
   const int world_size_;
+  bool follower_ = false;  // fixed before use
+  std::atomic<uint64_t> view_{0};
   const bool require_sessions_;
   const OnWorkerLoss on_loss_;
   const absl::Duration lease_;

@@ -36,6 +36,7 @@ ParameterServer::ParameterServer(ServerOptions options)
                   options_.rejoin_deadline, options_.clock, options_.require_sessions),
       policy_(ConsistencyPolicy::Create(options_.mode, MakeContext(options_, optimizer_.get(), &membership_))),
       started_(options_.clock->Now()) {
+  if (options_.follower) membership_.set_follower();
   membership_.AddObserver([this] { OnMembershipChange(); });
 }
 
@@ -508,6 +509,7 @@ StatusSnapshot ParameterServer::Status() const {
   s.optimizer = optimizer_->Describe();
   s.uptime = options_.clock->Now() - started_;
   s.members = membership_.Snapshot();
+  s.view = membership_.view();
   {
     absl::MutexLock info(&info_mu_);
     s.checkpoint = checkpoint_;
@@ -521,6 +523,7 @@ StatusSnapshot ParameterServer::Status() const {
     s.params = m->map.specs();
     s.parameter_count = m->map.num_elements();
     s.partition_count = static_cast<int>(m->partitions.size());
+    for (const auto& p : m->partitions) s.partition_bytes_held += p->range.length * 4;
     s.version = UINT64_MAX;
     for (const auto& p : m->partitions) {
       absl::ReaderMutexLock lock(&p->mu);

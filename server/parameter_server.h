@@ -103,6 +103,8 @@ struct StatusSnapshot {
   std::string job_error;  // why the job ended, when it did
   uint64_t rollbacks = 0;
   uint64_t last_rollback_version = 0;
+  int64_t partition_bytes_held = 0;  // this server's partitions' bytes
+  uint64_t view = 0;                 // the membership view (server/membership.h)
 };
 
 class ParameterServer {

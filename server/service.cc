@@ -255,6 +255,29 @@ grpc::ServerUnaryReactor* ParameterServerService::RollBack(grpc::CallbackServerC
   return reactor;
 }
 
+grpc::ServerUnaryReactor* ParameterServerService::Follow(grpc::CallbackServerContext* context,
+                                                         const pb::ShardReport* request,
+                                                         pb::ShardView* response) {
+  if (absl::Status auth = tokens_->Check(*context, Role::kWorker); !auth.ok()) return Done(context, auth);
+  const ServerOptions& o = core_->options();
+  if (o.shards <= 1 || o.shard != 0) {
+    return Done(context, absl::FailedPreconditionError(absl::StrCat(
+                             "this server is shard ", o.shard, " of ", o.shards,
+                             ", not shard 0 of several: give --coordinator shard 0's address")));
+  }
+  if (request->shards() != o.shards || request->shard() <= 0 || request->shard() >= o.shards) {
+    return Done(context, absl::FailedPreconditionError(absl::StrCat(
+                             "a report from shard ", request->shard(), " of ", request->shards(),
+                             " reached shard 0 of ", o.shards, ": start every shard with the same --shards")));
+  }
+  shards_.Record(*request, context->peer(), absl::Now());
+  Membership& members = core_->membership();
+  response->set_view(members.view());
+  for (int r : members.ExcludedRanks()) response->add_excluded_ranks(r);
+  response->set_job_error(members.job_error());
+  return Done(context, absl::OkStatus());
+}
+
 grpc::ServerUnaryReactor* ParameterServerService::Push(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer* request,
                                                        grpc::ByteBuffer* response) {
@@ -451,6 +474,12 @@ grpc::ServerUnaryReactor* ParameterServerService::GetStatus(grpc::CallbackServer
   response->set_shards(o.shards);
   response->set_rollbacks(s.rollbacks);
   response->set_last_rollback_version(s.last_rollback_version);
+  response->set_view(s.view);
+  if (o.shards > 1 && o.shard == 0) {
+    for (pb::ShardStatus& shard : shards_.Statuses(ReportOf(*core_), absl::Now())) {
+      *response->add_shard_statuses() = std::move(shard);
+    }
+  }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

@@ -9,6 +9,7 @@
 
 #include "common/transport.h"
 #include "server/all_reduce.h"
+#include "server/coordination.h"
 #include "server/limits.h"
 #include "server/parameter_server.h"
 #include "summa/v1/summa.grpc.pb.h"
@@ -76,6 +77,9 @@ class ParameterServerService final : public ServiceBase {
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
                                       const summa::v1::GetStatusRequest* request,
                                       summa::v1::ServerStatus* response) override;
+  grpc::ServerUnaryReactor* Follow(grpc::CallbackServerContext* context,
+                                   const summa::v1::ShardReport* request,
+                                   summa::v1::ShardView* response) override;
 
  private:
   ParameterServer* const core_;  // Not owned.
@@ -88,6 +92,7 @@ class ParameterServerService final : public ServiceBase {
   PeerBudget parked_;
   PeerBudget in_flight_;
   JoinRate joins_;
+  ShardBoard shards_;  // shard 0 of several: the other shards' reports
 };
 
 }  // namespace summa::server

@@ -40,10 +40,11 @@ class Job:
             self.start_server(port)
             self.ports = [self.port]
         else:
-            # Shard i of `shards`, each on its own port; shard 0 answers status().
+            # Shard i of `shards`, each on its own port; shard 0 answers status(), and the others
+            # follow it (--coordinator).
             self.ports, self.shards = [], []
             for i in range(shards):
-                proc, p = group.start_server(ARGS.server, *self.server_flags, f"--shards={shards}", f"--shard={i}",
+                proc, p = group.start_server(ARGS.server, *self.server_flags, *self.shard_flags(i, shards),
                                              name=f"shard{i}")
                 self.shards.append(proc)
                 self.ports.append(p)
@@ -65,10 +66,13 @@ class Job:
         self.g.wait_for_file(port_file, proc)
         return proc
 
+    def shard_flags(self, i, shards):
+        flags = [f"--shards={shards}", f"--shard={i}"]
+        return flags + ([f"--coordinator=127.0.0.1:{self.ports[0]}"] if i > 0 else [])
+
     def restart_shard(self, i):
         """Starts shard i again on its port (after it was killed)."""
-        self.shards[i] = self.restart_on(self.ports[i], [*self.server_flags, f"--shards={len(self.ports)}",
-                                                         f"--shard={i}"])
+        self.shards[i] = self.restart_on(self.ports[i], [*self.server_flags, *self.shard_flags(i, len(self.ports))])
         if i == 0:
             self.server = self.shards[0]
         return self.shards[i]
@@ -526,6 +530,44 @@ class FaultProcessTest(unittest.TestCase):
             self.assertEqual(len(rolled), 1, g.log(job.shards[0]))
             self.assertGreaterEqual(rolled[0], older + 10)
             self.assertEqual(job.weights(), baseline_weights)
+
+    def test_shards_follow_shard_zeros_view_and_shard_zero_shows_every_shard(self):
+        # Two shards under shrink, two workers; rank 1 is SIGKILLed mid-run. Shard 0 drops it
+        # when its lease lapses; shard 1 leaves that to shard 0 and drops it when shard 0's view
+        # says so. Rank 0 finishes alone; shard 0's status shows both shards, healthy, 4
+        # partitions each.
+        with ProcessGroup() as g:
+            job = Job(g, 2, ["--partition_bytes=65536", "--on_worker_loss=shrink"], shards=2)
+            job.start_worker(0)
+            job.start_worker(1)
+            job.wait_version(60)
+            job.workers[1].send_signal(signal.SIGKILL)
+            job.workers[1].wait()
+            self.assertEqual(g.wait(job.workers[0], 240), 0, g.log(job.workers[0]))
+            zero, one = job.shard_status(0), job.shard_status(1)
+            self.assertEqual((int(zero["version"]), int(one["version"])), (STEPS, STEPS))
+            self.assertEqual(int(zero.get("view", 0)), 2, "rank 1 dropped, then rank 0 left")
+            deadline = time.monotonic() + 20
+            while int(one.get("view", 0)) != 2:  # shard 1 reports every half second
+                self.assertLess(time.monotonic(), deadline, one)
+                time.sleep(0.1)
+                one = job.shard_status(1)
+            states = {int(m.get("rank", 0)): m["state"] for m in one["members"]}
+            self.assertEqual(states[1], "dropped")
+            log = g.log(job.shards[1])
+            self.assertIn("rank 1 is out of the group in shard 0's view 1; dropping it here too", log)
+            self.assertNotIn("dropping it and going on without it", log)
+            while True:  # shard 1's report of the last step reaches shard 0 within half a second
+                shards = job.shard_status(0)["shardStatuses"]
+                if len(shards) == 2 and int(shards[1].get("version", 0)) == STEPS:
+                    break
+                self.assertLess(time.monotonic(), deadline, shards)
+                time.sleep(0.1)
+            self.assertEqual([int(s.get("shard", 0)) for s in shards], [0, 1])
+            self.assertTrue(all(s.get("healthy") for s in shards), shards)
+            self.assertEqual([int(s["partitionCount"]) for s in shards], [4, 4])
+            self.assertEqual(sum(int(s["partitionBytesHeld"]) for s in shards), 129068 * 4)
+            self.assertEqual([int(s["version"]) for s in shards], [STEPS, STEPS])
 
     def test_no_process_left_behind(self):
         with ProcessGroup() as g:

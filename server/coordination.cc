@@ -1,0 +1,104 @@
+#include "server/coordination.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include "common/grpc_status.h"
+#include "common/logging.h"
+#include "common/server_builder.h"
+
+namespace summa::server {
+
+namespace pb = summa::v1;
+
+pb::ShardReport ReportOf(const ParameterServer& core) {
+  const StatusSnapshot s = core.Status();
+  const ServerOptions& o = core.options();
+  pb::ShardReport r;
+  r.set_shard(o.shard);
+  r.set_shards(o.shards);
+  r.set_version(s.version);
+  r.set_partition_count(s.partition_count);
+  r.set_partition_bytes_held(s.partition_bytes_held);
+  r.set_bytes_in(s.bytes_in);
+  r.set_bytes_out(s.bytes_out);
+  r.set_last_checkpoint_version(s.checkpoint.version);
+  r.set_view(s.view);
+  r.set_job_error(s.job_error);
+  return r;
+}
+
+void ShardBoard::Record(const pb::ShardReport& report, const std::string& peer, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  shards_[report.shard()] = {report, peer, now};
+}
+
+namespace {
+
+pb::ShardStatus StatusOf(const pb::ShardReport& r, const std::string& peer, absl::Duration age) {
+  pb::ShardStatus s;
+  s.set_shard(r.shard());
+  s.set_peer(peer);
+  s.set_healthy(age <= kShardHealthyWithin && r.job_error().empty());
+  s.set_last_report_age_seconds(absl::ToDoubleSeconds(age));
+  s.set_version(r.version());
+  s.set_partition_count(r.partition_count());
+  s.set_partition_bytes_held(r.partition_bytes_held());
+  s.set_bytes_in(r.bytes_in());
+  s.set_bytes_out(r.bytes_out());
+  s.set_last_checkpoint_version(r.last_checkpoint_version());
+  s.set_view(r.view());
+  s.set_job_error(r.job_error());
+  return s;
+}
+
+}  // namespace
+
+std::vector<pb::ShardStatus> ShardBoard::Statuses(const pb::ShardReport& self, absl::Time now) const {
+  std::vector<pb::ShardStatus> out = {StatusOf(self, "self", absl::ZeroDuration())};
+  absl::MutexLock lock(&mu_);
+  for (const auto& [shard, e] : shards_) out.push_back(StatusOf(e.report, e.peer, now - e.at));
+  return out;
+}
+
+ShardFollower::ShardFollower(const std::string& coordinator, const ClientSecurity& security,
+                             ParameterServer* core, absl::Duration interval)
+    : coordinator_(coordinator), token_(security.token), core_(core), interval_(interval) {
+  stub_ = pb::ParameterServer::NewStub(
+      grpc::CreateCustomChannel(coordinator_, ChannelCredentialsFor(security.tls), DefaultChannelArguments()));
+  thread_ = std::thread([this] { Loop(); });
+}
+
+ShardFollower::~ShardFollower() {
+  stop_.Notify();
+  thread_.join();
+}
+
+void ShardFollower::Loop() {
+  Membership& members = core_->membership();
+  absl::Time failing_since = absl::InfiniteFuture(), last_warning = absl::InfinitePast();
+  do {
+    pb::ShardView view;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    AttachToken(token_, &ctx);
+    const absl::Status s = FromGrpcStatus(stub_->Follow(&ctx, ReportOf(*core_), &view));
+    const absl::Time now = absl::Now();
+    if (s.ok()) {
+      if (failing_since != absl::InfiniteFuture()) {
+        SUMMA_LOG(INFO) << "reaching shard 0 at " << coordinator_ << " again, at view " << view.view();
+      }
+      failing_since = absl::InfiniteFuture();
+      members.Follow(view.view(), {view.excluded_ranks().begin(), view.excluded_ranks().end()}, view.job_error());
+      continue;
+    }
+    if (failing_since == absl::InfiniteFuture()) failing_since = now;
+    if (now - last_warning >= absl::Seconds(10)) {
+      last_warning = now;
+      SUMMA_LOG(WARNING) << "cannot report to shard 0 at " << coordinator_ << " (for "
+                         << absl::FormatDuration(absl::Trunc(now - failing_since, absl::Seconds(1)))
+                         << "): " << s.message() << "; this shard keeps shard 0's view " << members.view();
+    }
+  } while (!stop_.WaitForNotificationWithTimeout(interval_));
+}
+
+}  // namespace summa::server

@@ -87,6 +87,8 @@ for ((i = 0; i < shards; i++)); do
   ((i > 0)) && name="shard$i"
   shard_flags=()
   ((shards > 1)) && shard_flags=(--shards="$shards" --shard="$i")
+  # The other shards follow shard 0's membership view.
+  ((i > 0)) && shard_flags+=(--coordinator="${addresses[0]}")
   server_trace=()
   if [[ -n "${trace_dir:-}" ]]; then
     mkdir -p "$trace_dir" || { echo "launch: cannot create --trace_dir $trace_dir" >&2; exit 2; }

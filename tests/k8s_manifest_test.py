@@ -168,12 +168,19 @@ class K8sManifestTest(unittest.TestCase):
         with ProcessGroup() as g:
             secrets = make_secrets(ARGS.source, os.path.join(g.dir, "secrets"))
             ports = []
+
+            def to_local(arg):  # a pod's DNS name to the port its process listens on here
+                for pod, port in zip(pods, ports):
+                    arg = arg.replace(pod, f"127.0.0.1:{port}")
+                return arg
+
             for i in range(replicas):
                 # Pod summa-server-i: its own volumes, and the hostname its shard comes from.
                 mounts = pod_volumes(sts, server_container, secrets, os.path.join(g.dir, f"server{i}-pod"))
                 port_file = os.path.join(g.dir, f"server{i}.port")
                 health_port_file = os.path.join(g.dir, f"health{i}.port")
-                server_args = [to_host(expand(x, env), mounts, {"address", "metrics_address", "health_address"})
+                server_args = [to_host(to_local(expand(x, env)), mounts,
+                                       {"address", "metrics_address", "health_address"})
                                for x in server_container["args"]]
                 server_args.append(f"--port_file={port_file}")
                 if health_port is not None:
@@ -186,11 +193,8 @@ class K8sManifestTest(unittest.TestCase):
                                           secrets)
                 if replicas > 1:
                     self.assertIn(f"shard {i} of {replicas}", g.log(server))
-
-            def to_local(arg):
-                for pod, port in zip(pods, ports):
-                    arg = arg.replace(pod, f"127.0.0.1:{port}")
-                return arg
+                if i > 0:
+                    self.assertIn(f"follows shard 0's membership view at 127.0.0.1:{ports[0]}", g.log(server))
             workers = []
             for index in range(job["spec"]["completions"]):
                 mounts = pod_volumes(worker_pod, worker, secrets, os.path.join(g.dir, f"worker{index}-pod"))

@@ -88,7 +88,8 @@ void ShardFollower::Loop() {
         SUMMA_LOG(INFO) << "reaching shard 0 at " << coordinator_ << " again, at view " << view.view();
       }
       failing_since = absl::InfiniteFuture();
-      members.Follow(view.view(), {view.excluded_ranks().begin(), view.excluded_ranks().end()}, view.job_error());
+      members.Follow(view.incarnation(), view.view(), {view.excluded_ranks().begin(), view.excluded_ranks().end()},
+                     view.job_error());
       continue;
     }
     if (failing_since == absl::InfiniteFuture()) failing_since = now;

@@ -32,7 +32,12 @@ Membership::Membership(int world_size, OnWorkerLoss on_loss, absl::Duration leas
       rejoin_deadline_(rejoin_deadline),
       clock_(clock),
       slots_(new Slot[world_size]),
-      details_(world_size) {}
+      details_(world_size) {
+  absl::MutexLock lock(&mu_);
+  do {
+    incarnation_ = absl::Uniform<uint64_t>(session_bits_);
+  } while (incarnation_ == 0);
+}
 
 void Membership::AddObserver(std::function<void()> on_change) { observers_.push_back(std::move(on_change)); }
 
@@ -56,11 +61,16 @@ std::vector<int> Membership::ExcludedRanks() const {
   return out;
 }
 
-void Membership::Follow(uint64_t view, const std::vector<int>& excluded, const std::string& job_error) {
+void Membership::Follow(uint64_t incarnation, uint64_t view, const std::vector<int>& excluded,
+                        const std::string& job_error) {
   bool changed = false;
   {
     absl::MutexLock lock(&mu_);
-    if (view <= view_.load(std::memory_order_acquire)) return;
+    if (incarnation == followed_incarnation_ && view <= view_.load(std::memory_order_acquire)) return;
+    if (followed_incarnation_ != 0 && incarnation != followed_incarnation_) {
+      SUMMA_LOG(WARNING) << "shard 0 restarted: following its views from view " << view;
+    }
+    followed_incarnation_ = incarnation;
     view_.store(view, std::memory_order_release);
     for (int r : excluded) {
       if (r < 0 || r >= world_size_ || this->excluded(r)) continue;

@@ -77,8 +77,11 @@ class Membership {
   // The ranks excluded (dropped or departed), ascending.
   std::vector<int> ExcludedRanks() const;
   // Applies shard 0's view: its excluded ranks are dropped here too, and its job error ends the
-  // job here. An older view than one applied changes nothing.
-  void Follow(uint64_t view, const std::vector<int>& excluded, const std::string& job_error);
+  // job here. An older view of the same `incarnation` (shard 0's process) than one applied
+  // changes nothing; a new incarnation's is taken whatever its number.
+  void Follow(uint64_t incarnation, uint64_t view, const std::vector<int>& excluded, const std::string& job_error);
+  // This process's: random, never 0.
+  uint64_t incarnation() const { return incarnation_; }
 
   int world_size() const { return world_size_; }
 
@@ -150,6 +153,7 @@ class Membership {
   const int world_size_;
   bool follower_ = false;  // fixed before use
   std::atomic<uint64_t> view_{0};
+  uint64_t incarnation_ = 0;  // set once, at construction
   const bool require_sessions_;
   const OnWorkerLoss on_loss_;
   const absl::Duration lease_;
@@ -162,6 +166,7 @@ class Membership {
   std::vector<Details> details_ ABSL_GUARDED_BY(mu_);
   absl::BitGen session_bits_ ABSL_GUARDED_BY(mu_);
   std::string job_error_ ABSL_GUARDED_BY(mu_);
+  uint64_t followed_incarnation_ ABSL_GUARDED_BY(mu_) = 0;  // shard 0's, as last followed
   std::atomic<bool> job_ended_{false};
 };
 

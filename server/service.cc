@@ -273,6 +273,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Follow(grpc::CallbackServerCon
   shards_.Record(*request, context->peer(), absl::Now());
   Membership& members = core_->membership();
   response->set_view(members.view());
+  response->set_incarnation(members.incarnation());
   for (int r : members.ExcludedRanks()) response->add_excluded_ranks(r);
   response->set_job_error(members.job_error());
   return Done(context, absl::OkStatus());

@@ -551,18 +551,22 @@ TEST_F(MembershipTest, AShardFollowingShardZeroDropsAndEndsOnlyInShardZerosView)
   EXPECT_FALSE(pull->answered());
   // Shard 0's view reaches it: rank 1 is dropped there too and the step completes without it.
   Membership& m = follower->membership();
-  m.Follow(zero->membership().view(), zero->membership().ExcludedRanks(), zero->job_error());
+  const uint64_t incarnation = zero->membership().incarnation();
+  m.Follow(incarnation, zero->membership().view(), zero->membership().ExcludedRanks(), zero->job_error());
   ASSERT_TRUE(pull->Wait().ok());
   EXPECT_EQ(follower->LiveRanks(), std::vector<int>{0});
   EXPECT_EQ(follower->Status().view, 1u);
   EXPECT_EQ(follower->WeightsForTest(), std::vector<float>(4, -1));
   // An older view changes nothing; shard 0's end of the job ends it here.
-  m.Follow(0, {0, 1}, "stale");
+  m.Follow(incarnation, 0, {0, 1}, "stale");
   EXPECT_EQ(follower->LiveRanks(), std::vector<int>{0});
   EXPECT_TRUE(follower->job_error().empty());
+  // A restarted shard 0 counts from 0 again: its views are taken from then on.
+  m.Follow(incarnation + 1, 0, {}, "");
+  EXPECT_EQ(follower->Status().view, 0u);
   zero->membership().EndJob("rank 0 did not rejoin");
   EXPECT_EQ(zero->Status().view, 2u);
-  m.Follow(zero->membership().view(), zero->membership().ExcludedRanks(), zero->job_error());
+  m.Follow(incarnation, zero->membership().view(), zero->membership().ExcludedRanks(), zero->job_error());
   EXPECT_NE(follower->job_error().find("shard 0 ended the job: rank 0 did not rejoin"), std::string::npos)
       << follower->job_error();
 
@@ -1222,11 +1226,12 @@ class RollBackTest : public ::testing::Test {
     return ps;
   }
   static void JoinAll(ParameterServer& ps) {
+    const std::string zeros = Floats4(0);  // outlives the joins that read it
     for (int rank : {0, 1}) {
       JoinRequestView v;
       v.rank = rank;
       v.world_size = 2;
-      v.params = {{{"w", DType::kFloat32, {4}}, absl::string_view(Floats4(0))}};
+      v.params = {{{"w", DType::kFloat32, {4}}, absl::string_view(zeros)}};
       absl::StatusOr<JoinResult> joined = ps.Join(v);
       ASSERT_TRUE(joined.ok()) << joined.status();
     }

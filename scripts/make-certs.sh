@@ -32,7 +32,8 @@ for who in server client; do
   quiet openssl req -newkey rsa:2048 -nodes -subj "/CN=$cn" -keyout "$who.key" -out "$who.csr"
   ext="$who.ext"
   if [[ $who == server ]]; then
-    printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth\n' "$san" >"$ext"
+    # clientAuth too: the shards other than 0 call shard 0 (--coordinator) with this certificate.
+    printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth,clientAuth\n' "$san" >"$ext"
   else
     printf 'subjectAltName=DNS:summa-worker\nextendedKeyUsage=clientAuth\n' >"$ext"
   fi

@@ -62,7 +62,11 @@ std::vector<pb::ShardStatus> ShardBoard::Statuses(const pb::ShardReport& self, a
 
 ShardFollower::ShardFollower(const std::string& coordinator, const ClientSecurity& security,
                              ParameterServer* core, absl::Duration interval)
-    : coordinator_(coordinator), token_(security.token), core_(core), interval_(interval) {
+    : coordinator_(coordinator),
+      token_(security.token),
+      core_(core),
+      interval_(interval),
+      give_up_(std::max(absl::Seconds(10), 3 * core->options().lease)) {
   stub_ = pb::ParameterServer::NewStub(
       grpc::CreateCustomChannel(coordinator_, ChannelCredentialsFor(security.tls), DefaultChannelArguments()));
   thread_ = std::thread([this] { Loop(); });
@@ -85,14 +89,22 @@ void ShardFollower::Loop() {
     const absl::Time now = absl::Now();
     if (s.ok()) {
       if (failing_since != absl::InfiniteFuture()) {
-        SUMMA_LOG(INFO) << "reaching shard 0 at " << coordinator_ << " again, at view " << view.view();
+        SUMMA_LOG(INFO) << "reaching shard 0 at " << coordinator_ << " again, at view " << view.view()
+                        << (members.follower() ? "" : "; following its view again");
       }
       failing_since = absl::InfiniteFuture();
+      members.set_follower(true);
       members.Follow(view.incarnation(), view.view(), {view.excluded_ranks().begin(), view.excluded_ranks().end()},
                      view.job_error());
       continue;
     }
     if (failing_since == absl::InfiniteFuture()) failing_since = now;
+    if (members.follower() && now - failing_since >= give_up_) {
+      // A shard 0 gone for good must not stall the job: leases decide here until it is back.
+      members.set_follower(false);
+      SUMMA_LOG(ERROR) << "no report reached shard 0 at " << coordinator_ << " for "
+                       << absl::FormatDuration(give_up_) << ": this shard decides by its own leases until it does";
+    }
     if (now - last_warning >= absl::Seconds(10)) {
       last_warning = now;
       SUMMA_LOG(WARNING) << "cannot report to shard 0 at " << coordinator_ << " (for "

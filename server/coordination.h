@@ -46,8 +46,10 @@ class ShardBoard {
 };
 
 // A shard other than 0: reports to shard 0 every `interval` and applies the view it answers
-// with to `core`'s membership (which must be a follower's). Logs, at most every 10 s, while
-// shard 0 cannot be reached. Stops (and joins its thread) when destroyed.
+// with to `core`'s membership (a follower's). Logs, at most every 10 s, while shard 0 cannot be
+// reached; after `give_up` of that (by default three leases, at least 10 s) the membership
+// decides by its own leases until a report gets through again. Stops (and joins its thread)
+// when destroyed.
 class ShardFollower {
  public:
   ShardFollower(const std::string& coordinator, const ClientSecurity& security, ParameterServer* core,
@@ -63,6 +65,7 @@ class ShardFollower {
   const std::string token_;
   ParameterServer* const core_;  // Not owned.
   const absl::Duration interval_;
+  const absl::Duration give_up_;
   std::unique_ptr<summa::v1::ParameterServer::Stub> stub_;
   absl::Notification stop_;
   std::thread thread_;

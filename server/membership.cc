@@ -49,7 +49,7 @@ void Membership::SetState(int rank, MemberState s) {
   slots_[rank].state.store(static_cast<int>(s), std::memory_order_release);
   if (s == MemberState::kDropped || s == MemberState::kLeft) {
     const bool was = slots_[rank].excluded.exchange(true, std::memory_order_acq_rel);
-    if (!was && !follower_) view_.fetch_add(1, std::memory_order_acq_rel);
+    if (!was && !follower()) view_.fetch_add(1, std::memory_order_acq_rel);
   }
 }
 
@@ -187,12 +187,9 @@ absl::Status Membership::Touch(int rank, uint64_t session) {
 
 void Membership::Forget() {
   absl::MutexLock lock(&mu_);
-  for (int r = 0; r < world_size_; ++r) {
-    const MemberState s = state(r);
-    if (s != MemberState::kAlive && s != MemberState::kLapsed) continue;
-    slots_[r].session.store(0, std::memory_order_release);
-    SetState(r, MemberState::kAbsent);
-  }
+  // Their states and lease clocks stand: one that does not join again lapses (and is dropped, or
+  // waited for) as if it had gone silent.
+  for (int r = 0; r < world_size_; ++r) slots_[r].session.store(0, std::memory_order_release);
 }
 
 void Membership::CountPush(int rank, int64_t examples) {
@@ -219,7 +216,7 @@ void Membership::Tick(absl::Time now) {
     for (int r = 0; r < world_size_; ++r) {
       Details& d = details_[r];
       const absl::Time expiry = absl::FromUnixNanos(slots_[r].last_seen_ns.load()) + lease_;
-      if (state(r) == MemberState::kAlive && expiry <= now && follower_) {
+      if (state(r) == MemberState::kAlive && expiry <= now && follower()) {
         // Shard 0 decides whether it is dropped, or the job ends.
         d.lapsed_at = now;
         SUMMA_LOG(WARNING) << "rank " << r << " made no call for " << absl::FormatDuration(lease_)
@@ -238,7 +235,7 @@ void Membership::Tick(absl::Time now) {
         SetState(r, on_loss_ == OnWorkerLoss::kShrink ? MemberState::kDropped : MemberState::kLapsed);
         dropped |= on_loss_ == OnWorkerLoss::kShrink;
       }
-      if (state(r) == MemberState::kLapsed && !follower_ && end_job.empty() &&
+      if (state(r) == MemberState::kLapsed && !follower() && end_job.empty() &&
           now - d.lapsed_at >= rejoin_deadline_) {
         end_job = absl::StrCat("rank ", r, " was lost (lease lapsed ", absl::FormatDuration(now - d.lapsed_at),
                                " ago) and did not rejoin within --rejoin_deadline=",
@@ -272,7 +269,7 @@ void Membership::EndJob(const std::string& why) {
     if (!job_error_.empty()) return;
     job_error_ = why;
     job_ended_.store(true, std::memory_order_release);
-    if (!follower_) view_.fetch_add(1, std::memory_order_acq_rel);
+    if (!follower()) view_.fetch_add(1, std::memory_order_acq_rel);
   }
   SUMMA_LOG(ERROR) << "ending the job: " << why;
   Notify();

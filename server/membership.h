@@ -67,9 +67,10 @@ class Membership {
   void AddObserver(std::function<void()> on_change);
 
   // A shard other than 0 of a job with a coordinator: a lapsed lease drops no one and ends
-  // nothing here; shard 0 decides, and Follow applies its view. Before use.
-  void set_follower() { follower_ = true; }
-  bool follower() const { return follower_; }
+  // nothing here; shard 0 decides, and Follow applies its view. Off: this shard decides by its
+  // own leases again (while shard 0 cannot be reached).
+  void set_follower(bool on) { follower_.store(on, std::memory_order_release); }
+  bool follower() const { return follower_.load(std::memory_order_acquire); }
 
   // The membership view: it moves on each time a rank is excluded or the job ends (on a
   // follower, it is the newest view of shard 0's that Follow applied).
@@ -106,8 +107,8 @@ class Membership {
   // Takes `rank` out for good (when `session` is its current one); its observers are told.
   absl::Status Leave(int rank, uint64_t session);
 
-  // Every alive or lapsed member becomes absent, its session void: their next calls are told
-  // NOT_FOUND (Join again). Dropped and departed ranks stay out.
+  // Voids every member's session: their next calls are told NOT_FOUND (Join again). States and
+  // lease clocks stand, so a member that never joins again lapses as a silent one does.
   void Forget();
 
   // Lapses expired leases, drops them under `shrink`, ends the job under `wait` when one has
@@ -151,7 +152,7 @@ class Membership {
   void Notify();
 
   const int world_size_;
-  bool follower_ = false;  // fixed before use
+  std::atomic<bool> follower_{false};
   std::atomic<uint64_t> view_{0};
   uint64_t incarnation_ = 0;  // set once, at construction
   const bool require_sessions_;

@@ -36,7 +36,7 @@ ParameterServer::ParameterServer(ServerOptions options)
                   options_.rejoin_deadline, options_.clock, options_.require_sessions),
       policy_(ConsistencyPolicy::Create(options_.mode, MakeContext(options_, optimizer_.get(), &membership_))),
       started_(options_.clock->Now()) {
-  if (options_.follower) membership_.set_follower();
+  if (options_.follower) membership_.set_follower(true);
   membership_.AddObserver([this] { OnMembershipChange(); });
 }
 
@@ -171,19 +171,19 @@ absl::StatusOr<JoinResult> ParameterServer::Join(const JoinRequestView& request)
           " bytes (summa-server --max_model_bytes)"));
     }
   }
-  {
-    absl::MutexLock lock(&define_mu_);
-    if (model_owner_ == nullptr) {
-      const bool has_values = !request.params.empty() &&
-                              std::all_of(request.params.begin(), request.params.end(),
-                                          [](const JoinTensor& t) { return !t.data.empty(); });
-      if (!has_values && !request.values_follow) {
-        return absl::UnavailableError(absl::StrCat(
-            "no model yet: rank ", request.rank, " must wait until a worker (rank 0) joins with the "
-            "initial values; retry"));
-      }
-      SUMMA_RETURN_IF_ERROR(DefineModel(request));
+  // Held to the end: a rollback (which replaces the model and voids sessions under it) comes
+  // wholly before this join or wholly after it.
+  absl::MutexLock lock(&define_mu_);
+  if (model_owner_ == nullptr) {
+    const bool has_values = !request.params.empty() &&
+                            std::all_of(request.params.begin(), request.params.end(),
+                                        [](const JoinTensor& t) { return !t.data.empty(); });
+    if (!has_values && !request.values_follow) {
+      return absl::UnavailableError(absl::StrCat(
+          "no model yet: rank ", request.rank, " must wait until a worker (rank 0) joins with the "
+          "initial values; retry"));
     }
+    SUMMA_RETURN_IF_ERROR(DefineModel(request));
   }
   const Model& m = *model();
   SUMMA_RETURN_IF_ERROR(CheckSameModel(m, request));

@@ -233,6 +233,11 @@ class ParameterServer {
   // Sync checkpoints: copies `p` for the checkpoint writer when it just reached a multiple of
   // --checkpoint_every, and tells checkpoint_due_ once every partition has.
   void MaybeFreeze(const Model& model, Partition& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
+  // Sync shards with checkpoints: partitions freeze, and checkpoints are of those copies.
+  bool FreezesForCheckpoints() const {
+    return options_.mode == Mode::kSync && options_.shards > 1 && options_.checkpoint_every > 0 &&
+           !options_.checkpoint_dir.empty();
+  }
   // Refuses a call on a partition whose model a rollback replaced; Answerable() otherwise.
   absl::Status Gone(const Partition& p) const ABSL_SHARED_LOCKS_REQUIRED(p.mu);
   // `flat` holds every initial value, or is empty: the values follow through Initialize (or a

@@ -83,8 +83,17 @@ absl::StatusOr<bool> ParameterServer::RollBack(int rank, uint64_t session, uint6
   // No checkpoint of the history being abandoned is written meanwhile.
   absl::MutexLock checkpoint_lock(&checkpoint_mu_);
   SUMMA_ASSIGN_OR_RETURN(const Model* const old, ReadyModel());
-  const uint64_t at = VersionOf(*old);
-  if (at == to_version) return false;  // another member asked first
+  uint64_t at = UINT64_MAX, high = 0;
+  for (const auto& p : old->partitions) {
+    absl::ReaderMutexLock lock(&p->mu);
+    at = std::min(at, p->version);
+    high = std::max(high, p->version);
+  }
+  if (at == to_version && high == to_version) return false;  // another member asked first
+  if (to_version > at) {
+    return absl::FailedPreconditionError(absl::StrCat("this server is at version ", at, ": it rolls back, not forward to ",
+                                                      to_version));
+  }
   if (at != from_version) {
     return absl::AbortedError(absl::StrCat("this server is at version ", at, ", not ", from_version,
                                            " as rank ", rank, " saw it: join again and look"));
@@ -102,18 +111,25 @@ absl::StatusOr<bool> ParameterServer::RollBack(int rank, uint64_t session, uint6
   if (restored.second != to_version) {
     return absl::DataLossError(absl::StrCat(path, " holds version ", restored.second, ", not ", to_version));
   }
-  // Members first: a call that reads the new model once it is published finds its session void.
-  membership_.Forget();
   const absl::Status gone = absl::NotFoundError(absl::StrCat(
       "the server rolled back to version ", to_version, " to agree with the other shards; Join again"));
   CallsToFinish failed;
   {
+    // Join admits and reads the model under define_mu_: it sees the old model with a session
+    // this voids, or the new one.
     absl::MutexLock define(&define_mu_);
+    // Members first: a call that reads the new model once it is published finds its session void.
+    membership_.Forget();
     for (const auto& p : old->partitions) {
       absl::MutexLock plock(&p->mu);
       p->retired = true;
       p->parked.FailAll(gone, failed);
       p->clock_parked.FailAll(gone, failed);
+      // Nothing reads a retired partition's values again: only its lock and flag stay.
+      std::vector<float>().swap(p->weights);
+      for (auto& slot : p->slots) std::vector<float>().swap(slot);
+      p->slot_views.clear();
+      p->frozen = PartitionSnapshot();
     }
     retired_.push_back(std::move(model_owner_));
     PublishModel(std::move(restored.first));
@@ -135,7 +151,7 @@ absl::StatusOr<bool> ParameterServer::RollBack(int rank, uint64_t session, uint6
 
 void ParameterServer::MaybeFreeze(const Model& model, Partition& p) {
   const int64_t every = options_.checkpoint_every;
-  if (options_.mode != Mode::kSync || every <= 0 || options_.checkpoint_dir.empty() ||
+  if (!FreezesForCheckpoints() ||
       p.version % static_cast<uint64_t>(every) != 0) {
     return;
   }
@@ -169,9 +185,9 @@ absl::Status ParameterServer::MaybeCheckpoint(bool force) {
   // Sync: every partition at one moment, so all their locks (in id order) are held while they
   // are copied. Async and ssp: each partition records its own version and pushes, so each is
   // copied under its own lock alone, as it is written.
-  // Sync, when not forced: the copies every partition took as it reached the same multiple of
-  // --checkpoint_every (MaybeFreeze), so that every shard writes the same versions.
-  const bool frozen = one_version && !force && options_.checkpoint_every > 0;
+  // Sync shards, when not forced: the copies every partition took as it reached the same multiple
+  // of --checkpoint_every (MaybeFreeze), so that every shard writes the same versions.
+  const bool frozen = !force && FreezesForCheckpoints();
   std::vector<PartitionSnapshot> copies;
   for (const auto& p : m->partitions) p->mu.Lock();
   uint64_t low = UINT64_MAX, high = 0;
@@ -180,8 +196,11 @@ absl::Status ParameterServer::MaybeCheckpoint(bool force) {
     low = std::min(low, v);
     high = std::max(high, v);
   }
-  const bool due = force || (options_.checkpoint_every > 0 &&
-                             low >= last + static_cast<uint64_t>(options_.checkpoint_every));
+  // Frozen copies are of multiples of the interval: any newer than the last file is due (a forced
+  // checkpoint or a restore in between skips none).
+  const bool due = force || (frozen ? low > last
+                                    : options_.checkpoint_every > 0 &&
+                                          low >= last + static_cast<uint64_t>(options_.checkpoint_every));
   const bool consistent = !one_version || low == high;
   const bool write = due && consistent && (low != last || force);
   if (write && one_version) {

@@ -88,6 +88,19 @@ class Job:
             "--retry_deadline=60s", *JOB, *extra])
         return self.workers[rank]
 
+    def start_and_freeze(self, at_version):
+        """Starts every worker, and freezes them all (SIGSTOP) once `at_version` is reached;
+        thaw() lets them go on."""
+        for r in range(self.world):
+            self.start_worker(r)
+        self.wait_version(at_version)
+        for w in self.workers.values():
+            w.send_signal(signal.SIGSTOP)
+
+    def thaw(self):
+        for w in self.workers.values():
+            w.send_signal(signal.SIGCONT)
+
     def status(self, seconds=15):
         """The server's status. A connection to the server's port that an earlier server left
         behind fails the first call with UNAVAILABLE ("Broken pipe") while gRPC reconnects:
@@ -303,13 +316,9 @@ class FaultProcessTest(unittest.TestCase):
         _, baseline_weights = self.undisturbed(flags)
         with ProcessGroup() as g:
             ckpt = os.path.join(g.dir, "ckpt")
-            # A lease that outlasts the freeze; a checkpoint at every version the ticker sees.
+            # A lease that outlasts the freeze; a checkpoint of every version.
             job = Job(g, 2, [*flags, f"--checkpoint_dir={ckpt}", "--checkpoint_every=1", "--lease=60s"])
-            for r in range(2):
-                job.start_worker(r)
-            job.wait_version(150)
-            for w in job.workers.values():
-                w.send_signal(signal.SIGSTOP)
+            job.start_and_freeze(150)
             try:
                 deadline = time.monotonic() + 30
                 while True:
@@ -325,8 +334,7 @@ class FaultProcessTest(unittest.TestCase):
                 job.start_server(job.port)
                 self.assertIn(f"restored {ckpt}", g.log(job.server))
             finally:
-                for w in job.workers.values():
-                    w.send_signal(signal.SIGCONT)
+                job.thaw()
             outs = self.finish(g, job)
             for out in outs.values():
                 # v, or v + 1 where both pushes of step v were on their way as the workers froze.
@@ -484,11 +492,7 @@ class FaultProcessTest(unittest.TestCase):
             ckpt = os.path.join(g.dir, "ckpt")
             job = Job(g, 2, [*flags, f"--checkpoint_dir={ckpt}", "--checkpoint_every=5", "--keep_checkpoints=20",
                              "--lease=60s"], shards=2)
-            for r in range(2):
-                job.start_worker(r)
-            job.wait_version(150)
-            for w in job.workers.values():
-                w.send_signal(signal.SIGSTOP)
+            job.start_and_freeze(150)
             try:
                 dirs = [os.path.join(ckpt, f"shard-{i}-of-2") for i in range(2)]
 
@@ -515,8 +519,7 @@ class FaultProcessTest(unittest.TestCase):
                 job.restart_shard(1)
                 self.assertIn(f"at version {older}", g.log(job.shards[1]))
             finally:
-                for w in job.workers.values():
-                    w.send_signal(signal.SIGCONT)
+                job.thaw()
             outs = self.finish(g, job)
             for out in outs.values():
                 rejoined = [int(s) for s in re.findall(r"rejoined at step (\d+) ", out)]

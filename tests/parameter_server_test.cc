@@ -1199,8 +1199,9 @@ TEST(DeterministicAggregationTest, OnlySyncModeTakesIt) {
 namespace summa::server {
 namespace {
 
-// Two ranks, two partitions of two floats, sync SGD at rate 1: each step subtracts the mean of
-// the pushed gradients, here `step + 1` everywhere, so every version has its own weights.
+// Shard 0 of two: two ranks, four partitions of one float (two on each shard), sync SGD at rate
+// 1: each step subtracts the mean of the pushed gradients, here `step + 1` everywhere, so every
+// version has its own weights.
 class RollBackTest : public ::testing::Test {
  protected:
   RollBackTest() {
@@ -1214,7 +1215,8 @@ class RollBackTest : public ::testing::Test {
     o.world_size = 2;
     o.mode = mode;
     o.optimizer.learning_rate = 1.0;
-    o.partition_bytes = 8;
+    o.partition_bytes = 4;
+    o.shards = 2;
     o.checkpoint_dir = dir_;
     o.checkpoint_every = every;
     o.keep_checkpoints = 10;
@@ -1225,21 +1227,29 @@ class RollBackTest : public ::testing::Test {
     JoinAll(*ps);
     return ps;
   }
-  static void JoinAll(ParameterServer& ps) {
+  // The checkpoint versions the last join listed.
+  std::vector<uint64_t> JoinAll(ParameterServer& ps) {
     const std::string zeros = Floats4(0);  // outlives the joins that read it
+    std::vector<uint64_t> kept;
     for (int rank : {0, 1}) {
       JoinRequestView v;
       v.rank = rank;
       v.world_size = 2;
       v.params = {{{"w", DType::kFloat32, {4}}, absl::string_view(zeros)}};
       absl::StatusOr<JoinResult> joined = ps.Join(v);
-      ASSERT_TRUE(joined.ok()) << joined.status();
+      EXPECT_TRUE(joined.ok()) << joined.status();
+      if (!joined.ok()) return {};
+      held_.clear();
+      for (const PartitionRange& p : joined->partitions) held_.push_back(p.id);
+      kept = joined->checkpoint_versions;
     }
+    EXPECT_EQ(held_.size(), 2u);
+    return kept;
   }
-  static absl::Status Step(ParameterServer& ps, uint64_t step) {
-    const std::string grad = Bytes({static_cast<float>(step + 1), static_cast<float>(step + 1)});
+  absl::Status Step(ParameterServer& ps, uint64_t step) {
+    const std::string grad = Bytes({static_cast<float>(step + 1)});
     for (int rank : {0, 1}) {
-      for (uint32_t partition : {0u, 1u}) {
+      for (uint32_t partition : held_) {
         PushRequestView v;
         v.rank = rank;
         v.step = step;
@@ -1251,10 +1261,11 @@ class RollBackTest : public ::testing::Test {
     }
     return absl::OkStatus();
   }
-  static std::vector<float> At(uint64_t version) {  // minus (1 + 2 + ... + version) / 1
-    return std::vector<float>(4, -static_cast<float>(version * (version + 1) / 2));
+  static std::vector<float> At(uint64_t version) {  // minus (1 + 2 + ... + version), two partitions
+    return std::vector<float>(2, -static_cast<float>(version * (version + 1) / 2));
   }
 
+  std::vector<uint32_t> held_;  // this shard's partitions
   std::string dir_;
   FakeClock clock_;
   int due_ = 0;
@@ -1282,6 +1293,12 @@ TEST_F(RollBackTest, SyncCheckpointsAreOfMultiplesOfTheIntervalAsTheyWereReached
   ASSERT_TRUE(ps->MaybeCheckpoint(false).ok());
   EXPECT_EQ(CheckpointVersions(dir_), (std::vector<uint64_t>{2, 4}));
   EXPECT_EQ(due_, 2);
+  // A forced checkpoint (SIGTERM, the Checkpoint RPC) of the live version skips no multiple.
+  ASSERT_TRUE(Step(*ps, 4).ok());
+  ASSERT_TRUE(ps->MaybeCheckpoint(true).ok());
+  ASSERT_TRUE(Step(*ps, 5).ok());
+  ASSERT_TRUE(ps->MaybeCheckpoint(false).ok());
+  EXPECT_EQ(CheckpointVersions(dir_), (std::vector<uint64_t>{2, 4, 5, 6}));
 }
 
 TEST_F(RollBackTest, AShardRollsBackToAnOlderCheckpointAndEveryMemberJoinsAgain) {
@@ -1292,8 +1309,9 @@ TEST_F(RollBackTest, AShardRollsBackToAnOlderCheckpointAndEveryMemberJoinsAgain)
   }
   ASSERT_EQ(CheckpointVersions(dir_), (std::vector<uint64_t>{1, 2, 3, 4}));
   auto parked = std::make_shared<FakeCall>();
-  ps->Pull(0, 0, 1, 5, parked);  // waits for step 4
+  ps->Pull(0, 0, held_[1], 5, parked);  // waits for step 4
   EXPECT_EQ(ps->RollBack(0, 0, 2, 3).status().code(), absl::StatusCode::kAborted) << "it is at 4, not 3";
+  EXPECT_EQ(ps->RollBack(0, 0, 5, 4).status().code(), absl::StatusCode::kFailedPrecondition) << "not forward";
   absl::Status missing = ps->RollBack(0, 0, 0, 4).status();
   EXPECT_EQ(missing.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(missing.message().find("keeps 1, 2, 3, 4"), absl::string_view::npos) << missing;
@@ -1311,7 +1329,7 @@ TEST_F(RollBackTest, AShardRollsBackToAnOlderCheckpointAndEveryMemberJoinsAgain)
   EXPECT_EQ(Step(*ps, 2).code(), absl::StatusCode::kNotFound) << "every member joins again";
   EXPECT_EQ(ps->RollBack(0, 0, 2, 4).status().code(), absl::StatusCode::kNotFound) << "not a member now";
 
-  JoinAll(*ps);
+  EXPECT_EQ(JoinAll(*ps), (std::vector<uint64_t>{1, 2})) << "a join lists the checkpoints a shard keeps";
   absl::StatusOr<bool> again = ps->RollBack(0, 0, 2, 4);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_FALSE(*again) << "a second member asking finds it done";

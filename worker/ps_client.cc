@@ -74,9 +74,8 @@ absl::StatusOr<Agreement> PlanAgreement(const std::vector<ShardVersions>& shards
   if (shards.empty()) return absl::InvalidArgumentError("no shards");
   uint64_t low = UINT64_MAX;
   for (const ShardVersions& s : shards) low = std::min(low, s.version);
-  // Candidates, newest first: the lowest shard's version, one before it, and any checkpoint.
+  // Candidates, newest first: the lowest shard's version and any checkpoint below it.
   std::vector<uint64_t> candidates = {low};
-  if (low > 0) candidates.push_back(low - 1);
   for (const ShardVersions& s : shards) {
     for (uint64_t v : s.checkpoints) {
       if (v <= low) candidates.push_back(v);
@@ -84,15 +83,17 @@ absl::StatusOr<Agreement> PlanAgreement(const std::vector<ShardVersions>& shards
   }
   std::sort(candidates.begin(), candidates.end(), std::greater<>());
   for (uint64_t v : candidates) {
-    Agreement plan{v, {}};
     bool feasible = true;
-    for (size_t i = 0; i < shards.size() && feasible; ++i) {
-      const ShardVersions& s = shards[i];
-      if (s.version == v || s.version == v + 1) continue;
-      feasible = std::binary_search(s.checkpoints.begin(), s.checkpoints.end(), v);
-      plan.roll_back.push_back(static_cast<int>(i));
+    for (const ShardVersions& s : shards) {
+      feasible &= s.version == v || std::binary_search(s.checkpoints.begin(), s.checkpoints.end(), v);
     }
-    if (feasible) return plan;
+    if (!feasible) continue;
+    // Every shard is asked, those at `v` too: one whose lowest partition is at `v` may hold
+    // others a step on, and the step is redone from `v` everywhere (a shard wholly at `v`
+    // changes nothing).
+    Agreement plan{v, {}};
+    for (size_t i = 0; i < shards.size(); ++i) plan.roll_back.push_back(static_cast<int>(i));
+    return plan;
   }
   std::string kept;
   for (size_t i = 0; i < shards.size(); ++i) {
@@ -225,7 +226,7 @@ absl::StatusOr<JoinInfo> ParameterClient::Join(int rank, int world,
           "the shards disagree: they resume rank ", request.rank(), " at ", where,
           responses[0].mode() != pb::MODE_SYNC ? "; only sync mode rolls shards back: restart every shard from "
                                                  "checkpoints of one version"
-                                               : absl::StrCat(" after ", pass - 1, " rollbacks")));
+                                               : absl::StrCat(" after ", pass - 1, " passes of rollbacks")));
     }
     absl::StatusOr<Agreement> agreement = PlanAgreement(versions);
     if (!agreement.ok()) {

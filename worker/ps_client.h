@@ -42,16 +42,17 @@ struct ShardVersions {
 };
 
 // How the shards come to agree when they are more than one step apart (one was restored from an
-// older checkpoint): every shard in `roll_back` restores its checkpoint of `version`; the
-// others are at `version` or one step past it (they take that step's pushes as duplicates).
+// older checkpoint): every shard in `roll_back` (each of them) goes back to `version`, restoring
+// its checkpoint of it unless it is wholly there already, so that the step is redone on the
+// weights of one version everywhere.
 struct Agreement {
   uint64_t version = 0;
   std::vector<int> roll_back;  // shard indices
 };
 
 // The newest version the shards can agree on: at most the lowest shard's, and for every shard
-// its own version, the one before, or a checkpoint it keeps. FAILED_PRECONDITION naming each
-// shard's version and checkpoints when there is none.
+// its own version or a checkpoint it keeps. FAILED_PRECONDITION naming each shard's version and
+// checkpoints when there is none.
 absl::StatusOr<Agreement> PlanAgreement(const std::vector<ShardVersions>& shards);
 
 class ParameterClient final : public ParameterStore {

@@ -61,12 +61,12 @@ std::vector<pb::ShardStatus> ShardBoard::Statuses(const pb::ShardReport& self, a
 }
 
 ShardFollower::ShardFollower(const std::string& coordinator, const ClientSecurity& security,
-                             ParameterServer* core, absl::Duration interval)
+                             ParameterServer* core, absl::Duration interval, absl::Duration give_up)
     : coordinator_(coordinator),
       token_(security.token),
       core_(core),
       interval_(interval),
-      give_up_(std::max(absl::Seconds(10), 3 * core->options().lease)) {
+      give_up_(give_up > absl::ZeroDuration() ? give_up : std::max(absl::Seconds(10), 3 * core->options().lease)) {
   stub_ = pb::ParameterServer::NewStub(
       grpc::CreateCustomChannel(coordinator_, ChannelCredentialsFor(security.tls), DefaultChannelArguments()));
   thread_ = std::thread([this] { Loop(); });

@@ -53,7 +53,7 @@ class ShardBoard {
 class ShardFollower {
  public:
   ShardFollower(const std::string& coordinator, const ClientSecurity& security, ParameterServer* core,
-                absl::Duration interval = absl::Milliseconds(500));
+                absl::Duration interval = absl::Milliseconds(500), absl::Duration give_up = absl::ZeroDuration());
   ~ShardFollower();
   ShardFollower(const ShardFollower&) = delete;
   ShardFollower& operator=(const ShardFollower&) = delete;

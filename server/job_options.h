@@ -69,9 +69,9 @@ struct ServerOptions {
   // clients from before sessions; a call with a fenced session is refused either way).
   bool require_sessions = true;
   std::string checkpoint_dir;    // empty: no checkpoints
-  // Steps between checkpoints; 0: only at shutdown. In sync mode the checkpoints are of the
-  // versions that are multiples of it, each partition copied as it reaches that version, so that
-  // shards (which step together) keep checkpoints of the same versions.
+  // Steps between checkpoints; 0: only at shutdown. In a sharded sync job the checkpoints are of
+  // the versions that are multiples of it, each partition copied as it reaches that version, so
+  // that shards (which step together) keep checkpoints of the same versions.
   int64_t checkpoint_every = 0;
   int keep_checkpoints = 2;  // the newest this many are kept
   // Called with each step's duration (partition 0, under its lock: keep it cheap), or null.

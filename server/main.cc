@@ -66,13 +66,13 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
           "directory for checkpoints (weights, optimizer state, version); the newest whole one is "
           "restored at start; a shard keeps its own in DIR/shard-I-of-K; empty: no checkpoints");
 ABSL_FLAG(int64_t, checkpoint_every, 100,
-          "write a checkpoint every this many steps (and on SIGTERM); 0: only on SIGTERM. In sync "
-          "mode the checkpoints are of the versions that are multiples of it, so that shards keep "
-          "the same versions");
+          "write a checkpoint every this many steps (and on SIGTERM); 0: only on SIGTERM. In a "
+          "sharded sync job the checkpoints are of the versions that are multiples of it, so that "
+          "shards keep the same versions");
 ABSL_FLAG(int, keep_checkpoints, 2,
-          "keep the newest this many checkpoints; with --shards, keep enough that the shards share "
-          "one after any of them restarts (a worker rolls the shards back to the newest version "
-          "every shard keeps when they are more than one step apart): 4 or more");
+          "keep the newest this many checkpoints. With --shards, a worker that finds the shards "
+          "more than one step apart rolls them back to the newest version every shard keeps: 2 "
+          "cover one shard's restart; keep more where a shard's newest files may be lost");
 ABSL_FLAG(std::string, optimizer, "sgd",
           "optimizer applied to the summed gradient divided by the examples pushed, with "
           "PyTorch's semantics: sgd, adam or adamw (decoupled weight decay)");

@@ -71,7 +71,6 @@ void Membership::Follow(uint64_t incarnation, uint64_t view, const std::vector<i
       SUMMA_LOG(WARNING) << "shard 0 restarted: following its views from view " << view;
     }
     followed_incarnation_ = incarnation;
-    view_.store(view, std::memory_order_release);
     for (int r : excluded) {
       if (r < 0 || r >= world_size_ || this->excluded(r)) continue;
       SUMMA_LOG(WARNING) << "rank " << r << " is out of the group in shard 0's view " << view
@@ -79,6 +78,8 @@ void Membership::Follow(uint64_t incarnation, uint64_t view, const std::vector<i
       SetState(r, MemberState::kDropped);
       changed = true;
     }
+    // After the exclusions: whoever reads this view finds them made.
+    view_.store(view, std::memory_order_release);
   }
   if (!job_error.empty()) {
     EndJob(absl::StrCat("shard 0 ended the job: ", job_error));  // notifies

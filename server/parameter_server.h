@@ -180,12 +180,13 @@ class ParameterServer {
   absl::StatusOr<bool> RollBack(int rank, uint64_t session, uint64_t to_version, uint64_t from_version);
 
   // Called (with a partition lock held: keep it cheap, never call back in) when every partition
-  // holds its copy of a version due for a checkpoint (sync mode), so that the caller runs
+  // holds its copy of a version due for a checkpoint (sync shards), so that the caller runs
   // MaybeCheckpoint soon. Register before use.
   void OnCheckpointDue(std::function<void()> due) { checkpoint_due_ = std::move(due); }
 
-  // Writes a checkpoint when one is due (every `checkpoint_every` steps: in sync mode the copies
-  // every partition took at the newest multiple of it), or at once when `force`. FAILED_PRECONDITION in sync mode while partitions are between versions (retry).
+  // Writes a checkpoint when one is due (every `checkpoint_every` steps: in a sharded sync job
+  // the copies every partition took at the newest multiple of it), or at once when `force`.
+  // FAILED_PRECONDITION in sync mode while partitions are between versions (retry).
   // Blocks on disk I/O: call it from a thread of the daemon's, never from a gRPC callback.
   absl::Status MaybeCheckpoint(bool force);
 

@@ -60,7 +60,7 @@ struct Partition {
   ParkingLot clock_parked ABSL_GUARDED_BY(mu);  // ssp: waiting for the slowest member
   absl::Time last_completion ABSL_GUARDED_BY(mu);
   absl::Duration last_step ABSL_GUARDED_BY(mu) = absl::ZeroDuration();
-  // Sync checkpoints: the partition as it was when it reached `frozen.version`, the newest
+  // Sync shards' checkpoints: the partition as it was when it reached `frozen.version`, the newest
   // multiple of --checkpoint_every it reached (taken then, into buffers reused each time), for
   // the checkpoint writer; `has_frozen` until then.
   PartitionSnapshot frozen ABSL_GUARDED_BY(mu);

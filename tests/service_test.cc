@@ -633,5 +633,57 @@ TEST_F(ServiceTest, AModelOverTheLimitIsRefusedBeforeAnythingIsAllocated) {
   EXPECT_FALSE(StatusOf(*stub).model_defined());
 }
 
+// Waits (up to 20 s, polling) for `done`; false if it never held.
+bool Eventually(const std::function<bool()>& done) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (!done()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return true;
+}
+
+// Shard 1 reports to shard 0 (a real daemon), follows its view, shows in its status, and once
+// shard 0 is gone for its give-up time decides by its own leases again.
+TEST(ShardFollowerTest, ReportsToShardZeroFollowsItsViewAndDecidesAloneOnceItIsGone) {
+  ServerOptions o;
+  o.world_size = 2;
+  o.shards = 2;
+  o.on_worker_loss = OnWorkerLoss::kShrink;
+  o.require_sessions = false;
+  auto zero = SummaServer::Start("127.0.0.1:0", o);
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  ServerOptions o1 = o;
+  o1.shard = 1;
+  o1.follower = true;
+  ParameterServer one(o1);
+  const std::string address = "127.0.0.1:" + std::to_string((*zero)->port());
+  ShardFollower follower(address, {}, &one, absl::Milliseconds(20), /*give_up=*/absl::Milliseconds(300));
+
+  auto stub = pb::ParameterServer::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  pb::ServerStatus status;
+  EXPECT_TRUE(Eventually([&] {
+    grpc::ClientContext ctx;
+    status.Clear();
+    return stub->GetStatus(&ctx, pb::GetStatusRequest(), &status).ok() && status.shard_statuses_size() == 2;
+  })) << status.DebugString();
+  EXPECT_EQ(status.shard_statuses(0).shard(), 0);
+  EXPECT_EQ(status.shard_statuses(1).shard(), 1);
+  EXPECT_TRUE(status.shard_statuses(1).healthy());
+
+  // Rank 1 leaves on shard 0: the view moves on, and shard 1 drops it too.
+  Membership& members = (*zero)->core().membership();
+  absl::StatusOr<Admitted> admitted = members.Admit(1, "", "");
+  ASSERT_TRUE(admitted.ok()) << admitted.status();
+  ASSERT_TRUE(members.Leave(1, admitted->session).ok());
+  EXPECT_TRUE(Eventually([&] { return one.membership().view() == 1; }));
+  EXPECT_EQ(one.LiveRanks(), std::vector<int>{0});
+  EXPECT_TRUE(one.membership().follower());
+
+  // Shard 0 goes: after the give-up time shard 1 decides alone.
+  (*zero)->Shutdown();
+  EXPECT_TRUE(Eventually([&] { return !one.membership().follower(); }));
+}
+
 }  // namespace
 }  // namespace summa::server

@@ -66,11 +66,12 @@ void Membership::Follow(uint64_t incarnation, uint64_t view, const std::vector<i
   bool changed = false;
   {
     absl::MutexLock lock(&mu_);
-    if (incarnation == followed_incarnation_ && view <= view_.load(std::memory_order_acquire)) return;
+    if (incarnation == followed_incarnation_ && view <= followed_view_) return;
     if (followed_incarnation_ != 0 && incarnation != followed_incarnation_) {
       SUMMA_LOG(WARNING) << "shard 0 restarted: following its views from view " << view;
     }
     followed_incarnation_ = incarnation;
+    followed_view_ = view;
     for (int r : excluded) {
       if (r < 0 || r >= world_size_ || this->excluded(r)) continue;
       SUMMA_LOG(WARNING) << "rank " << r << " is out of the group in shard 0's view " << view
@@ -235,6 +236,13 @@ void Membership::Tick(absl::Time now) {
                                                   " for it to rejoin"));
         SetState(r, on_loss_ == OnWorkerLoss::kShrink ? MemberState::kDropped : MemberState::kLapsed);
         dropped |= on_loss_ == OnWorkerLoss::kShrink;
+      }
+      if (state(r) == MemberState::kLapsed && !follower() && on_loss_ == OnWorkerLoss::kShrink) {
+        // Lapsed while it followed shard 0, which it no longer reaches: dropped, as here.
+        SUMMA_LOG(WARNING) << "rank " << r << " lapsed while this shard followed shard 0; dropping it";
+        SetState(r, MemberState::kDropped);
+        dropped = true;
+        continue;
       }
       if (state(r) == MemberState::kLapsed && !follower() && end_job.empty() &&
           now - d.lapsed_at >= rejoin_deadline_) {

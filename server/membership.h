@@ -168,6 +168,9 @@ class Membership {
   absl::BitGen session_bits_ ABSL_GUARDED_BY(mu_);
   std::string job_error_ ABSL_GUARDED_BY(mu_);
   uint64_t followed_incarnation_ ABSL_GUARDED_BY(mu_) = 0;  // shard 0's, as last followed
+  // Shard 0's view as last applied (view_ also counts this shard's own exclusions while it
+  // decides alone).
+  uint64_t followed_view_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<bool> job_ended_{false};
 };
 

@@ -212,6 +212,7 @@ absl::StatusOr<JoinResult> ParameterServer::Join(const JoinRequestView& request)
   if (options_.shards > 1 && options_.mode == Mode::kSync && !options_.checkpoint_dir.empty()) {
     result.checkpoint_versions = CheckpointVersions(options_.checkpoint_dir);
   }
+  result.restored = restored_.load(std::memory_order_acquire);
   SUMMA_LOG(INFO) << "rank " << rank << " joined from " << request.peer << " at version "
                   << result.version << " (" << ModeName(options_.mode) << " mode)";
   return result;
@@ -355,7 +356,10 @@ absl::StatusOr<bool> ParameterServer::Push(const PushRequestView& request) {
           absl::StrCat("rank ", request.rank, " is no longer in the group; its pushes are refused"));
     }
     applied = policy_->Push(p, request, gradient, values, options_.clock->Now(), released);
-    if (applied.ok() && *applied) MaybeFreeze(*m, p);
+    if (applied.ok() && *applied) {
+      MaybeFreeze(*m, p);
+      if (restored_.load(std::memory_order_relaxed)) restored_.store(false, std::memory_order_release);
+    }
   }
   if (absl::IsAlreadyExists(applied.status())) duplicate_pushes_.fetch_add(1, std::memory_order_relaxed);
   if (!applied.ok()) return applied;
@@ -454,9 +458,13 @@ void ParameterServer::OnMembershipChange() {
     CallsToFinish released;
     {
       absl::MutexLock lock(&p->mu);
+      if (p->retired) continue;  // a rollback replaced the model since it was read
       const uint64_t before = p->version;
       policy_->OnExcluded(*p, now, released);
-      if (p->version != before) MaybeFreeze(*m, *p);
+      if (p->version != before) {
+        MaybeFreeze(*m, *p);
+        restored_.store(false, std::memory_order_release);
+      }
     }
     CountAnswers(released, p->range.length);
   }
@@ -468,6 +476,7 @@ void ParameterServer::FailParked(const absl::Status& status) {
   CallsToFinish failed;
   for (const auto& p : m->partitions) {
     absl::MutexLock lock(&p->mu);
+    if (p->retired) continue;  // its calls were failed as it was retired
     p->parked.FailAll(status, failed);
     p->clock_parked.FailAll(status, failed);
   }
@@ -480,6 +489,7 @@ void ParameterServer::Tick(absl::Time now) {
   CallsToFinish expired;
   for (const auto& p : m->partitions) {
     absl::MutexLock lock(&p->mu);
+    if (p->retired) continue;
     auto why = [&] {
       return absl::DeadlineExceededError(absl::StrCat("barrier deadline of ",
                                                       absl::FormatDuration(options_.barrier_deadline),

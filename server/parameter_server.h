@@ -73,6 +73,8 @@ struct JoinResult {
   // Sync mode, one shard of several: the versions of the checkpoints it keeps, ascending (what
   // RollBack can go back to).
   std::vector<uint64_t> checkpoint_versions;
+  // The state is a checkpoint's (Restore, RollBack) and no step has completed since.
+  bool restored = false;
 };
 
 struct CheckpointInfo {
@@ -293,6 +295,8 @@ class ParameterServer {
   uint64_t last_rollback_version_ ABSL_GUARDED_BY(info_mu_) = 0;
 
   std::atomic<bool> shut_down_{false};
+  // Restored or rolled back, and no step completed since (JoinResult::restored).
+  std::atomic<bool> restored_{false};
   std::atomic<uint64_t> bytes_in_{0};
   std::atomic<uint64_t> bytes_out_{0};
   std::atomic<uint64_t> pushes_served_{0};

@@ -53,6 +53,7 @@ absl::Status ParameterServer::Restore(const summa::v1::Checkpoint& header, Parti
   // Built unpublished, so a checkpoint found torn halfway leaves no model behind.
   SUMMA_ASSIGN_OR_RETURN(auto restored, ModelFrom(header, partitions));
   PublishModel(std::move(restored.first));
+  restored_.store(true, std::memory_order_release);
   absl::MutexLock info(&info_mu_);
   checkpoint_.version = restored.second;
   checkpoint_.written = absl::FromUnixSeconds(header.created_unix_seconds());
@@ -130,9 +131,12 @@ absl::StatusOr<bool> ParameterServer::RollBack(int rank, uint64_t session, uint6
       for (auto& slot : p->slots) std::vector<float>().swap(slot);
       p->slot_views.clear();
       p->frozen = PartitionSnapshot();
+      p->aggregator = Aggregator(0);
+      p->published = Snapshot();
     }
     retired_.push_back(std::move(model_owner_));
     PublishModel(std::move(restored.first));
+    restored_.store(true, std::memory_order_release);
   }
   failed.FinishAll();
   absl::Status pruned = RemoveCheckpointsAfter(options_.checkpoint_dir, to_version);

@@ -190,6 +190,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Join(grpc::CallbackServerConte
   response->set_shards(core_->options().shards);
   for (int r : joined->live_ranks) response->add_live_ranks(r);
   for (uint64_t v : joined->checkpoint_versions) response->add_checkpoint_versions(v);
+  response->set_restored(joined->restored);
   for (const PartitionRange& p : joined->partitions) {
     pb::Partition* out = response->add_partitions();
     out->set_id(p.id);

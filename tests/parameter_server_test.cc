@@ -570,6 +570,33 @@ TEST_F(MembershipTest, AShardFollowingShardZeroDropsAndEndsOnlyInShardZerosView)
   EXPECT_NE(follower->job_error().find("shard 0 ended the job: rank 0 did not rejoin"), std::string::npos)
       << follower->job_error();
 
+  // Cut off from shard 0, a follower decides alone; its own exclusions do not hide shard 0's
+  // later views once it follows again.
+  auto alone = Make(follower_options);
+  Membership& am = alone->membership();
+  am.Follow(incarnation, 1, {}, "");
+  am.set_follower(false);
+  clock_.Advance(absl::Seconds(2));
+  ASSERT_TRUE(alone->Heartbeat(0, 0).ok());
+  alone->Tick(clock_.Now());  // rank 1 is dropped here alone: the local view moves to 2
+  EXPECT_EQ(alone->LiveRanks(), std::vector<int>{0});
+  EXPECT_EQ(alone->Status().view, 2u);
+  am.set_follower(true);
+  am.Follow(incarnation, 2, {0}, "");  // shard 0's view 2 drops rank 0
+  EXPECT_TRUE(alone->LiveRanks().empty()) << "shard 0's view 2 is applied, whatever the local count";
+  EXPECT_EQ(alone->Status().view, 2u);
+
+  // Under shrink, a rank that lapsed while following is dropped once the follower decides alone.
+  auto lapsed = Make(follower_options);
+  clock_.Advance(absl::Seconds(2));
+  ASSERT_TRUE(lapsed->Heartbeat(0, 0).ok());
+  lapsed->Tick(clock_.Now());
+  EXPECT_EQ(lapsed->Status().members[1].state, MemberState::kLapsed);
+  lapsed->membership().set_follower(false);
+  lapsed->Tick(clock_.Now());
+  EXPECT_EQ(lapsed->LiveRanks(), std::vector<int>{0});
+  EXPECT_TRUE(lapsed->job_error().empty());
+
   // Under wait, a follower's lapsed member never ends the job on its own deadline.
   follower_options.on_worker_loss = OnWorkerLoss::kWait;
   follower_options.rejoin_deadline = absl::Seconds(1);
@@ -1338,6 +1365,30 @@ TEST_F(RollBackTest, AShardRollsBackToAnOlderCheckpointAndEveryMemberJoinsAgain)
   EXPECT_EQ(ps->WeightsForTest(), At(5)) << "the steps from version 2 again, as the first time";
   ASSERT_TRUE(ps->MaybeCheckpoint(false).ok());
   EXPECT_EQ(CheckpointVersions(dir_), (std::vector<uint64_t>{1, 2, 5}));
+}
+
+TEST_F(RollBackTest, AShardWithPartitionsAStepApartRollsBackToItsLowestVersion) {
+  auto ps = Make(/*every=*/1);
+  for (uint64_t step = 0; step < 2; ++step) {
+    ASSERT_TRUE(Step(*ps, step).ok());
+    ASSERT_TRUE(ps->MaybeCheckpoint(false).ok());
+  }
+  // Step 2 reaches one partition only: the shard is at 2, one of its partitions at 3.
+  for (int rank : {0, 1}) {
+    PushRequestView v;
+    v.rank = rank;
+    v.step = 2;
+    v.partition = held_[0];
+    const std::string grad = Bytes({3});
+    v.data = grad;
+    v.num_examples = 1;
+    ASSERT_TRUE(ps->Push(v).ok());
+  }
+  EXPECT_EQ(ps->Status().version, 2u);
+  absl::StatusOr<bool> rolled = ps->RollBack(0, 0, 2, 2);
+  ASSERT_TRUE(rolled.ok()) << rolled.status();
+  EXPECT_TRUE(*rolled) << "not wholly at 2: it goes back";
+  EXPECT_EQ(ps->WeightsForTest(), At(2));
 }
 
 TEST_F(RollBackTest, OnlyASyncJobWithCheckpointsRollsBack) {

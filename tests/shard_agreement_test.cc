@@ -30,6 +30,15 @@ TEST(PlanAgreementTest, TheNewestVersionEveryShardCanReachIsTaken) {
   EXPECT_EQ(plan->roll_back, kBoth);
 }
 
+TEST(NeedsAgreementTest, OneStepApartIsAgreementUnlessTheShardBehindWasRestored) {
+  EXPECT_FALSE(NeedsAgreement({{7, {}}, {7, {}}}));
+  EXPECT_FALSE(NeedsAgreement({{8, {}}, {7, {}}})) << "a push-pull that reached shard 0 only";
+  EXPECT_TRUE(NeedsAgreement({{8, {}}, {7, {}, /*restored=*/true}})) << "shard 1 went back to a checkpoint";
+  EXPECT_FALSE(NeedsAgreement({{8, {}, /*restored=*/true}, {7, {}}})) << "the restored one is ahead";
+  EXPECT_FALSE(NeedsAgreement({{7, {}, true}, {7, {}, true}})) << "restored together";
+  EXPECT_TRUE(NeedsAgreement({{9, {}}, {7, {}}}));
+}
+
 TEST(PlanAgreementTest, NoCommonVersionIsRefusedNamingWhatEachShardKeeps) {
   // Shard 1 at 9 keeps nothing at or below 9 that shard 0 keeps.
   absl::StatusOr<Agreement> plan = PlanAgreement({{12, {10, 11}}, {9, {4, 5}}});

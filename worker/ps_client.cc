@@ -70,6 +70,20 @@ ParameterClient::ParameterClient(const std::string& address, absl::Duration call
   }
 }
 
+bool NeedsAgreement(const std::vector<ShardVersions>& shards) {
+  uint64_t low = UINT64_MAX, high = 0;
+  for (const ShardVersions& s : shards) {
+    low = std::min(low, s.version);
+    high = std::max(high, s.version);
+  }
+  if (high - low > 1) return true;
+  if (high == low) return false;
+  for (const ShardVersions& s : shards) {
+    if (s.version == low && s.restored) return true;
+  }
+  return false;
+}
+
 absl::StatusOr<Agreement> PlanAgreement(const std::vector<ShardVersions>& shards) {
   if (shards.empty()) return absl::InvalidArgumentError("no shards");
   uint64_t low = UINT64_MAX;
@@ -205,23 +219,23 @@ absl::StatusOr<JoinInfo> ParameterClient::Join(int rank, int world,
     }
     // One step apart is a push-pull that reached some shards and not others, as it may reach
     // some partitions of one server: the step is pushed again, and a shard that has it takes
-    // it as a duplicate. Further apart, a shard was restored from an older checkpoint: in sync
-    // mode the others go back to a version every shard keeps.
-    uint64_t low = UINT64_MAX, high = 0;
-    for (const pb::JoinResponse& r : responses) {
-      low = std::min(low, r.next_step());
-      high = std::max(high, r.next_step());
-    }
-    if (high - low <= 1) break;
+    // it as a duplicate. Further apart, or one step with the one behind restored, a shard was
+    // restored from an older checkpoint: in sync mode every shard goes to a version all keep.
     std::string where;
     std::vector<ShardVersions> versions;
+    uint64_t low = UINT64_MAX, high = 0;
     for (int i = 0; i < k; ++i) {
+      const pb::JoinResponse& r = responses[i];
+      low = std::min(low, r.next_step());
+      high = std::max(high, r.next_step());
       absl::StrAppend(&where, i == 0 ? "" : ", ", "shard ", i, " (", shards_[i]->address, ") at step ",
-                      responses[i].next_step());
-      versions.push_back({responses[i].version(), {responses[i].checkpoint_versions().begin(),
-                                                   responses[i].checkpoint_versions().end()}});
+                      r.next_step(), r.restored() ? " (restored)" : "");
+      versions.push_back({r.version(), {r.checkpoint_versions().begin(), r.checkpoint_versions().end()},
+                          r.restored()});
     }
-    if (responses[0].mode() != pb::MODE_SYNC || pass == kPasses) {
+    const bool sync = responses[0].mode() == pb::MODE_SYNC;
+    if (high - low <= 1 && !(sync && NeedsAgreement(versions))) break;
+    if (!sync || pass == kPasses) {
       return absl::FailedPreconditionError(absl::StrCat(
           "the shards disagree: they resume rank ", request.rank(), " at ", where,
           responses[0].mode() != pb::MODE_SYNC ? "; only sync mode rolls shards back: restart every shard from "

@@ -39,7 +39,14 @@ namespace summa::worker {
 struct ShardVersions {
   uint64_t version = 0;
   std::vector<uint64_t> checkpoints;
+  bool restored = false;  // its state is a checkpoint's, and no step has completed since
 };
+
+// Whether the shards must be brought to one version before this worker resumes: they are more
+// than one step apart, or one step apart with the one behind restored from a checkpoint (more
+// than one step apart otherwise is a push-pull that reached some shards and not others, which
+// the shard that has it takes again as a duplicate).
+bool NeedsAgreement(const std::vector<ShardVersions>& shards);
 
 // How the shards come to agree when they are more than one step apart (one was restored from an
 // older checkpoint): every shard in `roll_back` (each of them) goes back to `version`, restoring

@@ -533,9 +533,9 @@ StatusSnapshot ParameterServer::Status() const {
     s.params = m->map.specs();
     s.parameter_count = m->map.num_elements();
     s.partition_count = static_cast<int>(m->partitions.size());
-    for (const auto& p : m->partitions) s.partition_bytes_held += p->range.length * 4;
     s.version = UINT64_MAX;
     for (const auto& p : m->partitions) {
+      s.partition_bytes_held += p->range.length * 4;
       absl::ReaderMutexLock lock(&p->mu);
       s.version = std::min(s.version, p->version);
       if (p->reports) {

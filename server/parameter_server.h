@@ -227,8 +227,6 @@ class ParameterServer {
   };
 
   const Model* model() const { return model_.load(std::memory_order_acquire); }
-  // The model's version: the lowest of its partitions'.
-  static uint64_t VersionOf(const Model& model);
   // The model a checkpoint holds, unpublished, and its version; DATA_LOSS when its partitions
   // are torn, corrupt or do not tile its model.
   absl::StatusOr<std::pair<std::unique_ptr<Model>, uint64_t>> ModelFrom(const summa::v1::Checkpoint& header,

@@ -11,6 +11,24 @@
 #include "server/parameter_server.h"  // the class whose methods these are
 
 namespace summa::server {
+namespace {
+
+// `p` as a sync checkpoint holds it, into `out`'s buffers (which keep their capacity). Pushes to
+// the step in progress are summed, not applied, and the checkpoint does not hold that sum: after
+// a restore their ranks push that step again.
+void CopyForSyncCheckpoint(const Partition& p, PartitionSnapshot& out) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  // The caller holds p.mu.
+  out.id = p.range.id;
+  out.version = p.version;
+  out.updates = p.updates;
+  out.weights.assign(p.weights.begin(), p.weights.end());
+  out.slots.resize(p.slots.size());
+  for (size_t i = 0; i < p.slots.size(); ++i) out.slots[i].assign(p.slots[i].begin(), p.slots[i].end());
+  out.next_steps.assign(p.next_step.begin(), p.next_step.end());
+  for (uint64_t& next : out.next_steps) next = std::min(next, p.version);
+}
+
+}  // namespace
 
 JobDescription ParameterServer::Job() const {
   JobDescription j;
@@ -58,15 +76,6 @@ absl::Status ParameterServer::Restore(const summa::v1::Checkpoint& header, Parti
   checkpoint_.version = restored.second;
   checkpoint_.written = absl::FromUnixSeconds(header.created_unix_seconds());
   return absl::OkStatus();
-}
-
-uint64_t ParameterServer::VersionOf(const Model& model) {
-  uint64_t low = UINT64_MAX;
-  for (const auto& p : model.partitions) {
-    absl::ReaderMutexLock lock(&p->mu);
-    low = std::min(low, p->version);
-  }
-  return low;
 }
 
 absl::StatusOr<bool> ParameterServer::RollBack(int rank, uint64_t session, uint64_t to_version,
@@ -148,7 +157,7 @@ absl::StatusOr<bool> ParameterServer::RollBack(int rank, uint64_t session, uint6
     last_rollback_version_ = to_version;
   }
   SUMMA_LOG(WARNING) << "rolled back from version " << at << " to version " << to_version << " (" << path
-                     << ") at rank " << rank << "'s request: the shards were more than one step apart; "
+                     << ") at rank " << rank << "'s request, to agree with the other shards; "
                      << "every member joins again";
   return true;
 }
@@ -159,15 +168,7 @@ void ParameterServer::MaybeFreeze(const Model& model, Partition& p) {
       p.version % static_cast<uint64_t>(every) != 0) {
     return;
   }
-  PartitionSnapshot& f = p.frozen;  // its buffers keep their capacity from one copy to the next
-  f.id = p.range.id;
-  f.version = p.version;
-  f.updates = p.updates;
-  f.weights.assign(p.weights.begin(), p.weights.end());
-  f.slots.resize(p.slots.size());
-  for (size_t i = 0; i < p.slots.size(); ++i) f.slots[i].assign(p.slots[i].begin(), p.slots[i].end());
-  f.next_steps.assign(p.next_step.begin(), p.next_step.end());
-  for (uint64_t& next : f.next_steps) next = std::min(next, p.version);
+  CopyForSyncCheckpoint(p, p.frozen);
   p.has_frozen = true;
   // Partitions step together: every one freezes a version before any reaches the next.
   if ((model.frozen.fetch_add(1, std::memory_order_acq_rel) + 1) % model.partitions.size() == 0 && checkpoint_due_) {
@@ -214,10 +215,8 @@ absl::Status ParameterServer::MaybeCheckpoint(bool force) {
         copies.push_back(p->frozen);
         continue;
       }
-      copies.push_back({p->range.id, p->version, p->updates, p->weights, p->slots, p->next_step});
-      // Sync: pushes to the step in progress are summed, not applied, and the checkpoint does
-      // not hold that sum; after a restore their ranks push that step again.
-      for (uint64_t& next : copies.back().next_steps) next = std::min(next, p->version);
+      copies.emplace_back();
+      CopyForSyncCheckpoint(*p, copies.back());
     }
   }
   for (auto it = m->partitions.rbegin(); it != m->partitions.rend(); ++it) (*it)->mu.Unlock();

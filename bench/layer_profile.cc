@@ -42,11 +42,11 @@ constexpr double kLeNetBackwardFlops =
 constexpr double kLeNetConv2Flops = 3 * 2.0 * 50 * 81 * 500;
 
 // LeNet's matrix products in one step of `batch` examples in chunks of `chunk`, with conv2 as
-// `conv5x5` computes it: Winograd's 49 products of [50, 20] by [20, T] per direction, T the
+// `conv` computes it: Winograd's 49 products of [50, 20] by [20, T] per direction, T the
 // chunk's 3x3 output tiles, images padded to groups of 16.
-double LeNetStepFlops(int batch, int chunk, worker::Conv5x5 conv5x5) {
+double LeNetStepFlops(int batch, int chunk, worker::ConvMethod conv) {
   const double direct = batch * (kLeNetForwardFlops + kLeNetBackwardFlops);
-  if (conv5x5 == worker::Conv5x5::kIm2col) return direct;
+  if (conv == worker::ConvMethod::kIm2col) return direct;
   double winograd = 0;
   for (int first = 0; first < batch; first += chunk) {
     const int b = std::min(chunk, batch - first);
@@ -71,7 +71,7 @@ absl::StatusOr<LayerProfile> ProfileLayers(const LayerProfileOptions& o) {
   SUMMA_RETURN_IF_ERROR(ValidateLayerProfileOptions(o));
   LayerProfile result;
   worker::CpuProfile warm;
-  std::unique_ptr<worker::Backend> backend = worker::NewCpuBackend(o.threads, &warm, o.conv5x5);
+  std::unique_ptr<worker::Backend> backend = worker::NewCpuBackend(o.threads, &warm, o.conv);
   const int chunk = o.chunk > 0 ? o.chunk : backend->preferred_chunk();
   result.chunk = chunk;
   SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<worker::Model> model,
@@ -117,12 +117,14 @@ std::string FormatLayerProfile(const LayerProfileOptions& o, const LayerProfile&
   const int chunk = p.chunk;
   std::string out = absl::StrCat("Command: ", o.command_line, "\n", DescribeEnvironment(), "\n\n");
   absl::StrAppendFormat(&out,
-                        "Model %s, batch %d in chunks of %d, %d OpenBLAS thread(s), 5x5 convolutions by "
-                        "%s, %d timed steps. "
+                        "Model %s, batch %d in chunks of %d, %d OpenBLAS thread(s), convolutions %s, %d "
+                        "timed steps. "
                         "This core's sgemm: %.1f GFLOP/s at 2048x2048x2048, %.1f GFLOP/s at conv2's "
                         "product (50x500 by 500x%d).\n\n",
                         o.model, o.batch, chunk, o.threads,
-                        o.conv5x5 == worker::Conv5x5::kWinograd ? "Winograd F(3x3, 5x5)" : "im2col",
+                        o.conv == worker::ConvMethod::kFastest
+                            ? "5x5 by Winograd F(3x3, 5x5), single-channel 3x3 directly"
+                            : "all by im2col",
                         o.steps, p.square_gflops, p.conv2_gflops,
                         chunk * 81);
   struct Row {
@@ -166,7 +168,7 @@ std::string FormatLayerProfile(const LayerProfileOptions& o, const LayerProfile&
   checks.push_back({absl::StrFormat("the phases cover 80%% to 102%% of the step (%.1f%%)", 100 * coverage),
                     coverage >= 0.8 && coverage <= 1.02});
   if (o.model == "lenet") {
-    const double want = LeNetStepFlops(o.batch, chunk, o.conv5x5);
+    const double want = LeNetStepFlops(o.batch, chunk, o.conv);
     checks.push_back({absl::StrFormat("the products add up to LeNet's %.2f MFLOP per example (%.2f; "
                                       "%.2f by im2col)",
                                       want / o.batch / 1e6, per_step_flops / o.batch / 1e6,

@@ -22,7 +22,7 @@ struct LayerProfileOptions {
   int steps = 20;    // timed steps, after `warmup` untimed ones
   int warmup = 3;
   int threads = 1;   // OpenBLAS threads
-  worker::Conv5x5 conv5x5 = worker::Conv5x5::kWinograd;  // how conv2 (5x5) is computed
+  worker::ConvMethod conv = worker::ConvMethod::kFastest;  // how the convolutions are computed
   std::string command_line;
 };
 

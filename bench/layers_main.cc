@@ -16,9 +16,10 @@ ABSL_FLAG(int, steps, 20, "timed steps");
 ABSL_FLAG(int, warmup, 3, "untimed steps first");
 ABSL_FLAG(int, threads, 1, "OpenBLAS threads");
 ABSL_FLAG(std::string, out, "", "also write the report to this file");
-ABSL_FLAG(std::string, conv5x5, "winograd",
-          "how the CPU backend computes 5x5 convolutions (LeNet's conv2): winograd (F(3x3, 5x5), "
-          "the worker's way) or im2col (one matrix product per batch, for comparison)");
+ABSL_FLAG(std::string, conv, "fastest",
+          "how the CPU backend computes convolutions: fastest (the worker's way: conv2, 5x5, by "
+          "Winograd's F(3x3, 5x5); conv1, one channel 3x3, directly) or im2col (every one as one "
+          "matrix product per batch, for comparison)");
 
 namespace {
 
@@ -40,13 +41,13 @@ int main(int argc, char** argv) {
   o.warmup = absl::GetFlag(FLAGS_warmup);
   o.threads = absl::GetFlag(FLAGS_threads);
   o.command_line = summa::bench::CommandLine(argc, argv);
-  const std::string conv5x5 = absl::GetFlag(FLAGS_conv5x5);
-  if (conv5x5 != "winograd" && conv5x5 != "im2col") {
-    std::fprintf(stderr, "summa-bench-layers: --conv5x5 must be winograd or im2col, got '%s'\n",
-                 conv5x5.c_str());
+  const std::string conv = absl::GetFlag(FLAGS_conv);
+  if (conv != "fastest" && conv != "im2col") {
+    std::fprintf(stderr, "summa-bench-layers: --conv must be fastest or im2col, got '%s'\n",
+                 conv.c_str());
     return 2;
   }
-  o.conv5x5 = conv5x5 == "im2col" ? summa::worker::Conv5x5::kIm2col : summa::worker::Conv5x5::kWinograd;
+  o.conv = conv == "im2col" ? summa::worker::ConvMethod::kIm2col : summa::worker::ConvMethod::kFastest;
   if (absl::Status valid = summa::bench::ValidateLayerProfileOptions(o); !valid.ok()) {
     std::fprintf(stderr, "summa-bench-layers: %s\n", std::string(valid.message()).c_str());
     return 2;

@@ -84,7 +84,7 @@ TEST(CpuBackendChecks, TheCpuPassesEveryCheckAgainstItself) {
 // Winograd's 5x5 convolutions (the CPU backend's own) against im2col's, as any candidate device
 // is held to the CPU: every operation, then LeNet's steps.
 TEST(CpuBackendChecks, WinogradPassesEveryCheckAgainstIm2col) {
-  auto reference = NewCpuBackend(1, nullptr, Conv5x5::kIm2col), candidate = NewCpuBackend(1);
+  auto reference = NewCpuBackend(1, nullptr, ConvMethod::kIm2col), candidate = NewCpuBackend(1);
   EXPECT_TRUE(checks::CheckOperations(*reference, *candidate));
   EXPECT_TRUE(checks::CheckLeNetSteps(*reference, *candidate));
 }

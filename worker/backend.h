@@ -148,15 +148,17 @@ struct CpuPhase {
 };
 using CpuProfile = std::map<std::string, CpuPhase>;
 
-// How the CPU backend computes a convolution with a 5x5 kernel (others always by im2col).
-enum class Conv5x5 { kWinograd, kIm2col };
+// How the CPU backend computes convolutions. kFastest chooses by shape: 5x5 kernels by Winograd's
+// F(3x3, 5x5) (worker/winograd.h), single-channel 3x3 ones directly when the output is 16 or
+// more columns wide and no input gradient is asked for (worker/direct_conv.h), the rest by im2col
+// and one matrix product per batch. kIm2col computes every one by im2col: the layer benchmark's
+// comparison, and the reference the tests hold the others to.
+enum class ConvMethod { kFastest, kIm2col };
 
 // The OpenBLAS backend; `threads` OpenBLAS threads (process-wide setting). With `profile`, each
-// phase of each operation adds its time to it (not owned; must outlive the backend). 5x5
-// convolutions by Winograd's F(3x3, 5x5) unless `conv5x5` says im2col (the layer benchmark's
-// comparison, and the reference the Winograd tests hold it to).
+// phase of each operation adds its time to it (not owned; must outlive the backend).
 std::unique_ptr<Backend> NewCpuBackend(int threads, CpuProfile* profile = nullptr,
-                                       Conv5x5 conv5x5 = Conv5x5::kWinograd);
+                                       ConvMethod conv = ConvMethod::kFastest);
 
 }  // namespace summa::worker
 

@@ -1,5 +1,6 @@
-// The CPU backend: 5x5 convolutions by Winograd's F(3x3, 5x5) (worker/winograd.h), the others as
-// im2col + one cblas_sgemm per batch; the rest as plain loops.
+// The CPU backend: 5x5 convolutions by Winograd's F(3x3, 5x5) (worker/winograd.h), single-channel
+// 3x3 ones directly (worker/direct_conv.h), the others as im2col + one cblas_sgemm per batch; the
+// rest as plain loops.
 #include <cblas.h>
 #include <dlfcn.h>
 #include <xmmintrin.h>
@@ -14,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/backend.h"
+#include "worker/direct_conv.h"
 #include "worker/winograd.h"
 
 namespace summa::worker {
@@ -162,8 +164,8 @@ double GemmFlops(int64_t m, int64_t n, int64_t k) { return 2.0 * m * n * k; }
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(int threads, CpuProfile* profile, Conv5x5 conv5x5)
-      : profile_(profile), winograd_(conv5x5 == Conv5x5::kWinograd) {
+  CpuBackend(int threads, CpuProfile* profile, ConvMethod conv)
+      : profile_(profile), fastest_(conv == ConvMethod::kFastest) {
     FlushDenormals();
     RestartBlasThreadsWithFlushToZero();
     // After the restart: workers this adds are created by this thread and inherit its flags.
@@ -228,6 +230,12 @@ class CpuBackend final : public Backend {
                              float* y, float* workspace) override {
     FlushDenormals();
     if (Winograd(s)) return WinogradForward(s, x, w, bias, y, workspace);
+    if (Direct(s)) {
+      Phase phase(profile_, GemmFlops(s.out_channels, s.batch * s.pixels(), s.kernel * s.kernel),
+                  ConvName(s), "forward and bias (direct)");
+      direct::Forward(s, x, w, bias, y);
+      return absl::OkStatus();
+    }
     const int64_t pixels = s.pixels(), np = s.batch * pixels;
     const int ckk = s.in_channels * s.kernel * s.kernel;
     float* col = workspace;
@@ -259,6 +267,15 @@ class CpuBackend final : public Backend {
                               bool columns_ready) override {
     FlushDenormals();
     if (Winograd(s)) return WinogradBackward(s, x, w, dy, dx, dw, dbias, workspace, columns_ready);
+    if (Direct(s)) {
+      if (dx == nullptr) {
+        Phase phase(profile_, GemmFlops(s.out_channels, s.kernel * s.kernel, s.batch * s.pixels()),
+                    ConvName(s), "backward-weights and bias (direct)");
+        direct::BackwardWeights(s, x, dy, dw, dbias);
+        return absl::OkStatus();
+      }
+      columns_ready = false;  // the direct forward pass left no im2col matrix
+    }
     const int64_t pixels = s.pixels(), np = s.batch * pixels;
     const int ckk = s.in_channels * s.kernel * s.kernel;
     float* col = workspace;
@@ -428,7 +445,8 @@ class CpuBackend final : public Backend {
   }
 
  private:
-  bool Winograd(const ConvShape& s) const { return winograd_ && s.kernel == winograd::kKernel; }
+  bool Winograd(const ConvShape& s) const { return fastest_ && s.kernel == winograd::kKernel; }
+  bool Direct(const ConvShape& s) const { return fastest_ && direct::Handles(s); }
   // The prefix of a convolution's phase names ("conv 20->50 "); empty without a profile.
   std::string ConvName(const ConvShape& s) const {
     return profile_ ? absl::StrCat("conv ", s.in_channels, "->", s.out_channels, " ") : "";
@@ -506,13 +524,13 @@ class CpuBackend final : public Backend {
   }
 
   CpuProfile* const profile_;  // Not owned; null: no profiling
-  const bool winograd_;        // 5x5 kernels by Winograd (else im2col)
+  const bool fastest_;         // each convolution its fastest way (else all by im2col)
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> NewCpuBackend(int threads, CpuProfile* profile, Conv5x5 conv5x5) {
-  return std::make_unique<CpuBackend>(threads, profile, conv5x5);
+std::unique_ptr<Backend> NewCpuBackend(int threads, CpuProfile* profile, ConvMethod conv) {
+  return std::make_unique<CpuBackend>(threads, profile, conv);
 }
 
 }  // namespace summa::worker

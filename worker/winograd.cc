@@ -6,29 +6,17 @@
 #include <cstring>
 
 #include "common/vector_ops.h"
+#include "worker/lanes.h"
 
 namespace summa::worker::winograd {
 namespace {
 
-// kLanes floats, one image per lane; GCC's vector extension, lowered to whatever vectors the
-// target has (four SSE registers on baseline x86-64). Never passed across this file's boundary,
-// so the warning that an AVX-512 build would pass it differently does not apply.
-#pragma GCC diagnostic ignored "-Wpsabi"
-using Vec = float __attribute__((vector_size(kLanes * sizeof(float))));
-
-inline Vec Load(const float* p) {
-  Vec v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline void Store(float* p, const Vec& v) { std::memcpy(p, &v, sizeof v); }
-// The first `lanes` floats only; the rest of the vector is zero.
-inline Vec LoadFirst(const float* p, int lanes) {
-  Vec v = {};
-  std::memcpy(&v, p, lanes * sizeof(float));
-  return v;
-}
-inline void StoreFirst(float* p, const Vec& v, int lanes) { std::memcpy(p, &v, lanes * sizeof(float)); }
+using lanes::Load;
+using lanes::LoadFirst;
+using lanes::Store;
+using lanes::StoreFirst;
+using lanes::Vec;
+static_assert(lanes::kLanes == kLanes, "one image per vector lane");
 
 template <size_t R, size_t C>
 using Matrix = std::array<std::array<float, C>, R>;

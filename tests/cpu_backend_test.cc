@@ -190,6 +190,34 @@ TEST_F(CpuBackendTest, DirectConvolutionMatchesIm2colOnEveryOutputAndGradient) {
   }
 }
 
+// The fused pairs are the two operations bit for bit, on the convolutions computed each way
+// (direct, Winograd, im2col) and on pooling with odd edges: ReLU applied to the same values.
+TEST_F(CpuBackendTest, FusedReluPairsAreTheTwoOperationsBitForBit) {
+  for (const ConvShape& s : {ConvShape{4, 1, 28, 28, 6, 3}, ConvShape{17, 3, 11, 14, 5, 5},
+                             ConvShape{2, 2, 7, 6, 3, 3}}) {
+    SCOPED_TRACE(testing::Message() << s.in_channels << "x" << s.height << "x" << s.width
+                                    << ", kernel " << s.kernel);
+    const int64_t ysize = int64_t{s.batch} * s.out_channels * s.pixels();
+    const std::vector<float> x = Random(int64_t{s.batch} * s.in_channels * s.height * s.width, 41),
+                             w = Random(int64_t{s.out_channels} * s.in_channels * s.kernel * s.kernel, 42, 0.3f),
+                             b = Random(s.out_channels, 43);
+    std::vector<float> ws(s.workspace_floats()), want(ysize), got(ysize, std::nanf(""));
+    ASSERT_TRUE(be_->Conv2dForward(s, x.data(), w.data(), b.data(), want.data(), ws.data()).ok());
+    ASSERT_TRUE(be_->ReluForward(want.data(), want.data(), ysize).ok());
+    ASSERT_TRUE(be_->Conv2dReluForward(s, x.data(), w.data(), b.data(), got.data(), ws.data()).ok());
+    ASSERT_GT(std::count(want.begin(), want.end(), 0.0f), ysize / 4);  // ReLU did something
+    EXPECT_EQ(got, want);
+  }
+  const int planes = 3, h = 7, w = 6;
+  const std::vector<float> y = Random(planes * h * w, 44), dy = Random(planes * (h / 2) * (w / 2), 45);
+  std::vector<float> want(y.size()), got(y.size(), std::nanf(""));
+  ASSERT_TRUE(be_->AvgPool2Backward(dy.data(), want.data(), planes, h, w).ok());
+  ASSERT_TRUE(be_->ReluBackward(y.data(), want.data(), want.data(), int64_t(want.size())).ok());
+  ASSERT_TRUE(be_->AvgPool2ReluBackward(y.data(), dy.data(), got.data(), planes, h, w).ok());
+  ASSERT_GT(std::count(want.begin(), want.end(), 0.0f), planes * h * w / 3);
+  EXPECT_EQ(got, want);
+}
+
 TEST_F(CpuBackendTest, LinearBackwardMatchesFiniteDifferences) {
   const int n = 3, in = 5, out = 4;
   std::vector<float> x = Random(n * in, 8), w = Random(in * out, 9), b = Random(out, 10);

@@ -229,13 +229,8 @@ class CpuBackend final : public Backend {
   absl::Status Conv2dForward(const ConvShape& s, const float* x, const float* w, const float* bias,
                              float* y, float* workspace) override {
     FlushDenormals();
-    if (Winograd(s)) return WinogradForward(s, x, w, bias, y, workspace);
-    if (Direct(s)) {
-      Phase phase(profile_, GemmFlops(s.out_channels, s.batch * s.pixels(), s.kernel * s.kernel),
-                  ConvName(s), "forward and bias (direct)");
-      direct::Forward(s, x, w, bias, y);
-      return absl::OkStatus();
-    }
+    if (Winograd(s)) return WinogradForward(s, x, w, bias, y, workspace, /*relu=*/false);
+    if (Direct(s)) return DirectForward(s, x, w, bias, y, /*relu=*/false);
     const int64_t pixels = s.pixels(), np = s.batch * pixels;
     const int ckk = s.in_channels * s.kernel * s.kernel;
     float* col = workspace;
@@ -310,6 +305,15 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  // Winograd's output transform and the direct convolution apply ReLU as they write the output.
+  absl::Status Conv2dReluForward(const ConvShape& s, const float* x, const float* w, const float* bias,
+                                 float* y, float* workspace) override {
+    FlushDenormals();
+    if (Winograd(s)) return WinogradForward(s, x, w, bias, y, workspace, /*relu=*/true);
+    if (Direct(s)) return DirectForward(s, x, w, bias, y, /*relu=*/true);
+    return Backend::Conv2dReluForward(s, x, w, bias, y, workspace);
+  }
+
   absl::Status ReluForward(const float* x, float* y, int64_t n) override {
     FlushDenormals();
     Phase phase(profile_, 0, "relu forward");
@@ -351,20 +355,14 @@ class CpuBackend final : public Backend {
   absl::Status AvgPool2Backward(const float* dy, float* dx, int planes, int h, int w) override {
     FlushDenormals();
     Phase phase(profile_, 0, "avgpool ", h, "x", w, " backward");
-    const int oh = h / 2, ow = w / 2;
-    if (h % 2 != 0 || w % 2 != 0) std::fill_n(dx, int64_t{planes} * h * w, 0.0f);
-    for (int p = 0; p < planes; ++p) {
-      const float* dyp = dy + int64_t{p} * oh * ow;
-      float* dxp = dx + int64_t{p} * h * w;
-      for (int i = 0; i < oh; ++i) {
-        float* r0 = dxp + (2 * i) * w;
-        float* r1 = r0 + w;
-        for (int j = 0; j < ow; ++j) {
-          const float g = 0.25f * dyp[i * ow + j];
-          r0[2 * j] = r0[2 * j + 1] = r1[2 * j] = r1[2 * j + 1] = g;
-        }
-      }
-    }
+    PoolBackward<false>(nullptr, dy, dx, planes, h, w);
+    return absl::OkStatus();
+  }
+  absl::Status AvgPool2ReluBackward(const float* y, const float* dy, float* dx, int planes, int h,
+                                    int w) override {
+    FlushDenormals();
+    Phase phase(profile_, 0, "avgpool ", h, "x", w, " and relu backward");
+    PoolBackward<true>(y, dy, dx, planes, h, w);
     return absl::OkStatus();
   }
 
@@ -452,6 +450,47 @@ class CpuBackend final : public Backend {
     return profile_ ? absl::StrCat("conv ", s.in_channels, "->", s.out_channels, " ") : "";
   }
 
+  // The gradient of 2x2 average pooling, spread over each window; with kRelu, zero where ReLU's
+  // output y is not positive (ReluBackward's select, on each pair of rows while it is in L1).
+  template <bool kRelu>
+  static void PoolBackward(const float* y, const float* dy, float* dx, int planes, int h, int w) {
+    const int oh = h / 2, ow = w / 2;
+    if (h % 2 != 0 || w % 2 != 0) std::fill_n(dx, int64_t{planes} * h * w, 0.0f);
+    for (int p = 0; p < planes; ++p) {
+      const float* dyp = dy + int64_t{p} * oh * ow;
+      float* dxp = dx + int64_t{p} * h * w;
+      for (int i = 0; i < oh; ++i) {
+        float* r0 = dxp + (2 * i) * w;
+        float* r1 = r0 + w;
+        for (int j = 0; j < ow; ++j) {
+          const float g = 0.25f * dyp[i * ow + j];
+          r0[2 * j] = r0[2 * j + 1] = r1[2 * j] = r1[2 * j + 1] = g;
+        }
+        if constexpr (kRelu) {
+          const float* y0 = y + int64_t{p} * h * w + (2 * i) * w;
+          // Branch-free selects over contiguous rows, which the compiler vectorises.
+          SelectPositive(y0, r0, 2 * ow);
+          SelectPositive(y0 + w, r1, 2 * ow);
+        }
+      }
+    }
+  }
+  // to[i] = 0 where y[i] is not positive (to[i] kept elsewhere).
+  static void SelectPositive(const float* __restrict y, float* __restrict to, int n) {
+    for (int i = 0; i < n; ++i) {
+      const float g = to[i];
+      to[i] = y[i] > 0.0f ? g : 0.0f;
+    }
+  }
+
+  absl::Status DirectForward(const ConvShape& s, const float* x, const float* w, const float* bias,
+                             float* y, bool relu) {
+    Phase phase(profile_, GemmFlops(s.out_channels, s.batch * s.pixels(), s.kernel * s.kernel),
+                ConvName(s), relu ? "forward, bias and relu (direct)" : "forward and bias (direct)");
+    direct::Forward(s, x, w, bias, y, relu);
+    return absl::OkStatus();
+  }
+
   // The 49 products of Winograd's transformed domain, one per point p, over the layout's
   // [rows, columns] blocks: c[p] = op(a[p]) op(b[p]).
   static void PointProducts(bool ta, bool tb, int m, int n, int k, const float* a, int64_t a_step,
@@ -464,7 +503,7 @@ class CpuBackend final : public Backend {
   }
 
   absl::Status WinogradForward(const ConvShape& s, const float* x, const float* w,
-                               const float* bias, float* y, float* work) {
+                               const float* bias, float* y, float* work, bool relu) {
     const winograd::Layout l = s.winograd();
     const int o = s.out_channels, c = s.in_channels, t = static_cast<int>(l.columns);
     const std::string conv = ConvName(s);
@@ -479,8 +518,9 @@ class CpuBackend final : public Backend {
       PointProducts(false, false, o, t, c, work + l.u, int64_t{o} * c, work + l.v, int64_t{c} * t,
                     work + l.m, int64_t{o} * t);
     }
-    Phase phase(profile_, 0, conv, "Winograd output transform and bias");
-    winograd::TransformOutput(l, bias, work, y);
+    Phase phase(profile_, 0, conv, relu ? "Winograd output transform, bias and relu"
+                                        : "Winograd output transform and bias");
+    winograd::TransformOutput(l, bias, work, y, relu);
     return absl::OkStatus();
   }
 

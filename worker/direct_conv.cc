@@ -28,7 +28,7 @@ int BlockStart(int b, int blocks, int width) { return b + 1 < blocks ? b * kLane
 // Compiled for AVX-512, AVX2 and baseline x86-64 (SUMMA_VECTOR_CLONES): with AVX-512 a block is
 // one register, and a pair of blocks' 18 input vectors stay in registers across the channels.
 SUMMA_VECTOR_CLONES void Forward(const ConvShape& s, const float* x, const float* w, const float* bias,
-                                 float* y) {
+                                 float* y, bool relu) {
   const int width = s.width, ho = s.out_height(), wo = s.out_width(), o_n = s.out_channels;
   const int blocks = Blocks(wo);
   const int64_t plane = int64_t{ho} * wo;
@@ -53,6 +53,10 @@ SUMMA_VECTOR_CLONES void Forward(const ConvShape& s, const float* x, const float
             const float k = w[o * kTaps + t];
             a0 += k * in0[t];
             a1 += k * in1[t];
+          }
+          if (relu) {
+            a0 = a0 > 0.0f ? a0 : Vec{};
+            a1 = a1 > 0.0f ? a1 : Vec{};
           }
           float* row = out + o * plane + int64_t{r} * wo;
           Store(row + c0, a0);

@@ -2,8 +2,8 @@
 // first layer): no im2col matrix, no matrix product and no layout pass. Each output row is
 // computed in vectors of 16 columns, the last one overlapping the one before where the width is
 // not a multiple of 16 (26 = 0-15 and 10-25), from the nine input vectors under it, held in
-// registers across the output channels; the bias is added in the same pass and the result is
-// written in NCHW order. The weights' gradient (and the bias's) is the adjoint, with the
+// registers across the output channels; the bias (and the ReLU that follows, where asked) is
+// applied in the same pass and the result is written in NCHW order. The weights' gradient (and the bias's) is the adjoint, with the
 // overlapping lanes masked out: pairs of output channels accumulate their 18 tap sums in
 // registers over the whole batch. One output row per vector pass keeps every load inside the
 // image, whatever its width (16 columns or more).
@@ -25,8 +25,9 @@ inline bool Handles(const ConvShape& s) {
   return s.in_channels == 1 && s.kernel == kKernel && s.out_width() >= kMinWidth && s.out_height() >= 1;
 }
 
-// y[N][O][Ho][Wo] = bias[o] + the convolution of x[N][1][H][W] with w[O][1][3][3].
-void Forward(const ConvShape& s, const float* x, const float* w, const float* bias, float* y);
+// y[N][O][Ho][Wo] = bias[o] + the convolution of x[N][1][H][W] with w[O][1][3][3]; with `relu`,
+// max(that, 0) (exactly what Backend::ReluForward gives).
+void Forward(const ConvShape& s, const float* x, const float* w, const float* bias, float* y, bool relu);
 // dw[O][1][3][3] and dbias[O] from dy[N][O][Ho][Wo] (overwritten, not added to).
 void BackwardWeights(const ConvShape& s, const float* x, const float* dy, float* dw, float* dbias);
 

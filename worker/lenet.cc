@@ -38,11 +38,9 @@ absl::Status LeNetFeatures::Forward(const float* x, int at, int n, const float* 
   float* const c1 = c1_->data() + int64_t{at} * kC1 * 26 * 26;
   float* const p1 = p1_->data() + int64_t{at} * kC1 * 13 * 13;
   float* const c2 = c2_->data() + int64_t{at} * kC2 * 9 * 9;
-  SUMMA_RETURN_IF_ERROR(be.Conv2dForward(Conv1(n), x, params + kW1, params + kB1, c1, workspace_->data()));
-  SUMMA_RETURN_IF_ERROR(be.ReluForward(c1, c1, int64_t{n} * kC1 * 26 * 26));
+  SUMMA_RETURN_IF_ERROR(be.Conv2dReluForward(Conv1(n), x, params + kW1, params + kB1, c1, workspace_->data()));
   SUMMA_RETURN_IF_ERROR(be.AvgPool2Forward(c1, p1, n * kC1, 26, 26));
-  SUMMA_RETURN_IF_ERROR(be.Conv2dForward(Conv2(n), p1, params + kW2, params + kB2, c2, workspace_->data()));
-  SUMMA_RETURN_IF_ERROR(be.ReluForward(c2, c2, int64_t{n} * kC2 * 9 * 9));
+  SUMMA_RETURN_IF_ERROR(be.Conv2dReluForward(Conv2(n), p1, params + kW2, params + kB2, c2, workspace_->data()));
   return be.AvgPool2Forward(c2, out(at), n * kC2, 9, 9);
 }
 
@@ -55,12 +53,10 @@ absl::Status LeNetFeatures::Backward(const float* x, int at, int n, const float*
   float* const dc2 = dc2_->data();
   float* const dp1 = dp1_->data();
   float* const dc1 = dc1_->data();
-  SUMMA_RETURN_IF_ERROR(be.AvgPool2Backward(dout(at), dc2, n * kC2, 9, 9));
-  SUMMA_RETURN_IF_ERROR(be.ReluBackward(c2, dc2, dc2, int64_t{n} * kC2 * 9 * 9));
+  SUMMA_RETURN_IF_ERROR(be.AvgPool2ReluBackward(c2, dout(at), dc2, n * kC2, 9, 9));
   SUMMA_RETURN_IF_ERROR(be.Conv2dBackward(Conv2(n), p1, params + kW2, dc2, dp1, grads + kW2, grads + kB2,
                                           workspace_->data(), columns_ready));
-  SUMMA_RETURN_IF_ERROR(be.AvgPool2Backward(dp1, dc1, n * kC1, 26, 26));
-  SUMMA_RETURN_IF_ERROR(be.ReluBackward(c1, dc1, dc1, int64_t{n} * kC1 * 26 * 26));
+  SUMMA_RETURN_IF_ERROR(be.AvgPool2ReluBackward(c1, dp1, dc1, n * kC1, 26, 26));
   return be.Conv2dBackward(Conv1(n), x, params + kW1, dc1, /*dx=*/nullptr, grads + kW1, grads + kB1,
                            workspace_->data(), /*columns_ready=*/false);
 }

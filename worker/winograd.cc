@@ -162,7 +162,8 @@ SUMMA_VECTOR_CLONES void TransformKernels(const Layout& l, const float* w, float
   }
 }
 
-SUMMA_VECTOR_CLONES void TransformOutput(const Layout& l, const float* bias, const float* work, float* y) {
+SUMMA_VECTOR_CLONES void TransformOutput(const Layout& l, const float* bias, const float* work, float* y,
+                                         bool relu) {
   const float* m = work + l.m;
   const int64_t o_n = l.out_channels, ho = OutHeight(l), wo = OutWidth(l);
   const int64_t point = o_n * l.columns;
@@ -177,11 +178,16 @@ SUMMA_VECTOR_CLONES void TransformOutput(const Layout& l, const float* bias, con
           Vec in[kIn][kIn], out[kTile][kTile];
           for (int p = 0; p < kPoints; ++p) in[p / kIn][p % kIn] = Load(from + p * point);
           Sandwich<kTile, kIn, kAT>(in, out);
-          const float b = bias[o];
+          for (int i = 0; i < rows; ++i) {
+            for (int j = 0; j < cols; ++j) {
+              out[i][j] += bias[o];
+              if (relu) out[i][j] = out[i][j] > 0.0f ? out[i][j] : Vec{};
+            }
+          }
           for (int lane = 0; lane < lanes; ++lane) {
             float* to = y + ((g * kLanes + lane) * o_n + o) * ho * wo + ty * kTile * wo + tx * kTile;
             for (int i = 0; i < rows; ++i) {
-              for (int j = 0; j < cols; ++j) to[i * wo + j] = out[i][j][lane] + b;
+              for (int j = 0; j < cols; ++j) to[i * wo + j] = out[i][j][lane];
             }
           }
         }

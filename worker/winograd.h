@@ -75,8 +75,8 @@ struct Layout {
 void TransformInput(const Layout& l, const float* x, float* work);
 // U = G g G^T for every kernel of w[O][C][5][5].
 void TransformKernels(const Layout& l, const float* w, float* work);
-// y[N][O][Ho][Wo] = A^T M A + bias[o].
-void TransformOutput(const Layout& l, const float* bias, const float* work, float* y);
+// y[N][O][Ho][Wo] = A^T M A + bias[o]; with `relu`, max(that, 0) (Backend::ReluForward's result).
+void TransformOutput(const Layout& l, const float* bias, const float* work, float* y, bool relu);
 
 // The backward pass's: dM = A dY A^T from dy[N][O][Ho][Wo] (into M's place).
 void TransformOutputGradient(const Layout& l, const float* dy, float* work);

@@ -32,6 +32,7 @@ namespace summa::server {
 
 struct PushRequestView {
   uint64_t session = 0;  // the pusher's, from its Join
+  std::optional<uint64_t> view;  // the membership view it stamped the push with, if any
   int rank = 0;
   uint64_t step = 0;
   uint32_t partition = 0;

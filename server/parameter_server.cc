@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/compression.h"
+#include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/vector_ops.h"
@@ -208,6 +209,7 @@ absl::StatusOr<JoinResult> ParameterServer::Join(const JoinRequestView& request)
     result.next_step = std::min(result.next_step, policy_->NextStep(*p, rank));
   }
   result.live_ranks = LiveRanks();
+  result.view = membership_.view();
   result.initialize = pending > 0;
   if (options_.shards > 1 && options_.mode == Mode::kSync && !options_.checkpoint_dir.empty()) {
     result.checkpoint_versions = CheckpointVersions(options_.checkpoint_dir);
@@ -354,6 +356,16 @@ absl::StatusOr<bool> ParameterServer::Push(const PushRequestView& request) {
     if (membership_.excluded(request.rank)) {
       return absl::FailedPreconditionError(
           absl::StrCat("rank ", request.rank, " is no longer in the group; its pushes are refused"));
+    }
+    // Checked under the partition's lock, which an exclusion takes to settle the step after it
+    // moves the view on: a push is counted only if its worker, as it pushed, had heard of every
+    // exclusion this server had made.
+    if (const uint64_t view = membership_.view(); request.view.has_value() && *request.view < view) {
+      stale_view_pushes_.fetch_add(1, std::memory_order_relaxed);
+      return absl::AbortedError(absl::StrCat(
+          kStaleView, ": rank ", request.rank, "'s push of step ", request.step, " to partition ",
+          p.range.id, " is stamped with view ", *request.view, ", and this server is at view ", view,
+          " (a member has left or been dropped since): refresh the view (Heartbeat) and push again"));
     }
     applied = policy_->Push(p, request, gradient, values, options_.clock->Now(), released);
     if (applied.ok() && *applied) {
@@ -553,6 +565,7 @@ StatusSnapshot ParameterServer::Status() const {
   s.pulls_served = traffic.pulls_served;
   s.duplicate_pushes = duplicate_pushes_.load();
   s.nonfinite_pushes = nonfinite_pushes_.load();
+  s.stale_view_pushes = stale_view_pushes_.load();
   return s;
 }
 

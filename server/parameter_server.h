@@ -73,6 +73,7 @@ struct JoinResult {
   // Sync mode, one shard of several: the versions of the checkpoints it keeps, ascending (what
   // RollBack can go back to).
   std::vector<uint64_t> checkpoint_versions;
+  uint64_t view = 0;  // the membership view, for the joiner's push stamps
   // The state is a checkpoint's (Restore, RollBack) and no step has completed since.
   bool restored = false;
 };
@@ -97,6 +98,7 @@ struct StatusSnapshot {
   uint64_t pulls_served = 0;
   uint64_t duplicate_pushes = 0;
   uint64_t nonfinite_pushes = 0;
+  uint64_t stale_view_pushes = 0;  // refused for a stale membership view
   double learning_rate = 0;  // the schedule's rate for the next update of partition 0
   absl::Duration last_step = absl::ZeroDuration();
   absl::Duration uptime;
@@ -199,6 +201,8 @@ class ParameterServer {
   // The ranks still in the group (not dropped, not left), ascending: the workers re-shard the
   // data over these.
   std::vector<int> LiveRanks() const { return membership_.LiveRanks(); }
+  // The membership view (Membership::view): pushes stamped with an older one are refused.
+  uint64_t view() const { return membership_.view(); }
   Membership& membership() { return membership_; }
 
   StatusSnapshot Status() const;
@@ -301,6 +305,7 @@ class ParameterServer {
   std::atomic<uint64_t> pulls_served_{0};
   std::atomic<uint64_t> duplicate_pushes_{0};
   std::atomic<uint64_t> nonfinite_pushes_{0};
+  std::atomic<uint64_t> stale_view_pushes_{0};
 };
 
 }  // namespace summa::server

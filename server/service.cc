@@ -110,6 +110,7 @@ absl::StatusOr<PushRequestView> ParsePush(grpc::CallbackServerContext* context, 
   PushRequestView v;
   v.rank = header->rank();
   v.session = header->session();
+  if (header->has_view()) v.view = header->view();
   v.step = header->step();
   v.partition = header->partition();
   v.num_examples = header->num_examples();
@@ -135,6 +136,7 @@ ParkedReactor* PullReactor(const ParameterServer* core, grpc::ByteBuffer* respon
     header.set_version(version);
     header.set_dtype(WireDTypeToProto(dtype));
     for (int r : core->LiveRanks()) header.add_live_ranks(r);
+    header.set_view(core->view());
     std::string prefix = header.SerializeAsString();
     AppendFieldHeader(pb::PullResponse::kDataFieldNumber, w.values().size() * WireDTypeBytes(dtype), &prefix);
     *response = TwoSlices(prefix, SliceOf(w, dtype));
@@ -191,6 +193,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Join(grpc::CallbackServerConte
   for (int r : joined->live_ranks) response->add_live_ranks(r);
   for (uint64_t v : joined->checkpoint_versions) response->add_checkpoint_versions(v);
   response->set_restored(joined->restored);
+  response->set_view(joined->view);
   for (const PartitionRange& p : joined->partitions) {
     pb::Partition* out = response->add_partitions();
     out->set_id(p.id);
@@ -206,7 +209,11 @@ grpc::ServerUnaryReactor* ParameterServerService::Heartbeat(grpc::CallbackServer
                                                             pb::HeartbeatResponse* response) {
   if (absl::Status auth = tokens_->Check(*context, Role::kWorker); !auth.ok()) return Done(context, auth);
   absl::Status s = core_->Heartbeat(request->rank(), request->session());
-  if (s.ok()) response->set_version(core_->Status().version);
+  if (s.ok()) {
+    const StatusSnapshot status = core_->Status();
+    response->set_version(status.version);
+    response->set_view(status.view);
+  }
   return Done(context, s);
 }
 
@@ -462,6 +469,7 @@ grpc::ServerUnaryReactor* ParameterServerService::GetStatus(grpc::CallbackServer
   response->set_learning_rate(s.learning_rate);
   response->set_lease_seconds(absl::ToDoubleSeconds(o.lease));
   response->set_duplicate_pushes(s.duplicate_pushes);
+  response->set_stale_view_pushes(s.stale_view_pushes);
   response->set_last_checkpoint_path(s.checkpoint.path);
   response->set_last_checkpoint_version(s.checkpoint.version);
   response->set_last_checkpoint_age_seconds(

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "common/clock.h"
+#include "common/grpc_status.h"
 #include "server/checkpoint.h"
 
 #include "gtest/gtest.h"
@@ -484,6 +485,39 @@ TEST_F(MembershipTest, ShrinkDropsALapsedMemberAndFinishesTheStepWithoutIt) {
   auto refused = ps->Push(Push(1, 1, twos_, 2));
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(refused.status().message().find("dropped"), absl::string_view::npos) << refused.status();
+}
+
+// The membership view moves on when a rank leaves. A push stamped with an older view is refused
+// (ABORTED, naming both views) and counted, and changes nothing; stamped with the current view,
+// or not stamped at all (a client before views), it is taken.
+TEST_F(MembershipTest, APushStampedWithAnOlderViewIsRefusedNamingBothViews) {
+  ServerOptions o;
+  o.on_worker_loss = OnWorkerLoss::kShrink;
+  auto ps = Make(o);
+  ASSERT_EQ(ps->view(), 0u);
+  PushRequestView first = Push(0, 0, twos_, 2);
+  first.view = 0;
+  ASSERT_TRUE(ps->Push(first).ok());
+  ASSERT_TRUE(ps->Leave(1, 0).ok());  // step 0 completes with rank 0's push alone
+  ASSERT_EQ(ps->view(), 1u);
+  ASSERT_EQ(ps->Status().version, 1u);
+  PushRequestView stale = Push(0, 1, twos_, 2);
+  stale.view = 0;
+  const absl::Status refused = ps->Push(stale).status();
+  EXPECT_TRUE(IsStaleView(refused)) << refused;
+  EXPECT_NE(refused.message().find("stamped with view 0, and this server is at view 1"), absl::string_view::npos)
+      << refused;
+  EXPECT_EQ(ps->Status().stale_view_pushes, 1u);
+  EXPECT_EQ(ps->Status().version, 1u);
+  EXPECT_EQ(ps->WeightsForTest(), std::vector<float>(4, -1.0f));
+  PushRequestView current = Push(0, 1, twos_, 2);
+  current.view = 1;
+  ASSERT_TRUE(ps->Push(current).ok());
+  EXPECT_EQ(ps->Status().version, 2u);
+  ASSERT_TRUE(ps->Push(Push(0, 2, twos_, 2)).ok());  // not stamped
+  EXPECT_EQ(ps->Status().version, 3u);
+  EXPECT_EQ(ps->WeightsForTest(), std::vector<float>(4, -3.0f));
+  EXPECT_EQ(ps->Status().stale_view_pushes, 1u);
 }
 
 TEST_F(MembershipTest, WaitKeepsTheStepForARejoinAndEndsTheJobPastTheDeadline) {

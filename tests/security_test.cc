@@ -124,6 +124,60 @@ TEST_F(SecurityTest, MutualTlsRoundTripAndWhoIsRefused) {
   EXPECT_EQ(JoinWith(plain).code(), absl::StatusCode::kUnavailable);
 }
 
+// Two shards under mutual TLS and tokens, as summa-server --coordinator runs them: shard 1 reports
+// to shard 0 with the server's own certificate and key as its client identity, shard 0 lists it,
+// healthy; a worker joins both shards and takes a step through each one's partition.
+TEST_F(SecurityTest, TwoShardsUnderMutualTlsReportToShardZeroAndServeAWorker) {
+  server::ServerOptions o;
+  o.world_size = 1;
+  o.shards = 2;
+  o.partition_bytes = 8;  // a model of 4 floats: one partition of 2 on each shard
+  o.optimizer.learning_rate = 1.0;
+  o.barrier_deadline = absl::Seconds(20);
+  EndpointSecurity security;
+  security.tls = {certs_ + "/server.pem", certs_ + "/server.key", certs_ + "/ca.pem"};
+  security.tokens = TokenCheck(Read(certs_ + "/worker.token"), Read(certs_ + "/admin.token"), false);
+  auto zero = server::SummaServer::Start("127.0.0.1:0", o, "", security);
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  const std::string zero_address = "127.0.0.1:" + std::to_string((*zero)->port());
+  server::Coordinator coordinator;
+  coordinator.address = zero_address;
+  coordinator.security.tls = {certs_ + "/server.pem", certs_ + "/server.key", certs_ + "/ca.pem"};
+  coordinator.security.token = Read(certs_ + "/worker.token");
+  o.shard = 1;
+  auto one = server::SummaServer::Start("127.0.0.1:0", o, "", security, "", coordinator);
+  ASSERT_TRUE(one.ok()) << one.status();
+  const std::string one_address = "127.0.0.1:" + std::to_string((*one)->port());
+
+  auto stub = pb::ParameterServer::NewStub(grpc::CreateChannel(zero_address, ChannelCredentialsFor(Client(true, "").tls)));
+  pb::ServerStatus status;
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  for (;;) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    status.Clear();
+    if (stub->GetStatus(&ctx, pb::GetStatusRequest(), &status).ok() && status.shard_statuses_size() == 2 &&
+        status.shard_statuses(1).healthy()) {
+      break;
+    }
+    ASSERT_LT(absl::Now(), deadline) << "shard 1 never reported over TLS: " << status.DebugString();
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(status.shard_statuses(1).shard(), 1);
+
+  worker::ParameterClient client(zero_address + "," + one_address, absl::Seconds(5), absl::Seconds(5), 1,
+                                 Client(/*with_cert=*/true, "worker.token"));
+  const std::vector<float> initial = {1, 2, 3, 4};
+  absl::StatusOr<worker::JoinInfo> joined = client.Join(0, 1, {{"w", DType::kFloat32, {4}}}, initial.data(), "");
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  ASSERT_EQ(joined->partitions.size(), 2u);
+  const std::vector<float> grad = {1, 1, 1, 1};
+  std::vector<float> w(4);
+  absl::Status stepped = client.PushPull(0, 1, grad.data(), w.data(), nullptr);
+  ASSERT_TRUE(stepped.ok()) << stepped;
+  EXPECT_EQ(w, (std::vector<float>{0, 1, 2, 3}));  // lr 1, the gradient over 1 example
+}
+
 TEST_F(SecurityTest, TlsWithoutClientCertificatesAndTheTokens) {
   Start(/*mutual=*/false);
   EXPECT_TRUE(JoinWith(Client(/*with_cert=*/false, "worker.token")).ok());

@@ -6,6 +6,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstring>
+#include <functional>
 #include <thread>
 
 #include "absl/synchronization/notification.h"
@@ -196,6 +197,7 @@ class RawPathTest : public ::testing::Test {
     o.optimizer.learning_rate = 0.5;
     o.partition_bytes = partition_bytes;
     o.barrier_deadline = absl::Seconds(20);
+    if (configure_) configure_(o);
     auto s = server::SummaServer::Start("127.0.0.1:0", o);
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = *std::move(s);
@@ -205,9 +207,50 @@ class RawPathTest : public ::testing::Test {
     return std::make_unique<worker::ParameterClient>(address_, absl::Seconds(20), absl::Seconds(20), channels);
   }
 
+  pb::ServerStatus Status() {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    pb::ServerStatus status;
+    auto stub = pb::ParameterServer::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+    EXPECT_TRUE(stub->GetStatus(&ctx, pb::GetStatusRequest(), &status).ok());
+    return status;
+  }
+
   std::unique_ptr<server::SummaServer> server_;
   std::string address_;
+  std::function<void(server::ServerOptions&)> configure_;  // applied last by StartServer, when set
 };
+
+// Rank 1 leaves; rank 0's client still holds the membership view its Join told it, so its next
+// pushes are refused as stale. It asks for the view (Heartbeat) and pushes again, once: the step
+// completes without the rank that left, each partition's refusal counted once.
+TEST_F(RawPathTest, PushesStampedWithAStaleViewAreRefusedAndTheWorkerRefreshesAndPushesAgain) {
+  configure_ = [](server::ServerOptions& o) { o.on_worker_loss = server::OnWorkerLoss::kShrink; };
+  StartServer(2, /*partition_bytes=*/12);  // 8 floats in partitions of 3, 3, 2
+  const std::vector<TensorSpec> specs = {{"w", DType::kFloat32, {8}}};
+  const std::vector<float> initial = {0, 1, 2, 3, 4, 5, 6, 7};
+  std::unique_ptr<worker::ParameterClient> zero = Client(1), one = Client(1);
+  ASSERT_TRUE(zero->Join(0, 2, specs, initial.data(), "").ok());
+  ASSERT_TRUE(one->Join(1, 2, specs, nullptr, "").ok());
+  ASSERT_EQ(Status().view(), 0u);
+  ASSERT_TRUE(one->Leave(1).ok());
+  ASSERT_EQ(Status().view(), 1u);
+  std::vector<float> grad(8, 2.0f), w(8), expected(8);
+  std::vector<int> live;
+  absl::Status s = zero->PushPull(0, 2, grad.data(), w.data(), &live);
+  ASSERT_TRUE(s.ok()) << s;
+  for (int i = 0; i < 8; ++i) expected[i] = float(i) - 0.5f;  // rank 0 alone: 2 over 2 examples, lr 0.5
+  EXPECT_EQ(w, expected);
+  EXPECT_EQ(live, std::vector<int>{0});
+  pb::ServerStatus status = Status();
+  EXPECT_EQ(status.stale_view_pushes(), 3u);
+  EXPECT_EQ(status.version(), 1u);
+  // Stamped with the view it refreshed to, the next step goes through at once.
+  ASSERT_TRUE(zero->PushPull(1, 2, grad.data(), w.data(), &live).ok());
+  status = Status();
+  EXPECT_EQ(status.stale_view_pushes(), 3u);
+  EXPECT_EQ(status.version(), 2u);
+}
 
 TEST_F(RawPathTest, WorkersOverSeveralChannelsTakeExactSyncSteps) {
   constexpr int kWorkers = 2;

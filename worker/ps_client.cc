@@ -201,6 +201,7 @@ absl::StatusOr<JoinInfo> ParameterClient::Join(int rank, int world,
     for (int i = 0; i < k; ++i) {
       SUMMA_ASSIGN_OR_RETURN(pb::JoinResponse response, JoinShard(i, request));
       shards_[i]->session = response.session();
+      shards_[i]->view = response.view();
       const int said = std::max(1, response.shards());
       if (response.shard() != i || said != k) {
         return absl::FailedPreconditionError(absl::StrCat(
@@ -385,7 +386,9 @@ absl::Status ParameterClient::SendInitialValues(const float* initial, const std:
 }
 
 template <typename Start, typename What>
-absl::Status ParameterClient::ForEach(size_t n, Start start, What what, const char* trace_name) {
+absl::Status ParameterClient::ForEach(size_t n, Start start, What what, const char* trace_name,
+                                      std::vector<absl::Status>* statuses) {
+  if (statuses != nullptr) statuses->assign(n, absl::OkStatus());
   // Every call starts on this client's completion queue, and this thread collects the replies:
   // no gRPC thread wakes another to hand a reply over (a hop costs tens of µs on a small VM).
   struct Call {
@@ -414,9 +417,10 @@ absl::Status ParameterClient::ForEach(size_t n, Start start, What what, const ch
     if (!queue_.Next(&tag, &ok)) return absl::InternalError("the client's completion queue shut down");
     const size_t i = reinterpret_cast<size_t>(tag);
     if (tracer_ != nullptr) tracer_->Complete(trace_name, "client", calls[i].begun, absl::Now(), static_cast<int64_t>(i));
-    if (!calls[i].status.ok() && first_error.ok()) {
+    if (!calls[i].status.ok()) {
       absl::Status st = FromGrpcStatus(calls[i].status);
-      first_error = absl::Status(st.code(), absl::StrCat(what(i), ": ", st.message()));
+      if (first_error.ok()) first_error = absl::Status(st.code(), absl::StrCat(what(i), ": ", st.message()));
+      if (statuses != nullptr) (*statuses)[i] = std::move(st);
     }
   }
   return first_error;
@@ -473,6 +477,7 @@ absl::Status ParameterClient::DecodePull(size_t i, float* weights) {
   }
   replies_[i].Clear();
   if (!got) return absl::DataLossError(absl::StrCat(what, " came back without values"));
+  shards_[shard_of_[i]]->view = pull_headers_[i].view();
   if (pull_headers_[i].dtype() != WireDTypeToProto(dtype)) {
     return absl::DataLossError(absl::StrCat(what, " came back as ", DTypeName(pull_headers_[i].dtype()),
                                             "; asked for ", DTypeName(WireDTypeToProto(dtype))));
@@ -503,6 +508,7 @@ void ParameterClient::EncodePush(size_t i, uint64_t step, int64_t num_examples, 
   pb::PushRequest& header = push_headers_[i];
   header.set_step(step);
   header.set_num_examples(num_examples);
+  header.set_view(shards_[shard_of_[i]]->view);
   std::string prefix = header.SerializeAsString();
   if (encoder_.dense_float32()) {
     AppendFieldHeader(pb::PushRequest::kDataFieldNumber, p.length * sizeof(float), &prefix);
@@ -514,14 +520,47 @@ void ParameterClient::EncodePush(size_t i, uint64_t step, int64_t num_examples, 
   requests_[i] = TwoSlices(prefix, grpc::Slice(bytes.data(), bytes.size(), grpc::Slice::STATIC_SLICE));
 }
 
+absl::Status ParameterClient::SendPushes(const char* method, const char* trace_name, uint64_t step,
+                                        int64_t num_examples, const float* gradients) {
+  constexpr int kRefreshes = 3;
+  std::vector<size_t> due(partitions_.size());
+  for (size_t i = 0; i < due.size(); ++i) due[i] = i;
+  std::vector<absl::Status> statuses;
+  for (int refresh = 0;; ++refresh) {
+    const absl::Status sent = ForEach(
+        due.size(),
+        [&](size_t k) -> CallSpec {
+          EncodePush(due[k], step, num_examples, gradients);
+          return {method, &requests_[due[k]], &replies_[due[k]], shard_of_[due[k]]};
+        },
+        [&](size_t k) -> const std::string& { return partition_names_[due[k]]; }, trace_name, &statuses);
+    if (sent.ok()) return sent;
+    std::vector<size_t> stale;
+    std::vector<bool> refresh_shard(shards_.size(), false);
+    for (size_t k = 0; k < due.size(); ++k) {
+      if (statuses[k].ok()) continue;
+      if (!IsStaleView(statuses[k]) || refresh == kRefreshes) return sent;
+      stale.push_back(due[k]);
+      refresh_shard[shard_of_[due[k]]] = true;
+    }
+    for (size_t s = 0; s < shards_.size(); ++s) {
+      if (!refresh_shard[s]) continue;
+      pb::HeartbeatResponse heard;
+      SUMMA_RETURN_IF_ERROR(
+          CallShard(*shards_[s], rank_, absl::Seconds(5), &pb::ParameterServer::Stub::Heartbeat, &heard));
+      SUMMA_LOG(INFO) << "shard " << s << " moved to membership view " << heard.view() << " (this worker had "
+                      << shards_[s]->view.load() << "); pushing step " << step << " to it again";
+      shards_[s]->view = heard.view();
+    }
+    due = std::move(stale);
+  }
+}
+
 absl::Status ParameterClient::PushPull(uint64_t step, int64_t num_examples, const float* gradients,
                                        float* weights, std::vector<int>* live_ranks) {
   if (rank_ < 0) return absl::FailedPreconditionError("PushPull before Join");
   encoder_.Encode(step, num_examples, gradients);
-  SUMMA_RETURN_IF_ERROR(ForEachPartition([&](size_t i) -> CallSpec {
-    EncodePush(i, step, num_examples, gradients);
-    return {kPushPull, &requests_[i], &replies_[i]};
-  }, "pushpull"));
+  SUMMA_RETURN_IF_ERROR(SendPushes(kPushPull, "pushpull", step, num_examples, gradients));
   for (size_t i = 0; i < partitions_.size(); ++i) {
     SUMMA_RETURN_IF_ERROR(DecodePull(i, weights));
     if (mode_ == pb::MODE_SYNC && pull_headers_[i].version() != step + 1) {
@@ -539,10 +578,7 @@ absl::StatusOr<bool> ParameterClient::Push(uint64_t step, int64_t num_examples,
                                            const float* gradients) {
   if (rank_ < 0) return absl::FailedPreconditionError("Push before Join");
   encoder_.Encode(step, num_examples, gradients);
-  SUMMA_RETURN_IF_ERROR(ForEachPartition([&](size_t i) -> CallSpec {
-    EncodePush(i, step, num_examples, gradients);
-    return {kPush, &requests_[i], &replies_[i]};
-  }, "push"));
+  SUMMA_RETURN_IF_ERROR(SendPushes(kPush, "push", step, num_examples, gradients));
   bool completed = true;
   for (size_t i = 0; i < partitions_.size(); ++i) {
     pb::PushResponse reply;
@@ -555,11 +591,12 @@ absl::StatusOr<bool> ParameterClient::Push(uint64_t step, int64_t num_examples,
 
 template <typename Request, typename Response>
 absl::Status ParameterClient::CallShard(const Shard& shard, int rank, absl::Duration deadline,
-                                        ShardMethod<Request, Response> method) const {
+                                        ShardMethod<Request, Response> method, Response* into) const {
   Request request;
   request.set_rank(rank);
   request.set_session(shard.session);
-  Response response;
+  Response local;
+  Response& response = into != nullptr ? *into : local;
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
   AttachToken(token_, &ctx);
@@ -578,7 +615,14 @@ absl::Status ParameterClient::EveryShard(int rank, absl::Duration deadline,
 }
 
 absl::Status ParameterClient::Heartbeat(int rank) const {
-  return EveryShard(rank, absl::Seconds(5), &pb::ParameterServer::Stub::Heartbeat);
+  absl::Status first_error;
+  for (const auto& shard : shards_) {
+    pb::HeartbeatResponse heard;
+    absl::Status answered = CallShard(*shard, rank, absl::Seconds(5), &pb::ParameterServer::Stub::Heartbeat, &heard);
+    if (answered.ok()) shard->view = heard.view();
+    if (first_error.ok()) first_error = answered;  // every shard is called, whatever one answers
+  }
+  return first_error;
 }
 
 absl::Status ParameterClient::Leave(int rank) {

@@ -105,6 +105,9 @@ class ParameterClient final : public ParameterStore {
     std::unique_ptr<summa::v1::ParameterServer::Stub> stub;  // the control calls
     std::vector<std::unique_ptr<grpc::GenericStub>> generic;  // the data path, one per channel
     std::atomic<uint64_t> session{0};  // from the last Join; Heartbeat reads it from another thread
+    // The newest membership view the shard told this worker (Join, pulls, Heartbeat, which may
+    // run on another thread): the stamp on pushes to it.
+    std::atomic<uint64_t> view{0};
   };
   // One data-path call: the method, the request and reply buffers (alive until it ends), and
   // the shard it goes to (collectives: shard 0, the coordinator).
@@ -118,10 +121,11 @@ class ParameterClient final : public ParameterStore {
   template <typename Request, typename Response>
   using ShardMethod = grpc::Status (summa::v1::ParameterServer::Stub::*)(grpc::ClientContext*, const Request&,
                                                                           Response*);
-  // Calls `method` on `shard` as `rank` with that shard's session, within `deadline`.
+  // Calls `method` on `shard` as `rank` with that shard's session, within `deadline`; the reply
+  // into `response` where given.
   template <typename Request, typename Response>
   absl::Status CallShard(const Shard& shard, int rank, absl::Duration deadline,
-                         ShardMethod<Request, Response> method) const;
+                         ShardMethod<Request, Response> method, Response* response = nullptr) const;
   // CallShard on every shard, whatever another answers; the first error.
   template <typename Request, typename Response>
   absl::Status EveryShard(int rank, absl::Duration deadline, ShardMethod<Request, Response> method) const;
@@ -129,14 +133,22 @@ class ParameterClient final : public ParameterStore {
   // shards before it (joined already) while it waits.
   absl::StatusOr<summa::v1::JoinResponse> JoinShard(size_t index, const summa::v1::JoinRequest& request);
   // Starts the call `start(i)` describes for each i in [0, n) at once and waits for all;
-  // `what(i)` names call i in an error, `trace_name` its span in the trace.
+  // `what(i)` names call i in an error, `trace_name` its span in the trace. The first error;
+  // every call's status into `statuses` where given.
   template <typename Start, typename What>
-  absl::Status ForEach(size_t n, Start start, What what, const char* trace_name);
+  absl::Status ForEach(size_t n, Start start, What what, const char* trace_name,
+                       std::vector<absl::Status>* statuses = nullptr);
   template <typename Start>
   absl::Status ForEachPartition(Start start, const char* trace_name);
   // Sends the initial values of every partition of the shards marked in `initialize` (their Join
   // answered `initialize`), a window of partitions at a time.
   absl::Status SendInitialValues(const float* initial, const std::vector<bool>& initialize);
+  // Pushes (`method`: kPush or kPushPull) of `step` for every partition. A shard that refuses
+  // some for a stale membership view (a member left or was dropped since this worker heard its
+  // view) is asked for its view (Heartbeat), and those pushes go again with the new stamp; a
+  // few times at most, since views move only when members go.
+  absl::Status SendPushes(const char* method, const char* trace_name, uint64_t step, int64_t num_examples,
+                          const float* gradients);
   // Partition i's push: its header, then its slice of `gradients`, sent without a copy.
   void EncodePush(size_t i, uint64_t step, int64_t num_examples, const float* gradients);
   // Reads partition i's pull reply: the header into pull_headers_[i], the values into `weights`.

@@ -359,13 +359,15 @@ absl::StatusOr<bool> ParameterServer::Push(const PushRequestView& request) {
     }
     // Checked under the partition's lock, which an exclusion takes to settle the step after it
     // moves the view on: a push is counted only if its worker, as it pushed, had heard of every
-    // exclusion this server had made.
-    if (const uint64_t view = membership_.view(); request.view.has_value() && *request.view < view) {
+    // exclusion this server had made. Any other view than this server's is refused, not only an
+    // older one: a follower's view may go back (shard 0 restarted and counts from 0 again).
+    if (const uint64_t view = membership_.view(); request.view.has_value() && *request.view != view) {
       stale_view_pushes_.fetch_add(1, std::memory_order_relaxed);
       return absl::AbortedError(absl::StrCat(
           kStaleView, ": rank ", request.rank, "'s push of step ", request.step, " to partition ",
           p.range.id, " is stamped with view ", *request.view, ", and this server is at view ", view,
-          " (a member has left or been dropped since): refresh the view (Heartbeat) and push again"));
+          " (a member has left or been dropped since, or shard 0 restarted): refresh the view (Heartbeat) "
+          "and push again"));
     }
     applied = policy_->Push(p, request, gradient, values, options_.clock->Now(), released);
     if (applied.ok() && *applied) {

@@ -387,8 +387,7 @@ absl::Status ParameterClient::SendInitialValues(const float* initial, const std:
 
 template <typename Start, typename What>
 absl::Status ParameterClient::ForEach(size_t n, Start start, What what, const char* trace_name,
-                                      std::vector<absl::Status>* statuses) {
-  if (statuses != nullptr) statuses->assign(n, absl::OkStatus());
+                                      const std::function<bool(size_t, absl::Status*)>& again) {
   // Every call starts on this client's completion queue, and this thread collects the replies:
   // no gRPC thread wakes another to hand a reply over (a hop costs tens of µs on a small VM).
   struct Call {
@@ -398,19 +397,21 @@ absl::Status ParameterClient::ForEach(size_t n, Start start, What what, const ch
     absl::Time begun;
   };
   std::vector<Call> calls(n);
-  for (size_t i = 0; i < n; ++i) {
+  auto launch = [&](size_t i) {
     const CallSpec spec = start(i);
     Call& c = calls[i];
     c.context = NewContext();
+    c.status = grpc::Status();
     c.begun = tracer_ != nullptr ? absl::Now() : absl::InfinitePast();
     const Shard& shard = *shards_[spec.shard];
     c.reader = shard.generic[i % shard.generic.size()]->PrepareUnaryCall(c.context.get(), spec.method,
                                                                          *spec.request, &queue_);
     c.reader->StartCall();
     c.reader->Finish(spec.reply, &c.status, reinterpret_cast<void*>(i));
-  }
+  };
+  for (size_t i = 0; i < n; ++i) launch(i);
   absl::Status first_error;
-  for (size_t done = 0; done < n; ++done) {
+  for (size_t done = 0; done < n;) {
     void* tag;
     bool ok;
     // Every call has a deadline, so every call comes back.
@@ -419,9 +420,13 @@ absl::Status ParameterClient::ForEach(size_t n, Start start, What what, const ch
     if (tracer_ != nullptr) tracer_->Complete(trace_name, "client", calls[i].begun, absl::Now(), static_cast<int64_t>(i));
     if (!calls[i].status.ok()) {
       absl::Status st = FromGrpcStatus(calls[i].status);
+      if (again != nullptr && again(i, &st)) {
+        launch(i);  // its earlier reader has finished: replaced
+        continue;
+      }
       if (first_error.ok()) first_error = absl::Status(st.code(), absl::StrCat(what(i), ": ", st.message()));
-      if (statuses != nullptr) (*statuses)[i] = std::move(st);
     }
+    ++done;
   }
   return first_error;
 }
@@ -522,38 +527,37 @@ void ParameterClient::EncodePush(size_t i, uint64_t step, int64_t num_examples, 
 
 absl::Status ParameterClient::SendPushes(const char* method, const char* trace_name, uint64_t step,
                                         int64_t num_examples, const float* gradients) {
-  constexpr int kRefreshes = 3;
-  std::vector<size_t> due(partitions_.size());
-  for (size_t i = 0; i < due.size(); ++i) due[i] = i;
-  std::vector<absl::Status> statuses;
-  for (int refresh = 0;; ++refresh) {
-    const absl::Status sent = ForEach(
-        due.size(),
-        [&](size_t k) -> CallSpec {
-          EncodePush(due[k], step, num_examples, gradients);
-          return {method, &requests_[due[k]], &replies_[due[k]], shard_of_[due[k]]};
-        },
-        [&](size_t k) -> const std::string& { return partition_names_[due[k]]; }, trace_name, &statuses);
-    if (sent.ok()) return sent;
-    std::vector<size_t> stale;
-    std::vector<bool> refresh_shard(shards_.size(), false);
-    for (size_t k = 0; k < due.size(); ++k) {
-      if (statuses[k].ok()) continue;
-      if (!IsStaleView(statuses[k]) || refresh == kRefreshes) return sent;
-      stale.push_back(due[k]);
-      refresh_shard[shard_of_[due[k]]] = true;
-    }
-    for (size_t s = 0; s < shards_.size(); ++s) {
-      if (!refresh_shard[s]) continue;
-      pb::HeartbeatResponse heard;
-      SUMMA_RETURN_IF_ERROR(
-          CallShard(*shards_[s], rank_, absl::Seconds(5), &pb::ParameterServer::Stub::Heartbeat, &heard));
-      SUMMA_LOG(INFO) << "shard " << s << " moved to membership view " << heard.view() << " (this worker had "
-                      << shards_[s]->view.load() << "); pushing step " << step << " to it again";
-      shards_[s]->view = heard.view();
-    }
-    due = std::move(stale);
-  }
+  constexpr int kRefreshes = 3;  // per partition and step
+  std::vector<int> refreshes(partitions_.size(), 0);
+  return ForEach(
+      partitions_.size(),
+      [&](size_t i) -> CallSpec {
+        EncodePush(i, step, num_examples, gradients);
+        return {method, &requests_[i], &replies_[i], shard_of_[i]};
+      },
+      [this](size_t i) -> const std::string& { return partition_names_[i]; }, trace_name,
+      [&](size_t i, absl::Status* refused) {
+        if (!IsStaleView(*refused)) return false;
+        if (++refreshes[i] > kRefreshes) {
+          *refused = absl::UnavailableError(absl::StrCat(refused->message(), " (still stale after ", kRefreshes,
+                                                         " refreshes: joining again)"));
+          return false;
+        }
+        Shard& shard = *shards_[shard_of_[i]];
+        pb::HeartbeatResponse heard;
+        if (absl::Status asked = CallShard(shard, rank_, absl::Seconds(5), &pb::ParameterServer::Stub::Heartbeat, &heard);
+            !asked.ok()) {
+          *refused = std::move(asked);
+          return false;
+        }
+        if (heard.view() != shard.view) {
+          SUMMA_LOG(INFO) << "shard " << shard_of_[i] << " is at membership view " << heard.view()
+                          << " (this worker had " << shard.view.load() << "); pushing step " << step
+                          << " to it again";
+        }
+        shard.view = heard.view();
+        return true;
+      });
 }
 
 absl::Status ParameterClient::PushPull(uint64_t step, int64_t num_examples, const float* gradients,

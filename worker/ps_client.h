@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -133,20 +134,23 @@ class ParameterClient final : public ParameterStore {
   // shards before it (joined already) while it waits.
   absl::StatusOr<summa::v1::JoinResponse> JoinShard(size_t index, const summa::v1::JoinRequest& request);
   // Starts the call `start(i)` describes for each i in [0, n) at once and waits for all;
-  // `what(i)` names call i in an error, `trace_name` its span in the trace. The first error;
-  // every call's status into `statuses` where given.
+  // `what(i)` names call i in an error, `trace_name` its span in the trace. A call that fails
+  // is started again at once (start(i) anew, the others still in flight) when `again(i, &its
+  // status)` says so; `again` may change the status it declines. The first error.
   template <typename Start, typename What>
   absl::Status ForEach(size_t n, Start start, What what, const char* trace_name,
-                       std::vector<absl::Status>* statuses = nullptr);
+                       const std::function<bool(size_t, absl::Status*)>& again = nullptr);
   template <typename Start>
   absl::Status ForEachPartition(Start start, const char* trace_name);
   // Sends the initial values of every partition of the shards marked in `initialize` (their Join
   // answered `initialize`), a window of partitions at a time.
   absl::Status SendInitialValues(const float* initial, const std::vector<bool>& initialize);
-  // Pushes (`method`: kPush or kPushPull) of `step` for every partition. A shard that refuses
-  // some for a stale membership view (a member left or was dropped since this worker heard its
-  // view) is asked for its view (Heartbeat), and those pushes go again with the new stamp; a
-  // few times at most, since views move only when members go.
+  // Pushes (`method`: kPush or kPushPull) of `step` for every partition. A push refused for a
+  // stale membership view (a member left or was dropped since this worker heard its shard's
+  // view) goes again as soon as the refusal arrives, stamped with the view a Heartbeat to that
+  // shard tells (at once, not after the other calls: in sync mode those wait on other workers'
+  // pushes, which may wait on this one). Still stale after three refreshes, it fails with
+  // UNAVAILABLE, which the trainer answers by joining again.
   absl::Status SendPushes(const char* method, const char* trace_name, uint64_t step, int64_t num_examples,
                           const float* gradients);
   // Partition i's push: its header, then its slice of `gradients`, sent without a copy.

@@ -400,6 +400,9 @@ absl::Status ParameterClient::ForEach(size_t n, Start start, What what, const ch
   auto launch = [&](size_t i) {
     const CallSpec spec = start(i);
     Call& c = calls[i];
+    // A finished call's reader lives in its call's arena, which its context frees: the reader
+    // goes first (as the Call's own destructor does it).
+    c.reader.reset();
     c.context = NewContext();
     c.status = grpc::Status();
     c.begun = tracer_ != nullptr ? absl::Now() : absl::InfinitePast();
@@ -544,6 +547,8 @@ absl::Status ParameterClient::SendPushes(const char* method, const char* trace_n
           return false;
         }
         Shard& shard = *shards_[shard_of_[i]];
+        // Another refused push to this shard refreshed the view since this one was stamped.
+        if (shard.view != push_headers_[i].view()) return true;
         pb::HeartbeatResponse heard;
         if (absl::Status asked = CallShard(shard, rank_, absl::Seconds(5), &pb::ParameterServer::Stub::Heartbeat, &heard);
             !asked.ok()) {

@@ -150,7 +150,8 @@ class ParameterClient final : public ParameterStore {
   // view) goes again as soon as the refusal arrives, stamped with the view a Heartbeat to that
   // shard tells (at once, not after the other calls: in sync mode those wait on other workers'
   // pushes, which may wait on this one). Still stale after three refreshes, it fails with
-  // UNAVAILABLE, which the trainer answers by joining again.
+  // UNAVAILABLE, which the trainer answers by joining again. Each send has its own deadline, so
+  // a partition's pushes take at most 4 call deadlines and 3 Heartbeats' 5 s.
   absl::Status SendPushes(const char* method, const char* trace_name, uint64_t step, int64_t num_examples,
                           const float* gradients);
   // Partition i's push: its header, then its slice of `gradients`, sent without a copy.

@@ -385,9 +385,10 @@ inline ::testing::AssertionResult CheckPeerSum(Backend& dst, Backend& src) {
 }
 
 // A Backend that forwards every operation to another, for wrappers that change one thing
-// (a planted bug, a device switch before every call). The fused pairs (Conv2dReluForward,
-// AvgPool2ReluBackward) are not forwarded: Backend's defaults run them as the two forwarded
-// operations, so that a wrapper that changes one of those (WithoutRelu) changes the pair too.
+// (a planted bug, a device switch before every call). The fused operations (Conv2dReluForward,
+// Conv2dReluPoolForward, AvgPool2ReluBackward) are not forwarded: Backend's defaults run them as
+// the forwarded operations, so that a wrapper that changes one of those (WithoutRelu) changes
+// the fused one too.
 class ForwardingBackend : public Backend {
  public:
   explicit ForwardingBackend(Backend* target) : target_(target) {}

@@ -190,10 +190,14 @@ TEST_F(CpuBackendTest, DirectConvolutionMatchesIm2colOnEveryOutputAndGradient) {
   }
 }
 
-// The fused pairs are the two operations bit for bit, on the convolutions computed each way
-// (direct, Winograd, im2col) and on pooling with odd edges: ReLU applied to the same values.
-TEST_F(CpuBackendTest, FusedReluPairsAreTheTwoOperationsBitForBit) {
-  for (const ConvShape& s : {ConvShape{4, 1, 28, 28, 6, 3}, ConvShape{17, 3, 11, 14, 5, 5},
+// The fused operations are the operations they name bit for bit, on the convolutions computed
+// each way (direct, Winograd, im2col) and on pooling with odd edges: ReLU applied to the same
+// values, pooling's additions in the same order.
+TEST_F(CpuBackendTest, FusedOperationsAreTheOperationsTheyNameBitForBit) {
+  // Direct (pooled in the same pass: 26 columns, and 34 in three vectors), direct with an odd
+  // output (pooled apart), Winograd, im2col.
+  for (const ConvShape& s : {ConvShape{4, 1, 28, 28, 6, 3}, ConvShape{2, 1, 6, 36, 3, 3},
+                             ConvShape{3, 1, 7, 19, 4, 3}, ConvShape{17, 3, 11, 14, 5, 5},
                              ConvShape{2, 2, 7, 6, 3, 3}}) {
     SCOPED_TRACE(testing::Message() << s.in_channels << "x" << s.height << "x" << s.width
                                     << ", kernel " << s.kernel);
@@ -207,6 +211,15 @@ TEST_F(CpuBackendTest, FusedReluPairsAreTheTwoOperationsBitForBit) {
     ASSERT_TRUE(be_->Conv2dReluForward(s, x.data(), w.data(), b.data(), got.data(), ws.data()).ok());
     ASSERT_GT(std::count(want.begin(), want.end(), 0.0f), ysize / 4);  // ReLU did something
     EXPECT_EQ(got, want);
+    // And pooled, where the shape has a pooled output.
+    const int64_t psize = int64_t{s.batch} * s.out_channels * (s.out_height() / 2) * (s.out_width() / 2);
+    std::vector<float> pooled_want(psize), pooled_got(psize, std::nanf("")), relu_got(ysize, std::nanf(""));
+    ASSERT_TRUE(be_->AvgPool2Forward(want.data(), pooled_want.data(), s.batch * s.out_channels, s.out_height(),
+                                     s.out_width()).ok());
+    ASSERT_TRUE(be_->Conv2dReluPoolForward(s, x.data(), w.data(), b.data(), relu_got.data(), pooled_got.data(),
+                                           ws.data()).ok());
+    EXPECT_EQ(relu_got, want);
+    EXPECT_EQ(pooled_got, pooled_want);
   }
   const int planes = 3, h = 7, w = 6;
   const std::vector<float> y = Random(planes * h * w, 44), dy = Random(planes * (h / 2) * (w / 2), 45);

@@ -114,13 +114,20 @@ class Backend {
   virtual absl::Status AvgPool2Forward(const float* x, float* y, int planes, int h, int w) = 0;
   virtual absl::Status AvgPool2Backward(const float* dy, float* dx, int planes, int h, int w) = 0;
 
-  // Fused pairs, each exactly the two operations in a row (the default), which a backend may
-  // compute in one pass over the data instead (the CPU one does).
+  // Fused operations, each exactly the operations it names in a row (the default), which a
+  // backend may compute in one pass over the data instead (the CPU one does).
   // Conv2dForward, then ReluForward on its output in place.
   virtual absl::Status Conv2dReluForward(const ConvShape& shape, const float* x, const float* w,
                                          const float* bias, float* y, float* workspace) {
     if (absl::Status s = Conv2dForward(shape, x, w, bias, y, workspace); !s.ok()) return s;
     return ReluForward(y, y, int64_t{shape.batch} * shape.out_channels * shape.pixels());
+  }
+  // Conv2dReluForward into y (kept for the backward pass), then AvgPool2Forward from y into
+  // `pooled`.
+  virtual absl::Status Conv2dReluPoolForward(const ConvShape& shape, const float* x, const float* w,
+                                             const float* bias, float* y, float* pooled, float* workspace) {
+    if (absl::Status s = Conv2dReluForward(shape, x, w, bias, y, workspace); !s.ok()) return s;
+    return AvgPool2Forward(y, pooled, shape.batch * shape.out_channels, shape.out_height(), shape.out_width());
   }
   // AvgPool2Backward from dy into dx, then ReluBackward with ReLU's output y, in place in dx.
   virtual absl::Status AvgPool2ReluBackward(const float* y, const float* dy, float* dx, int planes,

@@ -313,6 +313,16 @@ class CpuBackend final : public Backend {
     if (Direct(s)) return DirectForward(s, x, w, bias, y, /*relu=*/true);
     return Backend::Conv2dReluForward(s, x, w, bias, y, workspace);
   }
+  // The direct convolution pools its output rows as it writes them.
+  absl::Status Conv2dReluPoolForward(const ConvShape& s, const float* x, const float* w, const float* bias,
+                                     float* y, float* pooled, float* workspace) override {
+    FlushDenormals();
+    if (!fastest_ || !direct::PoolHandles(s)) return Backend::Conv2dReluPoolForward(s, x, w, bias, y, pooled, workspace);
+    Phase phase(profile_, GemmFlops(s.out_channels, s.batch * s.pixels(), s.kernel * s.kernel), ConvName(s),
+                "forward, bias, relu and avgpool (direct)");
+    direct::ForwardReluPool(s, x, w, bias, y, pooled);
+    return absl::OkStatus();
+  }
 
   absl::Status ReluForward(const float* x, float* y, int64_t n) override {
     FlushDenormals();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "common/vector_ops.h"
 #include "worker/lanes.h"
@@ -61,6 +62,66 @@ SUMMA_VECTOR_CLONES void Forward(const ConvShape& s, const float* x, const float
           float* row = out + o * plane + int64_t{r} * wo;
           Store(row + c0, a0);
           Store(row + c1, a1);
+        }
+      }
+    }
+  }
+}
+
+SUMMA_VECTOR_CLONES void ForwardReluPool(const ConvShape& s, const float* x, const float* w, const float* bias,
+                                         float* y, float* pooled) {
+  using Half = float __attribute__((vector_size(kLanes / 2 * sizeof(float))));
+  const int width = s.width, ho = s.out_height(), wo = s.out_width(), o_n = s.out_channels;
+  const int blocks = Blocks(wo), pooled_width = wo / 2;
+  const int64_t plane = int64_t{ho} * wo, pooled_plane = int64_t{ho / 2} * pooled_width;
+  // AvgPool2Forward's order: ((top left + top right) + bottom left) + bottom right, then / 4.
+  auto pool = [](const Vec& top, const Vec& bottom) {
+    Half sum = __builtin_shufflevector(top, top, 0, 2, 4, 6, 8, 10, 12, 14) +
+               __builtin_shufflevector(top, top, 1, 3, 5, 7, 9, 11, 13, 15);
+    sum += __builtin_shufflevector(bottom, bottom, 0, 2, 4, 6, 8, 10, 12, 14);
+    sum += __builtin_shufflevector(bottom, bottom, 1, 3, 5, 7, 9, 11, 13, 15);
+    return 0.25f * sum;
+  };
+  for (int64_t n = 0; n < s.batch; ++n) {
+    const float* image = x + n * s.height * width;
+    float* out = y + n * o_n * plane;
+    float* pooled_out = pooled + n * o_n * pooled_plane;
+    for (int r = 0; r < ho; r += 2) {
+      for (int b = 0; b < blocks; b += 2) {
+        const int c0 = BlockStart(b, blocks, wo), c1 = BlockStart(std::min(b + 1, blocks - 1), blocks, wo);
+        // Input rows r to r + 3 under output rows r and r + 1.
+        Vec in0[kKernel + 1][kKernel], in1[kKernel + 1][kKernel];
+        for (int i = 0; i <= kKernel; ++i) {
+          for (int j = 0; j < kKernel; ++j) {
+            const float* at = image + (r + i) * width + j;
+            in0[i][j] = Load(at + c0);
+            in1[i][j] = Load(at + c1);
+          }
+        }
+        for (int o = 0; o < o_n; ++o) {
+          // Forward's order of operations, so that y is its bits.
+          Vec top0 = Vec{} + bias[o], top1 = top0, bottom0 = top0, bottom1 = top0;
+          for (int t = 0; t < kTaps; ++t) {
+            const float k = w[o * kTaps + t];
+            const int i = t / kKernel, j = t % kKernel;
+            top0 += k * in0[i][j];
+            top1 += k * in1[i][j];
+            bottom0 += k * in0[i + 1][j];
+            bottom1 += k * in1[i + 1][j];
+          }
+          top0 = top0 > 0.0f ? top0 : Vec{};
+          top1 = top1 > 0.0f ? top1 : Vec{};
+          bottom0 = bottom0 > 0.0f ? bottom0 : Vec{};
+          bottom1 = bottom1 > 0.0f ? bottom1 : Vec{};
+          float* row = out + o * plane + int64_t{r} * wo;
+          Store(row + c0, top0);
+          Store(row + c1, top1);
+          Store(row + wo + c0, bottom0);
+          Store(row + wo + c1, bottom1);
+          float* pooled_row = pooled_out + o * pooled_plane + int64_t{r / 2} * pooled_width;
+          const Half p0 = pool(top0, bottom0), p1 = pool(top1, bottom1);
+          std::memcpy(pooled_row + c0 / 2, &p0, sizeof p0);
+          std::memcpy(pooled_row + c1 / 2, &p1, sizeof p1);
         }
       }
     }

@@ -28,6 +28,16 @@ inline bool Handles(const ConvShape& s) {
 // y[N][O][Ho][Wo] = bias[o] + the convolution of x[N][1][H][W] with w[O][1][3][3]; with `relu`,
 // max(that, 0) (exactly what Backend::ReluForward gives).
 void Forward(const ConvShape& s, const float* x, const float* w, const float* bias, float* y, bool relu);
+// Whether ForwardReluPool computes `s`: rows and columns of the output even (no edge for 2x2
+// pooling to drop; every vector starts on an even column).
+inline bool PoolHandles(const ConvShape& s) {
+  return Handles(s) && s.out_height() % 2 == 0 && s.out_width() % 2 == 0;
+}
+// Forward with ReLU into y, and y's 2x2 average pooling into pooled[N][O][Ho/2][Wo/2], in the
+// same pass: output rows two at a time, each vector's pairs of columns summed across lanes.
+// Bit for bit Backend::AvgPool2Forward of y (the same additions in the same order).
+void ForwardReluPool(const ConvShape& s, const float* x, const float* w, const float* bias, float* y,
+                     float* pooled);
 // dw[O][1][3][3] and dbias[O] from dy[N][O][Ho][Wo] (overwritten, not added to).
 void BackwardWeights(const ConvShape& s, const float* x, const float* dy, float* dw, float* dbias);
 

@@ -38,8 +38,7 @@ absl::Status LeNetFeatures::Forward(const float* x, int at, int n, const float* 
   float* const c1 = c1_->data() + int64_t{at} * kC1 * 26 * 26;
   float* const p1 = p1_->data() + int64_t{at} * kC1 * 13 * 13;
   float* const c2 = c2_->data() + int64_t{at} * kC2 * 9 * 9;
-  SUMMA_RETURN_IF_ERROR(be.Conv2dReluForward(Conv1(n), x, params + kW1, params + kB1, c1, workspace_->data()));
-  SUMMA_RETURN_IF_ERROR(be.AvgPool2Forward(c1, p1, n * kC1, 26, 26));
+  SUMMA_RETURN_IF_ERROR(be.Conv2dReluPoolForward(Conv1(n), x, params + kW1, params + kB1, c1, p1, workspace_->data()));
   SUMMA_RETURN_IF_ERROR(be.Conv2dReluForward(Conv2(n), p1, params + kW2, params + kB2, c2, workspace_->data()));
   return be.AvgPool2Forward(c2, out(at), n * kC2, 9, 9);
 }

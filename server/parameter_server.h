@@ -201,7 +201,7 @@ class ParameterServer {
   // The ranks still in the group (not dropped, not left), ascending: the workers re-shard the
   // data over these.
   std::vector<int> LiveRanks() const { return membership_.LiveRanks(); }
-  // The membership view (Membership::view): pushes stamped with an older one are refused.
+  // The membership view (Membership::view): pushes stamped with another one are refused.
   uint64_t view() const { return membership_.view(); }
   Membership& membership() { return membership_; }
 

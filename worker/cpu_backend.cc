@@ -318,10 +318,7 @@ class CpuBackend final : public Backend {
                                      float* y, float* pooled, float* workspace) override {
     FlushDenormals();
     if (!fastest_ || !direct::PoolHandles(s)) return Backend::Conv2dReluPoolForward(s, x, w, bias, y, pooled, workspace);
-    Phase phase(profile_, GemmFlops(s.out_channels, s.batch * s.pixels(), s.kernel * s.kernel), ConvName(s),
-                "forward, bias, relu and avgpool (direct)");
-    direct::ForwardReluPool(s, x, w, bias, y, pooled);
-    return absl::OkStatus();
+    return DirectForward(s, x, w, bias, y, /*relu=*/true, pooled);
   }
 
   absl::Status ReluForward(const float* x, float* y, int64_t n) override {
@@ -334,14 +331,7 @@ class CpuBackend final : public Backend {
   absl::Status ReluBackward(const float* y, const float* dy, float* dx, int64_t n) override {
     FlushDenormals();
     Phase phase(profile_, 0, "relu backward");
-    // dx may be dy (in place): element-wise, so no iteration depends on another, which ivdep
-    // tells the vectoriser (its overlap check would otherwise fall back to a scalar loop whose
-    // branch mispredicts on half the elements: 16% of a LeNet step, summa-bench-layers).
-#pragma GCC ivdep
-    for (int64_t i = 0; i < n; ++i) {
-      const float g = dy[i];  // loaded whatever y says, so that the select needs no branch
-      dx[i] = y[i] > 0.0f ? g : 0.0f;
-    }
+    ReluSelect(y, dy, dx, n);
     return absl::OkStatus();
   }
 
@@ -478,26 +468,36 @@ class CpuBackend final : public Backend {
         }
         if constexpr (kRelu) {
           const float* y0 = y + int64_t{p} * h * w + (2 * i) * w;
-          // Branch-free selects over contiguous rows, which the compiler vectorises.
-          SelectPositive(y0, r0, 2 * ow);
-          SelectPositive(y0 + w, r1, 2 * ow);
+          ReluSelect(y0, r0, r0, 2 * ow);
+          ReluSelect(y0 + w, r1, r1, 2 * ow);
         }
       }
     }
   }
-  // to[i] = 0 where y[i] is not positive (to[i] kept elsewhere).
-  static void SelectPositive(const float* __restrict y, float* __restrict to, int n) {
-    for (int i = 0; i < n; ++i) {
-      const float g = to[i];
-      to[i] = y[i] > 0.0f ? g : 0.0f;
+  // ReLU's backward: dx = dy where y > 0, else 0. dx may be dy (in place): element-wise, so no
+  // iteration depends on another, which ivdep tells the vectoriser (its overlap check would
+  // otherwise fall back to a scalar loop whose branch mispredicts on half the elements: 16% of a
+  // LeNet step, summa-bench-layers).
+  static void ReluSelect(const float* y, const float* dy, float* dx, int64_t n) {
+#pragma GCC ivdep
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = dy[i];  // loaded whatever y says, so that the select needs no branch
+      dx[i] = y[i] > 0.0f ? g : 0.0f;
     }
   }
 
+  // The direct convolution; with `pooled` (and relu), pooled in the same pass.
   absl::Status DirectForward(const ConvShape& s, const float* x, const float* w, const float* bias,
-                             float* y, bool relu) {
-    Phase phase(profile_, GemmFlops(s.out_channels, s.batch * s.pixels(), s.kernel * s.kernel),
-                ConvName(s), relu ? "forward, bias and relu (direct)" : "forward and bias (direct)");
-    direct::Forward(s, x, w, bias, y, relu);
+                             float* y, bool relu, float* pooled = nullptr) {
+    Phase phase(profile_, GemmFlops(s.out_channels, s.batch * s.pixels(), s.kernel * s.kernel), ConvName(s),
+                pooled != nullptr ? "forward, bias, relu and avgpool (direct)"
+                : relu            ? "forward, bias and relu (direct)"
+                                  : "forward and bias (direct)");
+    if (pooled != nullptr) {
+      direct::ForwardReluPool(s, x, w, bias, y, pooled);
+    } else {
+      direct::Forward(s, x, w, bias, y, relu);
+    }
     return absl::OkStatus();
   }
 

@@ -13,6 +13,7 @@ namespace {
 using lanes::kLanes;
 using lanes::Load;
 using lanes::Mask;
+using lanes::Relu;
 using lanes::Store;
 using lanes::Total;
 using lanes::Vec;
@@ -56,8 +57,8 @@ SUMMA_VECTOR_CLONES void Forward(const ConvShape& s, const float* x, const float
             a1 += k * in1[t];
           }
           if (relu) {
-            a0 = a0 > 0.0f ? a0 : Vec{};
-            a1 = a1 > 0.0f ? a1 : Vec{};
+            a0 = Relu(a0);
+            a1 = Relu(a1);
           }
           float* row = out + o * plane + int64_t{r} * wo;
           Store(row + c0, a0);
@@ -109,10 +110,10 @@ SUMMA_VECTOR_CLONES void ForwardReluPool(const ConvShape& s, const float* x, con
             bottom0 += k * in0[i + 1][j];
             bottom1 += k * in1[i + 1][j];
           }
-          top0 = top0 > 0.0f ? top0 : Vec{};
-          top1 = top1 > 0.0f ? top1 : Vec{};
-          bottom0 = bottom0 > 0.0f ? bottom0 : Vec{};
-          bottom1 = bottom1 > 0.0f ? bottom1 : Vec{};
+          top0 = Relu(top0);
+          top1 = Relu(top1);
+          bottom0 = Relu(bottom0);
+          bottom1 = Relu(bottom1);
           float* row = out + o * plane + int64_t{r} * wo;
           Store(row + c0, top0);
           Store(row + c1, top1);

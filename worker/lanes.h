@@ -30,6 +30,8 @@ inline Vec LoadFirst(const float* p, int lanes) {
   return v;
 }
 inline void StoreFirst(float* p, const Vec& v, int lanes) { std::memcpy(p, &v, lanes * sizeof(float)); }
+// max(v, 0) lane by lane as Backend::ReluForward computes it (NaN and -0 become +0).
+inline Vec Relu(const Vec& v) { return v > 0.0f ? v : Vec{}; }
 // The sum of the lanes, in a fixed order (halves folded onto each other).
 inline float Total(const Vec& v) {
   float half[kLanes];

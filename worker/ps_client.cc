@@ -435,7 +435,8 @@ absl::Status ParameterClient::ForEach(size_t n, Start start, What what, const ch
 }
 
 template <typename Start>
-absl::Status ParameterClient::ForEachPartition(Start start, const char* trace_name) {
+absl::Status ParameterClient::ForEachPartition(Start start, const char* trace_name,
+                                               const std::function<bool(size_t, absl::Status*)>& again) {
   return ForEach(
       partitions_.size(),
       [&](size_t i) {
@@ -443,7 +444,7 @@ absl::Status ParameterClient::ForEachPartition(Start start, const char* trace_na
         spec.shard = shard_of_[i];
         return spec;
       },
-      [this](size_t i) -> const std::string& { return partition_names_[i]; }, trace_name);
+      [this](size_t i) -> const std::string& { return partition_names_[i]; }, trace_name, again);
 }
 
 void ParameterClient::SetWireFormat(WireDType dtype, Compression compression, uint64_t next_step) {
@@ -532,13 +533,12 @@ absl::Status ParameterClient::SendPushes(const char* method, const char* trace_n
                                         int64_t num_examples, const float* gradients) {
   constexpr int kRefreshes = 3;  // per partition and step
   std::vector<int> refreshes(partitions_.size(), 0);
-  return ForEach(
-      partitions_.size(),
+  return ForEachPartition(
       [&](size_t i) -> CallSpec {
         EncodePush(i, step, num_examples, gradients);
-        return {method, &requests_[i], &replies_[i], shard_of_[i]};
+        return {method, &requests_[i], &replies_[i]};
       },
-      [this](size_t i) -> const std::string& { return partition_names_[i]; }, trace_name,
+      trace_name,
       [&](size_t i, absl::Status* refused) {
         if (!IsStaleView(*refused)) return false;
         if (++refreshes[i] > kRefreshes) {
@@ -613,25 +613,22 @@ absl::Status ParameterClient::CallShard(const Shard& shard, int rank, absl::Dura
 }
 
 template <typename Request, typename Response>
-absl::Status ParameterClient::EveryShard(int rank, absl::Duration deadline,
-                                         ShardMethod<Request, Response> method) const {
+absl::Status ParameterClient::EveryShard(int rank, absl::Duration deadline, ShardMethod<Request, Response> method,
+                                         const std::function<void(Shard&, const Response&)>& answered) const {
   absl::Status first_error;
   for (const auto& shard : shards_) {
-    absl::Status answered = CallShard(*shard, rank, deadline, method);
-    if (first_error.ok()) first_error = answered;  // every shard is called, whatever one answers
+    Response response;
+    absl::Status called = CallShard(*shard, rank, deadline, method, &response);
+    if (called.ok() && answered != nullptr) answered(*shard, response);
+    if (first_error.ok()) first_error = called;  // every shard is called, whatever one answers
   }
   return first_error;
 }
 
 absl::Status ParameterClient::Heartbeat(int rank) const {
-  absl::Status first_error;
-  for (const auto& shard : shards_) {
-    pb::HeartbeatResponse heard;
-    absl::Status answered = CallShard(*shard, rank, absl::Seconds(5), &pb::ParameterServer::Stub::Heartbeat, &heard);
-    if (answered.ok()) shard->view = heard.view();
-    if (first_error.ok()) first_error = answered;  // every shard is called, whatever one answers
-  }
-  return first_error;
+  return EveryShard<pb::HeartbeatRequest, pb::HeartbeatResponse>(
+      rank, absl::Seconds(5), &pb::ParameterServer::Stub::Heartbeat,
+      [](Shard& shard, const pb::HeartbeatResponse& heard) { shard.view = heard.view(); });
 }
 
 absl::Status ParameterClient::Leave(int rank) {

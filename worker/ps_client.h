@@ -127,9 +127,11 @@ class ParameterClient final : public ParameterStore {
   template <typename Request, typename Response>
   absl::Status CallShard(const Shard& shard, int rank, absl::Duration deadline,
                          ShardMethod<Request, Response> method, Response* response = nullptr) const;
-  // CallShard on every shard, whatever another answers; the first error.
+  // CallShard on every shard, whatever another answers; the first error. `answered(shard, its
+  // reply)`, where given, for each shard that answered OK.
   template <typename Request, typename Response>
-  absl::Status EveryShard(int rank, absl::Duration deadline, ShardMethod<Request, Response> method) const;
+  absl::Status EveryShard(int rank, absl::Duration deadline, ShardMethod<Request, Response> method,
+                          const std::function<void(Shard&, const Response&)>& answered = nullptr) const;
   // Joins shard `index` (retrying while it is not up, within join_deadline_), heartbeating the
   // shards before it (joined already) while it waits.
   absl::StatusOr<summa::v1::JoinResponse> JoinShard(size_t index, const summa::v1::JoinRequest& request);
@@ -140,8 +142,10 @@ class ParameterClient final : public ParameterStore {
   template <typename Start, typename What>
   absl::Status ForEach(size_t n, Start start, What what, const char* trace_name,
                        const std::function<bool(size_t, absl::Status*)>& again = nullptr);
+  // ForEach over the partitions, each call to its partition's shard, named after its partition.
   template <typename Start>
-  absl::Status ForEachPartition(Start start, const char* trace_name);
+  absl::Status ForEachPartition(Start start, const char* trace_name,
+                                const std::function<bool(size_t, absl::Status*)>& again = nullptr);
   // Sends the initial values of every partition of the shards marked in `initialize` (their Join
   // answered `initialize`), a window of partitions at a time.
   absl::Status SendInitialValues(const float* initial, const std::vector<bool>& initialize);

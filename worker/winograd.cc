@@ -181,7 +181,7 @@ SUMMA_VECTOR_CLONES void TransformOutput(const Layout& l, const float* bias, con
           for (int i = 0; i < rows; ++i) {
             for (int j = 0; j < cols; ++j) {
               out[i][j] += bias[o];
-              if (relu) out[i][j] = out[i][j] > 0.0f ? out[i][j] : Vec{};
+              if (relu) out[i][j] = lanes::Relu(out[i][j]);
             }
           }
           for (int lane = 0; lane < lanes; ++lane) {

@@ -2,6 +2,9 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
+#include <cstdint>
+
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/server_builder.h"
@@ -74,18 +77,36 @@ ShardFollower::ShardFollower(const std::string& coordinator, const ClientSecurit
 
 ShardFollower::~ShardFollower() {
   stop_.Notify();
+  {
+    absl::MutexLock lock(&call_mu_);
+    if (call_ != nullptr) call_->TryCancel();
+  }
   thread_.join();
 }
 
 void ShardFollower::Loop() {
   Membership& members = core_->membership();
   absl::Time failing_since = absl::InfiniteFuture(), last_warning = absl::InfinitePast();
-  do {
+  absl::Duration pause = absl::ZeroDuration();  // before the next report
+  while (!stop_.WaitForNotificationWithTimeout(pause)) {
+    pause = interval_;
     pb::ShardView view;
     grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + interval_ + absl::Seconds(2)));
     AttachToken(token_, &ctx);
-    const absl::Status s = FromGrpcStatus(stub_->Follow(&ctx, ReportOf(*core_), &view));
+    pb::ShardReport report = ReportOf(*core_);
+    report.set_wait_ms(static_cast<uint32_t>(std::clamp<int64_t>(absl::ToInt64Milliseconds(interval_), 1, INT32_MAX)));
+    {
+      absl::MutexLock lock(&call_mu_);
+      if (stop_.HasBeenNotified()) return;
+      call_ = &ctx;
+    }
+    const absl::Status s = FromGrpcStatus(stub_->Follow(&ctx, report, &view));
+    {
+      absl::MutexLock lock(&call_mu_);
+      call_ = nullptr;
+    }
+    if (stop_.HasBeenNotified()) return;  // cancelled by the destructor
     const absl::Time now = absl::Now();
     if (s.ok()) {
       if (failing_since != absl::InfiniteFuture()) {
@@ -96,6 +117,12 @@ void ShardFollower::Loop() {
       members.set_follower(true);
       members.Follow(view.incarnation(), view.view(), {view.excluded_ranks().begin(), view.excluded_ranks().end()},
                      view.job_error());
+      // Report again at once when shard 0 held the report while the view stood, or when this
+      // answer brought a view the report did not have (the next report has it and is held). An
+      // answer this shard does not take (its own view went past shard 0's while it decided
+      // alone) waits for the interval: no busy loop.
+      const bool learned = members.view() == view.view() && report.view() != view.view();
+      if (view.held() || learned) pause = absl::ZeroDuration();
       continue;
     }
     if (failing_since == absl::InfiniteFuture()) failing_since = now;
@@ -111,7 +138,7 @@ void ShardFollower::Loop() {
                          << absl::FormatDuration(absl::Trunc(now - failing_since, absl::Seconds(1)))
                          << "): " << s.message() << "; this shard keeps shard 0's view " << members.view();
     }
-  } while (!stop_.WaitForNotificationWithTimeout(interval_));
+  }
 }
 
 }  // namespace summa::server

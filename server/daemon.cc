@@ -16,6 +16,7 @@ SummaServer::SummaServer(ServerOptions options, TokenCheck tokens)
       service_(&core_, &hub_, [this](std::function<void()> task) { RunInBackground(std::move(task)); },
                &tokens_) {
   core_.membership().AddObserver([this] { hub_.OnMembershipChange(); });
+  core_.membership().AddObserver([this] { service_.OnMembershipChange(); });
   // The tick thread writes it at once: the next multiple of --checkpoint_every may come soon.
   core_.OnCheckpointDue([this] { RunInBackground([] {}); });
 }
@@ -127,6 +128,7 @@ void SummaServer::TickLoop() {
       const absl::Time now = core_.options().clock->Now();
       core_.Tick(now);
       hub_.ExpireRounds(now);
+      service_.AnswerHeldReports(now);
       if (metrics_) UpdateMetrics();
       absl::Status checkpoint = core_.MaybeCheckpoint(/*force=*/false);
       if (!checkpoint.ok() && !absl::IsFailedPrecondition(checkpoint)) {
@@ -196,6 +198,7 @@ void SummaServer::Shutdown() {
   }
   core_.Shutdown();
   hub_.Shutdown();
+  service_.AnswerHeldReports(absl::InfiniteFuture());
   const StatusSnapshot totals = core_.Traffic();
   SUMMA_LOG(INFO) << "stopped: " << totals.pushes_served << " pushes ("
                   << totals.bytes_in << " bytes in), " << totals.pulls_served << " replies with weights ("

@@ -87,6 +87,20 @@ class ParkingLot {
           out);
   }
 
+  // Claims and fills, as Release does, every call whose deadline is at or before `now`: for
+  // calls whose wait is a longest wait, not a failure (a follower's held report).
+  void ReleaseExpired(absl::Time now, uint64_t counter, absl::FunctionRef<const Snapshot&()> values,
+                      CallsToFinish& out) {
+    const Snapshot* taken = nullptr;
+    Sweep([&](const Entry& e) { return e.deadline <= now; },
+          [&](ParkedCall& call) {
+            if (taken == nullptr) taken = &values();
+            call.Fill(counter, *taken);
+            return absl::OkStatus();
+          },
+          out);
+  }
+
   // Claims every call whose deadline is at or before `now`; `why` gives each its status.
   template <typename Why>
   void Expire(absl::Time now, Why why, CallsToFinish& out) {

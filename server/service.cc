@@ -127,6 +127,15 @@ absl::StatusOr<PushRequestView> ParsePush(grpc::CallbackServerContext* context, 
 
 // Fill runs under the partition's lock: the live ranks sent are those the step was answered
 // under (an exclusion completes steps under the same lock). The values go in `dtype`.
+// The longest a follower's report is held (ShardReport.wait_ms).
+constexpr absl::Duration kMaxFollowWait = absl::Seconds(30);
+
+// What a held report is released with: the view is read from the membership, not a snapshot.
+const Snapshot& NoSnapshot() {
+  static const Snapshot none;
+  return none;
+}
+
 ParkedReactor* PullReactor(const ParameterServer* core, grpc::ByteBuffer* response, uint32_t partition,
                            WireDType dtype, ParkedReactor::Holds holds) {
   const ParkedReactor::WaitSpan wait{core->options().tracer, "wait", partition};
@@ -280,11 +289,44 @@ grpc::ServerUnaryReactor* ParameterServerService::Follow(grpc::CallbackServerCon
   }
   shards_.Record(*request, context->peer(), absl::Now());
   Membership& members = core_->membership();
-  response->set_view(members.view());
-  response->set_incarnation(members.incarnation());
-  for (int r : members.ExcludedRanks()) response->add_excluded_ranks(r);
-  response->set_job_error(members.job_error());
-  return Done(context, absl::OkStatus());
+  auto answer = [&members, response](bool held) {
+    response->set_view(members.view());
+    response->set_incarnation(members.incarnation());
+    response->clear_excluded_ranks();
+    for (int r : members.ExcludedRanks()) response->add_excluded_ranks(r);
+    response->set_job_error(members.job_error());
+    response->set_held(held);
+  };
+  if (request->wait_ms() == 0 || request->view() != members.view() || members.job_ended()) {
+    answer(/*held=*/false);
+    return Done(context, absl::OkStatus());
+  }
+  // The follower is at this view: hold its report until the view moves (or its wait ends), so
+  // that it hears of an exclusion in one round trip rather than at its next report.
+  const absl::Duration wait = std::min(absl::Milliseconds(request->wait_ms()), kMaxFollowWait);
+  auto* reactor = new ParkedReactor([answer](uint64_t, const Snapshot&) { answer(/*held=*/true); }, ParkedReactor::WaitSpan{},
+                                    ParkedReactor::Holds{});
+  CallsToFinish released;
+  {
+    absl::MutexLock lock(&held_mu_);
+    held_reports_.Park(reactor->call(), request->view() + 1, o.clock->Now() + wait);
+    // A view that moved after the check above, before the park, is answered here: its observer
+    // may have run before the call was parked.
+    held_reports_.Release(members.view(), NoSnapshot, released);
+  }
+  return reactor;
+}
+
+void ParameterServerService::OnMembershipChange() {
+  CallsToFinish released;
+  absl::MutexLock lock(&held_mu_);
+  held_reports_.Release(core_->membership().view(), NoSnapshot, released);
+}
+
+void ParameterServerService::AnswerHeldReports(absl::Time now) {
+  CallsToFinish released;
+  absl::MutexLock lock(&held_mu_);
+  held_reports_.ReleaseExpired(now, 0, NoSnapshot, released);
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::Push(grpc::CallbackServerContext* context,

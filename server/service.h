@@ -12,6 +12,7 @@
 #include "server/coordination.h"
 #include "server/limits.h"
 #include "server/parameter_server.h"
+#include "server/parked_call.h"
 #include "summa/v1/summa.grpc.pb.h"
 
 namespace summa::server {
@@ -81,6 +82,13 @@ class ParameterServerService final : public ServiceBase {
                                    const summa::v1::ShardReport* request,
                                    summa::v1::ShardView* response) override;
 
+  // Shard 0 of several: answers the Follow calls held at a view the membership has left (an
+  // exclusion, the job's end). The daemon registers it as a membership observer.
+  void OnMembershipChange();
+  // Answers, with the view as it is, the Follow calls whose wait ends at or before `now` (every
+  // one for absl::InfiniteFuture(): at shutdown). The daemon's ticker calls it.
+  void AnswerHeldReports(absl::Time now);
+
  private:
   ParameterServer* const core_;  // Not owned.
   AllReduceHub* const hub_;      // Not owned.
@@ -93,6 +101,10 @@ class ParameterServerService final : public ServiceBase {
   PeerBudget in_flight_;
   JoinRate joins_;
   ShardBoard shards_;  // shard 0 of several: the other shards' reports
+  // Shard 0 of several: Follow calls held until the view moves past their target (the
+  // report's view + 1) or their wait ends.
+  absl::Mutex held_mu_;
+  ParkingLot held_reports_ ABSL_GUARDED_BY(held_mu_);
 };
 
 }  // namespace summa::server

@@ -685,5 +685,40 @@ TEST(ShardFollowerTest, ReportsToShardZeroFollowsItsViewAndDecidesAloneOnceItIsG
   EXPECT_TRUE(Eventually([&] { return !one.membership().follower(); }));
 }
 
+// Shard 0 holds a follower's report while the view stands and answers it as soon as the view
+// moves: a follower that reports only hourly still hears of an exclusion at once.
+TEST(ShardFollowerTest, HearsOfAnExclusionWhenItHappensNotAtItsNextReport) {
+  ServerOptions o;
+  o.world_size = 2;
+  o.shards = 2;
+  o.on_worker_loss = OnWorkerLoss::kShrink;
+  o.require_sessions = false;
+  auto zero = SummaServer::Start("127.0.0.1:0", o);
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  ServerOptions o1 = o;
+  o1.shard = 1;
+  o1.follower = true;
+  ParameterServer one(o1);
+  const std::string address = "127.0.0.1:" + std::to_string((*zero)->port());
+  ShardFollower follower(address, {}, &one, /*interval=*/absl::Hours(1));
+
+  // Its first report reached shard 0 (and is held there: the views are the same).
+  auto stub = pb::ParameterServer::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  pb::ServerStatus status;
+  ASSERT_TRUE(Eventually([&] {
+    grpc::ClientContext ctx;
+    status.Clear();
+    return stub->GetStatus(&ctx, pb::GetStatusRequest(), &status).ok() && status.shard_statuses_size() == 2;
+  })) << status.DebugString();
+
+  Membership& members = (*zero)->core().membership();
+  absl::StatusOr<Admitted> admitted = members.Admit(1, "", "");
+  ASSERT_TRUE(admitted.ok()) << admitted.status();
+  ASSERT_TRUE(members.Leave(1, admitted->session).ok());
+  // Within Eventually's 20 s: well before the next report (an hour) and shard 0's longest hold (30 s).
+  EXPECT_TRUE(Eventually([&] { return one.membership().view() == 1; }));
+  EXPECT_EQ(one.LiveRanks(), std::vector<int>{0});
+}
+
 }  // namespace
 }  // namespace summa::server

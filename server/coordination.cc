@@ -27,6 +27,7 @@ pb::ShardReport ReportOf(const ParameterServer& core) {
   r.set_last_checkpoint_version(s.checkpoint.version);
   r.set_view(s.view);
   r.set_job_error(s.job_error);
+  for (int rank : core.membership().DroppedRanks()) r.add_dropped_ranks(rank);
   return r;
 }
 

@@ -198,7 +198,7 @@ void SummaServer::Shutdown() {
   }
   core_.Shutdown();
   hub_.Shutdown();
-  service_.AnswerHeldReports(absl::InfiniteFuture());
+  service_.StopHoldingReports();
   const StatusSnapshot totals = core_.Traffic();
   SUMMA_LOG(INFO) << "stopped: " << totals.pushes_served << " pushes ("
                   << totals.bytes_in << " bytes in), " << totals.pulls_served << " replies with weights ("

@@ -61,6 +61,31 @@ std::vector<int> Membership::ExcludedRanks() const {
   return out;
 }
 
+std::vector<int> Membership::DroppedRanks() const {
+  std::vector<int> out;
+  for (int r = 0; r < world_size_; ++r) {
+    if (state(r) == MemberState::kDropped) out.push_back(r);
+  }
+  return out;
+}
+
+int Membership::DropAsShardReports(int shard, const std::vector<int>& ranks) {
+  int dropped = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    for (int r : ranks) {
+      if (r < 0 || r >= world_size_ || excluded(r)) continue;
+      SUMMA_LOG(WARNING) << "rank " << r << " is dropped on shard " << shard
+                         << " (this shard restarted since, or that shard dropped it while it could not reach this one); "
+                            "dropping it here too";
+      SetState(r, MemberState::kDropped);
+      ++dropped;
+    }
+  }
+  if (dropped > 0) Notify();
+  return dropped;
+}
+
 void Membership::Follow(uint64_t incarnation, uint64_t view, const std::vector<int>& excluded,
                         const std::string& job_error) {
   bool changed = false;

@@ -204,6 +204,7 @@ class ParameterServer {
   // The membership view (Membership::view): pushes stamped with another one are refused.
   uint64_t view() const { return membership_.view(); }
   Membership& membership() { return membership_; }
+  const Membership& membership() const { return membership_; }
 
   StatusSnapshot Status() const;
   // The data path's totals (pushes and bytes in, replies and bytes out) in a snapshot with only

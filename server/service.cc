@@ -289,6 +289,8 @@ grpc::ServerUnaryReactor* ParameterServerService::Follow(grpc::CallbackServerCon
   }
   shards_.Record(*request, context->peer(), absl::Now());
   Membership& members = core_->membership();
+  // Before the answer: the view it carries has these drops (and is not the report's).
+  members.DropAsShardReports(request->shard(), {request->dropped_ranks().begin(), request->dropped_ranks().end()});
   auto answer = [&members, response](bool held) {
     response->set_view(members.view());
     response->set_incarnation(members.incarnation());
@@ -304,17 +306,21 @@ grpc::ServerUnaryReactor* ParameterServerService::Follow(grpc::CallbackServerCon
   // The follower is at this view: hold its report until the view moves (or its wait ends), so
   // that it hears of an exclusion in one round trip rather than at its next report.
   const absl::Duration wait = std::min(absl::Milliseconds(request->wait_ms()), kMaxFollowWait);
-  auto* reactor = new ParkedReactor([answer](uint64_t, const Snapshot&) { answer(/*held=*/true); }, ParkedReactor::WaitSpan{},
-                                    ParkedReactor::Holds{});
-  CallsToFinish released;
   {
+    CallsToFinish released;  // finished after the lock is released
     absl::MutexLock lock(&held_mu_);
-    held_reports_.Park(reactor->call(), request->view() + 1, o.clock->Now() + wait);
-    // A view that moved after the check above, before the park, is answered here: its observer
-    // may have run before the call was parked.
-    held_reports_.Release(members.view(), NoSnapshot, released);
+    if (holding_) {
+      auto* reactor = new ParkedReactor([answer](uint64_t, const Snapshot&) { answer(/*held=*/true); },
+                                        ParkedReactor::WaitSpan{}, ParkedReactor::Holds{});
+      held_reports_.Park(reactor->call(), request->view() + 1, o.clock->Now() + wait);
+      // A view that moved after the check above, before the park, is answered here: its observer
+      // may have run before the call was parked.
+      held_reports_.Release(members.view(), NoSnapshot, released);
+      return reactor;
+    }
   }
-  return reactor;
+  answer(/*held=*/false);  // shutting down: the follower's next report comes after its interval
+  return Done(context, absl::OkStatus());
 }
 
 void ParameterServerService::OnMembershipChange() {
@@ -327,6 +333,13 @@ void ParameterServerService::AnswerHeldReports(absl::Time now) {
   CallsToFinish released;
   absl::MutexLock lock(&held_mu_);
   held_reports_.ReleaseExpired(now, 0, NoSnapshot, released);
+}
+
+void ParameterServerService::StopHoldingReports() {
+  CallsToFinish released;
+  absl::MutexLock lock(&held_mu_);
+  holding_ = false;
+  held_reports_.ReleaseExpired(absl::InfiniteFuture(), 0, NoSnapshot, released);
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::Push(grpc::CallbackServerContext* context,

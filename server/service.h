@@ -85,9 +85,12 @@ class ParameterServerService final : public ServiceBase {
   // Shard 0 of several: answers the Follow calls held at a view the membership has left (an
   // exclusion, the job's end). The daemon registers it as a membership observer.
   void OnMembershipChange();
-  // Answers, with the view as it is, the Follow calls whose wait ends at or before `now` (every
-  // one for absl::InfiniteFuture(): at shutdown). The daemon's ticker calls it.
+  // Answers, with the view as it is, the Follow calls whose wait ends at or before `now`. The
+  // daemon's ticker calls it.
   void AnswerHeldReports(absl::Time now);
+  // Answers every held Follow call and holds none from now on (the daemon's shutdown: the
+  // ticker that ends waits has stopped).
+  void StopHoldingReports();
 
  private:
   ParameterServer* const core_;  // Not owned.
@@ -105,6 +108,7 @@ class ParameterServerService final : public ServiceBase {
   // report's view + 1) or their wait ends.
   absl::Mutex held_mu_;
   ParkingLot held_reports_ ABSL_GUARDED_BY(held_mu_);
+  bool holding_ ABSL_GUARDED_BY(held_mu_) = true;
 };
 
 }  // namespace summa::server

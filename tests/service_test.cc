@@ -720,5 +720,38 @@ TEST(ShardFollowerTest, HearsOfAnExclusionWhenItHappensNotAtItsNextReport) {
   EXPECT_EQ(one.LiveRanks(), std::vector<int>{0});
 }
 
+// A restarted shard 0 remembers nothing of the ranks it dropped; its followers do, and their
+// reports tell it: it drops them too (its view moves), so no shard readmits a rank another refuses.
+TEST(ShardFollowerTest, ARestartedShardZeroLearnsTheDroppedRanksFromItsFollowers) {
+  ServerOptions o;
+  o.world_size = 3;
+  o.shards = 2;
+  o.on_worker_loss = OnWorkerLoss::kShrink;
+  o.require_sessions = false;
+  ServerOptions o1 = o;
+  o1.shard = 1;
+  o1.follower = true;
+  ParameterServer one(o1);
+  // Shard 1 followed shard 0's earlier process, which had dropped rank 2.
+  one.membership().Follow(/*incarnation=*/12345, /*view=*/1, {2}, "");
+  ASSERT_EQ(one.membership().DroppedRanks(), std::vector<int>{2});
+
+  auto zero = SummaServer::Start("127.0.0.1:0", o);  // shard 0's new process: rank 2 unknown
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  Membership& members = (*zero)->core().membership();
+  ASSERT_FALSE(members.excluded(2));
+  const std::string address = "127.0.0.1:" + std::to_string((*zero)->port());
+  ShardFollower follower(address, {}, &one);
+
+  ASSERT_TRUE(Eventually([&] { return members.excluded(2); }));
+  EXPECT_EQ(members.view(), 1u);
+  EXPECT_EQ(members.ExcludedRanks(), std::vector<int>{2});
+  absl::StatusOr<Admitted> rejoin = members.Admit(2, "", "");
+  EXPECT_EQ(rejoin.status().code(), absl::StatusCode::kFailedPrecondition) << rejoin.status();
+  EXPECT_TRUE(members.Admit(0, "", "").ok());
+  // Shard 1 follows the new process's view, which has the same ranks out.
+  EXPECT_TRUE(Eventually([&] { return one.membership().view() == 1 && one.LiveRanks() == std::vector<int>{0, 1}; }));
+}
+
 }  // namespace
 }  // namespace summa::server

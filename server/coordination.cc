@@ -13,8 +13,9 @@ namespace summa::server {
 
 namespace pb = summa::v1;
 
-pb::ShardReport ReportOf(const ParameterServer& core) {
-  const StatusSnapshot s = core.Status();
+pb::ShardReport ReportOf(const ParameterServer& core) { return ReportOf(core, core.Status()); }
+
+pb::ShardReport ReportOf(const ParameterServer& core, const StatusSnapshot& s) {
   const ServerOptions& o = core.options();
   pb::ShardReport r;
   r.set_shard(o.shard);

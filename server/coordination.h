@@ -28,6 +28,8 @@ inline constexpr absl::Duration kShardHealthyWithin = absl::Seconds(3);
 
 // This server's report, as a shard sends it and as shard 0 shows itself.
 summa::v1::ShardReport ReportOf(const ParameterServer& core);
+// The same from a status snapshot of `core` the caller took already.
+summa::v1::ShardReport ReportOf(const ParameterServer& core, const StatusSnapshot& s);
 
 // Shard 0's record of the other shards' reports. Thread-safe.
 class ShardBoard {

@@ -541,7 +541,7 @@ grpc::ServerUnaryReactor* ParameterServerService::GetStatus(grpc::CallbackServer
   response->set_last_rollback_version(s.last_rollback_version);
   response->set_view(s.view);
   if (o.shards > 1 && o.shard == 0) {
-    for (pb::ShardStatus& shard : shards_.Statuses(ReportOf(*core_), absl::Now())) {
+    for (pb::ShardStatus& shard : shards_.Statuses(ReportOf(*core_, s), absl::Now())) {
       *response->add_shard_statuses() = std::move(shard);
     }
   }

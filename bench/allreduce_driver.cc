@@ -73,7 +73,7 @@ class Benchmark {
   bool keep_run_dir() const { return !failures_.empty(); }
 
  private:
-  // One size of summa or raw: a fresh server, `ranks` rank processes, the server's peak RSS.
+  // One size of summa, raw or grpc: a fresh server, `ranks` rank processes, the server's peak RSS.
   absl::StatusOr<TableRow> RunServerConfig(const std::string& impl, int ranks, int64_t bytes);
   // Every size of gloo at one rank count, in one torch.distributed job.
   absl::StatusOr<std::vector<TableRow>> RunGloo(int ranks);
@@ -147,8 +147,8 @@ absl::StatusOr<TableRow> Benchmark::RunServerConfig(const std::string& impl, int
                    absl::StrCat("--workers=", ranks),
                    absl::StrCat("--barrier_deadline=", absl::FormatDuration(o_.timeout))};
   } else {
-    server.name = "raw server";
-    server.argv = {o_.self, "--role=raw_server", absl::StrCat("--port_file=", port_file),
+    server.name = absl::StrCat(impl, " server");
+    server.argv = {o_.self, absl::StrCat("--role=", impl, "_server"), absl::StrCat("--port_file=", port_file),
                    absl::StrCat("--group_size=", ranks), absl::StrCat("--bytes=", bytes),
                    absl::StrCat("--timeout=", absl::FormatDuration(o_.timeout))};
   }
@@ -242,7 +242,7 @@ absl::StatusOr<bool> Benchmark::Run() {
       "and checking the tensor are not timed). algbw = size / time; busbw = algbw * 2(n-1)/n, "
       "nccl-tests' factor for allreduce. correct = every element of every result (warm-up "
       "included) equals the exact sum. server peak RSS = VmHWM of a fresh server per size "
-      "(summa-server, or the raw TCP server), read before it is stopped."));
+      "(summa-server, the raw TCP server, or the bare gRPC one), read before it is stopped."));
   if (Contains(o_.impls, "mpi")) {
     Emit("");
     const std::string mpirun = FindOnPath("mpirun");
@@ -294,7 +294,7 @@ absl::Status ValidateDriverOptions(const DriverOptions& o) {
     if (std::none_of(std::begin(kImplementations), std::end(kImplementations),
                      [&](const char* known) { return impl == known; })) {
       return absl::InvalidArgumentError(
-          absl::StrCat("--impls: unknown implementation '", impl, "' (summa, raw, gloo, mpi)"));
+          absl::StrCat("--impls: unknown implementation '", impl, "' (summa, raw, grpc, gloo, mpi)"));
     }
   }
   if (o.impls.empty()) return absl::InvalidArgumentError("--impls: name at least one implementation");

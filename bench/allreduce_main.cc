@@ -1,5 +1,6 @@
 // summa-bench-allreduce: parses flags and runs the AllReduce benchmark's driver, or (started by
-// the driver as a child) one of its roles: a Summa rank, a raw-TCP rank, or the raw TCP server.
+// the driver as a child) one of its roles: a Summa rank, a raw-TCP or bare-gRPC rank, or the raw
+// TCP or bare gRPC server.
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -15,6 +16,7 @@
 #include "bench/allreduce_rank.h"
 #include "bench/allreduce_report.h"
 #include "bench/child_process.h"
+#include "bench/grpc_allreduce.h"
 #include "bench/invocation.h"
 #include "bench/raw_allreduce.h"
 #include "common/allocator.h"
@@ -30,7 +32,9 @@ ABSL_FLAG(int, warmup, 10, "untimed AllReduce calls before the timed ones (still
 ABSL_FLAG(std::string, impls, "summa,raw,gloo,mpi",
           "implementations, comma-separated, run in this order: summa (summa-server's AllReduce "
           "RPC through summa::worker::ParameterClient), raw (the same exchange over plain TCP "
-          "sockets: the reference), gloo (torch.distributed with the gloo backend, through "
+          "sockets: the reference), grpc (the same exchange over bare gRPC: one generic method, "
+          "the tensor as the whole message, an async server polled by one thread: what gRPC "
+          "itself costs), gloo (torch.distributed with the gloo backend, through "
           "--python and --gloo_script), mpi (skipped with a note unless mpirun is on PATH)");
 ABSL_FLAG(absl::Duration, timeout, absl::Minutes(10),
           "deadline of each configuration (one size of one implementation at one rank count; a "
@@ -49,17 +53,17 @@ ABSL_FLAG(bool, check, false,
           "exit with status 1 unless every row ran and is correct (for tests; no timing is checked)");
 ABSL_FLAG(std::string, role, "driver",
           "driver (the default: runs the matrix); the others are how the driver starts its "
-          "children: summa_rank, raw_rank, raw_server");
-ABSL_FLAG(std::string, target, "", "summa_rank, raw_rank: the server's host:port");
-ABSL_FLAG(int, rank, 0, "summa_rank, raw_rank: this rank, in [0, group_size)");
-ABSL_FLAG(int, group_size, 1, "summa_rank, raw_rank, raw_server: ranks in the collective");
-ABSL_FLAG(int64_t, bytes, 0, "summa_rank, raw_rank, raw_server: the tensor size in bytes");
+          "children: summa_rank, raw_rank, grpc_rank, raw_server, grpc_server");
+ABSL_FLAG(std::string, target, "", "summa_rank, raw_rank, grpc_rank: the server's host:port");
+ABSL_FLAG(int, rank, 0, "summa_rank, raw_rank, grpc_rank: this rank, in [0, group_size)");
+ABSL_FLAG(int, group_size, 1, "summa_rank, raw_rank, grpc_rank, raw_server, grpc_server: ranks in the collective");
+ABSL_FLAG(int64_t, bytes, 0, "summa_rank, raw_rank, grpc_rank, raw_server, grpc_server: the tensor size in bytes");
 ABSL_FLAG(int, channels, 1,
           "summa: TCP connections each rank's client opens (chunks of a big tensor are spread over them)");
 ABSL_FLAG(int, server_pid, 0,
-          "summa_rank, raw_rank: count this server process's minor page faults over the timed calls "
+          "summa_rank, raw_rank, grpc_rank: count this server process's minor page faults over the timed calls "
           "(the driver sets it for rank 0)");
-ABSL_FLAG(std::string, port_file, "", "raw_server: write the port bound on 127.0.0.1 here");
+ABSL_FLAG(std::string, port_file, "", "raw_server, grpc_server: write the port bound on 127.0.0.1 here");
 
 namespace {
 
@@ -100,7 +104,9 @@ int RunRankRole(const std::string& role) {
   const summa::bench::RankOptions o = RankOptionsFromFlags();
   if (o.bytes <= 0 || o.bytes % 4 != 0) return FlagError("--bytes must be a positive multiple of 4");
   absl::StatusOr<summa::bench::RankReport> report =
-      role == "summa_rank" ? summa::bench::RunSummaRank(o) : summa::bench::RunRawRank(o);
+      role == "summa_rank" ? summa::bench::RunSummaRank(o)
+      : role == "raw_rank" ? summa::bench::RunRawRank(o)
+                           : summa::bench::RunGrpcRank(o);
   if (!report.ok()) return Fail(report.status());
   std::printf("%s\n", summa::bench::FormatRankReport(*report).c_str());
   return 0;
@@ -157,16 +163,16 @@ int main(int argc, char** argv) {
   summa::ParseFlagsOrDie(argc, argv, kUsage);
   const std::string role = absl::GetFlag(FLAGS_role);
   if (role == "driver") return RunDriver(argc, argv);
-  if (role == "summa_rank" || role == "raw_rank") return RunRankRole(role);
-  if (role == "raw_server") {
+  if (role == "summa_rank" || role == "raw_rank" || role == "grpc_rank") return RunRankRole(role);
+  if (role == "raw_server" || role == "grpc_server") {
     summa::bench::RawServerOptions o;
     o.group_size = absl::GetFlag(FLAGS_group_size);
     o.bytes = absl::GetFlag(FLAGS_bytes);
     o.port_file = absl::GetFlag(FLAGS_port_file);
     o.timeout = absl::GetFlag(FLAGS_timeout);
-    absl::Status status = summa::bench::RunRawServer(o);
+    absl::Status status = role == "raw_server" ? summa::bench::RunRawServer(o) : summa::bench::RunGrpcServer(o);
     return status.ok() ? 0 : Fail(status);
   }
   return FlagError(absl::StrCat("--role: unknown role '", role,
-                                "' (driver, summa_rank, raw_rank, raw_server)"));
+                                "' (driver, summa_rank, raw_rank, grpc_rank, raw_server, grpc_server)"));
 }

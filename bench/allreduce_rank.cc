@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "bench/child_process.h"
+#include "bench/grpc_allreduce.h"
 #include "bench/raw_allreduce.h"
 #include "common/status_macros.h"
 #include "worker/ps_client.h"
@@ -114,6 +115,14 @@ absl::StatusOr<RankReport> RunSummaRank(const RankOptions& options) {
 absl::StatusOr<RankReport> RunRawRank(const RankOptions& options) {
   SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<RawAllReduceClient> client,
                          RawAllReduceClient::Connect(options.target, options.timeout));
+  return RunRank(options, [&](const std::vector<float>& in, std::vector<float>& out) {
+    return client->AllReduce(in, out);
+  });
+}
+
+absl::StatusOr<RankReport> RunGrpcRank(const RankOptions& options) {
+  SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<GrpcAllReduceClient> client,
+                         GrpcAllReduceClient::Connect(options.target, options.timeout));
   return RunRank(options, [&](const std::vector<float>& in, std::vector<float>& out) {
     return client->AllReduce(in, out);
   });

@@ -48,6 +48,7 @@ absl::StatusOr<RankReport> RunRank(const RankOptions& options, const Exchange& e
 // The ranks of each implementation: connect, RunRank, and return the report.
 absl::StatusOr<RankReport> RunSummaRank(const RankOptions& options);
 absl::StatusOr<RankReport> RunRawRank(const RankOptions& options);
+absl::StatusOr<RankReport> RunGrpcRank(const RankOptions& options);
 
 }  // namespace summa::bench
 

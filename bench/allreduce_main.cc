@@ -29,7 +29,7 @@ ABSL_FLAG(std::string, sizes, "4KiB,64KiB,1MiB,4MiB,16MiB,64MiB,256MiB",
 ABSL_FLAG(std::string, ranks, "2,4,8", "rank counts (processes taking part), comma-separated");
 ABSL_FLAG(int, iters, 20, "timed AllReduce calls per configuration");
 ABSL_FLAG(int, warmup, 10, "untimed AllReduce calls before the timed ones (still checked)");
-ABSL_FLAG(std::string, impls, "summa,raw,gloo,mpi",
+ABSL_FLAG(std::string, impls, "summa,raw,grpc,gloo,mpi",
           "implementations, comma-separated, run in this order: summa (summa-server's AllReduce "
           "RPC through summa::worker::ParameterClient), raw (the same exchange over plain TCP "
           "sockets: the reference), grpc (the same exchange over bare gRPC: one generic method, "

@@ -28,7 +28,7 @@ pb::ShardReport ReportOf(const ParameterServer& core, const StatusSnapshot& s) {
   r.set_last_checkpoint_version(s.checkpoint.version);
   r.set_view(s.view);
   r.set_job_error(s.job_error);
-  for (int rank : core.membership().DroppedRanks()) r.add_dropped_ranks(rank);
+  r.set_incarnation(core.membership().followed_incarnation());
   return r;
 }
 
@@ -120,10 +120,12 @@ void ShardFollower::Loop() {
       members.Follow(view.incarnation(), view.view(), {view.excluded_ranks().begin(), view.excluded_ranks().end()},
                      view.job_error());
       // Report again at once when shard 0 held the report while the view stood, or when this
-      // answer brought a view the report did not have (the next report has it and is held). An
+      // answer brought a view (or shard 0 process) the report did not have: the next report has
+      // it and is held. An
       // answer this shard does not take (its own view went past shard 0's while it decided
       // alone) waits for the interval: no busy loop.
-      const bool learned = members.view() == view.view() && report.view() != view.view();
+      const bool learned = members.view() == view.view() &&
+                           (report.view() != view.view() || report.incarnation() != view.incarnation());
       if (view.held() || learned) pause = absl::ZeroDuration();
       continue;
     }

@@ -128,7 +128,6 @@ void SummaServer::TickLoop() {
       const absl::Time now = core_.options().clock->Now();
       core_.Tick(now);
       hub_.ExpireRounds(now);
-      service_.AnswerHeldReports(now);
       if (metrics_) UpdateMetrics();
       absl::Status checkpoint = core_.MaybeCheckpoint(/*force=*/false);
       if (!checkpoint.ok() && !absl::IsFailedPrecondition(checkpoint)) {
@@ -182,6 +181,7 @@ void SummaServer::Shutdown() {
     absl::MutexLock lock(&mu_);
     stop_ = true;
   }
+  service_.StopHoldingReports();  // followers are answered at once from here on
   if (ticker_.joinable()) ticker_.join();
   if (signals_.joinable()) signals_.join();
   follower_.reset();
@@ -198,7 +198,6 @@ void SummaServer::Shutdown() {
   }
   core_.Shutdown();
   hub_.Shutdown();
-  service_.StopHoldingReports();
   const StatusSnapshot totals = core_.Traffic();
   SUMMA_LOG(INFO) << "stopped: " << totals.pushes_served << " pushes ("
                   << totals.bytes_in << " bytes in), " << totals.pulls_served << " replies with weights ("

@@ -61,29 +61,9 @@ std::vector<int> Membership::ExcludedRanks() const {
   return out;
 }
 
-std::vector<int> Membership::DroppedRanks() const {
-  std::vector<int> out;
-  for (int r = 0; r < world_size_; ++r) {
-    if (state(r) == MemberState::kDropped) out.push_back(r);
-  }
-  return out;
-}
-
-int Membership::DropAsShardReports(int shard, const std::vector<int>& ranks) {
-  int dropped = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    for (int r : ranks) {
-      if (r < 0 || r >= world_size_ || excluded(r)) continue;
-      SUMMA_LOG(WARNING) << "rank " << r << " is dropped on shard " << shard
-                         << " (this shard restarted since, or that shard dropped it while it could not reach this one); "
-                            "dropping it here too";
-      SetState(r, MemberState::kDropped);
-      ++dropped;
-    }
-  }
-  if (dropped > 0) Notify();
-  return dropped;
+uint64_t Membership::followed_incarnation() const {
+  absl::MutexLock lock(&mu_);
+  return followed_incarnation_;
 }
 
 void Membership::Follow(uint64_t incarnation, uint64_t view, const std::vector<int>& excluded,
@@ -100,7 +80,7 @@ void Membership::Follow(uint64_t incarnation, uint64_t view, const std::vector<i
     for (int r : excluded) {
       if (r < 0 || r >= world_size_ || this->excluded(r)) continue;
       SUMMA_LOG(WARNING) << "rank " << r << " is out of the group in shard 0's view " << view
-                         << "; dropping it here too";
+                         << "; dropping it here too (it left, or was dropped there)";
       SetState(r, MemberState::kDropped);
       changed = true;
     }
@@ -225,7 +205,12 @@ void Membership::CountPush(int rank, int64_t examples) {
 }
 
 absl::Status Membership::Leave(int rank, uint64_t session) {
-  if (absl::Status s = Touch(rank, session); !s.ok()) return s;
+  if (absl::Status s = Touch(rank, session); !s.ok()) {
+    // Out already, its own session asking: shard 0's view (which a follower hears of at once)
+    // came before the rank's Leave to this shard. Leaving changes nothing; it is not an error.
+    if (excluded(rank) && CheckSession(rank, session).ok()) return absl::OkStatus();
+    return s;
+  }
   {
     absl::MutexLock lock(&mu_);
     SetState(rank, MemberState::kLeft);

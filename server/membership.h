@@ -81,12 +81,8 @@ class Membership {
   // job here. An older view of the same `incarnation` (shard 0's process) than one applied
   // changes nothing; a new incarnation's is taken whatever its number.
   void Follow(uint64_t incarnation, uint64_t view, const std::vector<int>& excluded, const std::string& job_error);
-  // Shard 0: drops each of `ranks` (another shard's dropped ranks, its report's) that is not
-  // excluded here yet, moving the view, and tells the observers. Ranks outside the group are
-  // ignored. Returns how many it dropped.
-  int DropAsShardReports(int shard, const std::vector<int>& ranks);
-  // The ranks in state dropped (not those that left), ascending: what a follower reports.
-  std::vector<int> DroppedRanks() const;
+  // Shard 0's process whose view Follow applied last; 0 before the first.
+  uint64_t followed_incarnation() const;
   // This process's: random, never 0.
   uint64_t incarnation() const { return incarnation_; }
 

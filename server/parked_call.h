@@ -87,12 +87,11 @@ class ParkingLot {
           out);
   }
 
-  // Claims and fills, as Release does, every call whose deadline is at or before `now`: for
-  // calls whose wait is a longest wait, not a failure (a follower's held report).
-  void ReleaseExpired(absl::Time now, uint64_t counter, absl::FunctionRef<const Snapshot&()> values,
-                      CallsToFinish& out) {
+  // Claims and fills, as Release does, every call whatever its target (a server that stops
+  // holding calls whose wait is not a failure: a follower's held report).
+  void ReleaseAll(uint64_t counter, absl::FunctionRef<const Snapshot&()> values, CallsToFinish& out) {
     const Snapshot* taken = nullptr;
-    Sweep([&](const Entry& e) { return e.deadline <= now; },
+    Sweep([](const Entry&) { return true; },
           [&](ParkedCall& call) {
             if (taken == nullptr) taken = &values();
             call.Fill(counter, *taken);

@@ -1,5 +1,8 @@
 #include "server/service.h"
 
+#include <grpcpp/alarm.h>
+
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <functional>
@@ -18,6 +21,12 @@ namespace pb = ::summa::v1;
 
 // A unary reactor that a ParkedCall can answer later. The claim flag decides between the core
 // answering and the client cancelling; only the winner touches the response and calls Finish.
+// What a call answered without values is filled with (a held report reads the membership).
+const Snapshot& NoSnapshot() {
+  static const Snapshot none;
+  return none;
+}
+
 class ParkedReactor final : public grpc::ServerUnaryReactor {
  public:
   using FillFn = std::function<void(uint64_t, const Snapshot&)>;
@@ -63,6 +72,18 @@ class ParkedReactor final : public grpc::ServerUnaryReactor {
       : call_(std::make_shared<Call>(this, std::move(fill), wait, std::move(holds), value_bytes)) {}
   std::shared_ptr<Call> call() const { return call_; }
 
+  // Answers the call OK at `deadline`, filled with `counter` and no values, unless it was
+  // answered or cancelled first: a wait with a longest time, on a gRPC timer of its own (no
+  // thread of ours needs to be free then). Called at most once, before the handler returns.
+  void AnswerAt(absl::Time deadline, uint64_t counter) {
+    alarm_ = std::make_unique<grpc::Alarm>();
+    alarm_->Set(absl::ToChronoTime(deadline), [call = call_, counter](bool fired) {
+      if (!fired || !call->Claim()) return;  // cancelled with the reactor, or answered already
+      call->Fill(counter, NoSnapshot());
+      call->Finish(absl::OkStatus());
+    });
+  }
+
   void OnCancel() override {
     if (call_->Claim()) Finish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
   }
@@ -70,6 +91,7 @@ class ParkedReactor final : public grpc::ServerUnaryReactor {
 
  private:
   const std::shared_ptr<Call> call_;
+  std::unique_ptr<grpc::Alarm> alarm_;  // AnswerAt's; destroyed (cancelled) with the reactor
 };
 
 // The values of a request, read once out of gRPC's receive slices into this thread's buffer
@@ -125,17 +147,11 @@ absl::StatusOr<PushRequestView> ParsePush(grpc::CallbackServerContext* context, 
   return v;
 }
 
-// Fill runs under the partition's lock: the live ranks sent are those the step was answered
-// under (an exclusion completes steps under the same lock). The values go in `dtype`.
 // The longest a follower's report is held (ShardReport.wait_ms).
 constexpr absl::Duration kMaxFollowWait = absl::Seconds(30);
 
-// What a held report is released with: the view is read from the membership, not a snapshot.
-const Snapshot& NoSnapshot() {
-  static const Snapshot none;
-  return none;
-}
-
+// Fill runs under the partition's lock: the live ranks sent are those the step was answered
+// under (an exclusion completes steps under the same lock). The values go in `dtype`.
 ParkedReactor* PullReactor(const ParameterServer* core, grpc::ByteBuffer* response, uint32_t partition,
                            WireDType dtype, ParkedReactor::Holds holds) {
   const ParkedReactor::WaitSpan wait{core->options().tracer, "wait", partition};
@@ -289,8 +305,6 @@ grpc::ServerUnaryReactor* ParameterServerService::Follow(grpc::CallbackServerCon
   }
   shards_.Record(*request, context->peer(), absl::Now());
   Membership& members = core_->membership();
-  // Before the answer: the view it carries has these drops (and is not the report's).
-  members.DropAsShardReports(request->shard(), {request->dropped_ranks().begin(), request->dropped_ranks().end()});
   auto answer = [&members, response](bool held) {
     response->set_view(members.view());
     response->set_incarnation(members.incarnation());
@@ -299,27 +313,33 @@ grpc::ServerUnaryReactor* ParameterServerService::Follow(grpc::CallbackServerCon
     response->set_job_error(members.job_error());
     response->set_held(held);
   };
-  if (request->wait_ms() == 0 || request->view() != members.view() || members.job_ended()) {
+  if (request->wait_ms() == 0 || request->view() != members.view() ||
+      request->incarnation() != members.incarnation() || members.job_ended()) {
     answer(/*held=*/false);
     return Done(context, absl::OkStatus());
   }
   // The follower is at this view: hold its report until the view moves (or its wait ends), so
   // that it hears of an exclusion in one round trip rather than at its next report.
-  const absl::Duration wait = std::min(absl::Milliseconds(request->wait_ms()), kMaxFollowWait);
+  const absl::Duration wait =
+      std::clamp(absl::Milliseconds(request->wait_ms()), absl::Milliseconds(10), kMaxFollowWait);
   {
     CallsToFinish released;  // finished after the lock is released
     absl::MutexLock lock(&held_mu_);
-    if (holding_) {
+    // A held report counts against its peer's parked calls; past the limit it is answered at once.
+    absl::StatusOr<PeerBudget::Hold> parked =
+        holding_ ? parked_.Take(PeerKey(-1, context->peer()), 1) : absl::StatusOr<PeerBudget::Hold>();
+    if (holding_ && parked.ok()) {
       auto* reactor = new ParkedReactor([answer](uint64_t, const Snapshot&) { answer(/*held=*/true); },
-                                        ParkedReactor::WaitSpan{}, ParkedReactor::Holds{});
-      held_reports_.Park(reactor->call(), request->view() + 1, o.clock->Now() + wait);
+                                        ParkedReactor::WaitSpan{}, ParkedReactor::Holds{*std::move(parked), {}});
+      reactor->AnswerAt(absl::Now() + wait, 0);
+      held_reports_.Park(reactor->call(), request->view() + 1, absl::InfiniteFuture());
       // A view that moved after the check above, before the park, is answered here: its observer
       // may have run before the call was parked.
       held_reports_.Release(members.view(), NoSnapshot, released);
       return reactor;
     }
   }
-  answer(/*held=*/false);  // shutting down: the follower's next report comes after its interval
+  answer(/*held=*/false);  // shutting down, or too many held: the next report comes after the interval
   return Done(context, absl::OkStatus());
 }
 
@@ -329,17 +349,11 @@ void ParameterServerService::OnMembershipChange() {
   held_reports_.Release(core_->membership().view(), NoSnapshot, released);
 }
 
-void ParameterServerService::AnswerHeldReports(absl::Time now) {
-  CallsToFinish released;
-  absl::MutexLock lock(&held_mu_);
-  held_reports_.ReleaseExpired(now, 0, NoSnapshot, released);
-}
-
 void ParameterServerService::StopHoldingReports() {
   CallsToFinish released;
   absl::MutexLock lock(&held_mu_);
   holding_ = false;
-  held_reports_.ReleaseExpired(absl::InfiniteFuture(), 0, NoSnapshot, released);
+  held_reports_.ReleaseAll(0, NoSnapshot, released);
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::Push(grpc::CallbackServerContext* context,

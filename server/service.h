@@ -85,9 +85,6 @@ class ParameterServerService final : public ServiceBase {
   // Shard 0 of several: answers the Follow calls held at a view the membership has left (an
   // exclusion, the job's end). The daemon registers it as a membership observer.
   void OnMembershipChange();
-  // Answers, with the view as it is, the Follow calls whose wait ends at or before `now`. The
-  // daemon's ticker calls it.
-  void AnswerHeldReports(absl::Time now);
   // Answers every held Follow call and holds none from now on (the daemon's shutdown: the
   // ticker that ends waits has stopped).
   void StopHoldingReports();
@@ -105,7 +102,7 @@ class ParameterServerService final : public ServiceBase {
   JoinRate joins_;
   ShardBoard shards_;  // shard 0 of several: the other shards' reports
   // Shard 0 of several: Follow calls held until the view moves past their target (the
-  // report's view + 1) or their wait ends.
+  // report's view + 1) or their wait ends (each call's own gRPC alarm).
   absl::Mutex held_mu_;
   ParkingLot held_reports_ ABSL_GUARDED_BY(held_mu_);
   bool holding_ ABSL_GUARDED_BY(held_mu_) = true;

@@ -562,6 +562,23 @@ TEST_F(MembershipTest, WaitKeepsTheStepForARejoinAndEndsTheJobPastTheDeadline) {
   EXPECT_FALSE(ps->job_error().empty());
 }
 
+// Shard 0's view reaches a follower at once, often before a leaving rank's Leave does: that
+// Leave, from the rank's own session, is OK (no other session's is); and the follower knows
+// which shard 0 process it follows (its reports say so).
+TEST_F(MembershipTest, ALeaveThatArrivesAfterShardZerosViewIsOk) {
+  Membership m(2, OnWorkerLoss::kShrink, absl::Seconds(1), absl::Seconds(5), &clock_);
+  m.set_follower(true);
+  absl::StatusOr<Admitted> admitted = m.Admit(1, "peer", "");
+  ASSERT_TRUE(admitted.ok()) << admitted.status();
+  EXPECT_EQ(m.followed_incarnation(), 0u);
+  m.Follow(77, 1, {1}, "");
+  EXPECT_EQ(m.followed_incarnation(), 77u);
+  ASSERT_TRUE(m.excluded(1));
+  EXPECT_EQ(m.Leave(1, admitted->session + 1).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(m.Leave(1, admitted->session).ok());
+  EXPECT_TRUE(m.excluded(1));
+}
+
 TEST_F(MembershipTest, AShardFollowingShardZeroDropsAndEndsOnlyInShardZerosView) {
   // Shard 0 under shrink: rank 1's lease lapses, it is dropped, and the view moves on.
   ServerOptions zero_options;

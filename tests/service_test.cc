@@ -645,18 +645,34 @@ bool Eventually(const std::function<bool()>& done) {
 
 // Shard 1 reports to shard 0 (a real daemon), follows its view, shows in its status, and once
 // shard 0 is gone for its give-up time decides by its own leases again.
-TEST(ShardFollowerTest, ReportsToShardZeroFollowsItsViewAndDecidesAloneOnceItIsGone) {
+// Shard 0's options in a job of two shards under shrink (no sessions asked: the tests admit
+// ranks themselves), and shard 1's, a follower's.
+ServerOptions ShardZeroOptions(int world_size) {
   ServerOptions o;
-  o.world_size = 2;
+  o.world_size = world_size;
   o.shards = 2;
   o.on_worker_loss = OnWorkerLoss::kShrink;
   o.require_sessions = false;
-  auto zero = SummaServer::Start("127.0.0.1:0", o);
+  return o;
+}
+ServerOptions ShardOneOptions(int world_size) {
+  ServerOptions o = ShardZeroOptions(world_size);
+  o.shard = 1;
+  o.follower = true;
+  return o;
+}
+
+// Admits `rank` to shard 0 and has it leave: the view moves on.
+void LeaveOnShardZero(Membership& members, int rank) {
+  absl::StatusOr<Admitted> admitted = members.Admit(rank, "", "");
+  ASSERT_TRUE(admitted.ok()) << admitted.status();
+  ASSERT_TRUE(members.Leave(rank, admitted->session).ok());
+}
+
+TEST(ShardFollowerTest, ReportsToShardZeroFollowsItsViewAndDecidesAloneOnceItIsGone) {
+  auto zero = SummaServer::Start("127.0.0.1:0", ShardZeroOptions(2));
   ASSERT_TRUE(zero.ok()) << zero.status();
-  ServerOptions o1 = o;
-  o1.shard = 1;
-  o1.follower = true;
-  ParameterServer one(o1);
+  ParameterServer one(ShardOneOptions(2));
   const std::string address = "127.0.0.1:" + std::to_string((*zero)->port());
   ShardFollower follower(address, {}, &one, absl::Milliseconds(20), /*give_up=*/absl::Milliseconds(300));
 
@@ -672,10 +688,7 @@ TEST(ShardFollowerTest, ReportsToShardZeroFollowsItsViewAndDecidesAloneOnceItIsG
   EXPECT_TRUE(status.shard_statuses(1).healthy());
 
   // Rank 1 leaves on shard 0: the view moves on, and shard 1 drops it too.
-  Membership& members = (*zero)->core().membership();
-  absl::StatusOr<Admitted> admitted = members.Admit(1, "", "");
-  ASSERT_TRUE(admitted.ok()) << admitted.status();
-  ASSERT_TRUE(members.Leave(1, admitted->session).ok());
+  LeaveOnShardZero((*zero)->core().membership(), 1);
   EXPECT_TRUE(Eventually([&] { return one.membership().view() == 1; }));
   EXPECT_EQ(one.LiveRanks(), std::vector<int>{0});
   EXPECT_TRUE(one.membership().follower());
@@ -688,17 +701,9 @@ TEST(ShardFollowerTest, ReportsToShardZeroFollowsItsViewAndDecidesAloneOnceItIsG
 // Shard 0 holds a follower's report while the view stands and answers it as soon as the view
 // moves: a follower that reports only hourly still hears of an exclusion at once.
 TEST(ShardFollowerTest, HearsOfAnExclusionWhenItHappensNotAtItsNextReport) {
-  ServerOptions o;
-  o.world_size = 3;
-  o.shards = 2;
-  o.on_worker_loss = OnWorkerLoss::kShrink;
-  o.require_sessions = false;
-  auto zero = SummaServer::Start("127.0.0.1:0", o);
+  auto zero = SummaServer::Start("127.0.0.1:0", ShardZeroOptions(3));
   ASSERT_TRUE(zero.ok()) << zero.status();
-  ServerOptions o1 = o;
-  o1.shard = 1;
-  o1.follower = true;
-  ParameterServer one(o1);
+  ParameterServer one(ShardOneOptions(3));
   const std::string address = "127.0.0.1:" + std::to_string((*zero)->port());
   ShardFollower follower(address, {}, &one, /*interval=*/absl::Hours(1));
 
@@ -711,9 +716,7 @@ TEST(ShardFollowerTest, HearsOfAnExclusionWhenItHappensNotAtItsNextReport) {
   // (an hour) and shard 0's longest hold (30 s). The second needs the report sent again at once
   // after the first's answer.
   for (int rank : {1, 2}) {
-    absl::StatusOr<Admitted> admitted = members.Admit(rank, "", "");
-    ASSERT_TRUE(admitted.ok()) << admitted.status();
-    ASSERT_TRUE(members.Leave(rank, admitted->session).ok());
+    LeaveOnShardZero(members, rank);
     EXPECT_TRUE(Eventually([&] { return one.membership().view() == static_cast<uint64_t>(rank); })) << rank;
   }
   EXPECT_EQ(one.LiveRanks(), std::vector<int>{0});
@@ -722,10 +725,7 @@ TEST(ShardFollowerTest, HearsOfAnExclusionWhenItHappensNotAtItsNextReport) {
 // What shard 0 holds: a report of its own process and view, until the view moves or the report's
 // wait passes (then answered with held set); any other report is answered at once, not held.
 TEST(ShardFollowerTest, ShardZeroHoldsOnlyAReportOfItsOwnProcessAndView) {
-  ServerOptions o;
-  o.world_size = 2;
-  o.shards = 2;
-  auto zero = SummaServer::Start("127.0.0.1:0", o);
+  auto zero = SummaServer::Start("127.0.0.1:0", ShardZeroOptions(2));
   ASSERT_TRUE(zero.ok()) << zero.status();
   const Membership& members = (*zero)->core().membership();
   auto stub = pb::ParameterServer::NewStub(

@@ -2,6 +2,7 @@
 
 #include <grpcpp/generic/async_generic_service.h>
 
+#include <atomic>
 #include <cstring>
 #include <thread>
 
@@ -52,7 +53,11 @@ class Server {
     return port;
   }
 
+  // Ends every call and the polling thread. The poller starts no operation once stopping (one
+  // started on a queue that is shutting down aborts the process), and the queue is shut down
+  // after the server, which cancels every call first.
   void Stop() {
+    stopping_ = true;
     server_->Shutdown(std::chrono::system_clock::now());
     queue_->Shutdown();
     thread_.join();
@@ -82,6 +87,11 @@ class Server {
     bool ok;
     while (queue_->Next(&tag, &ok)) {
       auto* call = static_cast<Call*>(tag);
+      if (stopping_ && call->state != Call::kAnswering) {
+        // Its operation failed with the shutdown; an answer already started still completes.
+        delete call;
+        continue;
+      }
       switch (call->state) {
         case Call::kAccepting:
           if (!ok) {  // shutting down
@@ -112,6 +122,7 @@ class Server {
       Finish(call, s);
       return;
     }
+    call->request.Clear();  // copied: the round holds no rank's message while it waits
     if (!waiting_.empty()) AddInto(absl::MakeSpan(sum_), incoming_);
     waiting_.push_back(call);
     if (static_cast<int>(waiting_.size()) < group_size_) return;
@@ -131,6 +142,7 @@ class Server {
   std::vector<float> incoming_;
   std::vector<grpc::Slice> slices_;
   std::vector<Call*> waiting_;
+  std::atomic<bool> stopping_{false};
   grpc::AsyncGenericService service_;
   std::unique_ptr<grpc::ServerCompletionQueue> queue_;
   std::unique_ptr<grpc::Server> server_;
@@ -175,6 +187,8 @@ absl::StatusOr<std::unique_ptr<GrpcAllReduceClient>> GrpcAllReduceClient::Connec
 
 absl::Status GrpcAllReduceClient::AllReduce(const std::vector<float>& in, std::vector<float>& out) {
   const size_t bytes = in.size() * sizeof(float);
+  // Borrowed, not copied: the call completes only after the server has read the whole message.
+  // (A call cut off by its deadline may leave the transport holding it; the rank then exits.)
   grpc::Slice borrowed(in.data(), bytes, grpc::Slice::STATIC_SLICE);
   const grpc::ByteBuffer request(&borrowed, 1);
   grpc::ClientContext context;

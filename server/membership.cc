@@ -208,7 +208,7 @@ absl::Status Membership::Leave(int rank, uint64_t session) {
   if (absl::Status s = Touch(rank, session); !s.ok()) {
     // Out already, its own session asking: shard 0's view (which a follower hears of at once)
     // came before the rank's Leave to this shard. Leaving changes nothing; it is not an error.
-    if (excluded(rank) && CheckSession(rank, session).ok()) return absl::OkStatus();
+    if (CheckSession(rank, session).ok() && excluded(rank)) return absl::OkStatus();
     return s;
   }
   {

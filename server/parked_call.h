@@ -8,6 +8,7 @@
 #ifndef SUMMA_SERVER_PARKED_CALL_H_
 #define SUMMA_SERVER_PARKED_CALL_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -25,6 +26,8 @@ class ParkedCall {
   // True exactly once over the call's life; false when the call was already answered or
   // cancelled.
   virtual bool Claim() = 0;
+  // True once Claim() has succeeded: answered (or being answered) or cancelled.
+  virtual bool claimed() const = 0;
   // Takes the result, a reference to immutable values shared by every call answered with them
   // (no copy); `counter` is the version (or round) the values belong to.
   virtual void Fill(uint64_t counter, const Snapshot& values) = 0;
@@ -105,6 +108,13 @@ class ParkingLot {
   void Expire(absl::Time now, Why why, CallsToFinish& out) {
     Sweep([&](const Entry& e) { return e.deadline <= now; },
           [&](ParkedCall&) { return why(); }, out);
+  }
+
+  // Forgets the calls claimed already (answered by someone else: a timer, a cancellation), so
+  // that what they hold is let go before a later sweep would reach them.
+  void DropClaimed() {
+    parked_.erase(std::remove_if(parked_.begin(), parked_.end(), [](const Entry& e) { return e.call->claimed(); }),
+                  parked_.end());
   }
 
   // Claims every call, whatever its target; `status` is what each gets.

@@ -51,6 +51,7 @@ class ParkedReactor final : public grpc::ServerUnaryReactor {
           arrived_(wait.tracer != nullptr ? absl::Now() : absl::InfinitePast()), holds_(std::move(holds)),
           value_bytes_(value_bytes) {}
     bool Claim() override { return !claimed_.exchange(true); }
+    bool claimed() const override { return claimed_.load(); }
     void Fill(uint64_t counter, const Snapshot& values) override {
       if (wait_.tracer != nullptr) wait_.tracer->Complete(wait_.name, "server", arrived_, absl::Now(), wait_.partition);
       fill_(counter, values);
@@ -325,6 +326,9 @@ grpc::ServerUnaryReactor* ParameterServerService::Follow(grpc::CallbackServerCon
   {
     CallsToFinish released;  // finished after the lock is released
     absl::MutexLock lock(&held_mu_);
+    // Reports answered by their timer or cancelled stay parked until a sweep: forget them now,
+    // and with them their hold on the peer's parked calls (the view may not move for hours).
+    held_reports_.DropClaimed();
     // A held report counts against its peer's parked calls; past the limit it is answered at once.
     absl::StatusOr<PeerBudget::Hold> parked =
         holding_ ? parked_.Take(PeerKey(-1, context->peer()), 1) : absl::StatusOr<PeerBudget::Hold>();

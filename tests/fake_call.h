@@ -13,6 +13,7 @@ namespace summa::server {
 class FakeCall : public ParkedCall {
  public:
   bool Claim() override { return !claimed_.exchange(true); }
+  bool claimed() const override { return claimed_.load(); }
   void Fill(uint64_t counter, const Snapshot& values) override {
     counter_ = counter;
     values_.assign(values.values().begin(), values.values().end());

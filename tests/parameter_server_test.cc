@@ -577,6 +577,10 @@ TEST_F(MembershipTest, ALeaveThatArrivesAfterShardZerosViewIsOk) {
   EXPECT_EQ(m.Leave(1, admitted->session + 1).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(m.Leave(1, admitted->session).ok());
   EXPECT_TRUE(m.excluded(1));
+  // Ranks outside the group are refused as before (and never looked up).
+  for (int rank : {-1, 2, 2147483647}) {
+    EXPECT_EQ(m.Leave(rank, admitted->session).code(), absl::StatusCode::kInvalidArgument) << rank;
+  }
 }
 
 TEST_F(MembershipTest, AShardFollowingShardZeroDropsAndEndsOnlyInShardZerosView) {

@@ -121,9 +121,8 @@ void ShardFollower::Loop() {
                      view.job_error());
       // Report again at once when shard 0 held the report while the view stood, or when this
       // answer brought a view (or shard 0 process) the report did not have: the next report has
-      // it and is held. An
-      // answer this shard does not take (its own view went past shard 0's while it decided
-      // alone) waits for the interval: no busy loop.
+      // it and is held. An answer this shard does not take (its own view went past shard 0's
+      // while it decided alone) waits for the interval: no busy loop.
       const bool learned = members.view() == view.view() &&
                            (report.view() != view.view() || report.incarnation() != view.incarnation());
       if (view.held() || learned) pause = absl::ZeroDuration();

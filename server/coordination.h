@@ -1,9 +1,8 @@
 // Coordination of server shards: shard 0 holds the group's membership view (who is in, whether
 // the job has ended; server/membership.h). Every other shard reports to it (ShardFollower,
 // summa-server --coordinator; shard 0 answers when its view moves, or after half a second) and
-// follows the view it answers with, so that the
-// shards never disagree on who is in the group; shard 0 keeps the reports (ShardBoard) and its
-// GetStatus shows the whole job.
+// follows the view it answers with, so that the shards never disagree on who is in the group;
+// shard 0 keeps the reports (ShardBoard) and its GetStatus shows the whole job.
 #ifndef SUMMA_SERVER_COORDINATION_H_
 #define SUMMA_SERVER_COORDINATION_H_
 
@@ -52,8 +51,8 @@ class ShardBoard {
 // membership (a follower's). Shard 0 holds each report for up to `interval` while the view is
 // the follower's and answers when it moves (ShardReport.wait_ms), so an exclusion reaches the
 // follower in one round trip; the next report goes at once. A shard 0 that answers at once (one
-// from before wait_ms) is reported to every `interval`. Logs, at most every 10 s, while shard 0 cannot be
-// reached; after `give_up` of that (by default three leases, at least 10 s) the membership
+// from before wait_ms) is reported to every `interval`. Logs, at most every 10 s, while shard 0
+// cannot be reached; after `give_up` of that (by default three leases, at least 10 s) the membership
 // decides by its own leases until a report gets through again. Stops (and joins its thread)
 // when destroyed.
 class ShardFollower {

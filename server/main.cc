@@ -120,8 +120,9 @@ ABSL_FLAG(int, shards, 1,
           "job flags");
 ABSL_FLAG(std::string, coordinator, "",
           "shard 0's host:port, given to every shard of a sharded job (shard 0 ignores it): the "
-          "other shards report to it (it answers when its view moves, or after half a second) and follow its membership view (who is in "
-          "the group, whether the job has ended), and its GetStatus shows every shard. They call it "
+          "other shards report to it (it answers when its view moves, or after half a second) and "
+          "follow its membership view (who is in the group, whether the job has ended), and its "
+          "GetStatus shows every shard. They call it "
           "with this server's TLS files (--tls_ca, or --tls_cert when there is none, as the CA to "
           "trust) and --token_file's token. Empty: each shard keeps its own leases");
 ABSL_FLAG(int, shard, -1,

@@ -80,27 +80,13 @@ class ParkingLot {
   }
   void Release(uint64_t counter, uint64_t version, absl::FunctionRef<const Snapshot&()> values,
                CallsToFinish& out) {
-    const Snapshot* taken = nullptr;
-    Sweep([&](const Entry& e) { return e.target <= counter; },
-          [&](ParkedCall& call) {
-            if (taken == nullptr) taken = &values();
-            call.Fill(version, *taken);
-            return absl::OkStatus();
-          },
-          out);
+    FillWhere([&](const Entry& e) { return e.target <= counter; }, version, values, out);
   }
 
   // Claims and fills, as Release does, every call whatever its target (a server that stops
   // holding calls whose wait is not a failure: a follower's held report).
   void ReleaseAll(uint64_t counter, absl::FunctionRef<const Snapshot&()> values, CallsToFinish& out) {
-    const Snapshot* taken = nullptr;
-    Sweep([](const Entry&) { return true; },
-          [&](ParkedCall& call) {
-            if (taken == nullptr) taken = &values();
-            call.Fill(counter, *taken);
-            return absl::OkStatus();
-          },
-          out);
+    FillWhere([](const Entry&) { return true; }, counter, values, out);
   }
 
   // Claims every call whose deadline is at or before `now`; `why` gives each its status.
@@ -128,6 +114,20 @@ class ParkingLot {
     uint64_t target;
     absl::Time deadline;
   };
+
+  // Claims every call `pred` picks and fills it with `values()` as of `version` (called only
+  // when some call is answered, and then once); adds them to `out` with OK.
+  template <typename Pred>
+  void FillWhere(Pred pred, uint64_t version, absl::FunctionRef<const Snapshot&()> values, CallsToFinish& out) {
+    const Snapshot* taken = nullptr;
+    Sweep(pred,
+          [&](ParkedCall& call) {
+            if (taken == nullptr) taken = &values();
+            call.Fill(version, *taken);
+            return absl::OkStatus();
+          },
+          out);
+  }
 
   template <typename Pred, typename Answer>
   void Sweep(Pred pred, Answer answer, CallsToFinish& out) {

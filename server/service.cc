@@ -19,14 +19,14 @@ namespace {
 
 namespace pb = ::summa::v1;
 
-// A unary reactor that a ParkedCall can answer later. The claim flag decides between the core
-// answering and the client cancelling; only the winner touches the response and calls Finish.
 // What a call answered without values is filled with (a held report reads the membership).
 const Snapshot& NoSnapshot() {
   static const Snapshot none;
   return none;
 }
 
+// A unary reactor that a ParkedCall can answer later. The claim flag decides between the core
+// answering and the client cancelling; only the winner touches the response and calls Finish.
 class ParkedReactor final : public grpc::ServerUnaryReactor {
  public:
   using FillFn = std::function<void(uint64_t, const Snapshot&)>;
@@ -330,17 +330,18 @@ grpc::ServerUnaryReactor* ParameterServerService::Follow(grpc::CallbackServerCon
     // and with them their hold on the peer's parked calls (the view may not move for hours).
     held_reports_.DropClaimed();
     // A held report counts against its peer's parked calls; past the limit it is answered at once.
-    absl::StatusOr<PeerBudget::Hold> parked =
-        holding_ ? parked_.Take(PeerKey(-1, context->peer()), 1) : absl::StatusOr<PeerBudget::Hold>();
-    if (holding_ && parked.ok()) {
-      auto* reactor = new ParkedReactor([answer](uint64_t, const Snapshot&) { answer(/*held=*/true); },
-                                        ParkedReactor::WaitSpan{}, ParkedReactor::Holds{*std::move(parked), {}});
-      reactor->AnswerAt(absl::Now() + wait, 0);
-      held_reports_.Park(reactor->call(), request->view() + 1, absl::InfiniteFuture());
-      // A view that moved after the check above, before the park, is answered here: its observer
-      // may have run before the call was parked.
-      held_reports_.Release(members.view(), NoSnapshot, released);
-      return reactor;
+    if (holding_) {
+      absl::StatusOr<PeerBudget::Hold> parked = parked_.Take(PeerKey(-1, context->peer()), 1);
+      if (parked.ok()) {
+        auto* reactor = new ParkedReactor([answer](uint64_t, const Snapshot&) { answer(/*held=*/true); },
+                                          ParkedReactor::WaitSpan{}, ParkedReactor::Holds{*std::move(parked), {}});
+        reactor->AnswerAt(absl::Now() + wait, 0);
+        held_reports_.Park(reactor->call(), request->view() + 1, absl::InfiniteFuture());
+        // A view that moved after the check above, before the park, is answered here: its observer
+        // may have run before the call was parked.
+        held_reports_.Release(members.view(), NoSnapshot, released);
+        return reactor;
+      }
     }
   }
   answer(/*held=*/false);  // shutting down, or too many held: the next report comes after the interval

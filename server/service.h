@@ -85,8 +85,8 @@ class ParameterServerService final : public ServiceBase {
   // Shard 0 of several: answers the Follow calls held at a view the membership has left (an
   // exclusion, the job's end). The daemon registers it as a membership observer.
   void OnMembershipChange();
-  // Answers every held Follow call and holds none from now on (the daemon's shutdown: the
-  // ticker that ends waits has stopped).
+  // Answers every held Follow call and holds none from now on (the daemon's shutdown, first of
+  // all: followers are then answered at once while the server winds down).
   void StopHoldingReports();
 
  private:

@@ -643,8 +643,6 @@ bool Eventually(const std::function<bool()>& done) {
   return true;
 }
 
-// Shard 1 reports to shard 0 (a real daemon), follows its view, shows in its status, and once
-// shard 0 is gone for its give-up time decides by its own leases again.
 // Shard 0's options in a job of two shards under shrink (no sessions asked: the tests admit
 // ranks themselves), and shard 1's, a follower's.
 ServerOptions ShardZeroOptions(int world_size) {
@@ -669,6 +667,8 @@ void LeaveOnShardZero(Membership& members, int rank) {
   ASSERT_TRUE(members.Leave(rank, admitted->session).ok());
 }
 
+// Shard 1 reports to shard 0 (a real daemon), follows its view, shows in its status, and once
+// shard 0 is gone for its give-up time decides by its own leases again.
 TEST(ShardFollowerTest, ReportsToShardZeroFollowsItsViewAndDecidesAloneOnceItIsGone) {
   auto zero = SummaServer::Start("127.0.0.1:0", ShardZeroOptions(2));
   ASSERT_TRUE(zero.ok()) << zero.status();

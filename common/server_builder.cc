@@ -71,9 +71,8 @@ absl::StatusOr<RunningServer> StartHealthOnlyServer(const std::string& address, 
 }
 
 std::vector<std::pair<std::string, int>> DataPathArguments() {
-  return {{GRPC_ARG_TCP_READ_CHUNK_SIZE, kReadChunkBytes},
-          {GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, kReadChunkBytes},
-          {GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, kReadChunkBytes}};
+  return {{GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, kMinReadChunkBytes},
+          {GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, kMaxReadChunkBytes}};
 }
 
 grpc::ChannelArguments DefaultChannelArguments() {

@@ -16,50 +16,35 @@ HealthCheckResponse::ServingStatus HealthService::Current() const {
   return serving ? HealthCheckResponse::SERVING : HealthCheckResponse::NOT_SERVING;
 }
 
-grpc::ServerUnaryReactor* HealthService::Check(grpc::CallbackServerContext* context,
-                                               const HealthCheckRequest* request,
-                                               HealthCheckResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+grpc::Status HealthService::Check(grpc::ServerContext*, const HealthCheckRequest* request,
+                                  HealthCheckResponse* response) {
   if (!Known(request->service())) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::NOT_FOUND,
-                                 "unknown service '" + request->service() + "'"));
-    return reactor;
+    return grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown service '" + request->service() + "'");
   }
   response->set_status(Current());
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+  return grpc::Status::OK;
 }
 
-namespace {
-// Sends the current status once and keeps the stream open until the client goes away or the
-// server shuts down (which cancels it), as the health protocol's Watch expects.
-class WatchReactor final : public grpc::ServerWriteReactor<HealthCheckResponse> {
- public:
-  explicit WatchReactor(HealthCheckResponse::ServingStatus status) {
-    response_.set_status(status);
-    StartWrite(&response_);
+grpc::Status HealthService::Watch(grpc::ServerContext* context, const HealthCheckRequest* request,
+                                  grpc::ServerWriter<HealthCheckResponse>* writer) {
+  if (watches_.fetch_add(1) >= kMaxWatches) {
+    watches_.fetch_sub(1);
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        "too many health watches at once: use Check, or watch from fewer clients");
   }
-  void OnWriteDone(bool ok) override {
-    if (!ok) FinishOnce();
+  const bool known = Known(request->service());
+  HealthCheckResponse response;
+  response.set_status(HealthCheckResponse::UNKNOWN);
+  while (!context->IsCancelled()) {
+    const HealthCheckResponse::ServingStatus now = known ? Current() : HealthCheckResponse::SERVICE_UNKNOWN;
+    if (now != response.status()) {
+      response.set_status(now);
+      if (!writer->Write(response)) break;  // the client went away
+    }
+    absl::SleepFor(kWatchInterval);
   }
-  void OnCancel() override { FinishOnce(); }
-  void OnDone() override { delete this; }
-
- private:
-  void FinishOnce() {
-    if (!finished_.exchange(true)) Finish(grpc::Status::CANCELLED);
-  }
-
-  HealthCheckResponse response_;
-  std::atomic<bool> finished_{false};
-};
-}  // namespace
-
-grpc::ServerWriteReactor<HealthCheckResponse>* HealthService::Watch(
-    grpc::CallbackServerContext* context, const HealthCheckRequest* request) {
-  HealthCheckResponse::ServingStatus status =
-      Known(request->service()) ? Current() : HealthCheckResponse::SERVICE_UNKNOWN;
-  return new WatchReactor(status);
+  watches_.fetch_sub(1);
+  return grpc::Status::CANCELLED;
 }
 
 }  // namespace summa

@@ -31,7 +31,7 @@ absl::StatusOr<RunningServer> StartGrpcServer(const std::string& address,
                                               const std::vector<grpc::Service*>& services,
                                               const std::vector<std::string>& service_names,
                                               std::shared_ptr<grpc::ServerCredentials> credentials,
-                                              int max_message_bytes) {
+                                              int max_message_bytes, int completion_queues) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   RunningServer running;
   running.health = std::make_unique<HealthService>(service_names);
@@ -41,6 +41,7 @@ absl::StatusOr<RunningServer> StartGrpcServer(const std::string& address,
   builder.SetMaxSendMessageSize(max_message_bytes);
   for (const auto& [name, value] : DataPathArguments()) builder.AddChannelArgument(name, value);
   for (grpc::Service* service : services) builder.RegisterService(service);
+  for (int i = 0; i < completion_queues; ++i) running.queues.push_back(builder.AddCompletionQueue());
   SUMMA_RETURN_IF_ERROR(Start(builder, address, running));
   return running;
 }

@@ -21,18 +21,21 @@ inline constexpr int kMaxMessageBytes = 256 << 20;
 
 struct RunningServer {
   std::unique_ptr<HealthService> health;
+  // For the async API's calls, as many as asked for; destroyed after the server.
+  std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> queues;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
 };
 
 // `services` are not owned and must outlive the server. Messages over `max_message_bytes` are
-// refused by gRPC's transport (RESOURCE_EXHAUSTED). Fails with UNAVAILABLE naming the address
-// when it cannot be bound.
+// refused by gRPC's transport (RESOURCE_EXHAUSTED). `completion_queues`: queues for services
+// with async methods (RunningServer::queues), which the caller must poll. Fails with
+// UNAVAILABLE naming the address when it cannot be bound.
 absl::StatusOr<RunningServer> StartGrpcServer(
     const std::string& address, const std::vector<grpc::Service*>& services,
     const std::vector<std::string>& service_names,
     std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials(),
-    int max_message_bytes = kMaxMessageBytes);
+    int max_message_bytes = kMaxMessageBytes, int completion_queues = 0);
 
 // A plaintext listener that serves grpc.health.v1.Health and nothing else (no reflection, no
 // data), answering as `leader` does: for probes that cannot speak TLS (kubelet's grpc probes)

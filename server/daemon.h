@@ -21,6 +21,7 @@
 #include "common/transport.h"
 #include "server/all_reduce.h"
 #include "server/coordination.h"
+#include "server/data_path.h"
 #include "server/parameter_server.h"
 #include "server/service.h"
 
@@ -97,6 +98,7 @@ class SummaServer {
   const TokenCheck tokens_;
   ParameterServerService service_;
   RunningServer running_;
+  std::unique_ptr<DataPath> data_path_;  // on running_.queues[0]; stopped after running_.server
   RunningServer health_;  // the health-only listener: follows running_.health; empty without one
   std::unique_ptr<ShardFollower> follower_;  // a shard other than 0 with a coordinator
   absl::Mutex shutdown_mu_;  // held through a whole Shutdown, so later callers wait for it

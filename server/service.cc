@@ -1,7 +1,5 @@
 #include "server/service.h"
 
-#include <grpcpp/alarm.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -9,6 +7,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/grpc_status.h"
 #include "common/tensor_proto.h"
 #include "common/logging.h"
@@ -25,9 +24,9 @@ const Snapshot& NoSnapshot() {
   return none;
 }
 
-// A unary reactor that a ParkedCall can answer later. The claim flag decides between the core
-// answering and the client cancelling; only the winner touches the response and calls Finish.
-class ParkedReactor final : public grpc::ServerUnaryReactor {
+// A call that waits to be answered. The claim flag decides between the core answering and the
+// client cancelling (or a timer); only the winner fills the response and sends the answer.
+class Parked final : public ParkedCall {
  public:
   using FillFn = std::function<void(uint64_t, const Snapshot&)>;
 
@@ -44,55 +43,64 @@ class ParkedReactor final : public grpc::ServerUnaryReactor {
     PeerBudget::Hold bytes;
   };
 
-  class Call final : public ParkedCall {
-   public:
-    Call(ParkedReactor* reactor, FillFn fill, WaitSpan wait, Holds holds, int value_bytes)
-        : reactor_(reactor), fill_(std::move(fill)), wait_(wait),
-          arrived_(wait.tracer != nullptr ? absl::Now() : absl::InfinitePast()), holds_(std::move(holds)),
-          value_bytes_(value_bytes) {}
-    bool Claim() override { return !claimed_.exchange(true); }
-    bool claimed() const override { return claimed_.load(); }
-    void Fill(uint64_t counter, const Snapshot& values) override {
-      if (wait_.tracer != nullptr) wait_.tracer->Complete(wait_.name, "server", arrived_, absl::Now(), wait_.partition);
-      fill_(counter, values);
-    }
-    void Finish(absl::Status status) override { reactor_->Finish(ToGrpcStatus(status)); }
-    int value_bytes() const override { return value_bytes_; }
-
-   private:
-    std::atomic<bool> claimed_{false};
-    ParkedReactor* const reactor_;  // Not owned; alive until Finish has been called.
-    const FillFn fill_;
-    const WaitSpan wait_;
-    const absl::Time arrived_;
-    Holds holds_;
-    const int value_bytes_;
-  };
-
-  ParkedReactor(FillFn fill, WaitSpan wait, Holds holds, int value_bytes = 4)
-      : call_(std::make_shared<Call>(this, std::move(fill), wait, std::move(holds), value_bytes)) {}
-  std::shared_ptr<Call> call() const { return call_; }
-
-  // Answers the call OK at `deadline`, filled with `counter` and no values, unless it was
-  // answered or cancelled first: a wait with a longest time, on a gRPC timer of its own (no
-  // thread of ours needs to be free then). Called at most once, before the handler returns.
-  void AnswerAt(absl::Time deadline, uint64_t counter) {
-    alarm_ = std::make_unique<grpc::Alarm>();
-    alarm_->Set(absl::ToChronoTime(deadline), [call = call_, counter](bool fired) {
-      if (!fired || !call->Claim()) return;  // cancelled with the reactor, or answered already
-      call->Fill(counter, NoSnapshot());
-      call->Finish(absl::OkStatus());
-    });
+  // `answer` is not owned; alive until its Answer has been called.
+  Parked(Answerable* answer, FillFn fill, WaitSpan wait, Holds holds, int value_bytes = 4)
+      : answer_(answer), fill_(std::move(fill)), wait_(wait),
+        arrived_(wait.tracer != nullptr ? absl::Now() : absl::InfinitePast()), holds_(std::move(holds)),
+        value_bytes_(value_bytes) {}
+  bool Claim() override { return !claimed_.exchange(true); }
+  bool claimed() const override { return claimed_.load(); }
+  void Fill(uint64_t counter, const Snapshot& values) override {
+    if (wait_.tracer != nullptr) wait_.tracer->Complete(wait_.name, "server", arrived_, absl::Now(), wait_.partition);
+    fill_(counter, values);
   }
-
-  void OnCancel() override {
-    if (call_->Claim()) Finish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
-  }
-  void OnDone() override { delete this; }
+  void Finish(absl::Status status) override { answer_->Answer(ToGrpcStatus(status)); }
+  int value_bytes() const override { return value_bytes_; }
 
  private:
-  const std::shared_ptr<Call> call_;
-  std::unique_ptr<grpc::Alarm> alarm_;  // AnswerAt's; destroyed (cancelled) with the reactor
+  std::atomic<bool> claimed_{false};
+  Answerable* const answer_;
+  const FillFn fill_;
+  const WaitSpan wait_;
+  const absl::Time arrived_;
+  Holds holds_;
+  const int value_bytes_;
+};
+
+// A synchronous handler's call that waits, on its own thread, to be answered through a Parked
+// call (a held shard report).
+class BlockedCall final : public Answerable {
+ public:
+  void Answer(const grpc::Status& status) override {
+    status_ = status;
+    answered_.Notify();
+  }
+  // Waits up to `wait` for the answer; answers the call itself when no one did by then (OK,
+  // filled with no values) or when the client went away first (CANCELLED; looked at every
+  // kCancelCheck). Returns the answer's status.
+  static constexpr absl::Duration kCancelCheck = absl::Milliseconds(50);
+  grpc::Status Wait(const grpc::ServerContext& context, Parked& call, absl::Duration wait) {
+    const absl::Time end = absl::Now() + wait;
+    while (!answered_.WaitForNotificationWithTimeout(std::min(kCancelCheck, end - absl::Now()))) {
+      if (context.IsCancelled()) {
+        if (call.Claim()) call.Finish(absl::CancelledError("cancelled by the client"));
+        break;
+      }
+      if (absl::Now() >= end) {
+        if (call.Claim()) {
+          call.Fill(0, NoSnapshot());
+          call.Finish(absl::OkStatus());
+        }
+        break;
+      }
+    }
+    answered_.WaitForNotification();  // by whoever claimed it
+    return status_;
+  }
+
+ private:
+  absl::Notification answered_;
+  grpc::Status status_;
 };
 
 // The values of a request, read once out of gRPC's receive slices into this thread's buffer
@@ -121,7 +129,7 @@ grpc::Slice SliceOf(const Snapshot& s, WireDType dtype = WireDType::kFloat32) {
   return grpc::Slice(const_cast<uint16_t*>(v.data()), v.size() * sizeof(uint16_t), &Snapshot::Return, s.Lend());
 }
 
-absl::StatusOr<PushRequestView> ParsePush(grpc::CallbackServerContext* context, const grpc::ByteBuffer& buffer,
+absl::StatusOr<PushRequestView> ParsePush(const grpc::ServerContextBase& context, const grpc::ByteBuffer& buffer,
                                           pb::PushRequest* header, Scratch* values, Tracer* tracer) {
   constexpr int kDataPath[] = {pb::PushRequest::kDataFieldNumber};
   absl::Status parsed;
@@ -144,7 +152,7 @@ absl::StatusOr<PushRequestView> ParsePush(grpc::CallbackServerContext* context, 
   }
   v.sparse = header->sparse();
   v.data = values->view();
-  v.peer = context->peer();
+  v.peer = context.peer();
   return v;
 }
 
@@ -153,10 +161,11 @@ constexpr absl::Duration kMaxFollowWait = absl::Seconds(30);
 
 // Fill runs under the partition's lock: the live ranks sent are those the step was answered
 // under (an exclusion completes steps under the same lock). The values go in `dtype`.
-ParkedReactor* PullReactor(const ParameterServer* core, grpc::ByteBuffer* response, uint32_t partition,
-                           WireDType dtype, ParkedReactor::Holds holds) {
-  const ParkedReactor::WaitSpan wait{core->options().tracer, "wait", partition};
-  return new ParkedReactor([core, response, partition, dtype](uint64_t version, const Snapshot& w) {
+std::shared_ptr<Parked> PullCall(const ParameterServer* core, DataCall* call, uint32_t partition, WireDType dtype,
+                                 Parked::Holds holds) {
+  const Parked::WaitSpan wait{core->options().tracer, "wait", partition};
+  grpc::ByteBuffer* response = call->response();
+  return std::make_shared<Parked>(call, [core, response, partition, dtype](uint64_t version, const Snapshot& w) {
     pb::PullResponse header;
     header.set_partition(partition);
     header.set_version(version);
@@ -169,20 +178,16 @@ ParkedReactor* PullReactor(const ParameterServer* core, grpc::ByteBuffer* respon
   }, wait, std::move(holds), WireDTypeBytes(dtype));
 }
 
-grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context, const absl::Status& status) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
-}
+void Done(DataCall* call, const absl::Status& status) { call->Answer(ToGrpcStatus(status)); }
+
+
 
 }  // namespace
 
-grpc::ServerUnaryReactor* ParameterServerService::Join(grpc::CallbackServerContext* context,
-                                                       const pb::JoinRequest* request,
-                                                       pb::JoinResponse* response) {
-  if (absl::Status auth = tokens_->Check(*context, Role::kWorker); !auth.ok()) return Done(context, auth);
-  if (absl::Status rate = joins_.Take(); !rate.ok()) return Done(context, rate);
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+grpc::Status ParameterServerService::Join(grpc::ServerContext* context, const pb::JoinRequest* request,
+                                          pb::JoinResponse* response) {
+  if (absl::Status auth = tokens_->Check(*context, Role::kWorker); !auth.ok()) return ToGrpcStatus(auth);
+  if (absl::Status rate = joins_.Take(); !rate.ok()) return ToGrpcStatus(rate);
   JoinRequestView view;
   view.rank = request->rank();
   view.world_size = request->world_size();
@@ -191,17 +196,11 @@ grpc::ServerUnaryReactor* ParameterServerService::Join(grpc::CallbackServerConte
   view.values_follow = request->values_follow();
   for (const pb::Tensor& t : request->params()) {
     absl::StatusOr<TensorSpec> spec = SpecFromProto(t);
-    if (!spec.ok()) {
-      reactor->Finish(ToGrpcStatus(spec.status()));
-      return reactor;
-    }
+    if (!spec.ok()) return ToGrpcStatus(spec.status());
     view.params.push_back({*std::move(spec), t.data()});
   }
   absl::StatusOr<JoinResult> joined = core_->Join(view);
-  if (!joined.ok()) {
-    reactor->Finish(ToGrpcStatus(joined.status()));
-    return reactor;
-  }
+  if (!joined.ok()) return ToGrpcStatus(joined.status());
   response->set_rank(joined->rank);
   response->set_session(joined->session);
   response->set_world_size(core_->options().world_size);
@@ -226,81 +225,79 @@ grpc::ServerUnaryReactor* ParameterServerService::Join(grpc::CallbackServerConte
     out->set_offset(p.offset);
     out->set_length(p.length);
   }
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+  return grpc::Status::OK;
 }
 
-grpc::ServerUnaryReactor* ParameterServerService::Heartbeat(grpc::CallbackServerContext* context,
-                                                            const pb::HeartbeatRequest* request,
-                                                            pb::HeartbeatResponse* response) {
-  if (absl::Status auth = tokens_->Check(*context, Role::kWorker); !auth.ok()) return Done(context, auth);
+grpc::Status ParameterServerService::Heartbeat(grpc::ServerContext* context, const pb::HeartbeatRequest* request,
+                                          pb::HeartbeatResponse* response) {
+  if (absl::Status auth = tokens_->Check(*context, Role::kWorker); !auth.ok()) return ToGrpcStatus(auth);
   absl::Status s = core_->Heartbeat(request->rank(), request->session());
   if (s.ok()) {
     const StatusSnapshot status = core_->Status();
     response->set_version(status.version);
     response->set_view(status.view);
   }
-  return Done(context, s);
+  return ToGrpcStatus(s);
 }
 
-grpc::ServerUnaryReactor* ParameterServerService::Leave(grpc::CallbackServerContext* context,
-                                                        const pb::LeaveRequest* request,
-                                                        pb::LeaveResponse* response) {
-  if (absl::Status auth = tokens_->Check(*context, Role::kWorker); !auth.ok()) return Done(context, auth);
-  return Done(context, core_->Leave(request->rank(), request->session()));
+grpc::Status ParameterServerService::Leave(grpc::ServerContext* context, const pb::LeaveRequest* request,
+                                          pb::LeaveResponse* response) {
+  if (absl::Status auth = tokens_->Check(*context, Role::kWorker); !auth.ok()) return ToGrpcStatus(auth);
+  return ToGrpcStatus(core_->Leave(request->rank(), request->session()));
 }
 
-grpc::ServerUnaryReactor* ParameterServerService::Checkpoint(grpc::CallbackServerContext* context,
-                                                             const pb::CheckpointRequest* request,
-                                                             pb::CheckpointResponse* response) {
-  if (absl::Status auth = tokens_->Check(*context, Role::kAdmin); !auth.ok()) return Done(context, auth);
+grpc::Status ParameterServerService::Checkpoint(grpc::ServerContext* context, const pb::CheckpointRequest* request,
+                                          pb::CheckpointResponse* response) {
+  if (absl::Status auth = tokens_->Check(*context, Role::kAdmin); !auth.ok()) return ToGrpcStatus(auth);
   if (core_->options().checkpoint_dir.empty()) {
-    return Done(context, absl::FailedPreconditionError(
+    return ToGrpcStatus(absl::FailedPreconditionError(
                              "no --checkpoint_dir: this server does not write checkpoints"));
   }
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  background_([core = core_, reactor, response] {
-    absl::Status s = core->MaybeCheckpoint(/*force=*/true);
-    if (s.ok()) {
-      const StatusSnapshot status = core->Status();
-      response->set_path(status.checkpoint.path);
-      response->set_version(status.checkpoint.version);
-    }
-    reactor->Finish(ToGrpcStatus(s));
+  // Written by the daemon's thread, which writes the periodic checkpoints too: one at a time.
+  absl::Status s;
+  absl::Notification done;
+  background_([&] {
+    s = core_->MaybeCheckpoint(/*force=*/true);
+    done.Notify();
   });
-  return reactor;
+  done.WaitForNotification();
+  if (s.ok()) {
+    const StatusSnapshot status = core_->Status();
+    response->set_path(status.checkpoint.path);
+    response->set_version(status.checkpoint.version);
+  }
+  return ToGrpcStatus(s);
 }
 
-grpc::ServerUnaryReactor* ParameterServerService::RollBack(grpc::CallbackServerContext* context,
-                                                           const pb::RollBackRequest* request,
-                                                           pb::RollBackResponse* response) {
-  if (absl::Status auth = tokens_->Check(*context, Role::kWorker); !auth.ok()) return Done(context, auth);
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  // Reads a checkpoint file: off gRPC's threads.
-  background_([core = core_, reactor, request, response] {
-    absl::StatusOr<bool> rolled = core->RollBack(request->rank(), request->session(), request->to_version(),
-                                                 request->from_version());
-    if (rolled.ok()) {
-      response->set_rolled_back(*rolled);
-      response->set_version(request->to_version());
-    }
-    reactor->Finish(ToGrpcStatus(rolled.status()));
+grpc::Status ParameterServerService::RollBack(grpc::ServerContext* context, const pb::RollBackRequest* request,
+                                          pb::RollBackResponse* response) {
+  if (absl::Status auth = tokens_->Check(*context, Role::kWorker); !auth.ok()) return ToGrpcStatus(auth);
+  // Reads a checkpoint file: on the daemon's thread, one at a time with the checkpoints it writes.
+  absl::StatusOr<bool> rolled;
+  absl::Notification done;
+  background_([&] {
+    rolled = core_->RollBack(request->rank(), request->session(), request->to_version(), request->from_version());
+    done.Notify();
   });
-  return reactor;
+  done.WaitForNotification();
+  if (rolled.ok()) {
+    response->set_rolled_back(*rolled);
+    response->set_version(request->to_version());
+  }
+  return ToGrpcStatus(rolled.status());
 }
 
-grpc::ServerUnaryReactor* ParameterServerService::Follow(grpc::CallbackServerContext* context,
-                                                         const pb::ShardReport* request,
-                                                         pb::ShardView* response) {
-  if (absl::Status auth = tokens_->Check(*context, Role::kWorker); !auth.ok()) return Done(context, auth);
+grpc::Status ParameterServerService::Follow(grpc::ServerContext* context, const pb::ShardReport* request,
+                                          pb::ShardView* response) {
+  if (absl::Status auth = tokens_->Check(*context, Role::kWorker); !auth.ok()) return ToGrpcStatus(auth);
   const ServerOptions& o = core_->options();
   if (o.shards <= 1 || o.shard != 0) {
-    return Done(context, absl::FailedPreconditionError(absl::StrCat(
+    return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
                              "this server is shard ", o.shard, " of ", o.shards,
                              ", not shard 0 of several: give --coordinator shard 0's address")));
   }
   if (request->shards() != o.shards || request->shard() <= 0 || request->shard() >= o.shards) {
-    return Done(context, absl::FailedPreconditionError(absl::StrCat(
+    return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
                              "a report from shard ", request->shard(), " of ", request->shards(),
                              " reached shard 0 of ", o.shards, ": start every shard with the same --shards")));
   }
@@ -317,12 +314,14 @@ grpc::ServerUnaryReactor* ParameterServerService::Follow(grpc::CallbackServerCon
   if (request->wait_ms() == 0 || request->view() != members.view() ||
       request->incarnation() != members.incarnation() || members.job_ended()) {
     answer(/*held=*/false);
-    return Done(context, absl::OkStatus());
+    return grpc::Status::OK;
   }
   // The follower is at this view: hold its report until the view moves (or its wait ends), so
   // that it hears of an exclusion in one round trip rather than at its next report.
   const absl::Duration wait =
       std::clamp(absl::Milliseconds(request->wait_ms()), absl::Milliseconds(10), kMaxFollowWait);
+  BlockedCall blocked;
+  std::shared_ptr<Parked> held;
   {
     CallsToFinish released;  // finished after the lock is released
     absl::MutexLock lock(&held_mu_);
@@ -333,19 +332,20 @@ grpc::ServerUnaryReactor* ParameterServerService::Follow(grpc::CallbackServerCon
     if (holding_) {
       absl::StatusOr<PeerBudget::Hold> parked = parked_.Take(PeerKey(-1, context->peer()), 1);
       if (parked.ok()) {
-        auto* reactor = new ParkedReactor([answer](uint64_t, const Snapshot&) { answer(/*held=*/true); },
-                                          ParkedReactor::WaitSpan{}, ParkedReactor::Holds{*std::move(parked), {}});
-        reactor->AnswerAt(absl::Now() + wait, 0);
-        held_reports_.Park(reactor->call(), request->view() + 1, absl::InfiniteFuture());
+        held = std::make_shared<Parked>(&blocked, [answer](uint64_t, const Snapshot&) { answer(/*held=*/true); },
+                                        Parked::WaitSpan{}, Parked::Holds{*std::move(parked), {}});
+        held_reports_.Park(held, request->view() + 1, absl::InfiniteFuture());
         // A view that moved after the check above, before the park, is answered here: its observer
         // may have run before the call was parked.
         held_reports_.Release(members.view(), NoSnapshot, released);
-        return reactor;
       }
     }
   }
+  // Held: answered when the view moves, at the end of the wait (by this thread), or when the
+  // server stops holding reports (its shutdown).
+  if (held != nullptr) return blocked.Wait(*context, *held, wait);
   answer(/*held=*/false);  // shutting down, or too many held: the next report comes after the interval
-  return Done(context, absl::OkStatus());
+  return grpc::Status::OK;
 }
 
 void ParameterServerService::OnMembershipChange() {
@@ -361,115 +361,104 @@ void ParameterServerService::StopHoldingReports() {
   held_reports_.ReleaseAll(0, NoSnapshot, released);
 }
 
-grpc::ServerUnaryReactor* ParameterServerService::Push(grpc::CallbackServerContext* context,
-                                                       const grpc::ByteBuffer* request,
-                                                       grpc::ByteBuffer* response) {
-  if (absl::Status auth = tokens_->Check(*context, Role::kWorker); !auth.ok()) return Done(context, auth);
+void ParameterServerService::ServePush(DataCall* call) {
+  if (absl::Status auth = tokens_->Check(call->context(), Role::kWorker); !auth.ok()) return Done(call, auth);
   pb::PushRequest header;
   Scratch& values = RequestValues();
-  absl::StatusOr<PushRequestView> view = ParsePush(context, *request, &header, &values, core_->options().tracer);
-  if (!view.ok()) return Done(context, view.status());
+  absl::StatusOr<PushRequestView> view =
+      ParsePush(call->context(), call->request(), &header, &values, core_->options().tracer);
+  if (!view.ok()) return Done(call, view.status());
   absl::StatusOr<PeerBudget::Hold> bytes = in_flight_.Take(PeerKey(view->rank, view->peer), view->data.size());
-  if (!bytes.ok()) return Done(context, bytes.status());
+  if (!bytes.ok()) return Done(call, bytes.status());
   absl::StatusOr<bool> completed = core_->Push(*view);
   TrimRequestValues(values);
   if (completed.ok()) {
     pb::PushResponse reply;
     reply.set_completed_step(*completed);
-    *response = Encode(reply);
+    *call->response() = Encode(reply);
   }
-  return Done(context, completed.status());
+  Done(call, completed.status());
 }
 
-grpc::ServerUnaryReactor* ParameterServerService::Initialize(grpc::CallbackServerContext* context,
-                                                             const grpc::ByteBuffer* request,
-                                                             grpc::ByteBuffer* response) {
-  if (absl::Status auth = tokens_->Check(*context, Role::kWorker); !auth.ok()) return Done(context, auth);
+void ParameterServerService::ServeInitialize(DataCall* call) {
+  if (absl::Status auth = tokens_->Check(call->context(), Role::kWorker); !auth.ok()) return Done(call, auth);
   pb::InitializeRequest header;
   Scratch& values = RequestValues();
   constexpr int kDataPath[] = {pb::InitializeRequest::kDataFieldNumber};
-  absl::Status parsed = ParseWithBytes(*request, kDataPath, IntoScratch(&values), &header);
-  if (!parsed.ok()) return Done(context, parsed);
+  absl::Status parsed = ParseWithBytes(call->request(), kDataPath, IntoScratch(&values), &header);
+  if (!parsed.ok()) return Done(call, parsed);
   InitializeView view;
   view.rank = header.rank();
   view.session = header.session();
   view.partition = header.partition();
   view.dtype_is_float32 = header.dtype() == pb::DTYPE_FLOAT32;
   view.data = values.view();
-  absl::StatusOr<PeerBudget::Hold> bytes = in_flight_.Take(PeerKey(view.rank, context->peer()), view.data.size());
-  if (!bytes.ok()) return Done(context, bytes.status());
+  absl::StatusOr<PeerBudget::Hold> bytes = in_flight_.Take(PeerKey(view.rank, call->context().peer()), view.data.size());
+  if (!bytes.ok()) return Done(call, bytes.status());
   absl::StatusOr<bool> applied = core_->Initialize(view);
   TrimRequestValues(values);
   if (applied.ok()) {
     pb::InitializeResponse reply;
     reply.set_applied(*applied);
-    *response = Encode(reply);
+    *call->response() = Encode(reply);
   }
-  return Done(context, applied.status());
+  return Done(call, applied.status());
 }
 
-grpc::ServerUnaryReactor* ParameterServerService::Pull(grpc::CallbackServerContext* context,
-                                                       const grpc::ByteBuffer* request,
-                                                       grpc::ByteBuffer* response) {
-  if (absl::Status auth = tokens_->Check(*context, Role::kWorker); !auth.ok()) return Done(context, auth);
+void ParameterServerService::ServePull(DataCall* call) {
+  if (absl::Status auth = tokens_->Check(call->context(), Role::kWorker); !auth.ok()) return Done(call, auth);
   pb::PullRequest r;
-  absl::Status parsed = ParseWithBytes(*request, {}, nullptr, &r);
-  if (!parsed.ok()) return Done(context, parsed);
+  absl::Status parsed = ParseWithBytes(call->request(), {}, nullptr, &r);
+  if (!parsed.ok()) return Done(call, parsed);
   const std::optional<WireDType> dtype = WireDTypeFromProto(r.dtype(), /*unspecified_is_float32=*/true);
   if (!dtype.has_value()) {
-    return Done(context, absl::InvalidArgumentError(absl::StrCat(
+    return Done(call, absl::InvalidArgumentError(absl::StrCat(
         "a pull's dtype must be DTYPE_FLOAT32 (or unset), DTYPE_BFLOAT16 or DTYPE_FLOAT16, not ",
         DTypeName(r.dtype()))));
   }
-  absl::StatusOr<PeerBudget::Hold> parked = parked_.Take(PeerKey(r.rank(), context->peer()), 1);
-  if (!parked.ok()) return Done(context, parked.status());
-  ParkedReactor* reactor = PullReactor(core_, response, r.partition(), *dtype, {*std::move(parked), {}});
-  core_->Pull(r.rank(), r.session(), r.partition(), r.min_version(), reactor->call());
-  return reactor;
+  absl::StatusOr<PeerBudget::Hold> parked = parked_.Take(PeerKey(r.rank(), call->context().peer()), 1);
+  if (!parked.ok()) return Done(call, parked.status());
+  core_->Pull(r.rank(), r.session(), r.partition(), r.min_version(),
+              PullCall(core_, call, r.partition(), *dtype, {*std::move(parked), {}}));
 }
 
-grpc::ServerUnaryReactor* ParameterServerService::PushPull(grpc::CallbackServerContext* context,
-                                                           const grpc::ByteBuffer* request,
-                                                           grpc::ByteBuffer* response) {
-  if (absl::Status auth = tokens_->Check(*context, Role::kWorker); !auth.ok()) return Done(context, auth);
+void ParameterServerService::ServePushPull(DataCall* call) {
+  if (absl::Status auth = tokens_->Check(call->context(), Role::kWorker); !auth.ok()) return Done(call, auth);
   pb::PushRequest header;
   Scratch& values = RequestValues();
-  absl::StatusOr<PushRequestView> view = ParsePush(context, *request, &header, &values, core_->options().tracer);
-  if (!view.ok()) return Done(context, view.status());
+  absl::StatusOr<PushRequestView> view = ParsePush(call->context(), call->request(), &header, &values, core_->options().tracer);
+  if (!view.ok()) return Done(call, view.status());
   const std::string peer = PeerKey(view->rank, view->peer);
   absl::StatusOr<PeerBudget::Hold> bytes = in_flight_.Take(peer, view->data.size());
-  if (!bytes.ok()) return Done(context, bytes.status());
+  if (!bytes.ok()) return Done(call, bytes.status());
   absl::StatusOr<PeerBudget::Hold> parked = parked_.Take(peer, 1);
-  if (!parked.ok()) return Done(context, parked.status());
+  if (!parked.ok()) return Done(call, parked.status());
   // The reply comes in the dtype the push came in (a float32 push when the push's is unknown:
   // the push is refused, and the reply carries only that status).
-  ParkedReactor* reactor = PullReactor(core_, response, header.partition(),
-                                       view->dtype.value_or(WireDType::kFloat32), {*std::move(parked), {}});
-  core_->PushPull(*view, reactor->call());
+  core_->PushPull(*view, PullCall(core_, call, header.partition(), view->dtype.value_or(WireDType::kFloat32),
+                                  {*std::move(parked), {}}));
   TrimRequestValues(values);
-  return reactor;
 }
 
-grpc::ServerUnaryReactor* ParameterServerService::AllReduce(grpc::CallbackServerContext* context,
-                                                            const grpc::ByteBuffer* request,
-                                                            grpc::ByteBuffer* response) {
-  if (absl::Status auth = tokens_->Check(*context, Role::kWorker); !auth.ok()) return Done(context, auth);
+void ParameterServerService::ServeAllReduce(DataCall* call) {
+  if (absl::Status auth = tokens_->Check(call->context(), Role::kWorker); !auth.ok()) return Done(call, auth);
   pb::AllReduceRequest header;
   Scratch& values = RequestValues();
   constexpr int kDataPath[] = {pb::AllReduceRequest::kTensorFieldNumber, pb::Tensor::kDataFieldNumber};
-  absl::Status parsed = ParseWithBytes(*request, kDataPath, IntoScratch(&values), &header);
-  if (!parsed.ok()) return Done(context, parsed);
+  absl::Status parsed = ParseWithBytes(call->request(), kDataPath, IntoScratch(&values), &header);
+  if (!parsed.ok()) return Done(call, parsed);
   absl::StatusOr<TensorSpec> spec = SpecFromProto(header.tensor());
-  if (!spec.ok()) return Done(context, spec.status());
+  if (!spec.ok()) return Done(call, spec.status());
   // A fixed group's rank is the caller's say-so, not an identity: its calls count against its address.
-  const std::string peer = PeerKey(header.members() ? header.rank() : -1, context->peer());
+  const std::string peer = PeerKey(header.members() ? header.rank() : -1, call->context().peer());
   absl::StatusOr<PeerBudget::Hold> parked = parked_.Take(peer, 1);
-  if (!parked.ok()) return Done(context, parked.status());
+  if (!parked.ok()) return Done(call, parked.status());
   // The contribution's bytes are held until the round completes (the call is answered then).
   absl::StatusOr<PeerBudget::Hold> bytes = in_flight_.Take(peer, values.view().size());
-  if (!bytes.ok()) return Done(context, bytes.status());
-  ParkedReactor* reactor =
-      new ParkedReactor([response, spec = *spec](uint64_t round, const Snapshot& sum) {
+  if (!bytes.ok()) return Done(call, bytes.status());
+  auto answer = std::make_shared<Parked>(
+      call,
+      [response = call->response(), spec = *spec](uint64_t round, const Snapshot& sum) {
         pb::Tensor tensor;
         SpecToProto(spec, &tensor);
         const uint64_t bytes = sum.values().size() * sizeof(float);
@@ -482,8 +471,7 @@ grpc::ServerUnaryReactor* ParameterServerService::AllReduce(grpc::CallbackServer
         prefix += tensor_prefix;
         *response = TwoSlices(prefix, SliceOf(sum));
       },
-      ParkedReactor::WaitSpan{core_->options().tracer, "allreduce wait"},
-      ParkedReactor::Holds{*std::move(parked), *std::move(bytes)});
+      Parked::WaitSpan{core_->options().tracer, "allreduce wait"}, Parked::Holds{*std::move(parked), *std::move(bytes)});
   AllReduceContribution c;
   c.name = header.name();
   c.group_size = header.group_size();
@@ -494,15 +482,13 @@ grpc::ServerUnaryReactor* ParameterServerService::AllReduce(grpc::CallbackServer
   c.spec = *std::move(spec);
   c.data = values.view();
   c.peer = peer;
-  hub_->Contribute(c, reactor->call());
+  hub_->Contribute(c, std::move(answer));
   TrimRequestValues(values);
-  return reactor;
 }
 
-grpc::ServerUnaryReactor* ParameterServerService::GetStatus(grpc::CallbackServerContext* context,
-                                                            const pb::GetStatusRequest* request,
-                                                            pb::ServerStatus* response) {
-  if (absl::Status auth = tokens_->Check(*context, Role::kStatus); !auth.ok()) return Done(context, auth);
+grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context, const pb::GetStatusRequest* request,
+                                          pb::ServerStatus* response) {
+  if (absl::Status auth = tokens_->Check(*context, Role::kStatus); !auth.ok()) return ToGrpcStatus(auth);
   const StatusSnapshot s = core_->Status();
   const ServerOptions& o = core_->options();
   const absl::Time now = o.clock->Now();
@@ -564,9 +550,7 @@ grpc::ServerUnaryReactor* ParameterServerService::GetStatus(grpc::CallbackServer
       *response->add_shard_statuses() = std::move(shard);
     }
   }
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+  return grpc::Status::OK;
 }
 
 }  // namespace summa::server

@@ -16,6 +16,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/synchronization/notification.h"
 
+#include "common/health_service.h"
 #include "common/server_builder.h"
 #include "common/transport.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -315,6 +316,60 @@ TEST(HealthOnlyServerTest, FollowsItsLeaderAndServesNothingElse) {
   EXPECT_EQ(taken.status().code(), absl::StatusCode::kUnavailable);
   follower->server->Shutdown();
   leader->server->Shutdown();
+}
+
+// Watch sends the status and each change of it, and holds a server thread per stream: at most
+// HealthService::kMaxWatches at once, and a stream the client cancelled lets go of its own.
+TEST(HealthServiceTest, WatchSendsEachChangeAndAtMostSixteenAtOnce) {
+  absl::StatusOr<RunningServer> server = StartGrpcServer("127.0.0.1:0", {}, {"summa.v1.Worker"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = health::Health::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(server->port),
+                                                          grpc::InsecureChannelCredentials()));
+  using Serving = health::HealthCheckResponse;
+  struct Watch {
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientReader<Serving>> reader;
+  };
+  auto watch = [&](const std::string& service) {
+    auto w = std::make_unique<Watch>();
+    w->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    health::HealthCheckRequest request;
+    request.set_service(service);
+    w->reader = stub->Watch(&w->ctx, request);
+    return w;
+  };
+  auto next = [](Watch& w) {
+    Serving r;
+    return w.reader->Read(&r) ? r.status() : Serving::UNKNOWN;
+  };
+  std::vector<std::unique_ptr<Watch>> watches;
+  watches.push_back(watch("summa.v1.Worker"));
+  EXPECT_EQ(next(*watches[0]), Serving::SERVING);
+  server->health->SetServing(false);
+  EXPECT_EQ(next(*watches[0]), Serving::NOT_SERVING);
+  server->health->SetServing(true);
+  EXPECT_EQ(next(*watches[0]), Serving::SERVING);
+  watches.push_back(watch("no.such.Service"));
+  EXPECT_EQ(next(*watches[1]), Serving::SERVICE_UNKNOWN);
+  while (watches.size() < HealthService::kMaxWatches) {
+    watches.push_back(watch(""));
+    EXPECT_EQ(next(*watches.back()), Serving::SERVING);
+  }
+  // One more is refused; once one of the others is cancelled, a new one is served.
+  std::unique_ptr<Watch> refused = watch("");
+  EXPECT_EQ(next(*refused), Serving::UNKNOWN);
+  EXPECT_EQ(refused->reader->Finish().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  watches[0]->ctx.TryCancel();
+  bool served = false;
+  for (int attempt = 0; attempt < 200 && !served; ++attempt) {
+    std::unique_ptr<Watch> w = watch("");
+    served = next(*w) == Serving::SERVING;
+    w->ctx.TryCancel();
+    if (!served) absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_TRUE(served);
+  for (auto& w : watches) w->ctx.TryCancel();
+  server->server->Shutdown();
 }
 
 TEST(TransportTest, TokensCompareWholeAndFlagsAreChecked) {

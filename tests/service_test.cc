@@ -12,6 +12,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/clock.h"
 #include "common/grpc_status.h"
+#include "common/health_service.h"
 #include "gtest/gtest.h"
 #include "summa/v1/summa.grpc.pb.h"
 
@@ -696,6 +697,22 @@ TEST(ShardFollowerTest, ReportsToShardZeroFollowsItsViewAndDecidesAloneOnceItIsG
   // Shard 0 goes: after the give-up time shard 1 decides alone.
   (*zero)->Shutdown();
   EXPECT_TRUE(Eventually([&] { return !one.membership().follower(); }));
+}
+
+// No method of the server is a callback: with one, gRPC's callback threads poll the sockets
+// beside the data path's threads and hand every call over to them (server/service.h). The data
+// path is async, the rest synchronous, and so is the health service registered beside them.
+TEST(ServiceShapeTest, NoMethodIsServedByGrpcsCallbackThreads) {
+  ServerOptions o;
+  o.world_size = 1;
+  ParameterServer core(o);
+  AllReduceHub hub(o.barrier_deadline, o.clock, &core.membership(), o.limits);
+  const TokenCheck tokens;
+  ParameterServerService service(&core, &hub, [](std::function<void()> task) { task(); }, &tokens);
+  EXPECT_FALSE(service.has_callback_methods());
+  EXPECT_TRUE(service.has_async_methods());
+  HealthService health(std::vector<std::string>{"summa.v1.ParameterServer"});
+  EXPECT_FALSE(health.has_callback_methods());
 }
 
 // Shard 0 holds a follower's report while the view stands and answers it as soon as the view

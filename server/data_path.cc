@@ -1,5 +1,6 @@
 #include "server/data_path.h"
 
+#include <atomic>
 #include <memory>
 
 namespace summa::server {
@@ -7,18 +8,23 @@ namespace {
 
 enum class Method { kInitialize, kPush, kPull, kPushPull, kAllReduce };
 
-// One call of one method: asked of gRPC, served when it arrives, freed when its answer has been
-// sent (or when it never arrived: the server shut down). Each of the two events comes back on
-// the queue with a tag of its own.
+// One call of one method: asked of gRPC, served when it arrives, freed when gRPC is done with
+// it. Each event comes back on the queue with a tag of its own: the call's arrival (or, once the
+// server shut down, the news that it never will), its answer sent, and its end (gRPC's
+// AsyncNotifyWhenDone: when the call is over, answered or cancelled by the client). A call that
+// arrived is freed after both of the last two.
 class AsyncCall final : public DataCall {
  public:
+  enum class Event { kArrived, kAnswered, kDone };
   struct Tag {
     AsyncCall* call;
-    bool answered;  // false: the call arrived; true: its answer went out
+    Event event;
   };
 
   AsyncCall(ParameterServerService* service, grpc::ServerCompletionQueue* queue, DataPath* path, Method method)
-      : service_(service), queue_(queue), path_(path), method_(method), writer_(&context_) {}
+      : service_(service), queue_(queue), path_(path), method_(method), writer_(&context_) {
+    context_.AsyncNotifyWhenDone(&done_);
+  }
 
   // Asks gRPC for the method's next call; deletes this call when the queue is shut down.
   void Request() {
@@ -44,9 +50,37 @@ class AsyncCall final : public DataCall {
     if (!started) delete this;
   }
 
-  // The call arrived: another is asked for in its place, then this one is served.
-  void Arrived() {
-    (new AsyncCall(service_, queue_, path_, method_))->Request();
+  // What the queue returned for this call.
+  void On(Event event, bool ok) {
+    switch (event) {
+      case Event::kArrived:
+        // A call that never arrived (the server shut down) has nothing else to come.
+        if (!ok) {
+          delete this;
+          return;
+        }
+        (new AsyncCall(service_, queue_, path_, method_))->Request();  // in its place
+        return Serve();
+      case Event::kAnswered:
+        return Release();
+      case Event::kDone:
+        // The client went away: a call parked in the core is answered now (CANCELLED), not at
+        // its step's end or its deadline.
+        if (context_.IsCancelled()) OnCancelled();
+        return Release();
+    }
+  }
+
+  const grpc::ServerContextBase& context() const override { return context_; }
+  const grpc::ByteBuffer& request() const override { return request_; }
+  grpc::ByteBuffer* response() override { return &response_; }
+  void Answer(const grpc::Status& status) override {
+    // Once the queue is shut down nothing can be sent: the answer counts as sent.
+    if (!path_->StartOp([&] { writer_.Finish(response_, status, &answered_); })) Release();
+  }
+
+ private:
+  void Serve() {
     switch (method_) {
       case Method::kInitialize: return service_->ServeInitialize(this);
       case Method::kPush: return service_->ServePush(this);
@@ -55,17 +89,10 @@ class AsyncCall final : public DataCall {
       case Method::kAllReduce: return service_->ServeAllReduce(this);
     }
   }
-
-  const grpc::ServerContextBase& context() const override { return context_; }
-  const grpc::ByteBuffer& request() const override { return request_; }
-  grpc::ByteBuffer* response() override { return &response_; }
-  void Answer(const grpc::Status& status) override {
-    // Once the queue is shut down (every call was answered before: see DataPath), nothing can
-    // be sent: the call is freed.
-    if (!path_->StartOp([&] { writer_.Finish(response_, status, &answered_); })) delete this;
+  void Release() {
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
   }
 
- private:
   ParameterServerService* const service_;
   grpc::ServerCompletionQueue* const queue_;
   DataPath* const path_;
@@ -74,8 +101,10 @@ class AsyncCall final : public DataCall {
   grpc::ByteBuffer request_;
   grpc::ByteBuffer response_;
   grpc::ServerAsyncResponseWriter<grpc::ByteBuffer> writer_;
-  Tag arrived_{this, false};
-  Tag answered_{this, true};
+  std::atomic<int> pending_{2};  // of kAnswered and kDone, once the call arrived
+  Tag arrived_{this, Event::kArrived};
+  Tag answered_{this, Event::kAnswered};
+  Tag done_{this, Event::kDone};
 };
 
 }  // namespace
@@ -93,13 +122,7 @@ void DataPath::Poll() {
   bool ok;
   while (queue_->Next(&tag, &ok)) {
     auto* t = static_cast<AsyncCall::Tag*>(tag);
-    // An answer sent (or not: the client went away), or a call asked for that will never come
-    // (the server shut down): done with.
-    if (t->answered || !ok) {
-      delete t->call;
-      continue;
-    }
-    t->call->Arrived();
+    t->call->On(t->event, ok);
   }
 }
 

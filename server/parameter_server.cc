@@ -244,7 +244,7 @@ absl::StatusOr<absl::Span<const float>> ParameterServer::PushedGradient(const Pa
     }
     if (dtype == WireDType::kFloat32) return AsFloats(r.data);
   }
-  // Grows to the largest partition once per thread (gRPC's few callback threads), then reused.
+  // Grows to the largest partition once per thread (the data path's few threads), then reused.
   thread_local std::vector<float> decoded;
   if (static_cast<int64_t>(decoded.size()) < n) decoded.resize(n);
   const absl::Span<float> out(decoded.data(), n);

@@ -1,6 +1,6 @@
 // ParkedCall: an RPC that waits, without a thread, for a counter (a partition's version, a
-// collective's round) to reach a value. The gRPC edge implements it over a callback reactor;
-// tests implement it over a promise.
+// collective's round) to reach a value. The gRPC edge implements it over an async data-path call
+// (or, for a held shard report, a handler's thread); tests implement it over a promise.
 //
 // Protocol, which keeps a cancelled call from being touched after gRPC frees it: whoever wants
 // to answer first calls Claim(); only a successful claimer may then call Fill (under the owner's
@@ -139,7 +139,7 @@ class ParkingLot {
         ++kept;
         continue;
       }
-      // A call that fails to claim was cancelled by its client: drop it silently.
+      // A call that fails to claim was answered already (its client went away, a timer): drop it.
       if (e.call->Claim()) {
         absl::Status status = answer(*e.call);
         out.Add(std::move(e.call), std::move(status));

@@ -37,7 +37,8 @@ class Parked final : public ParkedCall {
     int64_t partition = -1;
   };
 
-  // The shares of the server's limits the call holds until it is answered and forgotten.
+  // The shares of the server's limits the call holds: `parked` until it is answered, `bytes`
+  // until it is forgotten too.
   struct Holds {
     PeerBudget::Hold parked;
     PeerBudget::Hold bytes;
@@ -54,7 +55,12 @@ class Parked final : public ParkedCall {
     if (wait_.tracer != nullptr) wait_.tracer->Complete(wait_.name, "server", arrived_, absl::Now(), wait_.partition);
     fill_(counter, values);
   }
-  void Finish(absl::Status status) override { answer_->Answer(ToGrpcStatus(status)); }
+  // An answered call is no longer parked: its parked-call hold goes now, its bytes when it is
+  // forgotten (an AllReduce contribution's stay in the round's sum until the round ends).
+  void Finish(absl::Status status) override {
+    holds_.parked.Release();
+    answer_->Answer(ToGrpcStatus(status));
+  }
   int value_bytes() const override { return value_bytes_; }
 
  private:
@@ -165,7 +171,7 @@ std::shared_ptr<Parked> PullCall(const ParameterServer* core, DataCall* call, ui
                                  Parked::Holds holds) {
   const Parked::WaitSpan wait{core->options().tracer, "wait", partition};
   grpc::ByteBuffer* response = call->response();
-  return std::make_shared<Parked>(call, [core, response, partition, dtype](uint64_t version, const Snapshot& w) {
+  auto parked = std::make_shared<Parked>(call, [core, response, partition, dtype](uint64_t version, const Snapshot& w) {
     pb::PullResponse header;
     header.set_partition(partition);
     header.set_version(version);
@@ -176,11 +182,11 @@ std::shared_ptr<Parked> PullCall(const ParameterServer* core, DataCall* call, ui
     AppendFieldHeader(pb::PullResponse::kDataFieldNumber, w.values().size() * WireDTypeBytes(dtype), &prefix);
     *response = TwoSlices(prefix, SliceOf(w, dtype));
   }, wait, std::move(holds), WireDTypeBytes(dtype));
+  call->Parks(parked);
+  return parked;
 }
 
 void Done(DataCall* call, const absl::Status& status) { call->Answer(ToGrpcStatus(status)); }
-
-
 
 }  // namespace
 
@@ -329,12 +335,13 @@ grpc::Status ParameterServerService::Follow(grpc::ServerContext* context, const 
     // and with them their hold on the peer's parked calls (the view may not move for hours).
     held_reports_.DropClaimed();
     // A held report counts against its peer's parked calls; past the limit it is answered at once.
-    if (holding_) {
+    if (holding_ && held_ < kMaxHeldReports) {
       absl::StatusOr<PeerBudget::Hold> parked = parked_.Take(PeerKey(-1, context->peer()), 1);
       if (parked.ok()) {
         held = std::make_shared<Parked>(&blocked, [answer](uint64_t, const Snapshot&) { answer(/*held=*/true); },
                                         Parked::WaitSpan{}, Parked::Holds{*std::move(parked), {}});
         held_reports_.Park(held, request->view() + 1, absl::InfiniteFuture());
+        ++held_;
         // A view that moved after the check above, before the park, is answered here: its observer
         // may have run before the call was parked.
         held_reports_.Release(members.view(), NoSnapshot, released);
@@ -343,7 +350,12 @@ grpc::Status ParameterServerService::Follow(grpc::ServerContext* context, const 
   }
   // Held: answered when the view moves, at the end of the wait (by this thread), or when the
   // server stops holding reports (its shutdown).
-  if (held != nullptr) return blocked.Wait(*context, *held, wait);
+  if (held != nullptr) {
+    const grpc::Status status = blocked.Wait(*context, *held, wait);
+    absl::MutexLock lock(&held_mu_);
+    --held_;
+    return status;
+  }
   answer(/*held=*/false);  // shutting down, or too many held: the next report comes after the interval
   return grpc::Status::OK;
 }
@@ -472,6 +484,7 @@ void ParameterServerService::ServeAllReduce(DataCall* call) {
         *response = TwoSlices(prefix, SliceOf(sum));
       },
       Parked::WaitSpan{core_->options().tracer, "allreduce wait"}, Parked::Holds{*std::move(parked), *std::move(bytes)});
+  call->Parks(answer);
   AllReduceContribution c;
   c.name = header.name();
   c.group_size = header.group_size();

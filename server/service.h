@@ -7,6 +7,7 @@
 #define SUMMA_SERVER_SERVICE_H_
 
 #include <functional>
+#include <memory>
 
 #include "common/transport.h"
 #include "server/all_reduce.h"
@@ -25,7 +26,7 @@ namespace summa::server {
 // handle and answer a call on one thread. The rest (the control plane) is synchronous. No method
 // is a callback: with one, gRPC's own callback threads poll the sockets too and hand each call
 // over to another thread (a 4 KiB two-rank AllReduce took 176-220 µs with the control plane as
-// callbacks, XX µs without; a hop costs tens of µs on this VM).
+// callbacks, 100-170 µs without; a hop costs tens of µs on this VM).
 using ServiceBase = summa::v1::ParameterServer::WithRawMethod_Initialize<
     summa::v1::ParameterServer::WithRawMethod_Push<
     summa::v1::ParameterServer::WithRawMethod_Pull<
@@ -48,6 +49,26 @@ class DataCall : public Answerable {
   virtual const grpc::ServerContextBase& context() const = 0;
   virtual const grpc::ByteBuffer& request() const = 0;
   virtual grpc::ByteBuffer* response() = 0;
+
+  // The parked call that answers this one, set by the handler before the core sees it: a client
+  // that goes away while it waits has it claimed and answered CANCELLED (OnCancelled, from the
+  // data path), which lets go of what it holds at the next sweep instead of at its step's end.
+  void Parks(const std::shared_ptr<ParkedCall>& parked) {
+    absl::MutexLock lock(&parked_mu_);
+    parked_ = parked;
+  }
+  void OnCancelled() {
+    std::shared_ptr<ParkedCall> parked;
+    {
+      absl::MutexLock lock(&parked_mu_);
+      parked = parked_.lock();
+    }
+    if (parked != nullptr && parked->Claim()) parked->Finish(absl::CancelledError("cancelled by the client"));
+  }
+
+ private:
+  absl::Mutex parked_mu_;
+  std::weak_ptr<ParkedCall> parked_ ABSL_GUARDED_BY(parked_mu_);
 };
 
 class ParameterServerService final : public ServiceBase {
@@ -82,7 +103,9 @@ class ParameterServerService final : public ServiceBase {
                         summa::v1::RollBackResponse* response) override;
   grpc::Status GetStatus(grpc::ServerContext* context, const summa::v1::GetStatusRequest* request,
                          summa::v1::ServerStatus* response) override;
-  // Shard 0's long poll: a held report keeps its thread until the view moves or its wait ends.
+  // Shard 0's long poll: a held report keeps its thread until the view moves or its wait ends;
+  // at most kMaxHeldReports at once (more are answered at once, not held).
+  static constexpr int kMaxHeldReports = 64;
   grpc::Status Follow(grpc::ServerContext* context, const summa::v1::ShardReport* request,
                       summa::v1::ShardView* response) override;
 
@@ -106,17 +129,19 @@ class ParameterServerService final : public ServiceBase {
   const Background background_;
   const TokenCheck* const tokens_;  // Not owned.
   // What callers' calls hold (server/limits.h): a parked call holds one of `parked_` until it is
-  // answered and forgotten; a request's values hold their bytes of `in_flight_` while applied or,
+  // answered (a client that goes away has its call answered then); a request's values hold their bytes of `in_flight_` while applied or,
   // for an AllReduce, until the round completes.
   PeerBudget parked_;
   PeerBudget in_flight_;
   JoinRate joins_;
   ShardBoard shards_;  // shard 0 of several: the other shards' reports
   // Shard 0 of several: Follow calls held until the view moves past their target (the
-  // report's view + 1) or their wait ends (each call's own gRPC alarm).
+  // report's view + 1) or their wait ends (each waits on its handler's thread). Each holds a
+  // thread of gRPC's: at most kMaxHeldReports at once, the others answered at once.
   absl::Mutex held_mu_;
   ParkingLot held_reports_ ABSL_GUARDED_BY(held_mu_);
   bool holding_ ABSL_GUARDED_BY(held_mu_) = true;
+  int held_ ABSL_GUARDED_BY(held_mu_) = 0;  // reports waiting on their thread
 };
 
 }  // namespace summa::server

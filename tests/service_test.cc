@@ -30,6 +30,16 @@ std::vector<float> Floats(const std::string& b) {
   return v;
 }
 
+// Waits (up to 20 s, polling) for `done`; false if it never held.
+bool Eventually(const std::function<bool()>& done) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (!done()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return true;
+}
+
 class ServiceTest : public ::testing::Test {
  protected:
   void StartServer(int workers, int64_t partition_bytes = 4 << 20, LimitOptions limits = {},
@@ -359,6 +369,39 @@ TEST_F(ServiceTest, ParkedPullEndsAtTheClientsDeadline) {
   EXPECT_TRUE(stub->GetStatus(&sctx, pb::GetStatusRequest(), &status).ok());
 }
 
+// A parked pull whose client gave up is answered then (CANCELLED) and is no longer parked: the
+// server's count of parked calls comes down without waiting for the step to complete.
+TEST_F(ServiceTest, AParkedPullWhoseClientWentAwayIsNoLongerParked) {
+  StartServer(2);
+  auto stub = Stub();
+  for (int rank : {0, 1}) {
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    pb::JoinResponse joined;
+    ASSERT_TRUE(stub->Join(&ctx, JoinMsg(rank, 2, rank == 0), &joined).ok());
+  }
+  auto parked_calls = [&] {
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    pb::ServerStatus status;
+    EXPECT_TRUE(stub->GetStatus(&ctx, pb::GetStatusRequest(), &status).ok());
+    return status.parked_calls();
+  };
+  pb::PullRequest pull;
+  pull.set_rank(0);
+  pull.set_min_version(1);  // step 0 never completes here
+  grpc::ClientContext ctx;
+  pb::PullResponse resp;
+  std::thread puller([&] {
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    EXPECT_EQ(stub->Pull(&ctx, pull, &resp).error_code(), grpc::StatusCode::CANCELLED);
+  });
+  EXPECT_TRUE(Eventually([&] { return parked_calls() == 1; }));
+  ctx.TryCancel();
+  puller.join();
+  EXPECT_TRUE(Eventually([&] { return parked_calls() == 0; }));
+}
+
 TEST_F(ServiceTest, RetriedPushPullAndNonFiniteGradientsOverTheWire) {
   StartServer(2);
   auto stub = Stub();
@@ -634,16 +677,6 @@ TEST_F(ServiceTest, AModelOverTheLimitIsRefusedBeforeAnythingIsAllocated) {
   EXPECT_FALSE(StatusOf(*stub).model_defined());
 }
 
-// Waits (up to 20 s, polling) for `done`; false if it never held.
-bool Eventually(const std::function<bool()>& done) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (!done()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return true;
-}
-
 // Shard 0's options in a job of two shards under shrink (no sessions asked: the tests admit
 // ranks themselves), and shard 1's, a follower's.
 ServerOptions ShardZeroOptions(int world_size) {
@@ -786,6 +819,50 @@ TEST(ShardFollowerTest, ShardZeroHoldsOnlyAReportOfItsOwnProcessAndView) {
     status.Clear();
     return stub->GetStatus(&ctx, pb::GetStatusRequest(), &status).ok() && status.parked_calls() <= 1;
   })) << status.parked_calls();
+}
+
+// Each held report waits on a thread of the server's: shard 0 holds at most kMaxHeldReports at
+// once and answers the next at once, not held.
+TEST(ShardFollowerTest, ShardZeroHoldsABoundedNumberOfReportsAtOnce) {
+  auto zero = SummaServer::Start("127.0.0.1:0", ShardZeroOptions(2));
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  const Membership& members = (*zero)->core().membership();
+  auto stub = pb::ParameterServer::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string((*zero)->port()), grpc::InsecureChannelCredentials()));
+  pb::ShardReport report;
+  report.set_shard(1);
+  report.set_shards(2);
+  report.set_view(members.view());
+  report.set_incarnation(members.incarnation());
+  report.set_wait_ms(3600 * 1000);
+  constexpr int kHeld = ParameterServerService::kMaxHeldReports;
+  grpc::CompletionQueue queue;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<pb::ShardView> views(kHeld);
+  std::vector<grpc::Status> statuses(kHeld);
+  for (int i = 0; i < kHeld; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    contexts.back()->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    auto call = stub->AsyncFollow(contexts.back().get(), report, &queue);
+    call->Finish(&views[i], &statuses[i], reinterpret_cast<void*>(static_cast<intptr_t>(i)));
+  }
+  pb::ServerStatus status;
+  EXPECT_TRUE(Eventually([&] {
+    grpc::ClientContext ctx;
+    status.Clear();
+    return stub->GetStatus(&ctx, pb::GetStatusRequest(), &status).ok() && status.parked_calls() == kHeld;
+  })) << status.parked_calls();
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  pb::ShardView view;
+  EXPECT_TRUE(stub->Follow(&ctx, report, &view).ok());  // not held: at once
+  EXPECT_FALSE(view.held());
+  for (auto& c : contexts) c->TryCancel();
+  for (int i = 0; i < kHeld; ++i) {
+    void* tag;
+    bool ok;
+    ASSERT_TRUE(queue.Next(&tag, &ok));
+  }
 }
 
 }  // namespace

@@ -76,6 +76,15 @@ class ServiceTest : public ::testing::Test {
     return j;
   }
 
+  // Ranks 0 (with the initial values) and 1 join a job of two.
+  void JoinTwo(pb::ParameterServer::Stub& stub) {
+    for (int rank : {0, 1}) {
+      grpc::ClientContext ctx;
+      Deadline(ctx);
+      pb::JoinResponse joined;
+      ASSERT_TRUE(stub.Join(&ctx, JoinMsg(rank, 2, rank == 0), &joined).ok());
+    }
+  }
   std::unique_ptr<SummaServer> server_;
   std::function<void(ServerOptions&)> configure_;  // applied last by StartServer, when set
 };
@@ -374,12 +383,7 @@ TEST_F(ServiceTest, ParkedPullEndsAtTheClientsDeadline) {
 TEST_F(ServiceTest, AParkedPullWhoseClientWentAwayIsNoLongerParked) {
   StartServer(2);
   auto stub = Stub();
-  for (int rank : {0, 1}) {
-    grpc::ClientContext ctx;
-    Deadline(ctx);
-    pb::JoinResponse joined;
-    ASSERT_TRUE(stub->Join(&ctx, JoinMsg(rank, 2, rank == 0), &joined).ok());
-  }
+  JoinTwo(*stub);
   auto parked_calls = [&] {
     grpc::ClientContext ctx;
     Deadline(ctx);
@@ -405,12 +409,7 @@ TEST_F(ServiceTest, AParkedPullWhoseClientWentAwayIsNoLongerParked) {
 TEST_F(ServiceTest, RetriedPushPullAndNonFiniteGradientsOverTheWire) {
   StartServer(2);
   auto stub = Stub();
-  for (int rank : {0, 1}) {
-    grpc::ClientContext ctx;
-    Deadline(ctx);
-    pb::JoinResponse joined;
-    ASSERT_TRUE(stub->Join(&ctx, JoinMsg(rank, 2, rank == 0), &joined).ok());
-  }
+  JoinTwo(*stub);
   auto push = [&](int rank, uint64_t step, std::vector<float> g, pb::PullResponse* out) {
     pb::PushRequest r;
     r.set_rank(rank);

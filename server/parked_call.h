@@ -68,9 +68,18 @@ class CallsToFinish {
 // Calls parked until a counter reaches their target. Not thread-safe: its owner's lock guards it.
 class ParkingLot {
  public:
+  // Calls answered by someone else while parked (a client that went away) are forgotten as the
+  // lot grows, every time it doubles: their parked-call holds went when they were answered, so
+  // without this a caller that parks and cancels could grow the lot without a bound until the
+  // counter moves.
   void Park(std::shared_ptr<ParkedCall> call, uint64_t target, absl::Time deadline) {
+    if (parked_.size() >= prune_at_) {
+      DropClaimed();
+      prune_at_ = std::max<size_t>(kMinPruneAt, 2 * parked_.size());
+    }
     parked_.push_back({std::move(call), target, deadline});
   }
+  size_t size() const { return parked_.size(); }
 
   // Claims and fills every call whose target is <= counter; adds them to `out` with OK. The
   // calls are filled with `values()` as of `version` (by default the counter itself); `values`
@@ -148,7 +157,9 @@ class ParkingLot {
     parked_.resize(kept);
   }
 
+  static constexpr size_t kMinPruneAt = 16;
   std::vector<Entry> parked_;
+  size_t prune_at_ = kMinPruneAt;  // Park drops the claimed calls when the lot reaches this size
 };
 
 }  // namespace summa::server

@@ -53,22 +53,34 @@ class DataCall : public Answerable {
   // The parked call that answers this one, set by the handler before the core sees it: a client
   // that goes away while it waits has it claimed and answered CANCELLED (OnCancelled, from the
   // data path), which lets go of what it holds at the next sweep instead of at its step's end.
+  // A client gone before the handler parked the call (its end came while the handler parsed)
+  // has it answered as it parks.
   void Parks(const std::shared_ptr<ParkedCall>& parked) {
-    absl::MutexLock lock(&parked_mu_);
-    parked_ = parked;
+    {
+      absl::MutexLock lock(&parked_mu_);
+      parked_ = parked;
+      if (!cancelled_) return;
+    }
+    Cancel(*parked);
   }
   void OnCancelled() {
     std::shared_ptr<ParkedCall> parked;
     {
       absl::MutexLock lock(&parked_mu_);
+      cancelled_ = true;
       parked = parked_.lock();
     }
-    if (parked != nullptr && parked->Claim()) parked->Finish(absl::CancelledError("cancelled by the client"));
+    if (parked != nullptr) Cancel(*parked);
   }
 
  private:
+  static void Cancel(ParkedCall& parked) {
+    if (parked.Claim()) parked.Finish(absl::CancelledError("cancelled by the client"));
+  }
+
   absl::Mutex parked_mu_;
   std::weak_ptr<ParkedCall> parked_ ABSL_GUARDED_BY(parked_mu_);
+  bool cancelled_ ABSL_GUARDED_BY(parked_mu_) = false;
 };
 
 class ParameterServerService final : public ServiceBase {

@@ -364,6 +364,28 @@ TEST_F(ParameterServerTest, CancelledCallIsDroppedWhenTheStepCompletes) {
   EXPECT_FALSE(pull->answered());
 }
 
+// Calls answered elsewhere while parked (their clients went away) are forgotten as the lot grows:
+// a caller that parks and cancels over and over, while the counter stands, keeps it bounded by
+// twice what is really parked.
+TEST(ParkingLotTest, ForgetsCallsAnsweredElsewhereAsItGrows) {
+  ParkingLot lot;
+  std::vector<std::shared_ptr<FakeCall>> waiting;
+  for (int i = 0; i < 10; ++i) {
+    waiting.push_back(std::make_shared<FakeCall>());
+    lot.Park(waiting.back(), 1, absl::InfiniteFuture());
+  }
+  for (int i = 0; i < 10000; ++i) {
+    auto gone = std::make_shared<FakeCall>();
+    lot.Park(gone, 1, absl::InfiniteFuture());
+    ASSERT_TRUE(gone->Claim());
+    EXPECT_LE(lot.size(), 40u);
+  }
+  // The ten still waiting are answered when the counter moves.
+  CallsToFinish out;
+  lot.Release(1, []() -> const Snapshot& { static const Snapshot none; return none; }, out);
+  EXPECT_EQ(out.size(), 10u);
+}
+
 }  // namespace
 }  // namespace summa::server
 

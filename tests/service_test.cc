@@ -381,6 +381,8 @@ TEST_F(ServiceTest, ParkedPullEndsAtTheClientsDeadline) {
 // A parked pull whose client gave up is answered then (CANCELLED) and is no longer parked: the
 // server's count of parked calls comes down without waiting for the step to complete.
 TEST_F(ServiceTest, AParkedPullWhoseClientWentAwayIsNoLongerParked) {
+  // The pull's own deadline is far beyond Eventually's 20 s: only the cancellation can end it.
+  configure_ = [](ServerOptions& o) { o.barrier_deadline = absl::Minutes(10); };
   StartServer(2);
   auto stub = Stub();
   JoinTwo(*stub);
@@ -837,13 +839,14 @@ TEST(ShardFollowerTest, ShardZeroHoldsABoundedNumberOfReportsAtOnce) {
   constexpr int kHeld = ParameterServerService::kMaxHeldReports;
   grpc::CompletionQueue queue;
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientAsyncResponseReader<pb::ShardView>>> calls;
   std::vector<pb::ShardView> views(kHeld);
   std::vector<grpc::Status> statuses(kHeld);
   for (int i = 0; i < kHeld; ++i) {
     contexts.push_back(std::make_unique<grpc::ClientContext>());
     contexts.back()->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
-    auto call = stub->AsyncFollow(contexts.back().get(), report, &queue);
-    call->Finish(&views[i], &statuses[i], reinterpret_cast<void*>(static_cast<intptr_t>(i)));
+    calls.push_back(stub->AsyncFollow(contexts.back().get(), report, &queue));
+    calls.back()->Finish(&views[i], &statuses[i], reinterpret_cast<void*>(static_cast<intptr_t>(i)));
   }
   pb::ServerStatus status;
   EXPECT_TRUE(Eventually([&] {

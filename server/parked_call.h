@@ -105,13 +105,6 @@ class ParkingLot {
           [&](ParkedCall&) { return why(); }, out);
   }
 
-  // Forgets the calls claimed already (answered by someone else: a timer, a cancellation), so
-  // that what they hold is let go before a later sweep would reach them.
-  void DropClaimed() {
-    parked_.erase(std::remove_if(parked_.begin(), parked_.end(), [](const Entry& e) { return e.call->claimed(); }),
-                  parked_.end());
-  }
-
   // Claims every call, whatever its target; `status` is what each gets.
   void FailAll(const absl::Status& status, CallsToFinish& out) {
     Sweep([](const Entry&) { return true; }, [&](ParkedCall&) { return status; }, out);
@@ -123,6 +116,12 @@ class ParkingLot {
     uint64_t target;
     absl::Time deadline;
   };
+
+  // Forgets the calls claimed already (answered by someone else: a timer, a cancellation).
+  void DropClaimed() {
+    parked_.erase(std::remove_if(parked_.begin(), parked_.end(), [](const Entry& e) { return e.call->claimed(); }),
+                  parked_.end());
+  }
 
   // Claims every call `pred` picks and fills it with `values()` as of `version` (called only
   // when some call is answered, and then once); adds them to `out` with OK.

@@ -235,7 +235,7 @@ grpc::Status ParameterServerService::Join(grpc::ServerContext* context, const pb
 }
 
 grpc::Status ParameterServerService::Heartbeat(grpc::ServerContext* context, const pb::HeartbeatRequest* request,
-                                          pb::HeartbeatResponse* response) {
+                                               pb::HeartbeatResponse* response) {
   if (absl::Status auth = tokens_->Check(*context, Role::kWorker); !auth.ok()) return ToGrpcStatus(auth);
   absl::Status s = core_->Heartbeat(request->rank(), request->session());
   if (s.ok()) {
@@ -247,26 +247,20 @@ grpc::Status ParameterServerService::Heartbeat(grpc::ServerContext* context, con
 }
 
 grpc::Status ParameterServerService::Leave(grpc::ServerContext* context, const pb::LeaveRequest* request,
-                                          pb::LeaveResponse* response) {
+                                           pb::LeaveResponse* response) {
   if (absl::Status auth = tokens_->Check(*context, Role::kWorker); !auth.ok()) return ToGrpcStatus(auth);
   return ToGrpcStatus(core_->Leave(request->rank(), request->session()));
 }
 
 grpc::Status ParameterServerService::Checkpoint(grpc::ServerContext* context, const pb::CheckpointRequest* request,
-                                          pb::CheckpointResponse* response) {
+                                                pb::CheckpointResponse* response) {
   if (absl::Status auth = tokens_->Check(*context, Role::kAdmin); !auth.ok()) return ToGrpcStatus(auth);
   if (core_->options().checkpoint_dir.empty()) {
-    return ToGrpcStatus(absl::FailedPreconditionError(
-                             "no --checkpoint_dir: this server does not write checkpoints"));
+    return ToGrpcStatus(absl::FailedPreconditionError("no --checkpoint_dir: this server does not write checkpoints"));
   }
   // Written by the daemon's thread, which writes the periodic checkpoints too: one at a time.
   absl::Status s;
-  absl::Notification done;
-  background_([&] {
-    s = core_->MaybeCheckpoint(/*force=*/true);
-    done.Notify();
-  });
-  done.WaitForNotification();
+  OnDaemonThread([&] { s = core_->MaybeCheckpoint(/*force=*/true); });
   if (s.ok()) {
     const StatusSnapshot status = core_->Status();
     response->set_path(status.checkpoint.path);
@@ -276,16 +270,13 @@ grpc::Status ParameterServerService::Checkpoint(grpc::ServerContext* context, co
 }
 
 grpc::Status ParameterServerService::RollBack(grpc::ServerContext* context, const pb::RollBackRequest* request,
-                                          pb::RollBackResponse* response) {
+                                              pb::RollBackResponse* response) {
   if (absl::Status auth = tokens_->Check(*context, Role::kWorker); !auth.ok()) return ToGrpcStatus(auth);
   // Reads a checkpoint file: on the daemon's thread, one at a time with the checkpoints it writes.
   absl::StatusOr<bool> rolled;
-  absl::Notification done;
-  background_([&] {
+  OnDaemonThread([&] {
     rolled = core_->RollBack(request->rank(), request->session(), request->to_version(), request->from_version());
-    done.Notify();
   });
-  done.WaitForNotification();
   if (rolled.ok()) {
     response->set_rolled_back(*rolled);
     response->set_version(request->to_version());
@@ -293,8 +284,17 @@ grpc::Status ParameterServerService::RollBack(grpc::ServerContext* context, cons
   return ToGrpcStatus(rolled.status());
 }
 
+void ParameterServerService::OnDaemonThread(absl::FunctionRef<void()> task) {
+  absl::Notification done;
+  background_([&] {
+    task();
+    done.Notify();
+  });
+  done.WaitForNotification();
+}
+
 grpc::Status ParameterServerService::Follow(grpc::ServerContext* context, const pb::ShardReport* request,
-                                          pb::ShardView* response) {
+                                            pb::ShardView* response) {
   if (absl::Status auth = tokens_->Check(*context, Role::kWorker); !auth.ok()) return ToGrpcStatus(auth);
   const ServerOptions& o = core_->options();
   if (o.shards <= 1 || o.shard != 0) {
@@ -331,9 +331,6 @@ grpc::Status ParameterServerService::Follow(grpc::ServerContext* context, const 
   {
     CallsToFinish released;  // finished after the lock is released
     absl::MutexLock lock(&held_mu_);
-    // Reports answered by their timer or cancelled stay parked until a sweep: forget them now,
-    // and with them their hold on the peer's parked calls (the view may not move for hours).
-    held_reports_.DropClaimed();
     // A held report counts against its peer's parked calls; past the limit it is answered at once.
     if (holding_ && held_ < kMaxHeldReports) {
       absl::StatusOr<PeerBudget::Hold> parked = parked_.Take(PeerKey(-1, context->peer()), 1);
@@ -405,7 +402,8 @@ void ParameterServerService::ServeInitialize(DataCall* call) {
   view.partition = header.partition();
   view.dtype_is_float32 = header.dtype() == pb::DTYPE_FLOAT32;
   view.data = values.view();
-  absl::StatusOr<PeerBudget::Hold> bytes = in_flight_.Take(PeerKey(view.rank, call->context().peer()), view.data.size());
+  absl::StatusOr<PeerBudget::Hold> bytes =
+      in_flight_.Take(PeerKey(view.rank, call->context().peer()), view.data.size());
   if (!bytes.ok()) return Done(call, bytes.status());
   absl::StatusOr<bool> applied = core_->Initialize(view);
   TrimRequestValues(values);
@@ -438,7 +436,8 @@ void ParameterServerService::ServePushPull(DataCall* call) {
   if (absl::Status auth = tokens_->Check(call->context(), Role::kWorker); !auth.ok()) return Done(call, auth);
   pb::PushRequest header;
   Scratch& values = RequestValues();
-  absl::StatusOr<PushRequestView> view = ParsePush(call->context(), call->request(), &header, &values, core_->options().tracer);
+  absl::StatusOr<PushRequestView> view =
+      ParsePush(call->context(), call->request(), &header, &values, core_->options().tracer);
   if (!view.ok()) return Done(call, view.status());
   const std::string peer = PeerKey(view->rank, view->peer);
   absl::StatusOr<PeerBudget::Hold> bytes = in_flight_.Take(peer, view->data.size());
@@ -483,7 +482,8 @@ void ParameterServerService::ServeAllReduce(DataCall* call) {
         prefix += tensor_prefix;
         *response = TwoSlices(prefix, SliceOf(sum));
       },
-      Parked::WaitSpan{core_->options().tracer, "allreduce wait"}, Parked::Holds{*std::move(parked), *std::move(bytes)});
+      Parked::WaitSpan{core_->options().tracer, "allreduce wait"},
+      Parked::Holds{*std::move(parked), *std::move(bytes)});
   call->Parks(answer);
   AllReduceContribution c;
   c.name = header.name();
@@ -500,7 +500,7 @@ void ParameterServerService::ServeAllReduce(DataCall* call) {
 }
 
 grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context, const pb::GetStatusRequest* request,
-                                          pb::ServerStatus* response) {
+                                               pb::ServerStatus* response) {
   if (absl::Status auth = tokens_->Check(*context, Role::kStatus); !auth.ok()) return ToGrpcStatus(auth);
   const StatusSnapshot s = core_->Status();
   const ServerOptions& o = core_->options();

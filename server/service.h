@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 
+#include "absl/functional/function_ref.h"
 #include "common/transport.h"
 #include "server/all_reduce.h"
 #include "server/coordination.h"
@@ -136,13 +137,16 @@ class ParameterServerService final : public ServiceBase {
   void StopHoldingReports();
 
  private:
+  // Runs `task` on the daemon's thread (Background) and waits for it.
+  void OnDaemonThread(absl::FunctionRef<void()> task);
+
   ParameterServer* const core_;  // Not owned.
   AllReduceHub* const hub_;      // Not owned.
   const Background background_;
   const TokenCheck* const tokens_;  // Not owned.
   // What callers' calls hold (server/limits.h): a parked call holds one of `parked_` until it is
-  // answered (a client that goes away has its call answered then); a request's values hold their bytes of `in_flight_` while applied or,
-  // for an AllReduce, until the round completes.
+  // answered (a client that goes away has its call answered then); a request's values hold their
+  // bytes of `in_flight_` while applied or, for an AllReduce, until the round completes.
   PeerBudget parked_;
   PeerBudget in_flight_;
   JoinRate joins_;

@@ -810,9 +810,9 @@ TEST(ShardFollowerTest, ShardZeroHoldsOnlyAReportOfItsOwnProcessAndView) {
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(100));
   EXPECT_EQ(view.view(), members.view());
 
-  // Reports answered by their timer let go of their parked-call holds (a follower reports twice
-  // a second for as long as the view stands): the server's count comes down to the last one's
-  // (each is let go once gRPC is done with its call; without that it would stay at 20 and more).
+  // Reports answered at the end of their wait let go of their parked-call holds (a follower
+  // reports twice a second for as long as the view stands): the server's count comes down (each
+  // is let go as it is answered; without that it would stay at 20 and more).
   for (int i = 0; i < 20; ++i) ASSERT_TRUE(follow(10, members.incarnation(), absl::Seconds(10), &view).ok());
   pb::ServerStatus status;
   EXPECT_TRUE(Eventually([&] {

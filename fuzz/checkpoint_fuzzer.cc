@@ -11,8 +11,6 @@
 #include <fstream>
 #include <string>
 
-#include <unistd.h>
-
 #include "common/logging.h"
 #include "fuzz/checkpoint_jobs.h"
 #include "server/checkpoint.h"
@@ -29,11 +27,30 @@ void Check(bool ok, const char* what) {
   }
 }
 
+// Where every input's checkpoint is written: one directory for the fuzzer's whole run, under
+// $TMPDIR, removed when it exits (a crash leaves it beside the crashing input).
+std::string& WorkDir() {
+  static std::string dir;
+  return dir;
+}
+
+void RemoveWorkDir() {
+  std::error_code ignored;
+  std::filesystem::remove_all(WorkDir(), ignored);
+}
+
 }  // namespace
 }  // namespace summa::server
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  using namespace summa::server;
   summa::SetMinLogSeverity(summa::LogSeverity::kError);
+  const char* tmp = std::getenv("TMPDIR");
+  std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") +
+                        "/checkpoint_fuzzer.XXXXXX";
+  Check(::mkdtemp(pattern.data()) != nullptr, "cannot make a directory for the checkpoints");
+  WorkDir() = pattern;
+  std::atexit(RemoveWorkDir);
   return 0;
 }
 
@@ -42,8 +59,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   const uint8_t control = data[0];
   const std::string rest(reinterpret_cast<const char*>(data + 1), size - 1);
-  const std::string dir = "/tmp/checkpoint_fuzzer." + std::to_string(::getpid());
-  std::filesystem::create_directories(dir);
+  const std::string& dir = WorkDir();
   std::string path;
   if (control & 1) {
     // A message written the way the writer writes it, so that the fuzzer gets past the CRC.

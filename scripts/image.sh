@@ -1,27 +1,53 @@
 #!/usr/bin/env bash
 # Builds Summa's container image from deploy/docker/Dockerfile and tags it with the git revision:
-#   scripts/image.sh [--gpu] [--iidfile FILE]
+#   scripts/image.sh [--gpu | --prebuilt BUILD_DIR] [--iidfile FILE]
 # CPU (default): localhost/summa:cpu and localhost/summa:cpu-<revision>[-dirty], on a Debian 12
 # base that it makes when it is missing (mmdebstrap from the Debian mirror, imported as
 # localhost/debian:bookworm). --gpu: localhost/summa:gpu and :gpu-<revision> on NVIDIA's CUDA
 # images, only where those can be pulled. --iidfile writes the built image's ID there.
+# --prebuilt BUILD_DIR (CPU only; the test suite's way): the image holds the summa-server and
+# summa-worker that BUILD_DIR already holds, a Release build of this machine (Debian 12, as the
+# image) by scripts/build.sh, rather than compiling them again in the build stage (minutes on
+# two cores); everything else is built as always. The tags name the checkout's revision: the
+# binaries are whatever BUILD_DIR was last built from.
 # Installs what it needs first (scripts/setup.sh --image: podman, runc, mmdebstrap); the engine
 # is podman, or docker where that is what the machine has (scripts/container.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-usage="usage: scripts/image.sh [--gpu] [--iidfile FILE]"
+usage="usage: scripts/image.sh [--gpu | --prebuilt BUILD_DIR] [--iidfile FILE]"
 flavour=cpu
 iidfile=""
+prebuilt=""
 while (($#)); do
   case "$1" in
     --gpu) flavour=gpu ;;
     --iidfile) iidfile=${2:?$usage}; shift ;;
     --iidfile=?*) iidfile=${1#--iidfile=} ;;
+    --prebuilt) prebuilt=${2:?$usage}; shift ;;
+    --prebuilt=?*) prebuilt=${1#--prebuilt=} ;;
     *) echo "$usage" >&2; exit 2 ;;
   esac
   shift
 done
+
+if [[ -n "$prebuilt" ]]; then
+  if [[ "$flavour" == gpu ]]; then
+    echo "image: --prebuilt makes the CPU image only (the GPU image's base is Ubuntu's)" >&2
+    exit 2
+  fi
+  build_type=$(sed -n 's/^CMAKE_BUILD_TYPE:STRING=//p' "$prebuilt/CMakeCache.txt" 2>/dev/null || true)
+  if [[ "$build_type" != Release ]]; then
+    echo "image: --prebuilt $prebuilt is not a Release build of scripts/build.sh (CMAKE_BUILD_TYPE '$build_type')" >&2
+    exit 2
+  fi
+  for binary in server/summa-server worker/summa-worker; do
+    if [[ ! -x "$prebuilt/$binary" ]]; then
+      echo "image: --prebuilt $prebuilt holds no $binary: build it first (scripts/build.sh)" >&2
+      exit 2
+    fi
+  done
+fi
 
 scripts/setup.sh --image
 engine=$(scripts/container.sh --which)
@@ -38,7 +64,16 @@ case "$flavour" in
 esac
 
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+# .prebuilt/ is in the build context only while a --prebuilt build runs (one a killed build left
+# behind would stand in for compiling).
+rm -rf .prebuilt
+trap 'rm -rf "$work" .prebuilt' EXIT
+if [[ -n "$prebuilt" ]]; then
+  # The binaries only: the CUDA plugin a build of this machine may hold needs CUDA's libraries,
+  # which the CPU image has not.
+  install -D -m 0755 "$prebuilt/server/summa-server" .prebuilt/server/summa-server
+  install -D -m 0755 "$prebuilt/worker/summa-worker" .prebuilt/worker/summa-worker
+fi
 if [[ "$flavour" == cpu ]] && ! scripts/container.sh image inspect "$base" >/dev/null 2>&1; then
   echo "image: making $base (mmdebstrap, Debian 12 minbase without docs, man pages or locales)"
   # The mirrors are named, so mmdebstrap does not read them from a standard input that is not a
@@ -60,7 +95,7 @@ if [[ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]]; then t
 version=$(git describe --tags --always --dirty 2>/dev/null || echo unknown)
 source=$(git config --get remote.origin.url 2>/dev/null || echo "file://$PWD")
 
-echo "image: building localhost/summa:$flavour and localhost/summa:$tag with $engine"
+echo "image: building localhost/summa:$flavour and localhost/summa:$tag with $engine${prebuilt:+ from the binaries of $prebuilt}"
 start=$SECONDS
 # The labels also on the command line: podman 4.3 takes a cached LABEL step whatever the
 # build arguments it expands, and so would label a new revision's image with an old revision.

@@ -9,15 +9,17 @@
 #                          distribution's (the same names on Debian and on NVIDIA's Ubuntu bases);
 #                          CUDA's own libraries are left out: NVIDIA's runtime base brings cuBLAS
 #                          and the CUDA runtime, the NVIDIA container toolkit the driver's libcuda
-#   deploy/docker/stage.sh STAGE
+#   deploy/docker/stage.sh STAGE [BUILD_DIR]
+# BUILD_DIR (default build): where the binaries are, as scripts/build.sh lays them out.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-stage=${1:?usage: deploy/docker/stage.sh STAGE}
+stage=${1:?usage: deploy/docker/stage.sh STAGE [BUILD_DIR]}
+from=${2:-build}
 bin=$stage/opt/summa/bin
 mkdir -p "$bin"
-install -m 0755 -s build/server/summa-server build/worker/summa-worker "$bin/"
-if [[ -f build/worker/cuda/libsumma_cuda.so ]]; then
-  install -D -m 0644 -s build/worker/cuda/libsumma_cuda.so "$bin/cuda/libsumma_cuda.so"
+install -m 0755 -s "$from"/server/summa-server "$from"/worker/summa-worker "$bin/"
+if [[ -f "$from"/worker/cuda/libsumma_cuda.so ]]; then
+  install -D -m 0644 -s "$from"/worker/cuda/libsumma_cuda.so "$bin/cuda/libsumma_cuda.so"
 fi
 
 # The package that owns a library: dpkg knows a file by the path it shipped it under, which on a

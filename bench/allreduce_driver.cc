@@ -33,6 +33,11 @@ bool Contains(const std::vector<std::string>& list, absl::string_view item) {
   return std::find(list.begin(), list.end(), item) != list.end();
 }
 
+// The impl column: "summa" on one server, "summa, k shards" on k.
+std::string RowLabel(absl::string_view impl, int shards) {
+  return shards == 1 ? std::string(impl) : absl::StrCat(impl, ", ", shards, " shards");
+}
+
 std::string ConfigName(absl::string_view impl, int ranks, int64_t bytes) {
   return absl::StrCat(impl, ", ", ranks, " ranks, ", bytes > 0 ? FormatByteSize(bytes) : "every size");
 }
@@ -73,8 +78,9 @@ class Benchmark {
   bool keep_run_dir() const { return !failures_.empty(); }
 
  private:
-  // One size of summa, raw or grpc: a fresh server, `ranks` rank processes, the server's peak RSS.
-  absl::StatusOr<TableRow> RunServerConfig(const std::string& impl, int ranks, int64_t bytes);
+  // One size of summa, raw or grpc: a fresh server (summa: `shards` of them), `ranks` rank
+  // processes, the (largest) server's peak RSS.
+  absl::StatusOr<TableRow> RunServerConfig(const std::string& impl, int ranks, int64_t bytes, int shards);
   // Every size of gloo at one rank count, in one torch.distributed job.
   absl::StatusOr<std::vector<TableRow>> RunGloo(int ranks);
 
@@ -135,52 +141,68 @@ void Benchmark::EmitRow(const TableRow& row) {
   Emit(FormatTableRow(row));
 }
 
-absl::StatusOr<TableRow> Benchmark::RunServerConfig(const std::string& impl, int ranks, int64_t bytes) {
+absl::StatusOr<TableRow> Benchmark::RunServerConfig(const std::string& impl, int ranks, int64_t bytes,
+                                                    int shards) {
   const absl::Time deadline = absl::Now() + o_.timeout;
-  const std::string tag = absl::StrCat(impl, "-", ranks, "-", FormatByteSize(bytes));
-  const std::string port_file = RunPath(tag + ".port");
-  ChildOptions server;
-  server.log_path = RunPath(tag + "-server.log");
-  if (impl == "summa") {
-    server.name = "summa-server";
-    server.argv = {o_.server, "--address=127.0.0.1:0", absl::StrCat("--port_file=", port_file),
-                   absl::StrCat("--workers=", ranks),
-                   absl::StrCat("--barrier_deadline=", absl::FormatDuration(o_.timeout))};
-  } else {
-    server.name = absl::StrCat(impl, " server");
-    server.argv = {o_.self, absl::StrCat("--role=", impl, "_server"), absl::StrCat("--port_file=", port_file),
-                   absl::StrCat("--group_size=", ranks), absl::StrCat("--bytes=", bytes),
-                   absl::StrCat("--timeout=", absl::FormatDuration(o_.timeout))};
+  const std::string label = RowLabel(impl, shards);
+  const std::string tag = absl::StrCat(impl, "-k", shards, "-", ranks, "-", FormatByteSize(bytes));
+  std::vector<std::unique_ptr<ChildProcess>> server_processes;
+  std::vector<std::string> addresses;
+  for (int i = 0; i < shards; ++i) {
+    const std::string port_file = RunPath(absl::StrCat(tag, "-server", i, ".port"));
+    ChildOptions server;
+    server.log_path = RunPath(absl::StrCat(tag, "-server", i, ".log"));
+    if (impl == "summa") {
+      server.name = shards == 1 ? "summa-server" : absl::StrCat("summa-server shard ", i);
+      server.argv = {o_.server, "--address=127.0.0.1:0", absl::StrCat("--port_file=", port_file),
+                     absl::StrCat("--workers=", ranks),
+                     absl::StrCat("--barrier_deadline=", absl::FormatDuration(o_.timeout)),
+                     absl::StrCat("--shards=", shards), absl::StrCat("--shard=", i)};
+    } else {
+      server.name = absl::StrCat(impl, " server");
+      server.argv = {o_.self, absl::StrCat("--role=", impl, "_server"), absl::StrCat("--port_file=", port_file),
+                     absl::StrCat("--group_size=", ranks), absl::StrCat("--bytes=", bytes),
+                     absl::StrCat("--timeout=", absl::FormatDuration(o_.timeout))};
+    }
+    SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<ChildProcess> process, ChildProcess::Start(server));
+    SUMMA_ASSIGN_OR_RETURN(const std::string port, WaitForFile(port_file, *process, deadline));
+    addresses.push_back("127.0.0.1:" + port);
+    server_processes.push_back(std::move(process));
   }
-  SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<ChildProcess> server_process, ChildProcess::Start(server));
-  SUMMA_ASSIGN_OR_RETURN(const std::string port, WaitForFile(port_file, *server_process, deadline));
 
   std::vector<ChildOptions> rank_options(ranks);
   for (int r = 0; r < ranks; ++r) {
     ChildOptions& rank = rank_options[r];
-    rank.name = absl::StrCat(impl, " rank ", r);
+    rank.name = absl::StrCat(label, " rank ", r);
     rank.log_path = RunPath(absl::StrCat(tag, "-rank", r, ".log"));
     rank.capture_stdout = true;
-    rank.argv = {o_.self, absl::StrCat("--role=", impl, "_rank"), "--target=127.0.0.1:" + port,
+    rank.argv = {o_.self, absl::StrCat("--role=", impl, "_rank"), "--target=" + absl::StrJoin(addresses, ","),
                  absl::StrCat("--rank=", r), absl::StrCat("--group_size=", ranks),
                  absl::StrCat("--bytes=", bytes), absl::StrCat("--iters=", o_.iters),
                  absl::StrCat("--warmup=", o_.warmup),
                  absl::StrCat("--timeout=", absl::FormatDuration(o_.timeout)),
                  absl::StrCat("--channels=", o_.channels)};
-    if (r == 0) rank.argv.push_back(absl::StrCat("--server_pid=", server_process->pid()));
+    // Rank r counts server r's faults (every server's where there are as many ranks).
+    if (r < shards) rank.argv.push_back(absl::StrCat("--server_pid=", server_processes[r]->pid()));
   }
   SUMMA_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<ChildProcess>> rank_processes, StartAll(rank_options));
   std::vector<std::string> outputs;
-  ChildProcess* const servers[] = {server_process.get()};
-  SUMMA_RETURN_IF_ERROR(RunToCompletion(Pointers(rank_processes), servers, deadline, &outputs));
-  SUMMA_ASSIGN_OR_RETURN(const int64_t peak_rss, PeakRssBytes(server_process->pid()));
-  SUMMA_RETURN_IF_ERROR(server_process->Stop(kStopGrace));
+  SUMMA_RETURN_IF_ERROR(RunToCompletion(Pointers(rank_processes), Pointers(server_processes), deadline, &outputs));
+  int64_t peak_rss = 0;
+  for (const auto& process : server_processes) {
+    SUMMA_ASSIGN_OR_RETURN(const int64_t rss, PeakRssBytes(process->pid()));
+    peak_rss = std::max(peak_rss, rss);
+  }
+  for (const auto& process : server_processes) SUMMA_RETURN_IF_ERROR(process->Stop(kStopGrace));
 
   SUMMA_ASSIGN_OR_RETURN(std::vector<RankReport> reports, ParseRankReports(absl::StrJoin(outputs, "\n")));
-  SUMMA_ASSIGN_OR_RETURN(TableRow row, RowFromReports(impl, ranks, bytes, reports));
+  SUMMA_ASSIGN_OR_RETURN(TableRow row, RowFromReports(label, ranks, bytes, reports));
   row.server_peak_rss_mib = static_cast<double>(peak_rss) / (1 << 20);
+  // Faults summed over the servers counted (all of them unless there are fewer ranks than shards).
   for (const RankReport& r : reports) {
-    if (r.server_faults >= 0 && o_.iters > 0) row.server_faults_per_call = double(r.server_faults) / o_.iters;
+    if (r.server_faults >= 0 && o_.iters > 0) {
+      row.server_faults_per_call = row.server_faults_per_call.value_or(0) + double(r.server_faults) / o_.iters;
+    }
   }
   ExplainIfIncorrect(row, reports);
   return row;
@@ -242,7 +264,8 @@ absl::StatusOr<bool> Benchmark::Run() {
       "and checking the tensor are not timed). algbw = size / time; busbw = algbw * 2(n-1)/n, "
       "nccl-tests' factor for allreduce. correct = every element of every result (warm-up "
       "included) equals the exact sum. server peak RSS = VmHWM of a fresh server per size "
-      "(summa-server, the raw TCP server, or the bare gRPC one), read before it is stopped."));
+      "(summa-server, the raw TCP server, or the bare gRPC one), read before it is stopped; "
+      "on k summa-server shards, the largest shard's, and the minor faults summed over the shards."));
   if (Contains(o_.impls, "mpi")) {
     Emit("");
     const std::string mpirun = FindOnPath("mpirun");
@@ -264,11 +287,15 @@ absl::StatusOr<bool> Benchmark::Run() {
         for (const TableRow& row : *rows) EmitRow(row);
         continue;
       }
-      for (int64_t bytes : o_.sizes) {
-        std::fprintf(stderr, "running %s ...\n", ConfigName(impl, ranks, bytes).c_str());
-        absl::StatusOr<TableRow> row = RunServerConfig(impl, ranks, bytes);
-        if (absl::IsCancelled(row.status())) return row.status();
-        EmitRow(row.ok() ? *row : FailedRow(impl, ranks, bytes, row.status()));
+      // Shards are summa-server's; the other servers are one process.
+      for (int shards : impl == "summa" ? o_.shards : std::vector<int>{1}) {
+        const std::string label = RowLabel(impl, shards);
+        for (int64_t bytes : o_.sizes) {
+          std::fprintf(stderr, "running %s ...\n", ConfigName(label, ranks, bytes).c_str());
+          absl::StatusOr<TableRow> row = RunServerConfig(impl, ranks, bytes, shards);
+          if (absl::IsCancelled(row.status())) return row.status();
+          EmitRow(row.ok() ? *row : FailedRow(label, ranks, bytes, row.status()));
+        }
       }
     }
   }
@@ -308,6 +335,10 @@ absl::Status ValidateDriverOptions(const DriverOptions& o) {
   if (o.ranks.empty()) return absl::InvalidArgumentError("--ranks: name at least one rank count");
   for (int ranks : o.ranks) {
     if (ranks < 1) return absl::InvalidArgumentError("--ranks: every rank count must be at least 1");
+  }
+  if (o.shards.empty()) return absl::InvalidArgumentError("--shards: name at least one shard count");
+  for (int shards : o.shards) {
+    if (shards < 1) return absl::InvalidArgumentError("--shards: every shard count must be at least 1");
   }
   if (o.iters < 1) return absl::InvalidArgumentError("--iters must be at least 1");
   if (o.warmup < 0) return absl::InvalidArgumentError("--warmup must not be negative");

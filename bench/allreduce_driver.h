@@ -21,6 +21,7 @@ inline constexpr const char* kImplementations[] = {"summa", "raw", "grpc", "gloo
 struct DriverOptions {
   std::vector<std::string> impls;
   std::vector<int> ranks;
+  std::vector<int> shards = {1};  // summa: summa-server shards per configuration (the others: 1)
   std::vector<int64_t> sizes;  // bytes, multiples of 4
   int iters = 20;
   int warmup = 10;

@@ -27,6 +27,11 @@ ABSL_FLAG(std::string, sizes, "4KiB,64KiB,1MiB,4MiB,16MiB,64MiB,256MiB",
           "tensor sizes in bytes, comma-separated; K, KB and KiB all mean 1024 (likewise M, G); "
           "each a multiple of 4 (float32 elements)");
 ABSL_FLAG(std::string, ranks, "2,4,8", "rank counts (processes taking part), comma-separated");
+ABSL_FLAG(std::string, shards, "1",
+          "summa: summa-server shard counts, comma-separated; on k shards the ranks list every shard "
+          "and each tensor is cut into chunks dealt over them (at least one per shard where each is "
+          "256KiB or more; worker::ParameterClient::PlanAllReduce). The other implementations have "
+          "one server");
 ABSL_FLAG(int, iters, 20, "timed AllReduce calls per configuration");
 ABSL_FLAG(int, warmup, 10, "untimed AllReduce calls before the timed ones (still checked)");
 ABSL_FLAG(std::string, impls, "summa,raw,grpc,gloo,mpi",
@@ -54,7 +59,9 @@ ABSL_FLAG(bool, check, false,
 ABSL_FLAG(std::string, role, "driver",
           "driver (the default: runs the matrix); the others are how the driver starts its "
           "children: summa_rank, raw_rank, grpc_rank, raw_server, grpc_server");
-ABSL_FLAG(std::string, target, "", "summa_rank, raw_rank, grpc_rank: the server's host:port");
+ABSL_FLAG(std::string, target, "",
+          "summa_rank, raw_rank, grpc_rank: the server's host:port (summa_rank: every shard's, "
+          "comma-separated, in shard order)");
 ABSL_FLAG(int, rank, 0, "summa_rank, raw_rank, grpc_rank: this rank, in [0, group_size)");
 ABSL_FLAG(int, group_size, 1, "summa_rank, raw_rank, grpc_rank, raw_server, grpc_server: ranks in the collective");
 ABSL_FLAG(int64_t, bytes, 0, "summa_rank, raw_rank, grpc_rank, raw_server, grpc_server: the tensor size in bytes");
@@ -123,6 +130,12 @@ int RunDriver(int argc, char** argv) {
     int n = 0;
     if (!absl::SimpleAtoi(ranks, &n)) return FlagError(absl::StrCat("--ranks: '", ranks, "' is not a number"));
     o.ranks.push_back(n);
+  }
+  o.shards.clear();
+  for (absl::string_view shards : absl::StrSplit(absl::GetFlag(FLAGS_shards), ',', absl::SkipEmpty())) {
+    int k = 0;
+    if (!absl::SimpleAtoi(shards, &k)) return FlagError(absl::StrCat("--shards: '", shards, "' is not a number"));
+    o.shards.push_back(k);
   }
   o.impls = absl::StrSplit(absl::GetFlag(FLAGS_impls), ',', absl::SkipEmpty());
   o.iters = absl::GetFlag(FLAGS_iters);

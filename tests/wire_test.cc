@@ -8,7 +8,9 @@
 #include <cstring>
 #include <functional>
 #include <thread>
+#include <tuple>
 
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "server/daemon.h"
@@ -317,6 +319,78 @@ TEST_F(RawPathTest, ABigTensorIsSummedInChunksInPlace) {
   auto stub = pb::ParameterServer::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
   ASSERT_TRUE(stub->GetStatus(&ctx, pb::GetStatusRequest(), &status).ok());
   EXPECT_EQ(status.allreduce_rounds(), 3u);  // one round of each chunk's collective
+}
+
+TEST(AllReducePlanTest, OneServerCutsAt4MiBAndShardsShareAFixedGroupsTensor) {
+  using worker::ParameterClient;
+  constexpr int64_t kChunk = ParameterClient::kAllReduceChunkBytes / 4;
+  constexpr int64_t kSpread = ParameterClient::kMinSpreadChunkBytes / 4;
+  auto plan = [](int64_t floats, int shards, bool members) {
+    const ParameterClient::AllReducePlan p = ParameterClient::PlanAllReduce(floats, shards, members);
+    return std::make_tuple(p.count, p.chunk_floats, p.shards);
+  };
+  // One server: whole 4 MiB chunks and a tail, as summa.v1 clients (the Python one) cut them.
+  EXPECT_EQ(plan(0, 1, false), std::make_tuple(1, kChunk, 1));
+  EXPECT_EQ(plan(2 * kChunk + 5, 1, false), std::make_tuple(3, kChunk, 1));
+  // Two or four shards: one chunk a shard where each is at least 256 KiB.
+  EXPECT_EQ(plan(kSpread - 1, 2, false), std::make_tuple(1, kChunk, 2));
+  EXPECT_EQ(plan(2 * kSpread + 1, 2, false), std::make_tuple(2, kSpread + 1, 2));
+  EXPECT_EQ(plan(3 * kSpread, 4, false), std::make_tuple(3, kSpread, 4));
+  EXPECT_EQ(plan(kChunk, 4, false), std::make_tuple(4, kChunk / 4, 4));
+  // Bigger tensors keep the 4 MiB cut, its chunks dealt round the shards.
+  EXPECT_EQ(plan(5 * kChunk, 2, false), std::make_tuple(5, kChunk, 2));
+  // The members' collectives stay on shard 0.
+  EXPECT_EQ(plan(5 * kChunk, 2, true), std::make_tuple(5, kChunk, 1));
+}
+
+// Two shards, a fixed group of two ranks, a 1 MiB tensor and a tail: each shard sums one chunk,
+// and every rank gets the exact sum.
+TEST(ShardedAllReduceTest, AFixedGroupsTensorIsSummedHalfOnEachShard) {
+  std::vector<std::unique_ptr<server::SummaServer>> shards;
+  std::vector<std::string> addresses;
+  for (int i = 0; i < 2; ++i) {
+    server::ServerOptions o;
+    o.world_size = 2;
+    o.shards = 2;
+    o.shard = i;
+    o.barrier_deadline = absl::Seconds(20);
+    auto s = server::SummaServer::Start("127.0.0.1:0", o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    addresses.push_back("127.0.0.1:" + std::to_string((*s)->port()));
+    shards.push_back(*std::move(s));
+  }
+  constexpr int kGroup = 2;
+  const int64_t n = (1 << 20) / 4 + 3;
+  std::vector<std::vector<float>> tensors(kGroup, std::vector<float>(n));
+  std::vector<absl::Status> results(kGroup);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kGroup; ++rank) {
+    for (int64_t i = 0; i < n; ++i) tensors[rank][i] = float((rank + 1) * (i % 1000));
+    threads.emplace_back([&, rank] {
+      worker::ParameterClient client(absl::StrJoin(addresses, ","), absl::Seconds(20), absl::Seconds(20),
+                                     /*channels=*/1);
+      worker::Collective group;
+      group.name = "halves";
+      group.group_size = kGroup;
+      group.rank = rank;
+      results[rank] = client.AllReduceInto(group, tensors[rank], absl::MakeSpan(tensors[rank]));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int rank = 0; rank < kGroup; ++rank) {
+    ASSERT_TRUE(results[rank].ok()) << results[rank];
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < n; ++i) wrong += tensors[rank][i] != float(3 * (i % 1000));
+    EXPECT_EQ(wrong, 0) << "rank " << rank;
+  }
+  for (int i = 0; i < 2; ++i) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    pb::ServerStatus status;
+    auto stub = pb::ParameterServer::NewStub(grpc::CreateChannel(addresses[i], grpc::InsecureChannelCredentials()));
+    ASSERT_TRUE(stub->GetStatus(&ctx, pb::GetStatusRequest(), &status).ok());
+    EXPECT_EQ(status.allreduce_rounds(), 1u) << "shard " << i;  // one round of its one chunk
+  }
 }
 
 TEST_F(RawPathTest, GarbageOnTheWireIsInvalidArgumentAndChangesNothing) {

@@ -642,6 +642,21 @@ absl::StatusOr<std::vector<float>> ParameterClient::AllReduce(const Collective& 
   return sum;
 }
 
+ParameterClient::AllReducePlan ParameterClient::PlanAllReduce(int64_t floats, int shards, bool members) {
+  constexpr int64_t kChunk = kAllReduceChunkBytes / sizeof(float);
+  constexpr int64_t kMinSpread = kMinSpreadChunkBytes / sizeof(float);
+  AllReducePlan plan;
+  plan.shards = members ? 1 : std::max(1, shards);
+  plan.chunk_floats = kChunk;
+  plan.count = std::max<int64_t>(1, (floats + kChunk - 1) / kChunk);
+  const int64_t spread = std::min<int64_t>(plan.shards, floats / kMinSpread);
+  if (spread > plan.count) {
+    plan.count = spread;
+    plan.chunk_floats = (floats + spread - 1) / spread;
+  }
+  return plan;
+}
+
 absl::Status ParameterClient::AllReduceInto(const Collective& group, absl::Span<const float> values,
                                             absl::Span<float> sum) {
   if (sum.size() != values.size()) {
@@ -649,8 +664,9 @@ absl::Status ParameterClient::AllReduceInto(const Collective& group, absl::Span<
                                                    sum.size()));
   }
   const int64_t total = static_cast<int64_t>(values.size());
-  const int64_t chunk = kAllReduceChunkBytes / sizeof(float);
-  const size_t chunks = static_cast<size_t>(std::max<int64_t>(1, (total + chunk - 1) / chunk));
+  const AllReducePlan plan = PlanAllReduce(total, static_cast<int>(shards_.size()), group.members);
+  const int64_t chunk = plan.chunk_floats;
+  const size_t chunks = static_cast<size_t>(plan.count);
   auto name = [&](size_t k) {
     return chunks == 1 ? group.name : absl::StrCat(group.name, "/", k, "of", chunks);
   };
@@ -683,7 +699,7 @@ absl::Status ParameterClient::AllReduceInto(const Collective& group, absl::Span<
         AppendFieldHeader(pb::AllReduceRequest::kTensorFieldNumber, tensor_prefix.size() + bytes, &prefix);
         prefix += tensor_prefix;
         requests[k] = TwoSlices(prefix, Borrowed(values.data() + begin, count));
-        return {kAllReduce, &requests[k], &replies[k]};
+        return {kAllReduce, &requests[k], &replies[k], static_cast<int>(k % plan.shards)};
       },
       [&](size_t k) { return absl::StrCat("AllReduce '", name(k), "'"); }, "allreduce"));
   for (size_t k = 0; k < chunks; ++k) {

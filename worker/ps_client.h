@@ -90,9 +90,23 @@ class ParameterClient final : public ParameterStore {
 
   // The AllReduce of `values` into `sum` (of the same length; it may be `values` itself).
   // Tensors over kAllReduceChunkBytes travel as chunks, each a collective of its own (named
-  // "<name>/<k>of<n>"), all in flight at once, so that the server sums them in parallel.
+  // "<name>/<k>of<n>"), all in flight at once, so that the server sums them in parallel; with
+  // several shards a fixed group's chunks are spread over them (PlanAllReduce). Every rank of a
+  // group must list the same number of shards, or their chunks never meet.
   absl::Status AllReduceInto(const Collective& group, absl::Span<const float> values, absl::Span<float> sum);
   static constexpr int64_t kAllReduceChunkBytes = 4 << 20;
+  // How a tensor is cut: `count` chunks of `chunk_floats` values (the last one shorter), chunk k
+  // summed by shard k % `shards`. One server: chunks of kAllReduceChunkBytes. Several shards and a
+  // fixed group (`members` false): as many more chunks as make one per shard, each at least
+  // kMinSpreadChunkBytes, so that every shard sums a share. A group of the job's members keeps
+  // its collectives on shard 0, the keeper of the membership view.
+  struct AllReducePlan {
+    int64_t chunk_floats = 0;
+    int64_t count = 1;
+    int shards = 1;
+  };
+  static AllReducePlan PlanAllReduce(int64_t floats, int shards, bool members);
+  static constexpr int64_t kMinSpreadChunkBytes = 256 << 10;
 
   // Records every partition's push-pull (from its start to its reply) when not null. Not owned;
   // outlives the client.

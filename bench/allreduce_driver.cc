@@ -83,6 +83,10 @@ class Benchmark {
   absl::StatusOr<TableRow> RunServerConfig(const std::string& impl, int ranks, int64_t bytes, int shards);
   // Every size of gloo at one rank count, in one torch.distributed job.
   absl::StatusOr<std::vector<TableRow>> RunGloo(int ranks);
+  // Every size of mpi at one rank count over one transport ("tcp" or "shm"), in one mpirun job.
+  absl::StatusOr<std::vector<TableRow>> RunMpi(int ranks, const std::string& transport);
+  // The rows of a job that ran every size (gloo, mpi) from what its ranks printed.
+  std::vector<TableRow> RowsOfEverySize(const std::string& label, int ranks, const std::string& output);
 
   // Prints a line of the report (and keeps it for --out).
   void Emit(const std::string& line);
@@ -227,26 +231,60 @@ absl::StatusOr<std::vector<TableRow>> Benchmark::RunGloo(int ranks) {
   SUMMA_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<ChildProcess>> rank_processes, StartAll(rank_options));
   std::vector<std::string> outputs;
   SUMMA_RETURN_IF_ERROR(RunToCompletion(Pointers(rank_processes), {}, deadline, &outputs));
+  return RowsOfEverySize("gloo", ranks, absl::StrJoin(outputs, "\n"));
+}
 
-  const std::string all = absl::StrJoin(outputs, "\n");
-  for (absl::string_view line : absl::StrSplit(all, '\n')) {
+absl::StatusOr<std::vector<TableRow>> Benchmark::RunMpi(int ranks, const std::string& transport) {
+  const std::string label = absl::StrCat("mpi (", transport, ")");
+  if (o_.mpirun.empty()) {
+    TableRow row;
+    row.impl = label;
+    row.ranks = ranks;
+    row.note = "mpirun is not on PATH (Debian: openmpi-bin, python3-mpi4py)";
+    return std::vector<TableRow>{row};
+  }
+  const absl::Time deadline = absl::Now() + o_.timeout * static_cast<double>(o_.sizes.size());
+  ChildOptions job;
+  job.name = absl::StrCat("mpirun (", transport, ", ", ranks, " ranks)");
+  job.log_path = RunPath(absl::StrCat("mpi-", transport, "-", ranks, ".log"));
+  job.capture_stdout = true;
+  // ob1 with only the named byte transfer layers (the loopback's TCP, or shared memory), so that
+  // no other transport (UCX) is picked; the runtime's own connections on the loopback too.
+  // --oversubscribe: more ranks than cores, as every other row runs them.
+  job.argv = {o_.mpirun, "--allow-run-as-root", "--oversubscribe", "-np", absl::StrCat(ranks),
+              "--mca", "pml", "ob1", "--mca", "btl", transport == "tcp" ? "self,tcp" : "self,vader",
+              "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo",
+              "-x", "OMP_NUM_THREADS=1", "-x", "OPENBLAS_NUM_THREADS=1",
+              o_.python, o_.mpi_script, absl::StrCat("--sizes=", absl::StrJoin(o_.sizes, ",")),
+              absl::StrCat("--iters=", o_.iters), absl::StrCat("--warmup=", o_.warmup)};
+  SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<ChildProcess> process, ChildProcess::Start(job));
+  std::vector<std::unique_ptr<ChildProcess>> processes;
+  processes.push_back(std::move(process));
+  std::vector<std::string> outputs;
+  SUMMA_RETURN_IF_ERROR(RunToCompletion(Pointers(processes), {}, deadline, &outputs));
+  return RowsOfEverySize(label, ranks, absl::StrJoin(outputs, "\n"));
+}
+
+std::vector<TableRow> Benchmark::RowsOfEverySize(const std::string& label, int ranks, const std::string& output) {
+  for (absl::string_view line : absl::StrSplit(output, '\n')) {
     if (absl::ConsumePrefix(&line, "unavailable ")) {
       TableRow row;
-      row.impl = "gloo";
+      row.impl = label;
       row.ranks = ranks;
       row.note = std::string(absl::StripAsciiWhitespace(line));
-      return std::vector<TableRow>{row};
+      return {row};
     }
   }
-  SUMMA_ASSIGN_OR_RETURN(std::vector<RankReport> reports, ParseRankReports(all));
+  absl::StatusOr<std::vector<RankReport>> reports = ParseRankReports(output);
+  if (!reports.ok()) return {FailedRow(label, ranks, 0, reports.status())};
   std::vector<TableRow> rows;
   for (int64_t bytes : o_.sizes) {
-    absl::StatusOr<TableRow> row = RowFromReports("gloo", ranks, bytes, reports);
+    absl::StatusOr<TableRow> row = RowFromReports(label, ranks, bytes, *reports);
     if (!row.ok()) {
-      rows.push_back(FailedRow("gloo", ranks, bytes, row.status()));
+      rows.push_back(FailedRow(label, ranks, bytes, row.status()));
       continue;
     }
-    ExplainIfIncorrect(*row, reports);
+    ExplainIfIncorrect(*row, *reports);
     rows.push_back(*std::move(row));
   }
   return rows;
@@ -266,19 +304,21 @@ absl::StatusOr<bool> Benchmark::Run() {
       "included) equals the exact sum. server peak RSS = VmHWM of a fresh server per size "
       "(summa-server, the raw TCP server, or the bare gRPC one), read before it is stopped; "
       "on k summa-server shards, the largest shard's, and the minor faults summed over the shards."));
-  if (Contains(o_.impls, "mpi")) {
-    Emit("");
-    const std::string mpirun = FindOnPath("mpirun");
-    Emit(mpirun.empty() ? "mpi: skipped, `mpirun` is not on PATH."
-                        : absl::StrCat("mpi: skipped, `mpirun` is at ", mpirun,
-                                       " but this bench has no mpi variant yet."));
-  }
   Emit("");
   Emit(TableHeader());
 
   for (const std::string& impl : o_.impls) {
-    if (impl == "mpi") continue;
     for (int ranks : o_.ranks) {
+      if (impl == "mpi") {
+        for (const std::string transport : {"tcp", "shm"}) {
+          std::fprintf(stderr, "running mpi (%s), %d ranks, every size ...\n", transport.c_str(), ranks);
+          absl::StatusOr<std::vector<TableRow>> rows = RunMpi(ranks, transport);
+          if (absl::IsCancelled(rows.status())) return rows.status();
+          if (!rows.ok()) rows = std::vector<TableRow>{FailedRow(absl::StrCat("mpi (", transport, ")"), ranks, 0, rows.status())};
+          for (const TableRow& row : *rows) EmitRow(row);
+        }
+        continue;
+      }
       if (impl == "gloo") {
         std::fprintf(stderr, "running gloo, %d ranks, every size ...\n", ranks);
         absl::StatusOr<std::vector<TableRow>> rows = RunGloo(ranks);
@@ -349,6 +389,9 @@ absl::Status ValidateDriverOptions(const DriverOptions& o) {
   }
   if (Contains(o.impls, "gloo") && ::access(o.gloo_script.c_str(), R_OK) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("--gloo_script: cannot read ", o.gloo_script));
+  }
+  if (Contains(o.impls, "mpi") && ::access(o.mpi_script.c_str(), R_OK) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--mpi_script: cannot read ", o.mpi_script));
   }
   return absl::OkStatus();
 }

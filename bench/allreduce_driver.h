@@ -1,6 +1,6 @@
 // The AllReduce benchmark's driver: for each implementation and rank count it starts the
 // processes it needs (a fresh server per size for summa and raw, so that the server's peak RSS
-// belongs to that size alone; one job per rank count for gloo), collects every rank's timings
+// belongs to that size alone; one job per rank count for gloo, and for each of mpi's transports), collects every rank's timings
 // and correctness, and prints an nccl-tests-style markdown table. Every child is killed by its PID
 // on every path out, SIGINT and SIGTERM to the driver included. Not thread-safe.
 #ifndef SUMMA_BENCH_ALLREDUCE_DRIVER_H_
@@ -31,6 +31,8 @@ struct DriverOptions {
   std::string server;       // summa-server
   std::string python;       // runs gloo_script
   std::string gloo_script;  // allreduce_gloo.py
+  std::string mpi_script;   // allreduce_mpi.py
+  std::string mpirun;       // Open MPI's launcher; empty: the mpi rows say it is missing
   std::string out_path;     // also write the report here, when set
   std::string command_line; // printed first, as the command that produced the report
 };

@@ -40,7 +40,9 @@ ABSL_FLAG(std::string, impls, "summa,raw,grpc,gloo,mpi",
           "sockets: the reference), grpc (the same exchange over bare gRPC: one generic method, "
           "the tensor as the whole message, an async server polled by one thread: what gRPC "
           "itself costs), gloo (torch.distributed with the gloo backend, through "
-          "--python and --gloo_script), mpi (skipped with a note unless mpirun is on PATH)");
+          "--python and --gloo_script), mpi (Open MPI's MPI_Allreduce through mpi4py, run by "
+          "mpirun from PATH with --python and --mpi_script: two rows, over TCP on the loopback "
+          "and over shared memory; a note where mpirun or mpi4py is missing)");
 ABSL_FLAG(absl::Duration, timeout, absl::Minutes(10),
           "deadline of each configuration (one size of one implementation at one rank count; a "
           "gloo job runs every size and gets this per size); a child that has not finished by "
@@ -50,9 +52,11 @@ ABSL_FLAG(absl::Duration, timeout, absl::Minutes(10),
 ABSL_FLAG(std::string, server, "",
           "the summa-server binary; default: ../server/summa-server next to this binary's "
           "directory (the build tree's layout)");
-ABSL_FLAG(std::string, python, "/usr/bin/python3", "the Python that runs --gloo_script (needs torch)");
+ABSL_FLAG(std::string, python, "/usr/bin/python3",
+          "the Python that runs --gloo_script (needs torch) and --mpi_script (needs mpi4py)");
 ABSL_FLAG(std::string, gloo_script, SUMMA_SOURCE_DIR "/bench/allreduce_gloo.py",
           "the gloo rank script");
+ABSL_FLAG(std::string, mpi_script, SUMMA_SOURCE_DIR "/bench/allreduce_mpi.py", "the mpi rank script");
 ABSL_FLAG(std::string, out, "", "also write the report (command, environment, table) to this file");
 ABSL_FLAG(bool, check, false,
           "exit with status 1 unless every row ran and is correct (for tests; no timing is checked)");
@@ -80,7 +84,7 @@ constexpr char kUsage[] =
     "times every AllReduce at every rank, checks every element of every result, and prints a "
     "markdown table: time (median over iterations of the slowest rank), algbw, busbw, correct, "
     "server peak RSS.\n\n"
-    "  summa-bench-allreduce --sizes=4KiB,1MiB,16MiB --ranks=2,4 --impls=summa,raw,gloo "
+    "  summa-bench-allreduce --sizes=4KiB,1MiB,16MiB --ranks=2,4 --shards=1,2 --impls=summa,raw,gloo,mpi "
     "--out=bench/results-allreduce.md";
 
 int Fail(const absl::Status& status) {
@@ -150,6 +154,8 @@ int RunDriver(int argc, char** argv) {
   }
   o.python = absl::GetFlag(FLAGS_python);
   o.gloo_script = absl::GetFlag(FLAGS_gloo_script);
+  o.mpi_script = absl::GetFlag(FLAGS_mpi_script);
+  o.mpirun = summa::bench::FindOnPath("mpirun");
   o.out_path = absl::GetFlag(FLAGS_out);
   o.command_line = summa::bench::CommandLine(argc, argv);
 

@@ -9,7 +9,8 @@
 #               (scripts/build.sh --binaries): the container image's build stage
 # PyTorch and NumPy are in the base set: the Python client's tests (tests/python_client_test.py)
 # train with them; python3-venv and setuptools let that test pip-install the package into a
-# virtualenv.
+# virtualenv. python3-mpi4py (with Open MPI's openmpi-bin) runs the AllReduce benchmark's mpi rows,
+# which its smoke test checks.
 set -euo pipefail
 
 packages=(
@@ -20,6 +21,7 @@ packages=(
   dataset-fashion-mnist grpc-proto openssl
   python3 python3-grpcio python3-protobuf python3-yaml
   python3-torch python3-numpy python3-venv python3-setuptools python3-wheel
+  python3-mpi4py
 )
 # CMake's configure step finds GoogleTest even when only the binaries are built.
 binaries=(

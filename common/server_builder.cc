@@ -72,13 +72,8 @@ absl::StatusOr<RunningServer> StartHealthOnlyServer(const std::string& address, 
 }
 
 std::vector<std::pair<std::string, int>> DataPathArguments() {
-  std::vector<std::pair<std::string, int>> a = {{GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, kMinReadChunkBytes},
+  return {{GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, kMinReadChunkBytes},
           {GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, kMaxReadChunkBytes}};
-  if (const char* f = getenv("EXP_FRAME")) a.push_back({GRPC_ARG_HTTP2_MAX_FRAME_SIZE, atoi(f)});
-  if (const char* f = getenv("EXP_WBUF")) a.push_back({GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, atoi(f)});
-  if (const char* f = getenv("EXP_WIN")) a.push_back({GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, atoi(f)});
-  if (const char* f = getenv("EXP_BDP")) a.push_back({GRPC_ARG_HTTP2_BDP_PROBE, atoi(f)});
-  return a;
 }
 
 grpc::ChannelArguments DefaultChannelArguments() {

@@ -261,7 +261,12 @@ absl::StatusOr<std::vector<TableRow>> Benchmark::RunMpi(int ranks, const std::st
   std::vector<std::unique_ptr<ChildProcess>> processes;
   processes.push_back(std::move(process));
   std::vector<std::string> outputs;
-  SUMMA_RETURN_IF_ERROR(RunToCompletion(Pointers(processes), {}, deadline, &outputs));
+  if (absl::Status ran = RunToCompletion(Pointers(processes), {}, deadline, &outputs); !ran.ok()) {
+    // SIGTERM first: mpirun passes it on to its ranks and reaps them (each rank also dies with
+    // mpirun, should it have to be killed).
+    processes[0]->Stop(kStopGrace).IgnoreError();
+    return ran;
+  }
   return RowsOfEverySize(label, ranks, absl::StrJoin(outputs, "\n"));
 }
 

@@ -36,9 +36,10 @@ if [[ -n "$prebuilt" ]]; then
     echo "image: --prebuilt makes the CPU image only (the GPU image's base is Ubuntu's)" >&2
     exit 2
   fi
-  build_type=$(sed -n 's/^CMAKE_BUILD_TYPE:STRING=//p' "$prebuilt/CMakeCache.txt" 2>/dev/null || true)
-  if [[ "$build_type" != Release ]]; then
-    echo "image: --prebuilt $prebuilt is not a Release build of scripts/build.sh (CMAKE_BUILD_TYPE '$build_type')" >&2
+  cache() { sed -n "s/^$1:[A-Z]*=//p" "$prebuilt/CMakeCache.txt" 2>/dev/null || true; }
+  if [[ "$(cache CMAKE_BUILD_TYPE)" != Release || -n "$(cache SUMMA_SANITIZE)" || "$(cache SUMMA_FUZZ)" == ON ]]; then
+    echo "image: --prebuilt $prebuilt is not a plain Release build of scripts/build.sh" \
+      "(CMAKE_BUILD_TYPE '$(cache CMAKE_BUILD_TYPE)', SUMMA_SANITIZE '$(cache SUMMA_SANITIZE)', SUMMA_FUZZ '$(cache SUMMA_FUZZ)')" >&2
     exit 2
   fi
   for binary in server/summa-server worker/summa-worker; do
@@ -47,6 +48,11 @@ if [[ -n "$prebuilt" ]]; then
       exit 2
     fi
   done
+  # Binaries older than the sources would be labelled with a revision they were not built from.
+  if ninja -C "$prebuilt" -n summa-server summa-worker 2>/dev/null | grep -qE 'Building|Linking'; then
+    echo "image: --prebuilt $prebuilt is not up to date with the sources: build it first (scripts/build.sh)" >&2
+    exit 2
+  fi
 fi
 
 scripts/setup.sh --image
@@ -64,15 +70,21 @@ case "$flavour" in
 esac
 
 work=$(mktemp -d)
-# .prebuilt/ is in the build context only while a --prebuilt build runs (one a killed build left
-# behind would stand in for compiling).
-rm -rf .prebuilt
-trap 'rm -rf "$work" .prebuilt' EXIT
+trap 'rm -rf "$work"' EXIT
+# --prebuilt: the binaries go in the build context under a name of this run's own, which the
+# build argument PREBUILT names; without it the build stage compiles, whatever the context holds.
+# Those a killed run left behind (its PID gone) are removed.
+for stale in .prebuilt.*; do
+  if [[ -d "$stale" ]] && ! kill -0 "${stale#.prebuilt.}" 2>/dev/null; then rm -rf "$stale"; fi
+done
+staged=""
 if [[ -n "$prebuilt" ]]; then
+  staged=.prebuilt.$$
+  trap 'rm -rf "$work" "$staged"' EXIT
   # The binaries only: the CUDA plugin a build of this machine may hold needs CUDA's libraries,
   # which the CPU image has not.
-  install -D -m 0755 "$prebuilt/server/summa-server" .prebuilt/server/summa-server
-  install -D -m 0755 "$prebuilt/worker/summa-worker" .prebuilt/worker/summa-worker
+  install -D -m 0755 "$prebuilt/server/summa-server" "$staged/server/summa-server"
+  install -D -m 0755 "$prebuilt/worker/summa-worker" "$staged/worker/summa-worker"
 fi
 if [[ "$flavour" == cpu ]] && ! scripts/container.sh image inspect "$base" >/dev/null 2>&1; then
   echo "image: making $base (mmdebstrap, Debian 12 minbase without docs, man pages or locales)"
@@ -106,6 +118,7 @@ done
 scripts/container.sh build -f deploy/docker/Dockerfile \
   --build-arg BASE="$base" --build-arg RUNTIME_BASE="$runtime_base" \
   --build-arg VERSION="$version" --build-arg REVISION="$revision" --build-arg SOURCE="$source" \
+  --build-arg PREBUILT="$staged" \
   "${labels[@]}" \
   --iidfile "$work/iid" -t "localhost/summa:$flavour" -t "localhost/summa:$tag" .
 id=$(cat "$work/iid")

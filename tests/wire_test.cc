@@ -321,26 +321,43 @@ TEST_F(RawPathTest, ABigTensorIsSummedInChunksInPlace) {
   EXPECT_EQ(status.allreduce_rounds(), 3u);  // one round of each chunk's collective
 }
 
-TEST(AllReducePlanTest, OneServerCutsAt4MiBAndShardsShareAFixedGroupsTensor) {
+TEST(AllReducePlanTest, OneServerCutsAt4MiBAndShardsShareAFixedGroupsTensorEqually) {
   using worker::ParameterClient;
-  constexpr int64_t kChunk = ParameterClient::kAllReduceChunkBytes / 4;
-  constexpr int64_t kSpread = ParameterClient::kMinSpreadChunkBytes / 4;
+  static constexpr int64_t kChunk = ParameterClient::kAllReduceChunkBytes / 4;
+  static constexpr int64_t kSpread = ParameterClient::kMinSpreadChunkBytes / 4;
   auto plan = [](int64_t floats, int shards, bool members) {
     const ParameterClient::AllReducePlan p = ParameterClient::PlanAllReduce(floats, shards, members);
+    // Whatever the cut, the chunks tile [0, floats) in order, none empty but a lone one.
+    int64_t next = 0;
+    for (int64_t k = 0; k < p.count; ++k) {
+      const auto [begin, length] = p.Range(k);
+      EXPECT_EQ(begin, next) << "chunk " << k << " of " << floats;
+      EXPECT_TRUE(length > 0 || p.count == 1) << "chunk " << k << " of " << floats;
+      EXPECT_LE(length, kChunk);
+      next = begin + length;
+    }
+    EXPECT_EQ(next, floats);
     return std::make_tuple(p.count, p.chunk_floats, p.shards);
   };
   // One server: whole 4 MiB chunks and a tail, as summa.v1 clients (the Python one) cut them.
   EXPECT_EQ(plan(0, 1, false), std::make_tuple(1, kChunk, 1));
   EXPECT_EQ(plan(2 * kChunk + 5, 1, false), std::make_tuple(3, kChunk, 1));
-  // Two or four shards: one chunk a shard where each is at least 256 KiB.
-  EXPECT_EQ(plan(kSpread - 1, 2, false), std::make_tuple(1, kChunk, 2));
+  // Two or four shards: one chunk a shard where each holds 256 KiB, all of one size.
+  EXPECT_EQ(plan(2 * kSpread - 1, 2, false), std::make_tuple(1, 2 * kSpread - 1, 2));
+  EXPECT_EQ(plan(2 * kSpread, 2, false), std::make_tuple(2, kSpread, 2));
   EXPECT_EQ(plan(2 * kSpread + 1, 2, false), std::make_tuple(2, kSpread + 1, 2));
   EXPECT_EQ(plan(3 * kSpread, 4, false), std::make_tuple(3, kSpread, 4));
   EXPECT_EQ(plan(kChunk, 4, false), std::make_tuple(4, kChunk / 4, 4));
-  // Bigger tensors keep the 4 MiB cut, its chunks dealt round the shards.
-  EXPECT_EQ(plan(5 * kChunk, 2, false), std::make_tuple(5, kChunk, 2));
-  // The members' collectives stay on shard 0.
+  // Bigger tensors: a multiple of the shard count of chunks up to 4 MiB, equal shares.
+  EXPECT_EQ(plan(kChunk + 1, 2, false), std::make_tuple(2, kChunk / 2 + 1, 2));
+  EXPECT_EQ(plan(5 * kChunk, 4, false), std::make_tuple(8, 5 * kChunk / 8, 4));
+  EXPECT_EQ(plan(5 * kChunk + 7, 2, false), std::make_tuple(6, (5 * kChunk + 7 + 5) / 6, 2));
+  // The members' collectives stay on shard 0, cut as on one server.
   EXPECT_EQ(plan(5 * kChunk, 2, true), std::make_tuple(5, kChunk, 1));
+  const ParameterClient::AllReducePlan members = ParameterClient::PlanAllReduce(5 * kChunk, 2, true);
+  for (int64_t k = 0; k < members.count; ++k) EXPECT_EQ(members.Shard(k), 0);
+  const ParameterClient::AllReducePlan fixed = ParameterClient::PlanAllReduce(5 * kChunk, 4, false);
+  for (int64_t k = 0; k < fixed.count; ++k) EXPECT_EQ(fixed.Shard(k), k % 4);
 }
 
 // Two shards, a fixed group of two ranks, a 1 MiB tensor and a tail: each shard sums one chunk,

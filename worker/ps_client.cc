@@ -397,6 +397,9 @@ absl::Status ParameterClient::ForEach(size_t n, Start start, What what, const ch
     absl::Time begun;
   };
   std::vector<Call> calls(n);
+  // Each shard's calls take its channels in turn (a call's index would pick the same channel of
+  // a shard every time where the calls are dealt round the shards).
+  std::vector<size_t> next_channel(shards_.size(), 0);
   auto launch = [&](size_t i) {
     const CallSpec spec = start(i);
     Call& c = calls[i];
@@ -407,8 +410,8 @@ absl::Status ParameterClient::ForEach(size_t n, Start start, What what, const ch
     c.status = grpc::Status();
     c.begun = tracer_ != nullptr ? absl::Now() : absl::InfinitePast();
     const Shard& shard = *shards_[spec.shard];
-    c.reader = shard.generic[i % shard.generic.size()]->PrepareUnaryCall(c.context.get(), spec.method,
-                                                                         *spec.request, &queue_);
+    const size_t channel = next_channel[spec.shard]++ % shard.generic.size();
+    c.reader = shard.generic[channel]->PrepareUnaryCall(c.context.get(), spec.method, *spec.request, &queue_);
     c.reader->StartCall();
     c.reader->Finish(spec.reply, &c.status, reinterpret_cast<void*>(i));
   };
@@ -646,14 +649,14 @@ ParameterClient::AllReducePlan ParameterClient::PlanAllReduce(int64_t floats, in
   constexpr int64_t kChunk = kAllReduceChunkBytes / sizeof(float);
   constexpr int64_t kMinSpread = kMinSpreadChunkBytes / sizeof(float);
   AllReducePlan plan;
+  plan.floats = floats;
   plan.shards = members ? 1 : std::max(1, shards);
   plan.chunk_floats = kChunk;
   plan.count = std::max<int64_t>(1, (floats + kChunk - 1) / kChunk);
-  const int64_t spread = std::min<int64_t>(plan.shards, floats / kMinSpread);
-  if (spread > plan.count) {
-    plan.count = spread;
-    plan.chunk_floats = (floats + spread - 1) / spread;
-  }
+  if (plan.shards == 1) return plan;
+  plan.count = std::max(plan.count, std::min<int64_t>(plan.shards, floats / kMinSpread));
+  if (plan.count >= plan.shards) plan.count = (plan.count + plan.shards - 1) / plan.shards * plan.shards;
+  plan.chunk_floats = std::max<int64_t>(1, (floats + plan.count - 1) / plan.count);
   return plan;
 }
 
@@ -665,15 +668,11 @@ absl::Status ParameterClient::AllReduceInto(const Collective& group, absl::Span<
   }
   const int64_t total = static_cast<int64_t>(values.size());
   const AllReducePlan plan = PlanAllReduce(total, static_cast<int>(shards_.size()), group.members);
-  const int64_t chunk = plan.chunk_floats;
   const size_t chunks = static_cast<size_t>(plan.count);
   auto name = [&](size_t k) {
     return chunks == 1 ? group.name : absl::StrCat(group.name, "/", k, "of", chunks);
   };
-  auto range = [&](size_t k) {
-    const int64_t begin = static_cast<int64_t>(k) * chunk;
-    return std::make_pair(begin, std::min(total, begin + chunk) - begin);
-  };
+  auto range = [&](size_t k) { return plan.Range(static_cast<int64_t>(k)); };
   std::vector<grpc::ByteBuffer> requests(chunks), replies(chunks);
   // The requests' values are read from `values` while the calls run: `sum` (which may be the
   // same memory) is written only after every call has completed.
@@ -699,7 +698,7 @@ absl::Status ParameterClient::AllReduceInto(const Collective& group, absl::Span<
         AppendFieldHeader(pb::AllReduceRequest::kTensorFieldNumber, tensor_prefix.size() + bytes, &prefix);
         prefix += tensor_prefix;
         requests[k] = TwoSlices(prefix, Borrowed(values.data() + begin, count));
-        return {kAllReduce, &requests[k], &replies[k], static_cast<int>(k % plan.shards)};
+        return {kAllReduce, &requests[k], &replies[k], plan.Shard(static_cast<int64_t>(k))};
       },
       [&](size_t k) { return absl::StrCat("AllReduce '", name(k), "'"); }, "allreduce"));
   for (size_t k = 0; k < chunks; ++k) {

@@ -14,11 +14,13 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -95,15 +97,23 @@ class ParameterClient final : public ParameterStore {
   // group must list the same number of shards, or their chunks never meet.
   absl::Status AllReduceInto(const Collective& group, absl::Span<const float> values, absl::Span<float> sum);
   static constexpr int64_t kAllReduceChunkBytes = 4 << 20;
-  // How a tensor is cut: `count` chunks of `chunk_floats` values (the last one shorter), chunk k
-  // summed by shard k % `shards`. One server: chunks of kAllReduceChunkBytes. Several shards and a
-  // fixed group (`members` false): as many more chunks as make one per shard, each at least
-  // kMinSpreadChunkBytes, so that every shard sums a share. A group of the job's members keeps
-  // its collectives on shard 0, the keeper of the membership view.
+  // How a tensor of `floats` values is cut: `count` chunks, chunk k the values Range(k) (begin,
+  // length), summed by shard Shard(k). One server (or a group of the job's members, whose
+  // collectives stay on shard 0, the keeper of the membership view): chunks of
+  // kAllReduceChunkBytes and a shorter tail, as every summa.v1 client cuts them. A fixed group on
+  // several shards: at least one chunk a shard where each holds kMinSpreadChunkBytes, a multiple
+  // of the shard count where there are as many, all of one size (the last up to `count` values
+  // shorter), dealt round the shards, so that each sums an equal share.
   struct AllReducePlan {
+    int64_t floats = 0;
     int64_t chunk_floats = 0;
     int64_t count = 1;
     int shards = 1;
+    std::pair<int64_t, int64_t> Range(int64_t k) const {
+      const int64_t begin = std::min(floats, k * chunk_floats);
+      return {begin, std::min(floats, begin + chunk_floats) - begin};
+    }
+    int Shard(int64_t k) const { return static_cast<int>(k % shards); }
   };
   static AllReducePlan PlanAllReduce(int64_t floats, int shards, bool members);
   static constexpr int64_t kMinSpreadChunkBytes = 256 << 10;
@@ -125,7 +135,7 @@ class ParameterClient final : public ParameterStore {
     std::atomic<uint64_t> view{0};
   };
   // One data-path call: the method, the request and reply buffers (alive until it ends), and
-  // the shard it goes to (collectives: shard 0, the coordinator).
+  // the shard it goes to (a members' collective: shard 0, the coordinator).
   struct CallSpec {
     const char* method;
     const grpc::ByteBuffer* request;

@@ -74,7 +74,7 @@ std::string FormatScaleRow(const ScaleRow& row, bool reference) {
                       Cell(row.step_ms, "%.1f"), " | ", Cell(row.model_ms, "%.1f"), " | ",
                       reference ? absl::StrCat(Cell(row.reference_ms, "%.1f"), " | ") : "",
                       Cell(row.server_in_mib, "%.1f"), " | ", Cell(row.server_out_mib, "%.1f"), " | ",
-                      Cell(through, "%.3f"), " | ", Cell(row.server_cpu_s, "%.3f"), " | ",
+                      Cell(through, "%.3f"), " | ", Cell(row.server_cpu_s, "%.4f"), " | ",
                       Cell(row.workers_cpu_s, "%.3f"), " | ", Cell(row.server_peak_rss_mib, "%.1f"), " | ",
                       Cell(row.load_average, "%.1f"), " | ", correct, " |");
 }

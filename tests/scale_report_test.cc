@@ -94,9 +94,9 @@ TEST(ScaleReportTest, TableRows) {
   row.load_average = 2.25;
   row.correct = true;
   EXPECT_EQ(FormatScaleRow(row, false),
-            "| 4 | 1 | 64MiB | 1000.0 | 800.0 | 256.0 | 256.0 | 0.537 | 1.250 | 0.500 | 700.0 | 2.2 | yes |");
+            "| 4 | 1 | 64MiB | 1000.0 | 800.0 | 256.0 | 256.0 | 0.537 | 1.2500 | 0.500 | 700.0 | 2.2 | yes |");
   EXPECT_EQ(FormatScaleRow(row, true),
-            "| 4 | 1 | 64MiB | 1000.0 | 800.0 | - | 256.0 | 256.0 | 0.537 | 1.250 | 0.500 | 700.0 | 2.2 | yes |");
+            "| 4 | 1 | 64MiB | 1000.0 | 800.0 | - | 256.0 | 256.0 | 0.537 | 1.2500 | 0.500 | 700.0 | 2.2 | yes |");
   ScaleRow failed;
   failed.workers = 32;
   failed.model_bytes = 1 << 30;

@@ -191,6 +191,33 @@ TEST(WireTest, MessagesProtobufRefusesAreRefusedAndThoseItAcceptsAreReadAsItRead
   }
 }
 
+// Two ranks, each in a thread with a client of its own from `client`, AllReduce `n` floats named
+// `name` in place (rank r's element i: (r + 1) * (i % 1000)); each must end with the exact sum.
+void AllReduceTwoRanksInPlace(const std::string& name, int64_t n,
+                              const std::function<std::unique_ptr<worker::ParameterClient>()>& client) {
+  constexpr int kGroup = 2;
+  std::vector<std::vector<float>> tensors(kGroup, std::vector<float>(n));
+  std::vector<absl::Status> results(kGroup);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kGroup; ++rank) {
+    for (int64_t i = 0; i < n; ++i) tensors[rank][i] = float((rank + 1) * (i % 1000));
+    threads.emplace_back([&, rank] {
+      worker::Collective group;
+      group.name = name;
+      group.group_size = kGroup;
+      group.rank = rank;
+      results[rank] = client()->AllReduceInto(group, tensors[rank], absl::MakeSpan(tensors[rank]));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int rank = 0; rank < kGroup; ++rank) {
+    ASSERT_TRUE(results[rank].ok()) << results[rank];
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < n; ++i) wrong += tensors[rank][i] != float(3 * (i % 1000));
+    EXPECT_EQ(wrong, 0) << "rank " << rank;
+  }
+}
+
 class RawPathTest : public ::testing::Test {
  protected:
   void StartServer(int workers, int64_t partition_bytes) {
@@ -291,29 +318,9 @@ TEST_F(RawPathTest, WorkersOverSeveralChannelsTakeExactSyncSteps) {
 
 TEST_F(RawPathTest, ABigTensorIsSummedInChunksInPlace) {
   StartServer(1, 4 << 20);
-  constexpr int kGroup = 2;
   // Two whole chunks and a tail of 5.
   const int64_t n = 2 * worker::ParameterClient::kAllReduceChunkBytes / 4 + 5;
-  std::vector<std::vector<float>> tensors(kGroup, std::vector<float>(n));
-  std::vector<absl::Status> results(kGroup);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < kGroup; ++rank) {
-    for (int64_t i = 0; i < n; ++i) tensors[rank][i] = float((rank + 1) * (i % 1000));
-    threads.emplace_back([&, rank] {
-      worker::Collective group;
-      group.name = "big";
-      group.group_size = kGroup;
-      group.rank = rank;
-      results[rank] = Client(/*channels=*/3)->AllReduceInto(group, tensors[rank], absl::MakeSpan(tensors[rank]));
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int rank = 0; rank < kGroup; ++rank) {
-    ASSERT_TRUE(results[rank].ok()) << results[rank];
-    int64_t wrong = 0;
-    for (int64_t i = 0; i < n; ++i) wrong += tensors[rank][i] != float(3 * (i % 1000));
-    EXPECT_EQ(wrong, 0) << "rank " << rank;
-  }
+  AllReduceTwoRanksInPlace("big", n, [&] { return Client(/*channels=*/3); });
   grpc::ClientContext ctx;
   pb::ServerStatus status;
   auto stub = pb::ParameterServer::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
@@ -376,30 +383,10 @@ TEST(ShardedAllReduceTest, AFixedGroupsTensorIsSummedHalfOnEachShard) {
     addresses.push_back("127.0.0.1:" + std::to_string((*s)->port()));
     shards.push_back(*std::move(s));
   }
-  constexpr int kGroup = 2;
-  const int64_t n = (1 << 20) / 4 + 3;
-  std::vector<std::vector<float>> tensors(kGroup, std::vector<float>(n));
-  std::vector<absl::Status> results(kGroup);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < kGroup; ++rank) {
-    for (int64_t i = 0; i < n; ++i) tensors[rank][i] = float((rank + 1) * (i % 1000));
-    threads.emplace_back([&, rank] {
-      worker::ParameterClient client(absl::StrJoin(addresses, ","), absl::Seconds(20), absl::Seconds(20),
-                                     /*channels=*/1);
-      worker::Collective group;
-      group.name = "halves";
-      group.group_size = kGroup;
-      group.rank = rank;
-      results[rank] = client.AllReduceInto(group, tensors[rank], absl::MakeSpan(tensors[rank]));
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int rank = 0; rank < kGroup; ++rank) {
-    ASSERT_TRUE(results[rank].ok()) << results[rank];
-    int64_t wrong = 0;
-    for (int64_t i = 0; i < n; ++i) wrong += tensors[rank][i] != float(3 * (i % 1000));
-    EXPECT_EQ(wrong, 0) << "rank " << rank;
-  }
+  AllReduceTwoRanksInPlace("halves", (1 << 20) / 4 + 3, [&] {
+    return std::make_unique<worker::ParameterClient>(absl::StrJoin(addresses, ","), absl::Seconds(20),
+                                                     absl::Seconds(20), /*channels=*/1);
+  });
   for (int i = 0; i < 2; ++i) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));

@@ -34,23 +34,17 @@ std::string& WorkDir() {
   return dir;
 }
 
-void RemoveWorkDir() {
-  std::error_code ignored;
-  std::filesystem::remove_all(WorkDir(), ignored);
-}
-
 }  // namespace
 }  // namespace summa::server
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   using namespace summa::server;
   summa::SetMinLogSeverity(summa::LogSeverity::kError);
-  const char* tmp = std::getenv("TMPDIR");
-  std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") +
-                        "/checkpoint_fuzzer.XXXXXX";
+  // As idx_fuzzer makes its own (temp_directory_path reads $TMPDIR).
+  std::string pattern = (std::filesystem::temp_directory_path() / "checkpoint_fuzzer.XXXXXX").string();
   Check(::mkdtemp(pattern.data()) != nullptr, "cannot make a directory for the checkpoints");
   WorkDir() = pattern;
-  std::atexit(RemoveWorkDir);
+  std::atexit([] { std::filesystem::remove_all(WorkDir()); });
   return 0;
 }
 

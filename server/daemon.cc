@@ -13,10 +13,10 @@ namespace summa::server {
 
 namespace {
 // The data path's threads: one per core, from two to sixteen (they sum partitions in parallel;
-// their polling also reads the control plane's calls, which gRPC's synchronous threads run). Two rather than one on a
-// 2-core VM: the same times within this VM's noise, and summa-server's peak RSS in a 64 MiB
-// two-rank AllReduce 243-261 MiB against 290-298 MiB with one (the ranks' chunks wait, received,
-// for the one thread).
+// their polling also reads the control plane's calls, which gRPC's synchronous threads run).
+// Two rather than one on a 2-core VM: the same times within this VM's noise, and summa-server's
+// peak RSS in a 64 MiB two-rank AllReduce 243-261 MiB against 290-298 MiB with one (the ranks'
+// chunks wait, received, for the one thread).
 int DataPathThreads() { return std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 2, 16); }
 }  // namespace
 

@@ -150,15 +150,18 @@ absl::StatusOr<TableRow> Benchmark::RunServerConfig(const std::string& impl, int
   const absl::Time deadline = absl::Now() + o_.timeout;
   const std::string label = RowLabel(impl, shards);
   const std::string tag = absl::StrCat(impl, "-k", shards, "-", ranks, "-", FormatByteSize(bytes));
+  const bool summa = impl == "summa" || impl == "summa-grpc";
   std::vector<std::unique_ptr<ChildProcess>> server_processes;
   std::vector<std::string> addresses;
   for (int i = 0; i < shards; ++i) {
     const std::string port_file = RunPath(absl::StrCat(tag, "-server", i, ".port"));
     ChildOptions server;
     server.log_path = RunPath(absl::StrCat(tag, "-server", i, ".log"));
-    if (impl == "summa") {
+    if (summa) {
+      // The one server serves both transports: the rows differ only in the ranks' --data_plane.
       server.name = shards == 1 ? "summa-server" : absl::StrCat("summa-server shard ", i);
-      server.argv = {o_.server, "--address=127.0.0.1:0", absl::StrCat("--port_file=", port_file),
+      server.argv = {o_.server, "--address=127.0.0.1:0", "--data_address=127.0.0.1:0",
+                     absl::StrCat("--port_file=", port_file),
                      absl::StrCat("--workers=", ranks),
                      absl::StrCat("--barrier_deadline=", absl::FormatDuration(o_.timeout)),
                      absl::StrCat("--shards=", shards), absl::StrCat("--shard=", i)};
@@ -180,12 +183,14 @@ absl::StatusOr<TableRow> Benchmark::RunServerConfig(const std::string& impl, int
     rank.name = absl::StrCat(label, " rank ", r);
     rank.log_path = RunPath(absl::StrCat(tag, "-rank", r, ".log"));
     rank.capture_stdout = true;
-    rank.argv = {o_.self, absl::StrCat("--role=", impl, "_rank"), "--target=" + absl::StrJoin(addresses, ","),
+    rank.argv = {o_.self, absl::StrCat("--role=", summa ? "summa" : impl, "_rank"),
+                 "--target=" + absl::StrJoin(addresses, ","),
                  absl::StrCat("--rank=", r), absl::StrCat("--group_size=", ranks),
                  absl::StrCat("--bytes=", bytes), absl::StrCat("--iters=", o_.iters),
                  absl::StrCat("--warmup=", o_.warmup),
                  absl::StrCat("--timeout=", absl::FormatDuration(o_.timeout)),
                  absl::StrCat("--channels=", o_.channels)};
+    if (summa) rank.argv.push_back(impl == "summa" ? "--data_plane=socket" : "--data_plane=grpc");
     // Rank r counts server r's faults (every server's where there are as many ranks).
     if (r < shards) rank.argv.push_back(absl::StrCat("--server_pid=", server_processes[r]->pid()));
   }
@@ -333,7 +338,7 @@ absl::StatusOr<bool> Benchmark::Run() {
         continue;
       }
       // Shards are summa-server's; the other servers are one process.
-      for (int shards : impl == "summa" ? o_.shards : std::vector<int>{1}) {
+      for (int shards : impl == "summa" || impl == "summa-grpc" ? o_.shards : std::vector<int>{1}) {
         const std::string label = RowLabel(impl, shards);
         for (int64_t bytes : o_.sizes) {
           std::fprintf(stderr, "running %s ...\n", ConfigName(label, ranks, bytes).c_str());
@@ -366,7 +371,7 @@ absl::Status ValidateDriverOptions(const DriverOptions& o) {
     if (std::none_of(std::begin(kImplementations), std::end(kImplementations),
                      [&](const char* known) { return impl == known; })) {
       return absl::InvalidArgumentError(
-          absl::StrCat("--impls: unknown implementation '", impl, "' (summa, raw, grpc, gloo, mpi)"));
+          absl::StrCat("--impls: unknown implementation '", impl, "' (summa, summa-grpc, raw, grpc, gloo, mpi)"));
     }
   }
   if (o.impls.empty()) return absl::InvalidArgumentError("--impls: name at least one implementation");

@@ -16,7 +16,7 @@
 namespace summa::bench {
 
 // The implementations --impls may name; they run in the order named.
-inline constexpr const char* kImplementations[] = {"summa", "raw", "grpc", "gloo", "mpi"};
+inline constexpr const char* kImplementations[] = {"summa", "summa-grpc", "raw", "grpc", "gloo", "mpi"};
 
 struct DriverOptions {
   std::vector<std::string> impls;

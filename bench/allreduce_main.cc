@@ -34,9 +34,10 @@ ABSL_FLAG(std::string, shards, "1",
           "one server");
 ABSL_FLAG(int, iters, 20, "timed AllReduce calls per configuration");
 ABSL_FLAG(int, warmup, 10, "untimed AllReduce calls before the timed ones (still checked)");
-ABSL_FLAG(std::string, impls, "summa,raw,grpc,gloo,mpi",
+ABSL_FLAG(std::string, impls, "summa,summa-grpc,raw,grpc,gloo,mpi",
           "implementations, comma-separated, run in this order: summa (summa-server's AllReduce "
-          "RPC through summa::worker::ParameterClient), raw (the same exchange over plain TCP "
+          "through summa::worker::ParameterClient on the socket data plane, summa-server "
+          "--data_address), summa-grpc (the same calls over gRPC, --data_plane=grpc), raw (the same exchange over plain TCP "
           "sockets: the reference), grpc (the same exchange over bare gRPC: one generic method, "
           "the tensor as the whole message, an async server polled by one thread: what gRPC "
           "itself costs), gloo (torch.distributed with the gloo backend, through "
@@ -71,6 +72,8 @@ ABSL_FLAG(int, group_size, 1, "summa_rank, raw_rank, grpc_rank, raw_server, grpc
 ABSL_FLAG(int64_t, bytes, 0, "summa_rank, raw_rank, grpc_rank, raw_server, grpc_server: the tensor size in bytes");
 ABSL_FLAG(int, channels, 1,
           "summa: TCP connections each rank's client opens (chunks of a big tensor are spread over them)");
+ABSL_FLAG(std::string, data_plane, "auto",
+          "summa_rank: the client's transport, auto, grpc or socket (the driver sets it per row)");
 ABSL_FLAG(int, server_pid, 0,
           "summa_rank, raw_rank, grpc_rank: count this server process's minor page faults over the timed calls "
           "(the driver sets it for rank 0)");
@@ -108,6 +111,7 @@ summa::bench::RankOptions RankOptionsFromFlags() {
   o.timeout = absl::GetFlag(FLAGS_timeout);
   o.channels = absl::GetFlag(FLAGS_channels);
   o.server_pid = absl::GetFlag(FLAGS_server_pid);
+  o.data_plane = absl::GetFlag(FLAGS_data_plane);
   return o;
 }
 

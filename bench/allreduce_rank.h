@@ -28,6 +28,7 @@ struct RankOptions {
   int iters = 1;       // calls timed
   absl::Duration timeout = absl::Minutes(10);  // bounds each call
   int channels = 1;    // summa: TCP connections of the client
+  std::string data_plane = "auto";  // summa: the client's transport (worker::ParseDataPlane)
   int server_pid = 0;  // when set, this rank counts the server's minor page faults over the timed calls
 };
 

@@ -99,13 +99,18 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
 
 absl::Status TokenCheck::Check(const grpc::ServerContextBase& context, Role role) const {
   if (!any()) return absl::OkStatus();
+  const auto& metadata = context.client_metadata();
+  const auto found = metadata.find("authorization");
+  if (found == metadata.end()) return Check(absl::string_view(), role);
+  return Check(absl::string_view(found->second.data(), found->second.size()), role);
+}
+
+absl::Status TokenCheck::Check(absl::string_view authorization, Role role) const {
+  if (!any()) return absl::OkStatus();
   if (role == Role::kStatus && !status_needs_token_) return absl::OkStatus();
   // Worker calls (and a status behind a token) are open while no worker token is set.
   if (role != Role::kAdmin && worker_.empty()) return absl::OkStatus();
-  const auto& metadata = context.client_metadata();
-  const auto found = metadata.find("authorization");
-  absl::string_view sent;
-  if (found != metadata.end()) sent = absl::string_view(found->second.data(), found->second.size());
+  absl::string_view sent = authorization;
   if (!absl::ConsumePrefix(&sent, "Bearer ")) {
     return absl::UnauthenticatedError(
         "this server needs a bearer token (\"authorization: Bearer <token>\"; summa-worker --token_file)");

@@ -62,6 +62,9 @@ class TokenCheck {
   // OK, or UNAUTHENTICATED (no token, or one that matches none) or PERMISSION_DENIED (a worker
   // token on an admin call), naming the flag that sets the token.
   absl::Status Check(const grpc::ServerContextBase& context, Role role) const;
+  // The same for a call whose "authorization" value (empty when it sent none) came another way
+  // (the socket data plane's hello, common/socket_frame.h).
+  absl::Status Check(absl::string_view authorization, Role role) const;
 
   bool any() const { return !worker_.empty() || !admin_.empty(); }
 

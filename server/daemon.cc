@@ -37,8 +37,14 @@ absl::StatusOr<std::unique_ptr<SummaServer>> SummaServer::Start(const std::strin
                                                                 const std::string& metrics_address,
                                                                 EndpointSecurity security,
                                                                 const std::string& health_address,
-                                                                Coordinator coordinator) {
+                                                                Coordinator coordinator,
+                                                                const std::string& data_address) {
   if (absl::Status tls = ValidateTls(security.tls, /*server=*/true); !tls.ok()) return tls;
+  if (!data_address.empty() && security.tls.enabled()) {
+    return absl::InvalidArgumentError(
+        "--data_address serves the data path in plaintext: it cannot go with TLS (--tls_cert; a TLS job's "
+        "data path stays on gRPC)");
+  }
   options.follower = !coordinator.address.empty() && options.shard > 0;
   absl::Status valid = ValidateOptions(options);
   if (!valid.ok()) return valid;
@@ -87,6 +93,13 @@ absl::StatusOr<std::unique_ptr<SummaServer>> SummaServer::Start(const std::strin
   server->running_ = *std::move(running);
   server->data_path_ =
       std::make_unique<DataPath>(&server->service_, server->running_.queues[0].get(), DataPathThreads());
+  if (!data_address.empty()) {
+    absl::StatusOr<std::unique_ptr<SocketPlane>> plane =
+        SocketPlane::Start(data_address, &server->service_, &server->tokens_, options.limits.max_message_bytes);
+    if (!plane.ok()) return plane.status();
+    server->socket_plane_ = *std::move(plane);
+    server->service_.set_data_plane_port(server->socket_plane_->port());
+  }
   if (!health_address.empty()) {
     absl::StatusOr<RunningServer> health = StartHealthOnlyServer(health_address, server->running_.health.get());
     if (!health.ok()) return health.status();
@@ -212,6 +225,7 @@ void SummaServer::Shutdown() {
   }
   core_.Shutdown();
   hub_.Shutdown();
+  if (socket_plane_) socket_plane_->Stop();  // every call it carried is answered by now
   const StatusSnapshot totals = core_.Traffic();
   SUMMA_LOG(INFO) << "stopped: " << totals.pushes_served << " pushes ("
                   << totals.bytes_in << " bytes in), " << totals.pulls_served << " replies with weights ("

@@ -24,6 +24,7 @@
 #include "server/data_path.h"
 #include "server/parameter_server.h"
 #include "server/service.h"
+#include "server/socket_plane.h"
 
 namespace summa::server {
 
@@ -41,12 +42,16 @@ class SummaServer {
   // Prometheus metrics there. `security`: TLS and the tokens calls need (common/transport.h).
   // With a `health_address`, also serves grpc.health.v1.Health alone there, in plaintext, with
   // the main port's serving status: for probes that cannot speak TLS (kubelet's grpc probes).
+  // With a `data_address`, also serves the data path there on the socket data plane
+  // (server/socket_plane.h), which clients find through the DataPlane call: plaintext only
+  // (INVALID_ARGUMENT with TLS).
   static absl::StatusOr<std::unique_ptr<SummaServer>> Start(const std::string& address,
                                                             ServerOptions options,
                                                             const std::string& metrics_address = "",
                                                             EndpointSecurity security = {},
                                                             const std::string& health_address = "",
-                                                            Coordinator coordinator = {});
+                                                            Coordinator coordinator = {},
+                                                            const std::string& data_address = "");
   ~SummaServer();
 
   int port() const { return running_.port; }
@@ -54,6 +59,8 @@ class SummaServer {
   int metrics_port() const { return metrics_ ? metrics_->port() : 0; }
   // The health-only port, or 0 without one.
   int health_port() const { return health_.port; }
+  // The socket data plane's port, or 0 without one.
+  int data_port() const { return socket_plane_ ? socket_plane_->port() : 0; }
   ParameterServer& core() { return core_; }
 
   // Makes SIGINT and SIGTERM end Wait(). The signals must have been blocked in every thread
@@ -99,6 +106,7 @@ class SummaServer {
   ParameterServerService service_;
   RunningServer running_;
   std::unique_ptr<DataPath> data_path_;  // on running_.queues[0]; stopped after running_.server
+  std::unique_ptr<SocketPlane> socket_plane_;  // null without --data_address
   RunningServer health_;  // the health-only listener: follows running_.health; empty without one
   std::unique_ptr<ShardFollower> follower_;  // a shard other than 0 with a coordinator
   absl::Mutex shutdown_mu_;  // held through a whole Shutdown, so later callers wait for it

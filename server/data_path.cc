@@ -71,7 +71,8 @@ class AsyncCall final : public DataCall {
     }
   }
 
-  const grpc::ServerContextBase& context() const override { return context_; }
+  std::string peer() const override { return context_.peer(); }
+  absl::Status Authorize(const TokenCheck& tokens, Role role) const override { return tokens.Check(context_, role); }
   const grpc::ByteBuffer& request() const override { return request_; }
   grpc::ByteBuffer* response() override { return &response_; }
   void Answer(const grpc::Status& status) override {

@@ -135,7 +135,7 @@ grpc::Slice SliceOf(const Snapshot& s, WireDType dtype = WireDType::kFloat32) {
   return grpc::Slice(const_cast<uint16_t*>(v.data()), v.size() * sizeof(uint16_t), &Snapshot::Return, s.Lend());
 }
 
-absl::StatusOr<PushRequestView> ParsePush(const grpc::ServerContextBase& context, const grpc::ByteBuffer& buffer,
+absl::StatusOr<PushRequestView> ParsePush(const std::string& peer, const grpc::ByteBuffer& buffer,
                                           pb::PushRequest* header, Scratch* values, Tracer* tracer) {
   constexpr int kDataPath[] = {pb::PushRequest::kDataFieldNumber};
   absl::Status parsed;
@@ -158,7 +158,7 @@ absl::StatusOr<PushRequestView> ParsePush(const grpc::ServerContextBase& context
   }
   v.sparse = header->sparse();
   v.data = values->view();
-  v.peer = context.peer();
+  v.peer = peer;
   return v;
 }
 
@@ -371,11 +371,11 @@ void ParameterServerService::StopHoldingReports() {
 }
 
 void ParameterServerService::ServePush(DataCall* call) {
-  if (absl::Status auth = tokens_->Check(call->context(), Role::kWorker); !auth.ok()) return Done(call, auth);
+  if (absl::Status auth = call->Authorize(*tokens_, Role::kWorker); !auth.ok()) return Done(call, auth);
   pb::PushRequest header;
   Scratch& values = RequestValues();
   absl::StatusOr<PushRequestView> view =
-      ParsePush(call->context(), call->request(), &header, &values, core_->options().tracer);
+      ParsePush(call->peer(), call->request(), &header, &values, core_->options().tracer);
   if (!view.ok()) return Done(call, view.status());
   absl::StatusOr<PeerBudget::Hold> bytes = in_flight_.Take(PeerKey(view->rank, view->peer), view->data.size());
   if (!bytes.ok()) return Done(call, bytes.status());
@@ -390,7 +390,7 @@ void ParameterServerService::ServePush(DataCall* call) {
 }
 
 void ParameterServerService::ServeInitialize(DataCall* call) {
-  if (absl::Status auth = tokens_->Check(call->context(), Role::kWorker); !auth.ok()) return Done(call, auth);
+  if (absl::Status auth = call->Authorize(*tokens_, Role::kWorker); !auth.ok()) return Done(call, auth);
   pb::InitializeRequest header;
   Scratch& values = RequestValues();
   constexpr int kDataPath[] = {pb::InitializeRequest::kDataFieldNumber};
@@ -403,7 +403,7 @@ void ParameterServerService::ServeInitialize(DataCall* call) {
   view.dtype_is_float32 = header.dtype() == pb::DTYPE_FLOAT32;
   view.data = values.view();
   absl::StatusOr<PeerBudget::Hold> bytes =
-      in_flight_.Take(PeerKey(view.rank, call->context().peer()), view.data.size());
+      in_flight_.Take(PeerKey(view.rank, call->peer()), view.data.size());
   if (!bytes.ok()) return Done(call, bytes.status());
   absl::StatusOr<bool> applied = core_->Initialize(view);
   TrimRequestValues(values);
@@ -416,7 +416,7 @@ void ParameterServerService::ServeInitialize(DataCall* call) {
 }
 
 void ParameterServerService::ServePull(DataCall* call) {
-  if (absl::Status auth = tokens_->Check(call->context(), Role::kWorker); !auth.ok()) return Done(call, auth);
+  if (absl::Status auth = call->Authorize(*tokens_, Role::kWorker); !auth.ok()) return Done(call, auth);
   pb::PullRequest r;
   absl::Status parsed = ParseWithBytes(call->request(), {}, nullptr, &r);
   if (!parsed.ok()) return Done(call, parsed);
@@ -426,18 +426,18 @@ void ParameterServerService::ServePull(DataCall* call) {
         "a pull's dtype must be DTYPE_FLOAT32 (or unset), DTYPE_BFLOAT16 or DTYPE_FLOAT16, not ",
         DTypeName(r.dtype()))));
   }
-  absl::StatusOr<PeerBudget::Hold> parked = parked_.Take(PeerKey(r.rank(), call->context().peer()), 1);
+  absl::StatusOr<PeerBudget::Hold> parked = parked_.Take(PeerKey(r.rank(), call->peer()), 1);
   if (!parked.ok()) return Done(call, parked.status());
   core_->Pull(r.rank(), r.session(), r.partition(), r.min_version(),
               PullCall(core_, call, r.partition(), *dtype, {*std::move(parked), {}}));
 }
 
 void ParameterServerService::ServePushPull(DataCall* call) {
-  if (absl::Status auth = tokens_->Check(call->context(), Role::kWorker); !auth.ok()) return Done(call, auth);
+  if (absl::Status auth = call->Authorize(*tokens_, Role::kWorker); !auth.ok()) return Done(call, auth);
   pb::PushRequest header;
   Scratch& values = RequestValues();
   absl::StatusOr<PushRequestView> view =
-      ParsePush(call->context(), call->request(), &header, &values, core_->options().tracer);
+      ParsePush(call->peer(), call->request(), &header, &values, core_->options().tracer);
   if (!view.ok()) return Done(call, view.status());
   const std::string peer = PeerKey(view->rank, view->peer);
   absl::StatusOr<PeerBudget::Hold> bytes = in_flight_.Take(peer, view->data.size());
@@ -452,7 +452,7 @@ void ParameterServerService::ServePushPull(DataCall* call) {
 }
 
 void ParameterServerService::ServeAllReduce(DataCall* call) {
-  if (absl::Status auth = tokens_->Check(call->context(), Role::kWorker); !auth.ok()) return Done(call, auth);
+  if (absl::Status auth = call->Authorize(*tokens_, Role::kWorker); !auth.ok()) return Done(call, auth);
   pb::AllReduceRequest header;
   Scratch& values = RequestValues();
   constexpr int kDataPath[] = {pb::AllReduceRequest::kTensorFieldNumber, pb::Tensor::kDataFieldNumber};
@@ -461,7 +461,7 @@ void ParameterServerService::ServeAllReduce(DataCall* call) {
   absl::StatusOr<TensorSpec> spec = SpecFromProto(header.tensor());
   if (!spec.ok()) return Done(call, spec.status());
   // A fixed group's rank is the caller's say-so, not an identity: its calls count against its address.
-  const std::string peer = PeerKey(header.members() ? header.rank() : -1, call->context().peer());
+  const std::string peer = PeerKey(header.members() ? header.rank() : -1, call->peer());
   absl::StatusOr<PeerBudget::Hold> parked = parked_.Take(peer, 1);
   if (!parked.ok()) return Done(call, parked.status());
   // The contribution's bytes are held until the round completes (the call is answered then).
@@ -497,6 +497,13 @@ void ParameterServerService::ServeAllReduce(DataCall* call) {
   c.peer = peer;
   hub_->Contribute(c, std::move(answer));
   TrimRequestValues(values);
+}
+
+grpc::Status ParameterServerService::DataPlane(grpc::ServerContext* context, const pb::DataPlaneRequest*,
+                                               pb::DataPlaneResponse* response) {
+  if (absl::Status auth = tokens_->Check(*context, Role::kWorker); !auth.ok()) return ToGrpcStatus(auth);
+  response->set_port(data_plane_port_.load(std::memory_order_relaxed));
+  return grpc::Status::OK;
 }
 
 grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context, const pb::GetStatusRequest* request,

@@ -6,6 +6,7 @@
 #ifndef SUMMA_SERVER_SERVICE_H_
 #define SUMMA_SERVER_SERVICE_H_
 
+#include <atomic>
 #include <functional>
 #include <memory>
 
@@ -47,7 +48,10 @@ class Answerable {
 // handler or after it returned; nothing of the call is touched after it.
 class DataCall : public Answerable {
  public:
-  virtual const grpc::ServerContextBase& context() const = 0;
+  // Who called (gRPC's peer string: "ipv4:127.0.0.1:5555"), and whether the call's token
+  // admits `role`.
+  virtual std::string peer() const = 0;
+  virtual absl::Status Authorize(const TokenCheck& tokens, Role role) const = 0;
   virtual const grpc::ByteBuffer& request() const = 0;
   virtual grpc::ByteBuffer* response() = 0;
 
@@ -121,6 +125,10 @@ class ParameterServerService final : public ServiceBase {
   static constexpr int kMaxHeldReports = 64;
   grpc::Status Follow(grpc::ServerContext* context, const summa::v1::ShardReport* request,
                       summa::v1::ShardView* response) override;
+  grpc::Status DataPlane(grpc::ServerContext* context, const summa::v1::DataPlaneRequest* request,
+                         summa::v1::DataPlaneResponse* response) override;
+  // The socket data plane's port (server/socket_plane.h), which DataPlane tells; 0: none.
+  void set_data_plane_port(int port) { data_plane_port_.store(port, std::memory_order_relaxed); }
 
   // The data path's methods (server/data_path.h), on the thread that read the call.
   void ServeInitialize(DataCall* call);
@@ -151,6 +159,7 @@ class ParameterServerService final : public ServiceBase {
   PeerBudget in_flight_;
   JoinRate joins_;
   ShardBoard shards_;  // shard 0 of several: the other shards' reports
+  std::atomic<int> data_plane_port_{0};
   // Shard 0 of several: Follow calls held until the view moves past their target (the
   // report's view + 1) or their wait ends (each waits on its handler's thread). Each holds a
   // thread of gRPC's: at most kMaxHeldReports at once, the others answered at once.

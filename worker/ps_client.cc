@@ -53,7 +53,7 @@ BytesDestination Exactly(float* out, int64_t count, bool* got, absl::string_view
 ParameterClient::ParameterClient(const std::string& address, absl::Duration call_deadline,
                                  absl::Duration join_deadline, int channels, ClientSecurity security)
     : address_(address), call_deadline_(call_deadline), join_deadline_(join_deadline),
-      token_(std::move(security.token)) {
+      token_(std::move(security.token)), tls_(security.tls.enabled()) {
   const std::shared_ptr<grpc::ChannelCredentials> credentials = ChannelCredentialsFor(security.tls);
   for (absl::string_view one : absl::StrSplit(address, ',')) {
     auto shard = std::make_unique<Shard>();
@@ -175,6 +175,7 @@ absl::StatusOr<JoinInfo> ParameterClient::Join(int rank, int world,
                                                const std::vector<TensorSpec>& specs,
                                                const float* initial,
                                                const std::string& status_address) {
+  plane_chosen_ = false;  // a restarted server may serve its data plane elsewhere
   pb::JoinRequest request;
   request.set_rank(rank);
   request.set_world_size(world);
@@ -385,11 +386,77 @@ absl::Status ParameterClient::SendInitialValues(const float* initial, const std:
   return absl::OkStatus();
 }
 
+absl::StatusOr<DataPlane> ParseDataPlane(absl::string_view name) {
+  if (name == "auto") return DataPlane::kAuto;
+  if (name == "grpc") return DataPlane::kGrpc;
+  if (name == "socket") return DataPlane::kSocket;
+  return absl::InvalidArgumentError(absl::StrCat("--data_plane must be auto, grpc or socket, not '", name, "'"));
+}
+
+absl::Status ParameterClient::ChooseDataPlane() {
+  if (plane_chosen_) return absl::OkStatus();
+  socket_.reset();
+  if (data_plane_ == DataPlane::kGrpc) {
+    plane_chosen_ = true;
+    return absl::OkStatus();
+  }
+  // Where the socket data plane is not to be had: gRPC carries the data path (an error where it
+  // was required). `quiet`: the usual case (a server that serves no plane), not worth a warning.
+  auto decline = [&](const absl::Status& why, bool quiet) {
+    if (data_plane_ == DataPlane::kSocket) {
+      return absl::Status(why.code(), absl::StrCat("--data_plane=socket: ", why.message()));
+    }
+    if (!quiet) SUMMA_LOG(WARNING) << why.message() << "; the data path goes over gRPC";
+    // A server that is not up yet is asked again at the next call.
+    plane_chosen_ = !absl::IsUnavailable(why);
+    return absl::OkStatus();
+  };
+  if (tls_) {
+    return decline(absl::FailedPreconditionError("the socket data plane is plaintext: not for a TLS job"),
+                   /*quiet=*/true);
+  }
+  std::vector<SocketCalls::Endpoint> endpoints;
+  for (const auto& shard : shards_) {
+    std::unique_ptr<grpc::ClientContext> context = NewContext();
+    context->set_deadline(absl::ToChronoTime(absl::Now() + std::min(call_deadline_, absl::Seconds(10))));
+    pb::DataPlaneResponse response;
+    const grpc::Status asked = shard->stub->DataPlane(context.get(), pb::DataPlaneRequest(), &response);
+    if (!asked.ok()) {
+      const absl::Status why = FromGrpcStatus(asked);
+      return decline(absl::Status(why.code(), absl::StrCat("asking ", shard->address, " for its data plane: ",
+                                                           why.message())),
+                     /*quiet=*/absl::IsUnimplemented(why));  // a server from before the plane
+    }
+    if (response.port() <= 0 || response.port() > 65535) {
+      return decline(absl::FailedPreconditionError(
+                         absl::StrCat(shard->address, " serves no socket data plane (summa-server --data_address)")),
+                     /*quiet=*/true);
+    }
+    absl::StatusOr<std::string> host = socket_plane::HostOf(shard->address);
+    if (!host.ok()) return decline(host.status(), /*quiet=*/false);
+    endpoints.push_back({*std::move(host), response.port()});
+  }
+  auto calls = std::make_unique<SocketCalls>(endpoints, token_.empty() ? "" : absl::StrCat("Bearer ", token_));
+  for (size_t k = 0; k < endpoints.size(); ++k) {
+    // One connection each now: a plane that cannot be reached (a port no one exposed) shows here.
+    if (absl::Status s = calls->Open(static_cast<int>(k), absl::Now() + absl::Seconds(10)); !s.ok()) {
+      return decline(s, /*quiet=*/false);
+    }
+  }
+  socket_ = std::move(calls);
+  plane_chosen_ = true;
+  SUMMA_LOG(INFO) << "the data path goes over the socket data plane (" << endpoints.front().host << ":"
+                  << endpoints.front().port << (endpoints.size() > 1 ? " and the other shards'" : "") << ")";
+  return absl::OkStatus();
+}
+
 template <typename Start, typename What>
 absl::Status ParameterClient::ForEach(size_t n, Start start, What what, const char* trace_name,
                                       const std::function<bool(size_t, absl::Status*)>& again) {
-  // Every call starts on this client's completion queue, and this thread collects the replies:
-  // no gRPC thread wakes another to hand a reply over (a hop costs tens of µs on a small VM).
+  SUMMA_RETURN_IF_ERROR(ChooseDataPlane());
+  // Every call starts on this client's completion queue (or its socket calls), and this thread
+  // collects the replies: no gRPC thread wakes another to hand a reply over (a hop costs tens of
+  // µs on a small VM).
   struct Call {
     std::unique_ptr<grpc::ClientContext> context;
     std::unique_ptr<grpc::GenericClientAsyncResponseReader> reader;
@@ -403,29 +470,42 @@ absl::Status ParameterClient::ForEach(size_t n, Start start, What what, const ch
   auto launch = [&](size_t i) {
     const CallSpec spec = start(i);
     Call& c = calls[i];
+    c.begun = tracer_ != nullptr ? absl::Now() : absl::InfinitePast();
+    if (socket_ != nullptr) {
+      socket_->Start(i, spec.shard, *socket_plane::DataMethodOf(spec.method), spec.request, spec.reply,
+                     absl::Now() + call_deadline_);
+      return;
+    }
     // A finished call's reader lives in its call's arena, which its context frees: the reader
     // goes first (as the Call's own destructor does it).
     c.reader.reset();
     c.context = NewContext();
     c.status = grpc::Status();
-    c.begun = tracer_ != nullptr ? absl::Now() : absl::InfinitePast();
     const Shard& shard = *shards_[spec.shard];
     const size_t channel = next_channel[spec.shard]++ % shard.generic.size();
     c.reader = shard.generic[channel]->PrepareUnaryCall(c.context.get(), spec.method, *spec.request, &queue_);
     c.reader->StartCall();
     c.reader->Finish(spec.reply, &c.status, reinterpret_cast<void*>(i));
   };
+  // The next call to end, and how it ended; false when none is left (which cannot happen while
+  // calls are in flight: every call has a deadline, so every call comes back).
+  auto next = [&](size_t* i, absl::Status* status) {
+    if (socket_ != nullptr) return socket_->Next(i, status);
+    void* tag;
+    bool ok;
+    if (!queue_.Next(&tag, &ok)) return false;
+    *i = reinterpret_cast<size_t>(tag);
+    *status = FromGrpcStatus(calls[*i].status);
+    return true;
+  };
   for (size_t i = 0; i < n; ++i) launch(i);
   absl::Status first_error;
   for (size_t done = 0; done < n;) {
-    void* tag;
-    bool ok;
-    // Every call has a deadline, so every call comes back.
-    if (!queue_.Next(&tag, &ok)) return absl::InternalError("the client's completion queue shut down");
-    const size_t i = reinterpret_cast<size_t>(tag);
+    size_t i;
+    absl::Status st;
+    if (!next(&i, &st)) return absl::InternalError("the client lost track of its calls in flight");
     if (tracer_ != nullptr) tracer_->Complete(trace_name, "client", calls[i].begun, absl::Now(), static_cast<int64_t>(i));
-    if (!calls[i].status.ok()) {
-      absl::Status st = FromGrpcStatus(calls[i].status);
+    if (!st.ok()) {
       if (again != nullptr && again(i, &st)) {
         launch(i);  // its earlier reader has finished: replaced
         continue;
@@ -434,6 +514,7 @@ absl::Status ParameterClient::ForEach(size_t n, Start start, What what, const ch
     }
     ++done;
   }
+  if (socket_ != nullptr && socket_->lost()) plane_chosen_ = false;  // ask where the plane is again
   return first_error;
 }
 

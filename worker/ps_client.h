@@ -34,6 +34,7 @@
 #include "summa/v1/summa.grpc.pb.h"
 #include "worker/parameter_store.h"
 #include "worker/push_encoder.h"
+#include "worker/socket_calls.h"
 
 namespace summa::worker {
 
@@ -64,6 +65,13 @@ struct Agreement {
 // its own version or a checkpoint it keeps. FAILED_PRECONDITION naming each shard's version and
 // checkpoints when there is none.
 absl::StatusOr<Agreement> PlanAgreement(const std::vector<ShardVersions>& shards);
+
+// Which transport the data path (Initialize, Push, Pull, PushPull, AllReduce) takes. kAuto:
+// the socket data plane (common/socket_frame.h) where every shard offers one and it can be
+// reached, gRPC otherwise; kGrpc: always gRPC; kSocket: the socket data plane or an error.
+enum class DataPlane { kAuto, kGrpc, kSocket };
+// "auto", "grpc" or "socket"; INVALID_ARGUMENT naming the flag otherwise.
+absl::StatusOr<DataPlane> ParseDataPlane(absl::string_view name);
 
 class ParameterClient final : public ParameterStore {
  public:
@@ -121,6 +129,14 @@ class ParameterClient final : public ParameterStore {
   // Records every partition's push-pull (from its start to its reply) when not null. Not owned;
   // outlives the client.
   void set_tracer(Tracer* tracer) { tracer_ = tracer; }
+  // The data path's transport (kAuto unless set). The choice is made at the first data-path
+  // call and again after every Join (a restarted server may serve its plane on another port).
+  void set_data_plane(DataPlane plane) {
+    data_plane_ = plane;
+    plane_chosen_ = false;
+  }
+  // Whether the data path's calls go over the socket data plane now (false before the first).
+  bool on_socket_plane() const { return socket_ != nullptr; }
 
  private:
   std::unique_ptr<grpc::ClientContext> NewContext() const;
@@ -166,6 +182,9 @@ class ParameterClient final : public ParameterStore {
   template <typename Start, typename What>
   absl::Status ForEach(size_t n, Start start, What what, const char* trace_name,
                        const std::function<bool(size_t, absl::Status*)>& again = nullptr);
+  // Decides, once (and again after a Join), which transport ForEach's calls take: sets socket_
+  // when they go over the socket data plane. An error only where data_plane_ is kSocket.
+  absl::Status ChooseDataPlane();
   // ForEach over the partitions, each call to its partition's shard, named after its partition.
   template <typename Start>
   absl::Status ForEachPartition(Start start, const char* trace_name,
@@ -194,6 +213,10 @@ class ParameterClient final : public ParameterStore {
   const absl::Duration call_deadline_;
   const absl::Duration join_deadline_;
   const std::string token_;  // sent with every call (none when empty)
+  const bool tls_;
+  DataPlane data_plane_ = DataPlane::kAuto;
+  bool plane_chosen_ = false;
+  std::unique_ptr<SocketCalls> socket_;  // the data path's calls when on the socket data plane
   std::vector<std::unique_ptr<Shard>> shards_;
   grpc::CompletionQueue queue_;  // the data path's replies, collected by the calling thread
   int rank_ = -1;

@@ -1,0 +1,321 @@
+#include "server/socket_plane.h"
+
+#include <netdb.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "common/wire.h"
+
+namespace summa::server {
+namespace {
+
+using socket_plane::DataMethod;
+using socket_plane::OwnedFd;
+
+// How long the rest of a frame may take once its header arrived (a request's body, a reply),
+// and a hello once the connection is accepted.
+constexpr absl::Duration kFrameTimeout = absl::Minutes(5);
+constexpr absl::Duration kHelloTimeout = absl::Seconds(10);
+
+// gRPC's spelling of a peer ("ipv4:127.0.0.1:5555", "ipv6:[::1]:5555"), which the budgets key on.
+std::string PeerOf(int fd) {
+  sockaddr_storage address = {};
+  socklen_t length = sizeof(address);
+  char host[NI_MAXHOST] = "";
+  char port[NI_MAXSERV] = "";
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0 ||
+      ::getnameinfo(reinterpret_cast<sockaddr*>(&address), length, host, sizeof(host), port, sizeof(port),
+                    NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
+    return "unknown";
+  }
+  if (address.ss_family == AF_INET6) return absl::StrCat("ipv6:[", host, "]:", port);
+  return absl::StrCat("ipv4:", host, ":", port);
+}
+
+// One call read from a connection, as the service's handlers see it. It lives on the
+// connection's thread, which waits for Answer before it goes.
+class SocketCall final : public DataCall {
+ public:
+  SocketCall(const std::string& peer, const std::string& authorization, const grpc::ByteBuffer& request,
+             grpc::ByteBuffer* response, int wake)
+      : peer_(peer), authorization_(authorization), request_(request), response_(response), wake_(wake) {}
+
+  std::string peer() const override { return peer_; }
+  absl::Status Authorize(const TokenCheck& tokens, Role role) const override {
+    return tokens.Check(authorization_, role);
+  }
+  const grpc::ByteBuffer& request() const override { return request_; }
+  grpc::ByteBuffer* response() override { return response_; }
+  void Answer(const grpc::Status& status) override {
+    {
+      absl::MutexLock lock(&mu_);
+      status_ = status;
+    }
+    const uint64_t one = 1;
+    while (::write(wake_, &one, sizeof(one)) < 0 && errno == EINTR) {
+    }
+  }
+  grpc::Status status() {
+    absl::MutexLock lock(&mu_);
+    return status_;
+  }
+
+ private:
+  const std::string& peer_;
+  const std::string& authorization_;
+  const grpc::ByteBuffer& request_;
+  grpc::ByteBuffer* const response_;
+  const int wake_;
+  absl::Mutex mu_;
+  grpc::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+class SocketPlane::Connection {
+ public:
+  Connection(SocketPlane* plane, OwnedFd fd)
+      : plane_(plane), fd_(std::move(fd)), wake_(::eventfd(0, EFD_CLOEXEC)), peer_(PeerOf(fd_.get())) {}
+  ~Connection() {
+    if (thread_.joinable()) thread_.join();
+  }
+
+  void Start() {
+    thread_ = std::thread([this] {
+      Run();
+      {
+        absl::MutexLock lock(&fd_mu_);
+        fd_.Reset();
+      }
+      done_.store(true, std::memory_order_release);
+    });
+  }
+  // Ends the connection: its thread's read or wait returns.
+  void Close() {
+    absl::MutexLock lock(&fd_mu_);
+    if (fd_.valid()) ::shutdown(fd_.get(), SHUT_RDWR);
+  }
+  bool done() const { return done_.load(std::memory_order_acquire); }
+
+ private:
+  void Run() {
+    if (!wake_.valid()) return;
+    absl::Status hello = Hello();
+    if (!hello.ok()) {
+      if (!absl::IsUnavailable(hello)) SUMMA_LOG(WARNING) << "data plane: " << peer_ << ": " << hello.message();
+      return;
+    }
+    for (;;) {
+      absl::Status served = ServeOne();
+      if (!served.ok()) {
+        // A client closing its connection is the usual end; anything else is worth a line.
+        if (!absl::IsUnavailable(served)) SUMMA_LOG(WARNING) << "data plane: " << peer_ << ": " << served.message();
+        return;
+      }
+    }
+  }
+
+  // Sends a reply with no message: `status`, and nothing else.
+  absl::Status Refuse(const absl::Status& status) {
+    return Reply(ToGrpcStatus(status), grpc::ByteBuffer());
+  }
+
+  absl::Status Hello() {
+    char fixed[socket_plane::kHelloBytes];
+    const absl::Time deadline = absl::Now() + kHelloTimeout;
+    SUMMA_RETURN_IF_ERROR(socket_plane::ReadFull(fd_.get(), fixed, sizeof(fixed), deadline, "the hello"));
+    absl::StatusOr<uint32_t> length = socket_plane::DecodeHello(fixed);
+    if (!length.ok()) {
+      Refuse(length.status()).IgnoreError();
+      return length.status();
+    }
+    authorization_.resize(*length);
+    SUMMA_RETURN_IF_ERROR(
+        socket_plane::ReadFull(fd_.get(), authorization_.data(), authorization_.size(), deadline, "the hello's token"));
+    absl::Status admitted = plane_->tokens_->Check(authorization_, Role::kWorker);
+    SUMMA_RETURN_IF_ERROR(Refuse(admitted));
+    return admitted;
+  }
+
+  absl::Status ServeOne() {
+    char head[socket_plane::kHeaderBytes];
+    // Between calls a connection may stay idle for as long as its client likes.
+    SUMMA_RETURN_IF_ERROR(
+        socket_plane::ReadFull(fd_.get(), head, sizeof(head), absl::InfiniteFuture(), "a request's header"));
+    const socket_plane::RequestHeader header = socket_plane::DecodeRequestHeader(head);
+    if (header.method < static_cast<uint32_t>(DataMethod::kInitialize) ||
+        header.method > static_cast<uint32_t>(DataMethod::kAllReduce)) {
+      const absl::Status bad = absl::InvalidArgumentError(absl::StrCat("no data-path method numbered ", header.method));
+      Refuse(bad).IgnoreError();
+      return bad;
+    }
+    if (header.length > static_cast<uint64_t>(plane_->max_message_bytes_)) {
+      const absl::Status big = absl::ResourceExhaustedError(
+          absl::StrCat("a request of ", header.length, " bytes: over the limit of ", plane_->max_message_bytes_,
+                       " (summa-server --max_message_bytes)"));
+      Refuse(big).IgnoreError();
+      return big;
+    }
+    char* body = body_.Resize(header.length);
+    SUMMA_RETURN_IF_ERROR(
+        socket_plane::ReadFull(fd_.get(), body, header.length, absl::Now() + kFrameTimeout, "a request"));
+    grpc::Slice slice(body, header.length, grpc::Slice::STATIC_SLICE);
+    const grpc::ByteBuffer request(&slice, 1);
+    grpc::ByteBuffer response;
+    SocketCall call(peer_, authorization_, request, &response, wake_.get());
+    ParameterServerService& service = *plane_->service_;
+    switch (static_cast<DataMethod>(header.method)) {
+      case DataMethod::kInitialize: service.ServeInitialize(&call); break;
+      case DataMethod::kPush: service.ServePush(&call); break;
+      case DataMethod::kPull: service.ServePull(&call); break;
+      case DataMethod::kPushPull: service.ServePushPull(&call); break;
+      case DataMethod::kAllReduce: service.ServeAllReduce(&call); break;
+    }
+    AwaitAnswer(call);
+    return Reply(call.status(), response);
+  }
+
+  // Waits for `call`'s answer; a client that closes its connection meanwhile cancels the call
+  // (which answers it).
+  void AwaitAnswer(SocketCall& call) {
+    bool cancelled = false;
+    for (;;) {
+      pollfd fds[2] = {{wake_.get(), POLLIN, 0}, {fd_.get(), POLLRDHUP, 0}};
+      const int ready = ::poll(fds, cancelled ? 1 : 2, -1);
+      if (ready < 0) continue;  // EINTR; poll fails otherwise only for bad arguments
+      if (fds[0].revents & POLLIN) {
+        uint64_t count;
+        while (::read(wake_.get(), &count, sizeof(count)) < 0 && errno == EINTR) {
+        }
+        return;
+      }
+      if (!cancelled && (fds[1].revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+        cancelled = true;
+        call.OnCancelled();
+      }
+    }
+  }
+
+  absl::Status Reply(const grpc::Status& status, const grpc::ByteBuffer& response) {
+    const std::string& message = status.error_message();
+    const uint32_t message_length =
+        static_cast<uint32_t>(std::min<size_t>(message.size(), socket_plane::kMaxStatusMessageBytes));
+    socket_plane::ReplyHeader header;
+    header.code = static_cast<uint32_t>(status.error_code());
+    header.message_length = message_length;
+    header.length = status.ok() && response.Valid() ? response.Length() : 0;
+    char head[socket_plane::kHeaderBytes];
+    socket_plane::EncodeReplyHeader(header, head);
+    socket_plane::Gather(header.length > 0 ? response : grpc::ByteBuffer(), head, sizeof(head), slices_, iov_);
+    if (message_length > 0) iov_.insert(iov_.begin() + 1, {const_cast<char*>(message.data()), message_length});
+    return socket_plane::WriteFull(fd_.get(), iov_.data(), static_cast<int>(iov_.size()), absl::Now() + kFrameTimeout,
+                                   "a reply");
+  }
+
+  SocketPlane* const plane_;
+  absl::Mutex fd_mu_;  // Close (another thread) against the thread's own close at its end
+  OwnedFd fd_;
+  const OwnedFd wake_;  // the answer's signal (an eventfd)
+  const std::string peer_;
+  std::string authorization_;  // from the hello
+  Scratch body_;               // the request's bytes, kept across calls
+  std::vector<grpc::Slice> slices_;
+  std::vector<iovec> iov_;
+  std::thread thread_;
+  std::atomic<bool> done_{false};
+};
+
+absl::StatusOr<std::unique_ptr<SocketPlane>> SocketPlane::Start(const std::string& address,
+                                                                ParameterServerService* service,
+                                                                const TokenCheck* tokens,
+                                                                int64_t max_message_bytes) {
+  std::unique_ptr<SocketPlane> plane(new SocketPlane(service, tokens, max_message_bytes));
+  absl::StatusOr<OwnedFd> listener = socket_plane::Listen(address, &plane->port_);
+  if (!listener.ok()) {
+    return absl::Status(listener.status().code(),
+                        absl::StrCat("the data plane (--data_address): ", listener.status().message()));
+  }
+  plane->listener_ = *std::move(listener);
+  plane->acceptor_ = std::thread([p = plane.get()] { p->AcceptLoop(); });
+  return plane;
+}
+
+SocketPlane::SocketPlane(ParameterServerService* service, const TokenCheck* tokens, int64_t max_message_bytes)
+    : service_(service), tokens_(tokens), max_message_bytes_(max_message_bytes) {}
+
+SocketPlane::~SocketPlane() { Stop(); }
+
+void SocketPlane::AcceptLoop() {
+  for (;;) {
+    const int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED || errno == EAGAIN) continue;
+      {
+        absl::MutexLock lock(&mu_);
+        if (stopped_) return;
+      }
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        SUMMA_LOG(WARNING) << "data plane: accept: " << std::strerror(errno);
+        absl::SleepFor(absl::Milliseconds(100));
+        continue;
+      }
+      SUMMA_LOG(ERROR) << "data plane: accept: " << std::strerror(errno) << "; no more connections taken";
+      return;
+    }
+    OwnedFd accepted(fd);
+    socket_plane::SetNoDelay(fd);
+    absl::MutexLock lock(&mu_);
+    if (stopped_) return;
+    Reap();
+    if (connections_.size() >= static_cast<size_t>(kMaxConnections)) {
+      char head[socket_plane::kHeaderBytes];
+      const std::string message = absl::StrCat("the data plane holds ", kMaxConnections, " connections");
+      socket_plane::EncodeReplyHeader({static_cast<uint32_t>(absl::StatusCode::kResourceExhausted),
+                                       static_cast<uint32_t>(message.size()), 0},
+                                      head);
+      iovec iov[2] = {{head, sizeof(head)}, {const_cast<char*>(message.data()), message.size()}};
+      socket_plane::WriteFull(fd, iov, 2, absl::Now() + absl::Milliseconds(100), "a refusal").IgnoreError();
+      continue;
+    }
+    connections_.push_back(std::make_unique<Connection>(this, std::move(accepted)));
+    connections_.back()->Start();
+  }
+}
+
+void SocketPlane::Reap() {
+  auto ended = std::remove_if(connections_.begin(), connections_.end(),
+                              [](const std::unique_ptr<Connection>& c) { return c->done(); });
+  connections_.erase(ended, connections_.end());  // each joins its thread as it goes
+}
+
+int SocketPlane::connections() const {
+  absl::MutexLock lock(&mu_);
+  int open = 0;
+  for (const auto& c : connections_) open += !c->done();
+  return open;
+}
+
+void SocketPlane::Stop() {
+  std::vector<std::unique_ptr<Connection>> connections;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopped_) return;
+    stopped_ = true;
+    connections.swap(connections_);
+  }
+  if (listener_.valid()) ::shutdown(listener_.get(), SHUT_RDWR);
+  if (acceptor_.joinable()) acceptor_.join();
+  for (auto& c : connections) c->Close();
+  connections.clear();  // joins every thread
+}
+
+}  // namespace summa::server

@@ -94,8 +94,12 @@ for ((i = 0; i < shards; i++)); do
     mkdir -p "$trace_dir" || { echo "launch: cannot create --trace_dir $trace_dir" >&2; exit 2; }
     server_trace=(--trace_file="$trace_dir/$name.json")
   fi
+  # The data path on the socket data plane, which workers find by themselves (a TLS job keeps
+  # it on gRPC).
+  data_plane=(--data_address=127.0.0.1:0)
+  [[ "$server_args" == *--tls_cert* ]] && data_plane=()
   "$server_bin" --address=127.0.0.1:0 --port_file="$run_dir/$name.port" --workers="$workers" \
-    --lr="$lr" "${shard_flags[@]}" "${server_trace[@]}" $server_args >"$run_dir/$name.log" 2>&1 &
+    --lr="$lr" "${data_plane[@]}" "${shard_flags[@]}" "${server_trace[@]}" $server_args >"$run_dir/$name.log" 2>&1 &
   server_pid=$!
   pids+=("$server_pid")
   echo "$server_pid" >"$run_dir/$name.pid"

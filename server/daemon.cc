@@ -39,12 +39,12 @@ absl::StatusOr<std::unique_ptr<SummaServer>> SummaServer::Start(const std::strin
                                                                 const std::string& health_address,
                                                                 Coordinator coordinator,
                                                                 const std::string& data_address) {
-  if (absl::Status tls = ValidateTls(security.tls, /*server=*/true); !tls.ok()) return tls;
   if (!data_address.empty() && security.tls.enabled()) {
     return absl::InvalidArgumentError(
         "--data_address serves the data path in plaintext: it cannot go with TLS (--tls_cert; a TLS job's "
         "data path stays on gRPC)");
   }
+  if (absl::Status tls = ValidateTls(security.tls, /*server=*/true); !tls.ok()) return tls;
   options.follower = !coordinator.address.empty() && options.shard > 0;
   absl::Status valid = ValidateOptions(options);
   if (!valid.ok()) return valid;

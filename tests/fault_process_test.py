@@ -34,8 +34,10 @@ class Job:
 
     def __init__(self, group, world, server_flags=(), port=None, shards=1):
         self.g, self.world = group, world
+        # The data path on the socket data plane (the workers find it): a restarted server serves
+        # it on a new port, which the workers must find again.
         self.server_flags = ["--workers=%d" % world, "--optimizer=adam", "--lr=0.001", "--lease=1s",
-                             *server_flags]
+                             "--data_address=127.0.0.1:0", *server_flags]
         if shards == 1:
             self.start_server(port)
             self.ports = [self.port]

@@ -10,9 +10,14 @@
 #include <thread>
 #include <tuple>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
+#include "common/socket_frame.h"
+#include "common/status_macros.h"
+#include "common/tensor_proto.h"
+#include "common/transport.h"
 #include "server/daemon.h"
 #include "summa/v1/summa.pb.h"
 #include "worker/ps_client.h"
@@ -218,7 +223,9 @@ void AllReduceTwoRanksInPlace(const std::string& name, int64_t n,
   }
 }
 
-class RawPathTest : public ::testing::Test {
+// A server in this process, and clients of it on `plane_`'s transport. The server serves the
+// socket data plane unless `data_address_` is emptied first.
+class ServerFixture : public ::testing::Test {
  protected:
   void StartServer(int workers, int64_t partition_bytes) {
     server::ServerOptions o;
@@ -227,18 +234,22 @@ class RawPathTest : public ::testing::Test {
     o.partition_bytes = partition_bytes;
     o.barrier_deadline = absl::Seconds(20);
     if (configure_) configure_(o);
-    auto s = server::SummaServer::Start("127.0.0.1:0", o);
+    auto s = server::SummaServer::Start("127.0.0.1:0", o, "", security_, "", {}, data_address_);
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = *std::move(s);
     address_ = "127.0.0.1:" + std::to_string(server_->port());
   }
-  std::unique_ptr<worker::ParameterClient> Client(int channels) {
-    return std::make_unique<worker::ParameterClient>(address_, absl::Seconds(20), absl::Seconds(20), channels);
+  std::unique_ptr<worker::ParameterClient> Client(int channels, absl::Duration deadline = absl::Seconds(20)) {
+    auto client = std::make_unique<worker::ParameterClient>(address_, deadline, absl::Seconds(20), channels,
+                                                            ClientSecurity{{}, token_});
+    client->set_data_plane(plane_);
+    return client;
   }
 
   pb::ServerStatus Status() {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    AttachToken(token_, &ctx);
     pb::ServerStatus status;
     auto stub = pb::ParameterServer::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
     EXPECT_TRUE(stub->GetStatus(&ctx, pb::GetStatusRequest(), &status).ok());
@@ -248,12 +259,27 @@ class RawPathTest : public ::testing::Test {
   std::unique_ptr<server::SummaServer> server_;
   std::string address_;
   std::function<void(server::ServerOptions&)> configure_;  // applied last by StartServer, when set
+  std::string data_address_ = "127.0.0.1:0";
+  EndpointSecurity security_;
+  std::string token_;  // the clients'
+  worker::DataPlane plane_ = worker::DataPlane::kGrpc;
 };
+
+// Each test runs with its clients on gRPC and again on the socket data plane.
+class RawPathTest : public ServerFixture, public ::testing::WithParamInterface<worker::DataPlane> {
+ protected:
+  void SetUp() override { plane_ = GetParam(); }
+};
+
+INSTANTIATE_TEST_SUITE_P(Planes, RawPathTest, ::testing::Values(worker::DataPlane::kGrpc, worker::DataPlane::kSocket),
+                         [](const ::testing::TestParamInfo<worker::DataPlane>& info) {
+                           return info.param == worker::DataPlane::kGrpc ? "Grpc" : "Socket";
+                         });
 
 // Rank 1 leaves; rank 0's client still holds the membership view its Join told it, so its next
 // pushes are refused as stale. It asks for the view (Heartbeat) and pushes again, once: the step
 // completes without the rank that left, each partition's refusal counted once.
-TEST_F(RawPathTest, PushesStampedWithAStaleViewAreRefusedAndTheWorkerRefreshesAndPushesAgain) {
+TEST_P(RawPathTest, PushesStampedWithAStaleViewAreRefusedAndTheWorkerRefreshesAndPushesAgain) {
   configure_ = [](server::ServerOptions& o) { o.on_worker_loss = server::OnWorkerLoss::kShrink; };
   StartServer(2, /*partition_bytes=*/12);  // 8 floats in partitions of 3, 3, 2
   const std::vector<TensorSpec> specs = {{"w", DType::kFloat32, {8}}};
@@ -281,7 +307,7 @@ TEST_F(RawPathTest, PushesStampedWithAStaleViewAreRefusedAndTheWorkerRefreshesAn
   EXPECT_EQ(status.version(), 2u);
 }
 
-TEST_F(RawPathTest, WorkersOverSeveralChannelsTakeExactSyncSteps) {
+TEST_P(RawPathTest, WorkersOverSeveralChannelsTakeExactSyncSteps) {
   constexpr int kWorkers = 2;
   constexpr int kSteps = 4;
   StartServer(kWorkers, /*partition_bytes=*/12);  // 8 floats in partitions of 3, 3, 2
@@ -305,6 +331,7 @@ TEST_F(RawPathTest, WorkersOverSeveralChannelsTakeExactSyncSteps) {
         absl::Status s = client->PushPull(step, rank + 1, grad.data(), w.data(), nullptr);
         ASSERT_TRUE(s.ok()) << s;
       }
+      EXPECT_EQ(client->on_socket_plane(), plane_ == worker::DataPlane::kSocket);
       finals[rank] = w;
     });
   }
@@ -316,7 +343,7 @@ TEST_F(RawPathTest, WorkersOverSeveralChannelsTakeExactSyncSteps) {
   EXPECT_EQ(server_->core().WeightsForTest(), expected);
 }
 
-TEST_F(RawPathTest, ABigTensorIsSummedInChunksInPlace) {
+TEST_P(RawPathTest, ABigTensorIsSummedInChunksInPlace) {
   StartServer(1, 4 << 20);
   // Two whole chunks and a tail of 5.
   const int64_t n = 2 * worker::ParameterClient::kAllReduceChunkBytes / 4 + 5;
@@ -370,40 +397,138 @@ TEST(AllReducePlanTest, OneServerCutsAt4MiBAndShardsShareAFixedGroupsTensorEqual
 // Two shards, a fixed group of two ranks, a 1 MiB tensor and a tail: each shard sums one chunk,
 // and every rank gets the exact sum.
 TEST(ShardedAllReduceTest, AFixedGroupsTensorIsSummedHalfOnEachShard) {
-  std::vector<std::unique_ptr<server::SummaServer>> shards;
-  std::vector<std::string> addresses;
-  for (int i = 0; i < 2; ++i) {
-    server::ServerOptions o;
-    o.world_size = 2;
-    o.shards = 2;
-    o.shard = i;
-    o.barrier_deadline = absl::Seconds(20);
-    auto s = server::SummaServer::Start("127.0.0.1:0", o);
-    ASSERT_TRUE(s.ok()) << s.status();
-    addresses.push_back("127.0.0.1:" + std::to_string((*s)->port()));
-    shards.push_back(*std::move(s));
-  }
-  AllReduceTwoRanksInPlace("halves", (1 << 20) / 4 + 3, [&] {
-    return std::make_unique<worker::ParameterClient>(absl::StrJoin(addresses, ","), absl::Seconds(20),
-                                                     absl::Seconds(20), /*channels=*/1);
-  });
-  for (int i = 0; i < 2; ++i) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    pb::ServerStatus status;
-    auto stub = pb::ParameterServer::NewStub(grpc::CreateChannel(addresses[i], grpc::InsecureChannelCredentials()));
-    ASSERT_TRUE(stub->GetStatus(&ctx, pb::GetStatusRequest(), &status).ok());
-    EXPECT_EQ(status.allreduce_rounds(), 1u) << "shard " << i;  // one round of its one chunk
+  for (worker::DataPlane plane : {worker::DataPlane::kGrpc, worker::DataPlane::kSocket}) {
+    std::vector<std::unique_ptr<server::SummaServer>> shards;
+    std::vector<std::string> addresses;
+    for (int i = 0; i < 2; ++i) {
+      server::ServerOptions o;
+      o.world_size = 2;
+      o.shards = 2;
+      o.shard = i;
+      o.barrier_deadline = absl::Seconds(20);
+      auto s = server::SummaServer::Start("127.0.0.1:0", o, "", {}, "", {}, "127.0.0.1:0");
+      ASSERT_TRUE(s.ok()) << s.status();
+      addresses.push_back("127.0.0.1:" + std::to_string((*s)->port()));
+      shards.push_back(*std::move(s));
+    }
+    AllReduceTwoRanksInPlace("halves", (1 << 20) / 4 + 3, [&] {
+      auto client = std::make_unique<worker::ParameterClient>(absl::StrJoin(addresses, ","), absl::Seconds(20),
+                                                              absl::Seconds(20), /*channels=*/1);
+      client->set_data_plane(plane);
+      return client;
+    });
+    for (int i = 0; i < 2; ++i) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+      pb::ServerStatus status;
+      auto stub = pb::ParameterServer::NewStub(grpc::CreateChannel(addresses[i], grpc::InsecureChannelCredentials()));
+      ASSERT_TRUE(stub->GetStatus(&ctx, pb::GetStatusRequest(), &status).ok());
+      // One round of its one chunk.
+      EXPECT_EQ(status.allreduce_rounds(), 1u) << "shard " << i << (plane == worker::DataPlane::kSocket ? ", socket" : "");
+    }
   }
 }
 
-TEST_F(RawPathTest, GarbageOnTheWireIsInvalidArgumentAndChangesNothing) {
+// The socket data plane's frames, written and read by hand (common/socket_frame.h).
+struct RawReply {
+  socket_plane::ReplyHeader header;
+  std::string message;
+  std::string body;
+};
+
+socket_plane::OwnedFd RawConnect(int port) {
+  absl::StatusOr<socket_plane::OwnedFd> fd = socket_plane::Connect("127.0.0.1", port, absl::Now() + absl::Seconds(10));
+  EXPECT_TRUE(fd.ok()) << fd.status();
+  return fd.ok() ? *std::move(fd) : socket_plane::OwnedFd();
+}
+
+void SendBytes(int fd, std::string bytes) {
+  iovec iov = {bytes.data(), bytes.size()};
+  ASSERT_TRUE(socket_plane::WriteFull(fd, &iov, 1, absl::Now() + absl::Seconds(10), "test bytes").ok());
+}
+
+void SendHello(int fd, const std::string& authorization) {
+  char hello[socket_plane::kHelloBytes];
+  socket_plane::EncodeHello(static_cast<uint32_t>(authorization.size()), hello);
+  SendBytes(fd, std::string(hello, sizeof(hello)) + authorization);
+}
+
+// A request frame: `method`, `message`, and a header claiming `claimed` bytes (the message's by default).
+void SendRequest(int fd, uint32_t method, const std::string& message, int64_t claimed = -1) {
+  char head[socket_plane::kHeaderBytes];
+  socket_plane::EncodeRequestHeader({method, claimed < 0 ? message.size() : static_cast<uint64_t>(claimed)}, head);
+  SendBytes(fd, std::string(head, sizeof(head)) + message);
+}
+
+absl::StatusOr<RawReply> ReadReply(int fd) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  char head[socket_plane::kHeaderBytes];
+  SUMMA_RETURN_IF_ERROR(socket_plane::ReadFull(fd, head, sizeof(head), deadline, "a reply header"));
+  RawReply reply;
+  reply.header = socket_plane::DecodeReplyHeader(head);
+  reply.message.resize(reply.header.message_length);
+  reply.body.resize(reply.header.length);
+  SUMMA_RETURN_IF_ERROR(socket_plane::ReadFull(fd, reply.message.data(), reply.message.size(), deadline, "a message"));
+  SUMMA_RETURN_IF_ERROR(socket_plane::ReadFull(fd, reply.body.data(), reply.body.size(), deadline, "a body"));
+  return reply;
+}
+
+// True when the server closed `fd`: a read finds its end (or a reset, where bytes the server
+// never read were left behind).
+bool ClosedByServer(int fd) {
+  char byte;
+  const absl::Status s = socket_plane::ReadFull(fd, &byte, 1, absl::Now() + absl::Seconds(10), "the end");
+  return absl::IsUnavailable(s);
+}
+
+// An AllReduce request of `values` from rank `rank` of a fixed group of `group`.
+std::string AllReduceMessage(const std::string& name, int group, int rank, const std::vector<float>& values) {
+  pb::AllReduceRequest r;
+  r.set_name(name);
+  r.set_group_size(group);
+  r.set_rank(rank);
+  SpecToProto({"t", DType::kFloat32, {static_cast<int64_t>(values.size())}}, r.mutable_tensor());
+  r.mutable_tensor()->set_data(values.data(), values.size() * sizeof(float));
+  return r.SerializeAsString();
+}
+
+// Waits (up to 20 s) until `done` holds; whether it did.
+bool Eventually(const std::function<bool()>& done) {
+  for (const absl::Time give_up = absl::Now() + absl::Seconds(20); absl::Now() < give_up;) {
+    if (done()) return true;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return done();
+}
+
+constexpr uint32_t kAllReduceMethod = static_cast<uint32_t>(socket_plane::DataMethod::kAllReduce);
+
+TEST_P(RawPathTest, GarbageOnTheWireIsInvalidArgumentAndChangesNothing) {
   StartServer(1, 4 << 20);
   auto channel = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
   grpc::GenericStub generic(channel);
+  socket_plane::OwnedFd plane;
+  if (plane_ == worker::DataPlane::kSocket) {
+    plane = RawConnect(server_->data_port());
+    SendHello(plane.get(), "");
+    absl::StatusOr<RawReply> hello = ReadReply(plane.get());
+    ASSERT_TRUE(hello.ok()) << hello.status();
+    ASSERT_EQ(hello->header.code, 0u) << hello->message;
+  }
   for (const char* method : {"/summa.v1.ParameterServer/Push", "/summa.v1.ParameterServer/PushPull",
                              "/summa.v1.ParameterServer/Pull", "/summa.v1.ParameterServer/AllReduce"}) {
-    grpc::Slice garbage(std::string("\x02\x01x\xff", 4));
+    const std::string garbage_bytes("\x02\x01x\xff", 4);
+    if (plane_ == worker::DataPlane::kSocket) {
+      // The same connection carries every call: a refused one leaves it usable.
+      SendRequest(plane.get(), static_cast<uint32_t>(*socket_plane::DataMethodOf(method)), garbage_bytes);
+      absl::StatusOr<RawReply> reply = ReadReply(plane.get());
+      ASSERT_TRUE(reply.ok()) << reply.status();
+      EXPECT_EQ(reply->header.code, static_cast<uint32_t>(absl::StatusCode::kInvalidArgument)) << method;
+      EXPECT_TRUE(absl::StrContains(reply->message, "malformed")) << reply->message;
+      EXPECT_TRUE(reply->body.empty());
+      continue;
+    }
+    grpc::Slice garbage(garbage_bytes);
     grpc::ByteBuffer request(&garbage, 1), reply;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
@@ -417,12 +542,172 @@ TEST_F(RawPathTest, GarbageOnTheWireIsInvalidArgumentAndChangesNothing) {
     EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method;
     EXPECT_NE(status.error_message().find("malformed"), std::string::npos) << status.error_message();
   }
-  auto stub = pb::ParameterServer::NewStub(channel);
-  grpc::ClientContext ctx;
-  pb::ServerStatus status;
-  ASSERT_TRUE(stub->GetStatus(&ctx, pb::GetStatusRequest(), &status).ok());
+  pb::ServerStatus status = Status();
   EXPECT_EQ(status.pushes_served(), 0u);
   EXPECT_FALSE(status.model_defined());
+  if (plane_ == worker::DataPlane::kSocket) {
+    // ...and the next call on it goes through: a group of one gets its own tensor back.
+    const std::vector<float> values = {1.5f, -2.0f, 3.25f};
+    SendRequest(plane.get(), kAllReduceMethod, AllReduceMessage("solo", 1, 0, values));
+    absl::StatusOr<RawReply> reply = ReadReply(plane.get());
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    ASSERT_EQ(reply->header.code, 0u) << reply->message;
+    pb::AllReduceResponse response;
+    ASSERT_TRUE(response.ParseFromString(reply->body));
+    EXPECT_EQ(response.tensor().data(), std::string(reinterpret_cast<const char*>(values.data()), 12));
+  }
+}
+
+// Clients on the socket data plane.
+class SocketPlaneTest : public ServerFixture {
+ protected:
+  SocketPlaneTest() { plane_ = worker::DataPlane::kSocket; }
+
+  absl::Status AllReduceAlone(worker::ParameterClient& client) {
+    worker::Collective group;
+    group.name = "alone";
+    group.group_size = 1;
+    std::vector<float> values = {1, 2, 3};
+    return client.AllReduceInto(group, values, absl::MakeSpan(values));
+  }
+};
+
+TEST_F(SocketPlaneTest, RequiredWhereTheServerServesNoneItIsAnErrorAndAutoTakesGrpc) {
+  data_address_ = "";
+  StartServer(1, 4 << 20);
+  EXPECT_EQ(server_->data_port(), 0);
+  std::unique_ptr<worker::ParameterClient> client = Client(1);
+  const absl::Status refused = AllReduceAlone(*client);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "--data_address")) << refused;
+  plane_ = worker::DataPlane::kAuto;
+  client = Client(1);
+  ASSERT_TRUE(AllReduceAlone(*client).ok());
+  EXPECT_FALSE(client->on_socket_plane());
+  EXPECT_EQ(Status().allreduce_rounds(), 1u);
+}
+
+TEST_F(SocketPlaneTest, AutoTakesThePlaneWhereServed) {
+  StartServer(1, 4 << 20);
+  ASSERT_NE(server_->data_port(), 0);
+  plane_ = worker::DataPlane::kAuto;
+  std::unique_ptr<worker::ParameterClient> client = Client(1);
+  ASSERT_TRUE(AllReduceAlone(*client).ok());
+  EXPECT_TRUE(client->on_socket_plane());
+}
+
+TEST_F(SocketPlaneTest, TheHelloChecksTheTokenAndRefusesOtherProtocols) {
+  security_.tokens = TokenCheck("worker-secret", "", false);
+  StartServer(1, 4 << 20);
+  struct Case {
+    std::string hello;  // sent as it is
+    absl::StatusCode code;
+    const char* says;
+  };
+  char fixed[socket_plane::kHelloBytes];
+  auto hello = [&](const std::string& authorization) {
+    socket_plane::EncodeHello(static_cast<uint32_t>(authorization.size()), fixed);
+    return std::string(fixed, sizeof(fixed)) + authorization;
+  };
+  const std::vector<Case> cases = {
+      {hello(""), absl::StatusCode::kUnauthenticated, "needs a bearer token"},
+      {hello("Bearer wrong"), absl::StatusCode::kUnauthenticated, "matches none"},
+      {"GET / HTTP/1.1\r\nHost: x\r\n\r\n", absl::StatusCode::kInvalidArgument, "not a Summa data-plane hello"},
+      {hello("Bearer worker-secret"), absl::StatusCode::kOk, ""},
+  };
+  for (const Case& c : cases) {
+    socket_plane::OwnedFd fd = RawConnect(server_->data_port());
+    SendBytes(fd.get(), c.hello);
+    absl::StatusOr<RawReply> reply = ReadReply(fd.get());
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    EXPECT_EQ(reply->header.code, static_cast<uint32_t>(c.code)) << c.hello << ": " << reply->message;
+    EXPECT_TRUE(absl::StrContains(reply->message, c.says)) << reply->message;
+    if (c.code != absl::StatusCode::kOk) EXPECT_TRUE(ClosedByServer(fd.get())) << c.hello;
+  }
+  token_ = "worker-secret";
+  std::unique_ptr<worker::ParameterClient> client = Client(1);
+  ASSERT_TRUE(AllReduceAlone(*client).ok());
+  EXPECT_TRUE(client->on_socket_plane());
+}
+
+TEST_F(SocketPlaneTest, BadFramesAreRefusedAndTheirConnectionClosed) {
+  configure_ = [](server::ServerOptions& o) { o.limits.max_message_bytes = 8 << 20; };
+  StartServer(1, 4 << 20);
+  struct Case {
+    uint32_t method;
+    int64_t claimed;
+    absl::StatusCode code;
+    const char* says;
+  };
+  const std::vector<Case> cases = {
+      {9, 0, absl::StatusCode::kInvalidArgument, "no data-path method numbered 9"},
+      {0, 0, absl::StatusCode::kInvalidArgument, "no data-path method numbered 0"},
+      {kAllReduceMethod, (8 << 20) + 1, absl::StatusCode::kResourceExhausted, "--max_message_bytes"},
+  };
+  for (const Case& c : cases) {
+    socket_plane::OwnedFd fd = RawConnect(server_->data_port());
+    SendHello(fd.get(), "");
+    ASSERT_TRUE(ReadReply(fd.get()).ok());
+    SendRequest(fd.get(), c.method, "", c.claimed);
+    absl::StatusOr<RawReply> reply = ReadReply(fd.get());
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    EXPECT_EQ(reply->header.code, static_cast<uint32_t>(c.code)) << reply->message;
+    EXPECT_TRUE(absl::StrContains(reply->message, c.says)) << reply->message;
+    EXPECT_TRUE(ClosedByServer(fd.get()));
+  }
+}
+
+TEST_F(SocketPlaneTest, AClientThatClosesItsConnectionCancelsItsWaitingCall) {
+  StartServer(1, 4 << 20);
+  socket_plane::OwnedFd fd = RawConnect(server_->data_port());
+  SendHello(fd.get(), "");
+  ASSERT_TRUE(ReadReply(fd.get()).ok());
+  SendRequest(fd.get(), kAllReduceMethod, AllReduceMessage("pair", 2, 0, {1, 2}));
+  ASSERT_TRUE(Eventually([&] { return Status().parked_calls() == 1; }));
+  fd.Reset();
+  EXPECT_TRUE(Eventually([&] { return Status().parked_calls() == 0; })) << Status().parked_calls();
+}
+
+TEST_F(SocketPlaneTest, ACallPastItsDeadlineEndsAtTheClientAndIsCancelledAtTheServer) {
+  StartServer(1, 4 << 20);
+  std::unique_ptr<worker::ParameterClient> client = Client(1, /*deadline=*/absl::Milliseconds(300));
+  worker::Collective group;
+  group.name = "pair";
+  group.group_size = 2;
+  std::vector<float> values = {1, 2, 3};
+  const absl::Status s = client->AllReduceInto(group, values, absl::MakeSpan(values));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_TRUE(Eventually([&] { return Status().parked_calls() == 0; })) << Status().parked_calls();
+}
+
+TEST_F(SocketPlaneTest, ShutdownAnswersAWaitingCallAndClosesThePlane) {
+  StartServer(1, 4 << 20);
+  const int port = server_->data_port();
+  absl::Status result;
+  std::thread waiting([&] {
+    std::unique_ptr<worker::ParameterClient> client = Client(1);
+    worker::Collective group;
+    group.name = "pair";
+    group.group_size = 2;
+    std::vector<float> values = {1, 2, 3};
+    result = client->AllReduceInto(group, values, absl::MakeSpan(values));
+  });
+  ASSERT_TRUE(Eventually([&] { return Status().parked_calls() == 1; }));
+  server_->Shutdown();
+  waiting.join();
+  EXPECT_EQ(result.code(), absl::StatusCode::kUnavailable) << result;
+  EXPECT_TRUE(absl::StrContains(result.message(), "shutting down")) << result;
+  EXPECT_FALSE(socket_plane::Connect("127.0.0.1", port, absl::Now() + absl::Seconds(5)).ok());
+}
+
+TEST_F(SocketPlaneTest, TlsAndThePlaneTogetherAreRefusedAtStart) {
+  security_.tls.cert = "/nonexistent/cert.pem";
+  security_.tls.key = "/nonexistent/key.pem";
+  server::ServerOptions o;
+  auto s = server::SummaServer::Start("127.0.0.1:0", o, "", security_, "", {}, "127.0.0.1:0");
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(s.status().message(), "plaintext")) << s.status();
 }
 
 }  // namespace

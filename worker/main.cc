@@ -91,6 +91,10 @@ ABSL_FLAG(std::string, token_file, "",
 ABSL_FLAG(int, channels, 1,
           "TCP connections to summa-server; the model's partitions are spread over them (partition i "
           "on connection i mod channels). More than 1 helps only where one connection is the limit");
+ABSL_FLAG(std::string, data_plane, "auto",
+          "the data path's transport: auto (the server's socket data plane, summa-server "
+          "--data_address, where every shard serves one and it can be reached; gRPC otherwise), "
+          "grpc (always gRPC), socket (the socket data plane or an error). TLS jobs use gRPC");
 ABSL_FLAG(absl::Duration, join_deadline, absl::Minutes(2),
           "how long to keep retrying to join while the server is not up or has no model yet");
 ABSL_FLAG(std::string, synthetic, "",
@@ -142,6 +146,9 @@ int RunSynthetic(int rank) {
   o.call_deadline = absl::GetFlag(FLAGS_call_deadline);
   o.join_deadline = absl::GetFlag(FLAGS_join_deadline);
   o.channels = absl::GetFlag(FLAGS_channels);
+  absl::StatusOr<summa::worker::DataPlane> plane = summa::worker::ParseDataPlane(absl::GetFlag(FLAGS_data_plane));
+  if (!plane.ok()) return FlagError(std::string(plane.status().message()));
+  o.data_plane = *plane;
   if (absl::Status valid = summa::worker::ValidateSyntheticOptions(o); !valid.ok()) {
     return FlagError(std::string(valid.message()));
   }
@@ -213,6 +220,9 @@ int main(int argc, char** argv) {
   o.call_deadline = absl::GetFlag(FLAGS_call_deadline);
   o.join_deadline = absl::GetFlag(FLAGS_join_deadline);
   o.channels = absl::GetFlag(FLAGS_channels);
+  absl::StatusOr<summa::worker::DataPlane> plane = summa::worker::ParseDataPlane(absl::GetFlag(FLAGS_data_plane));
+  if (!plane.ok()) return FlagError(std::string(plane.status().message()));
+  o.data_plane = *plane;
   o.trace_file = absl::GetFlag(FLAGS_trace_file);
   o.tls = {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca)};
   o.token_file = absl::GetFlag(FLAGS_token_file);

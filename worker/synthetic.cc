@@ -220,6 +220,7 @@ absl::Status RunSyntheticWorker(const SyntheticOptions& options) {
                   << "): a model of " << FormatByteSize(options.model_bytes) << ", " << options.steps
                   << " steps, server " << options.server;
   ParameterClient client(options.server, options.call_deadline, options.join_deadline, options.channels);
+  client.set_data_plane(options.data_plane);
   SUMMA_ASSIGN_OR_RETURN(const SyntheticResult result, RunSynthetic(options, &client, stdout));
   std::printf("%s\n", FormatSyntheticResult(result).c_str());
   std::fflush(stdout);

@@ -29,6 +29,7 @@
 #include "absl/time/time.h"
 #include "common/tensor.h"
 #include "worker/parameter_store.h"
+#include "worker/ps_client.h"
 
 namespace summa::worker {
 
@@ -44,6 +45,7 @@ struct SyntheticOptions {
   absl::Duration call_deadline = absl::Minutes(11);
   absl::Duration join_deadline = absl::Minutes(2);
   int channels = 1;
+  DataPlane data_plane = DataPlane::kAuto;
 };
 
 // INVALID_ARGUMENT naming the flag (--synthetic, --steps, --world_size, --rank) that cannot work.

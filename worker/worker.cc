@@ -152,6 +152,7 @@ absl::Status RunWorker(const WorkerOptions& options) {
   ParameterClient client(options.server, options.call_deadline, options.join_deadline, options.channels,
                          ClientSecurity{options.tls, token});
   client.set_tracer(tracer.get());
+  client.set_data_plane(options.data_plane);
   ParameterStore* store = &client;
   std::unique_ptr<FaultInjectingStore> faulty;
   if (options.faults.any()) {

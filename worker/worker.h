@@ -10,6 +10,7 @@
 #include "absl/time/time.h"
 #include "worker/fault_injecting_store.h"
 #include "common/transport.h"
+#include "worker/ps_client.h"
 #include "worker/trainer.h"
 
 namespace summa::worker {
@@ -28,12 +29,13 @@ struct WorkerOptions {
   std::string metrics_port_file;
   absl::Duration call_deadline = absl::Minutes(11);
   absl::Duration join_deadline = absl::Minutes(2);
-  int channels = 1;
-  std::string trace_file;
+  int channels = 1;  // TCP connections to the server; partition i travels on channel i % channels
+  DataPlane data_plane = DataPlane::kAuto;
+  std::string trace_file;  // when set: a Chrome trace of every step's stages, written at the end
   // TLS toward the server (its CA; this worker's certificate and key for mTLS, also served on
   // the status endpoint) and the token file read at start.
   TlsFiles tls;
-  std::string token_file;  // when set: a Chrome trace of every step's stages, written at the end  // TCP connections to the server; partition i travels on channel i % channels
+  std::string token_file;
   // Fault injection for the process tests (FaultInjectingStore); nothing by default.
   FaultPlan faults;
 };

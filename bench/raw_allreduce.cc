@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/flags.h"
+#include "common/socket_frame.h"
 
 namespace summa::bench {
 namespace {
@@ -25,30 +26,8 @@ absl::Status ErrnoError(absl::string_view what) {
   return absl::UnavailableError(message);
 }
 
-void SetNoDelay(int fd) {
-  const int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-}
-
-// Closes its descriptor when it goes away.
-class OwnedFd {
- public:
-  explicit OwnedFd(int fd = -1) : fd_(fd) {}
-  ~OwnedFd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  OwnedFd(OwnedFd&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
-  OwnedFd& operator=(OwnedFd&& other) = delete;
-  int get() const { return fd_; }
-  int release() {
-    const int fd = fd_;
-    fd_ = -1;
-    return fd;
-  }
-
- private:
-  int fd_;
-};
+using socket_plane::OwnedFd;
+using socket_plane::SetNoDelay;
 
 // A rank's connection, as the server sees it during one round.
 struct RankConnection {

@@ -130,7 +130,8 @@ absl::StatusOr<ScaleRow> Benchmark::RunConfig(int shards, int workers) {
     ChildOptions server;
     server.name = shards == 1 ? "summa-server" : absl::StrCat("summa-server shard ", i);
     server.log_path = RunPath(absl::StrCat(tag, "-shard", i, ".log"));
-    server.argv = {o_.server, "--address=127.0.0.1:0", absl::StrCat("--port_file=", port_file),
+    server.argv = {o_.server, "--address=127.0.0.1:0", "--data_address=127.0.0.1:0",
+                   absl::StrCat("--port_file=", port_file),
                    absl::StrCat("--workers=", workers), absl::StrFormat("--lr=%.17g", o_.lr),
                    absl::StrCat("--partition_bytes=", o_.partition_bytes),
                    absl::StrCat("--barrier_deadline=", timeout), absl::StrCat("--shards=", shards),
@@ -151,7 +152,8 @@ absl::StatusOr<ScaleRow> Benchmark::RunConfig(int shards, int workers) {
     w.capture_stdout = true;
     w.argv = {o_.worker, "--server=" + address, absl::StrCat("--rank=", r),
               absl::StrCat("--world_size=", workers), absl::StrCat("--synthetic=", o_.model_bytes),
-              absl::StrCat("--steps=", o_.steps), "--call_deadline=" + timeout, "--join_deadline=" + timeout};
+              absl::StrCat("--steps=", o_.steps), "--call_deadline=" + timeout, "--join_deadline=" + timeout,
+              "--data_plane=" + o_.data_plane};
   }
   SUMMA_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<ChildProcess>> worker_processes, StartAll(worker_options));
 
@@ -300,8 +302,9 @@ absl::StatusOr<bool> Benchmark::Run() {
   Emit("");
   Emit(absl::StrCat(
       "Each configuration starts k summa-server shards (--shards=k --shard=i --workers=N --lr=", lr, " --partition_bytes=",
-      o_.partition_bytes, o_.deterministic ? " --deterministic" : "", ") and N synthetic workers (summa-worker --synthetic=",
-      FormatByteSize(o_.model_bytes), " --steps=", o_.steps, ") on 127.0.0.1: per step each worker "
+      o_.partition_bytes, o_.deterministic ? " --deterministic" : "", " --data_address=127.0.0.1:0) and N synthetic "
+      "workers (summa-worker --synthetic=", FormatByteSize(o_.model_bytes), " --steps=", o_.steps, " --data_plane=",
+      o_.data_plane, ") on 127.0.0.1: per step each worker "
       "push-pulls the whole model (M bytes up, M down) and computes nothing. step time = the median "
       "over steps 1..", o_.steps - 1, " of the slowest worker's PushPull wall time (step 0 also "
       "waits for every worker to join). server in/out and CPU per step, per shard: the shards' gradient and "
@@ -361,6 +364,9 @@ absl::StatusOr<bool> Benchmark::Run() {
 }  // namespace
 
 absl::Status ValidateScaleOptions(const ScaleOptions& o) {
+  if (o.data_plane != "socket" && o.data_plane != "grpc") {
+    return absl::InvalidArgumentError(absl::StrCat("--data_plane must be socket or grpc, not '", o.data_plane, "'"));
+  }
   if (o.workers.empty()) return absl::InvalidArgumentError("--workers: name at least one worker count");
   for (int n : o.workers) {
     if (n < 1) return absl::InvalidArgumentError("--workers: every worker count must be at least 1");

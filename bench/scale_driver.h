@@ -27,6 +27,7 @@ struct ScaleOptions {
   double lr = 1.0 / 1024;        // a power of two, so the final weight is exact
   int64_t partition_bytes = 4 << 20;
   bool deterministic = false;  // the server's --deterministic
+  std::string data_plane = "socket";  // the workers' --data_plane (the servers serve both)
   double reference_gbps = 0;     // a second model line at this B (GB/s each way); 0: none
   std::string reference_source;  // where that B comes from, for the report
   absl::Duration timeout = absl::Minutes(20);  // per configuration

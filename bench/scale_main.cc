@@ -34,6 +34,9 @@ ABSL_FLAG(std::string, partition_bytes, "4MiB", "the server's --partition_bytes"
 ABSL_FLAG(bool, deterministic, false,
           "run the server with --deterministic (each step's pushes kept and summed in rank order): "
           "its cost in step time, server CPU and RSS against the default sum-on-arrival");
+ABSL_FLAG(std::string, data_plane, "socket",
+          "the workers' transport for the data path: socket (the servers' socket data plane, "
+          "summa-server --data_address) or grpc");
 ABSL_FLAG(double, reference_gbps, 0,
           "also show the PS model at this bandwidth B (GB/s each way), e.g. the raw-TCP exchange's "
           "from bench/results-allreduce.md; 0: only the B fitted to the 1-worker row");
@@ -94,6 +97,7 @@ int main(int argc, char** argv) {
   }
   o.partition_bytes = *partition_bytes;
   o.deterministic = absl::GetFlag(FLAGS_deterministic);
+  o.data_plane = absl::GetFlag(FLAGS_data_plane);
   o.steps = absl::GetFlag(FLAGS_steps);
   o.shards.clear();
   for (absl::string_view k : absl::StrSplit(absl::GetFlag(FLAGS_shards), ',', absl::SkipEmpty())) {

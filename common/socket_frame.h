@@ -84,6 +84,12 @@ class OwnedFd {
   int get() const { return fd_; }
   bool valid() const { return fd_ >= 0; }
   void Reset();
+  // Gives the descriptor up to the caller, who closes it.
+  int release() {
+    const int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
 
  private:
   int fd_;

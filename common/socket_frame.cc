@@ -13,6 +13,7 @@
 #include <climits>
 #include <cstring>
 #include <memory>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -207,18 +208,36 @@ absl::StatusOr<OwnedFd> Listen(const std::string& address, int* port) {
   if (absl::Status s = SplitAddress(address, &host, &wanted); !s.ok()) return s;
   absl::StatusOr<AddrInfo> found = Resolve(host, wanted, /*passive=*/true);
   if (!found.ok()) return found.status();
+  // Every address (no host, "::", "[::]"): one IPv6 socket that takes IPv4 too, before the
+  // resolver's list (which names 0.0.0.0 first, IPv4 alone).
+  const bool every = host.empty() || host == "::";
+  std::vector<addrinfo*> candidates;
+  sockaddr_in6 any6 = {};
+  addrinfo dual = {};
+  if (every) {
+    any6.sin6_family = AF_INET6;
+    any6.sin6_addr = in6addr_any;
+    any6.sin6_port = htons(static_cast<uint16_t>(wanted));
+    dual.ai_family = AF_INET6;
+    dual.ai_socktype = SOCK_STREAM;
+    dual.ai_addr = reinterpret_cast<sockaddr*>(&any6);
+    dual.ai_addrlen = sizeof(any6);
+    candidates.push_back(&dual);
+  }
+  for (addrinfo* a = found->get(); a != nullptr; a = a->ai_next) candidates.push_back(a);
   int error = 0;
-  for (addrinfo* a = found->get(); a != nullptr; a = a->ai_next) {
+  for (addrinfo* a : candidates) {
     OwnedFd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
     if (!fd.valid()) {
       error = errno;
       continue;
     }
-    const int one = 1;
+    const int one = 1, zero = 0;
     ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (a == &dual) ::setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
     sockaddr_storage bound = {};
     socklen_t length = sizeof(bound);
-    if (::bind(fd.get(), a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd.get(), 128) != 0 ||
+    if (::bind(fd.get(), a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd.get(), SOMAXCONN) != 0 ||
         ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&bound), &length) != 0) {
       error = errno;
       continue;

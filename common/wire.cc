@@ -149,7 +149,9 @@ absl::Status ParseFields(FieldReader& reader, int depth, absl::Span<const int> p
     if (path.size() == 1) {
       absl::StatusOr<char*> to = destination(length);
       if (!to.ok()) return to.status();
-      if (!in.ReadRaw(*to, static_cast<int>(length))) return Malformed("the values are cut short");
+      // No memory: the values stay where they are (ParseInPlace), and are only stepped over.
+      const bool read = *to == nullptr ? in.Skip(static_cast<int>(length)) : in.ReadRaw(*to, static_cast<int>(length));
+      if (!read) return Malformed("the values are cut short");
       continue;
     }
     if (depth + 1 > kMaxDepth) return Malformed("messages nested too deep");
@@ -172,12 +174,12 @@ absl::Status ParseFields(FieldReader& reader, int depth, absl::Span<const int> p
 
 }  // namespace
 
-absl::Status ParseWithBytes(const grpc::ByteBuffer& buffer, absl::Span<const int> path,
-                            const BytesDestination& destination, google::protobuf::MessageLite* header) {
-  // The reader only reads; it takes a mutable pointer for the C API underneath.
-  grpc::ProtoBufferReader reader(const_cast<grpc::ByteBuffer*>(&buffer));
-  CodedInputStream in(&reader);
-  FieldReader fields(in, buffer.Length());
+namespace {
+
+// ParseWithBytes's work on a stream of `size` bytes.
+absl::Status ParseStream(CodedInputStream& in, uint64_t size, absl::Span<const int> path,
+                         const BytesDestination& destination, google::protobuf::MessageLite* header) {
+  FieldReader fields(in, size);
   std::string rest;
   absl::Status s;
   {
@@ -188,6 +190,31 @@ absl::Status ParseWithBytes(const grpc::ByteBuffer& buffer, absl::Span<const int
   if (!s.ok()) return s;
   if (!header->ParseFromString(rest)) return Malformed("the fields around the values do not parse");
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ParseWithBytes(const grpc::ByteBuffer& buffer, absl::Span<const int> path,
+                            const BytesDestination& destination, google::protobuf::MessageLite* header) {
+  // The reader only reads; it takes a mutable pointer for the C API underneath.
+  grpc::ProtoBufferReader reader(const_cast<grpc::ByteBuffer*>(&buffer));
+  CodedInputStream in(&reader);
+  return ParseStream(in, buffer.Length(), path, destination, header);
+}
+
+absl::Status ParseInPlace(absl::string_view message, absl::Span<const int> path, absl::string_view* values,
+                          google::protobuf::MessageLite* header) {
+  if (message.size() > static_cast<size_t>(INT32_MAX)) return Malformed("a message over 2 GiB");
+  CodedInputStream in(reinterpret_cast<const uint8_t*>(message.data()), static_cast<int>(message.size()));
+  *values = absl::string_view();
+  return ParseStream(
+      in, message.size(), path,
+      [&](uint64_t length) -> absl::StatusOr<char*> {
+        // The values start where the stream stands (the field's tag and length just read).
+        *values = message.substr(static_cast<size_t>(in.CurrentPosition()), length);
+        return nullptr;
+      },
+      header);
 }
 
 char* Scratch::Resize(size_t size) {

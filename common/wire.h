@@ -36,6 +36,11 @@ using BytesDestination = std::function<absl::StatusOr<char*>(uint64_t length)>;
 absl::Status ParseWithBytes(const grpc::ByteBuffer& buffer, absl::Span<const int> path,
                             const BytesDestination& destination, google::protobuf::MessageLite* header);
 
+// ParseWithBytes of a message held whole in one piece of memory, without the copy: `*values`
+// views the values inside `message` (empty when absent), valid while `message` is.
+absl::Status ParseInPlace(absl::string_view message, absl::Span<const int> path, absl::string_view* values,
+                          google::protobuf::MessageLite* header);
+
 // Bytes that grow without being zeroed first (a std::string's resize writes every new byte: a
 // wasted pass over a partition) and keep their capacity across uses. Not thread-safe.
 class Scratch {

@@ -118,6 +118,17 @@ Scratch& RequestValues() {
   return values;
 }
 
+// Parses `call`'s request into `header`, the values at `path` into `*view`: read in place where
+// the request is one piece of memory (the socket data plane's), copied into `values` otherwise
+// (gRPC's receive slices). The view lasts while the handler runs.
+absl::Status ParseRequest(const DataCall& call, absl::Span<const int> path, Scratch* values, absl::string_view* view,
+                          google::protobuf::MessageLite* header) {
+  if (std::optional<absl::string_view> whole = call.whole_request()) return ParseInPlace(*whole, path, view, header);
+  absl::Status parsed = ParseWithBytes(call.request(), path, IntoScratch(values), header);
+  *view = values->view();
+  return parsed;
+}
+
 // Gives back a buffer that an unusually large request grew (a whole tensor sent in one piece).
 void TrimRequestValues(Scratch& values) {
   constexpr size_t kKeepBytes = 16 << 20;
@@ -135,13 +146,14 @@ grpc::Slice SliceOf(const Snapshot& s, WireDType dtype = WireDType::kFloat32) {
   return grpc::Slice(const_cast<uint16_t*>(v.data()), v.size() * sizeof(uint16_t), &Snapshot::Return, s.Lend());
 }
 
-absl::StatusOr<PushRequestView> ParsePush(const std::string& peer, const grpc::ByteBuffer& buffer,
-                                          pb::PushRequest* header, Scratch* values, Tracer* tracer) {
+absl::StatusOr<PushRequestView> ParsePush(const DataCall& call, pb::PushRequest* header, Scratch* values,
+                                          Tracer* tracer) {
   constexpr int kDataPath[] = {pb::PushRequest::kDataFieldNumber};
   absl::Status parsed;
+  absl::string_view data;
   {
     TraceSpan span(tracer, "receive", "server");
-    parsed = ParseWithBytes(buffer, kDataPath, IntoScratch(values), header);
+    parsed = ParseRequest(call, kDataPath, values, &data, header);
   }
   if (!parsed.ok()) return parsed;
   PushRequestView v;
@@ -157,8 +169,8 @@ absl::StatusOr<PushRequestView> ParsePush(const std::string& peer, const grpc::B
         "gradients must be DTYPE_FLOAT32, DTYPE_BFLOAT16 or DTYPE_FLOAT16, not ", DTypeName(header->dtype())));
   }
   v.sparse = header->sparse();
-  v.data = values->view();
-  v.peer = peer;
+  v.data = data;
+  v.peer = call.peer();
   return v;
 }
 
@@ -375,7 +387,7 @@ void ParameterServerService::ServePush(DataCall* call) {
   pb::PushRequest header;
   Scratch& values = RequestValues();
   absl::StatusOr<PushRequestView> view =
-      ParsePush(call->peer(), call->request(), &header, &values, core_->options().tracer);
+      ParsePush(*call, &header, &values, core_->options().tracer);
   if (!view.ok()) return Done(call, view.status());
   absl::StatusOr<PeerBudget::Hold> bytes = in_flight_.Take(PeerKey(view->rank, view->peer), view->data.size());
   if (!bytes.ok()) return Done(call, bytes.status());
@@ -394,14 +406,15 @@ void ParameterServerService::ServeInitialize(DataCall* call) {
   pb::InitializeRequest header;
   Scratch& values = RequestValues();
   constexpr int kDataPath[] = {pb::InitializeRequest::kDataFieldNumber};
-  absl::Status parsed = ParseWithBytes(call->request(), kDataPath, IntoScratch(&values), &header);
+  absl::string_view data;
+  absl::Status parsed = ParseRequest(*call, kDataPath, &values, &data, &header);
   if (!parsed.ok()) return Done(call, parsed);
   InitializeView view;
   view.rank = header.rank();
   view.session = header.session();
   view.partition = header.partition();
   view.dtype_is_float32 = header.dtype() == pb::DTYPE_FLOAT32;
-  view.data = values.view();
+  view.data = data;
   absl::StatusOr<PeerBudget::Hold> bytes =
       in_flight_.Take(PeerKey(view.rank, call->peer()), view.data.size());
   if (!bytes.ok()) return Done(call, bytes.status());
@@ -437,7 +450,7 @@ void ParameterServerService::ServePushPull(DataCall* call) {
   pb::PushRequest header;
   Scratch& values = RequestValues();
   absl::StatusOr<PushRequestView> view =
-      ParsePush(call->peer(), call->request(), &header, &values, core_->options().tracer);
+      ParsePush(*call, &header, &values, core_->options().tracer);
   if (!view.ok()) return Done(call, view.status());
   const std::string peer = PeerKey(view->rank, view->peer);
   absl::StatusOr<PeerBudget::Hold> bytes = in_flight_.Take(peer, view->data.size());
@@ -456,7 +469,8 @@ void ParameterServerService::ServeAllReduce(DataCall* call) {
   pb::AllReduceRequest header;
   Scratch& values = RequestValues();
   constexpr int kDataPath[] = {pb::AllReduceRequest::kTensorFieldNumber, pb::Tensor::kDataFieldNumber};
-  absl::Status parsed = ParseWithBytes(call->request(), kDataPath, IntoScratch(&values), &header);
+  absl::string_view data;
+  absl::Status parsed = ParseRequest(*call, kDataPath, &values, &data, &header);
   if (!parsed.ok()) return Done(call, parsed);
   absl::StatusOr<TensorSpec> spec = SpecFromProto(header.tensor());
   if (!spec.ok()) return Done(call, spec.status());
@@ -465,7 +479,7 @@ void ParameterServerService::ServeAllReduce(DataCall* call) {
   absl::StatusOr<PeerBudget::Hold> parked = parked_.Take(peer, 1);
   if (!parked.ok()) return Done(call, parked.status());
   // The contribution's bytes are held until the round completes (the call is answered then).
-  absl::StatusOr<PeerBudget::Hold> bytes = in_flight_.Take(peer, values.view().size());
+  absl::StatusOr<PeerBudget::Hold> bytes = in_flight_.Take(peer, data.size());
   if (!bytes.ok()) return Done(call, bytes.status());
   auto answer = std::make_shared<Parked>(
       call,
@@ -493,7 +507,7 @@ void ParameterServerService::ServeAllReduce(DataCall* call) {
   c.round = header.round();
   c.session = header.session();
   c.spec = *std::move(spec);
-  c.data = values.view();
+  c.data = data;
   c.peer = peer;
   hub_->Contribute(c, std::move(answer));
   TrimRequestValues(values);

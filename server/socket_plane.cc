@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
@@ -25,6 +26,8 @@ using socket_plane::OwnedFd;
 // and a hello once the connection is accepted.
 constexpr absl::Duration kFrameTimeout = absl::Minutes(5);
 constexpr absl::Duration kHelloTimeout = absl::Seconds(10);
+// The request buffer a connection keeps between calls, at most.
+constexpr size_t kKeepBytes = 16 << 20;
 
 // gRPC's spelling of a peer ("ipv4:127.0.0.1:5555", "ipv6:[::1]:5555"), which the budgets key on.
 std::string PeerOf(int fd) {
@@ -45,15 +48,17 @@ std::string PeerOf(int fd) {
 // connection's thread, which waits for Answer before it goes.
 class SocketCall final : public DataCall {
  public:
-  SocketCall(const std::string& peer, const std::string& authorization, const grpc::ByteBuffer& request,
-             grpc::ByteBuffer* response, int wake)
-      : peer_(peer), authorization_(authorization), request_(request), response_(response), wake_(wake) {}
+  SocketCall(const std::string& peer, const std::string& authorization, absl::string_view whole,
+             const grpc::ByteBuffer& request, grpc::ByteBuffer* response, int wake)
+      : peer_(peer), authorization_(authorization), whole_(whole), request_(request), response_(response),
+        wake_(wake) {}
 
   std::string peer() const override { return peer_; }
   absl::Status Authorize(const TokenCheck& tokens, Role role) const override {
     return tokens.Check(authorization_, role);
   }
   const grpc::ByteBuffer& request() const override { return request_; }
+  std::optional<absl::string_view> whole_request() const override { return whole_; }
   grpc::ByteBuffer* response() override { return response_; }
   void Answer(const grpc::Status& status) override {
     {
@@ -72,6 +77,7 @@ class SocketCall final : public DataCall {
  private:
   const std::string& peer_;
   const std::string& authorization_;
+  const absl::string_view whole_;
   const grpc::ByteBuffer& request_;
   grpc::ByteBuffer* const response_;
   const int wake_;
@@ -99,28 +105,40 @@ class SocketPlane::Connection {
       done_.store(true, std::memory_order_release);
     });
   }
-  // Ends the connection: its thread's read or wait returns.
-  void Close() {
+  // Ends the connection (`how`: SHUT_RD, or SHUT_RDWR): its thread's read or wait returns (and,
+  // with SHUT_RDWR, its write).
+  void Close(int how) {
     absl::MutexLock lock(&fd_mu_);
-    if (fd_.valid()) ::shutdown(fd_.get(), SHUT_RDWR);
+    if (fd_.valid()) ::shutdown(fd_.get(), how);
   }
   bool done() const { return done_.load(std::memory_order_acquire); }
 
  private:
   void Run() {
-    if (!wake_.valid()) return;
-    absl::Status hello = Hello();
-    if (!hello.ok()) {
-      if (!absl::IsUnavailable(hello)) SUMMA_LOG(WARNING) << "data plane: " << peer_ << ": " << hello.message();
-      return;
+    absl::Status hello = wake_.valid() ? Hello() : absl::ResourceExhaustedError("no eventfd for the connection");
+    plane_->in_hello_.fetch_sub(1, std::memory_order_relaxed);
+    absl::Status ended = hello;
+    while (ended.ok()) ended = ServeOne();
+    // A client closing its connection is the usual end; anything else is worth a line, and the
+    // client is left time to read why before the connection closes.
+    if (!absl::IsUnavailable(ended)) {
+      SUMMA_LOG(WARNING) << "data plane: " << peer_ << ": " << ended.message();
+      Linger();
     }
-    for (;;) {
-      absl::Status served = ServeOne();
-      if (!served.ok()) {
-        // A client closing its connection is the usual end; anything else is worth a line.
-        if (!absl::IsUnavailable(served)) SUMMA_LOG(WARNING) << "data plane: " << peer_ << ": " << served.message();
-        return;
-      }
+  }
+
+  // Closes the sending side and reads (and drops) what the client still sends, until it closes
+  // or a second passes: a close with bytes unread would reset the connection, and the client
+  // could lose the refusal sent just before.
+  void Linger() {
+    ::shutdown(fd_.get(), SHUT_WR);
+    char sink[64 << 10];
+    const absl::Time give_up = absl::Now() + absl::Seconds(1);
+    for (absl::Time now = absl::Now(); now < give_up; now = absl::Now()) {
+      pollfd p = {fd_.get(), POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(give_up - now)) + 1) <= 0) continue;
+      const ssize_t n = ::recv(fd_.get(), sink, sizeof(sink), MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return;
     }
   }
 
@@ -171,7 +189,7 @@ class SocketPlane::Connection {
     grpc::Slice slice(body, header.length, grpc::Slice::STATIC_SLICE);
     const grpc::ByteBuffer request(&slice, 1);
     grpc::ByteBuffer response;
-    SocketCall call(peer_, authorization_, request, &response, wake_.get());
+    SocketCall call(peer_, authorization_, absl::string_view(body, header.length), request, &response, wake_.get());
     ParameterServerService& service = *plane_->service_;
     switch (static_cast<DataMethod>(header.method)) {
       case DataMethod::kInitialize: service.ServeInitialize(&call); break;
@@ -181,7 +199,10 @@ class SocketPlane::Connection {
       case DataMethod::kAllReduce: service.ServeAllReduce(&call); break;
     }
     AwaitAnswer(call);
-    return Reply(call.status(), response);
+    absl::Status replied = Reply(call.status(), response);
+    // A buffer that an unusually large request grew goes back (gRPC's path keeps 16 MiB too).
+    if (body_.capacity() > kKeepBytes) body_.Release();
+    return replied;
   }
 
   // Waits for `call`'s answer; a client that closes its connection meanwhile cancels the call
@@ -269,25 +290,43 @@ void SocketPlane::AcceptLoop() {
         continue;
       }
       SUMMA_LOG(ERROR) << "data plane: accept: " << std::strerror(errno) << "; no more connections taken";
+      ::shutdown(listener_.get(), SHUT_RDWR);  // new ones are refused rather than left waiting
       return;
     }
     OwnedFd accepted(fd);
     socket_plane::SetNoDelay(fd);
+    const int one = 1;
+    // A worker host that vanishes is noticed (its connection's thread and slot go).
+    ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
     absl::MutexLock lock(&mu_);
     if (stopped_) return;
     Reap();
-    if (connections_.size() >= static_cast<size_t>(kMaxConnections)) {
+    auto refuse = [&](const std::string& message) {
       char head[socket_plane::kHeaderBytes];
-      const std::string message = absl::StrCat("the data plane holds ", kMaxConnections, " connections");
       socket_plane::EncodeReplyHeader({static_cast<uint32_t>(absl::StatusCode::kResourceExhausted),
                                        static_cast<uint32_t>(message.size()), 0},
                                       head);
       iovec iov[2] = {{head, sizeof(head)}, {const_cast<char*>(message.data()), message.size()}};
       socket_plane::WriteFull(fd, iov, 2, absl::Now() + absl::Milliseconds(100), "a refusal").IgnoreError();
+      SUMMA_LOG(WARNING) << "data plane: refused a connection: " << message;
+    };
+    if (connections_.size() >= static_cast<size_t>(kMaxConnections)) {
+      refuse(absl::StrCat("the data plane holds ", kMaxConnections, " connections"));
       continue;
     }
+    if (in_hello_.load(std::memory_order_relaxed) >= kMaxConnectionsInHello) {
+      refuse(absl::StrCat("the data plane has ", kMaxConnectionsInHello, " connections still in their hello"));
+      continue;
+    }
+    in_hello_.fetch_add(1, std::memory_order_relaxed);
     connections_.push_back(std::make_unique<Connection>(this, std::move(accepted)));
-    connections_.back()->Start();
+    try {
+      connections_.back()->Start();
+    } catch (const std::system_error& e) {  // no thread to be had (a pids limit, say)
+      in_hello_.fetch_sub(1, std::memory_order_relaxed);
+      connections_.pop_back();
+      SUMMA_LOG(WARNING) << "data plane: no thread for a connection: " << e.what();
+    }
   }
 }
 
@@ -314,7 +353,15 @@ void SocketPlane::Stop() {
   }
   if (listener_.valid()) ::shutdown(listener_.get(), SHUT_RDWR);
   if (acceptor_.joinable()) acceptor_.join();
-  for (auto& c : connections) c->Close();
+  // Reading ends first, so that an answer being written (the last ones, from the hub's and the
+  // core's shutdown) still reaches its client; writes still going after a while are cut.
+  for (auto& c : connections) c->Close(SHUT_RD);
+  const absl::Time give_up = absl::Now() + absl::Seconds(2);
+  auto all_done = [&] {
+    return std::all_of(connections.begin(), connections.end(), [](const auto& c) { return c->done(); });
+  };
+  while (!all_done() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
+  for (auto& c : connections) c->Close(SHUT_RDWR);
   connections.clear();  // joins every thread
 }
 

@@ -24,9 +24,12 @@ namespace summa::server {
 
 class SocketPlane {
  public:
-  // At most this many connections at once; a connection past them is refused
-  // (RESOURCE_EXHAUSTED) at its hello.
-  static constexpr int kMaxConnections = 1024;
+  // At most this many connections at once, and of them at most kMaxConnectionsInHello that have
+  // not yet passed their hello (a peer without a token holds no more); a connection past either
+  // is refused (RESOURCE_EXHAUSTED) as it is accepted. Each holds a thread, and between calls a
+  // buffer of its largest request up to 16 MiB.
+  static constexpr int kMaxConnections = 4096;
+  static constexpr int kMaxConnectionsInHello = 64;
 
   // Listens on `address` ("127.0.0.1:0" picks a port). `service` and `tokens` are not owned and
   // outlive the plane; a request longer than `max_message_bytes` is refused and its connection
@@ -61,6 +64,7 @@ class SocketPlane {
   std::thread acceptor_;
   mutable absl::Mutex mu_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<int> in_hello_{0};  // connections accepted whose hello is not yet done
   std::vector<std::unique_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -2,6 +2,9 @@
 // ParameterClient (raw on both sides) against a real server on 127.0.0.1:0.
 #include "common/wire.h"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
@@ -21,6 +24,7 @@
 #include "server/daemon.h"
 #include "summa/v1/summa.pb.h"
 #include "worker/ps_client.h"
+#include "worker/socket_calls.h"
 
 namespace summa {
 namespace {
@@ -657,7 +661,11 @@ TEST_F(SocketPlaneTest, BadFramesAreRefusedAndTheirConnectionClosed) {
   }
 }
 
+// The round's own deadline is far off in these two: only the cancellation can let go of the call.
+constexpr absl::Duration kFarBarrierDeadline = absl::Minutes(5);
+
 TEST_F(SocketPlaneTest, AClientThatClosesItsConnectionCancelsItsWaitingCall) {
+  configure_ = [](server::ServerOptions& o) { o.barrier_deadline = kFarBarrierDeadline; };
   StartServer(1, 4 << 20);
   socket_plane::OwnedFd fd = RawConnect(server_->data_port());
   SendHello(fd.get(), "");
@@ -669,6 +677,7 @@ TEST_F(SocketPlaneTest, AClientThatClosesItsConnectionCancelsItsWaitingCall) {
 }
 
 TEST_F(SocketPlaneTest, ACallPastItsDeadlineEndsAtTheClientAndIsCancelledAtTheServer) {
+  configure_ = [](server::ServerOptions& o) { o.barrier_deadline = kFarBarrierDeadline; };
   StartServer(1, 4 << 20);
   std::unique_ptr<worker::ParameterClient> client = Client(1, /*deadline=*/absl::Milliseconds(300));
   worker::Collective group;
@@ -698,6 +707,81 @@ TEST_F(SocketPlaneTest, ShutdownAnswersAWaitingCallAndClosesThePlane) {
   EXPECT_EQ(result.code(), absl::StatusCode::kUnavailable) << result;
   EXPECT_TRUE(absl::StrContains(result.message(), "shutting down")) << result;
   EXPECT_FALSE(socket_plane::Connect("127.0.0.1", port, absl::Now() + absl::Seconds(5)).ok());
+}
+
+// A fake plane (a listener of the test's own) answers the hello, then a call with `reply`.
+absl::Status CallAFakePlane(const std::string& reply) {
+  int port = 0;
+  absl::StatusOr<socket_plane::OwnedFd> listener = socket_plane::Listen("127.0.0.1:0", &port);
+  if (!listener.ok()) return listener.status();
+  std::thread fake([&] {
+    const int fd = ::accept(listener->get(), nullptr, nullptr);
+    if (fd < 0) return;
+    socket_plane::OwnedFd conn(fd);
+    char hello[socket_plane::kHelloBytes];
+    if (!socket_plane::ReadFull(fd, hello, sizeof(hello), absl::Now() + absl::Seconds(10), "hello").ok()) return;
+    char ok[socket_plane::kHeaderBytes];
+    socket_plane::EncodeReplyHeader({0, 0, 0}, ok);
+    SendBytes(fd, std::string(ok, sizeof(ok)));
+    char head[socket_plane::kHeaderBytes];
+    if (!socket_plane::ReadFull(fd, head, sizeof(head), absl::Now() + absl::Seconds(10), "request").ok()) return;
+    std::string body(socket_plane::DecodeRequestHeader(head).length, '\0');
+    if (!socket_plane::ReadFull(fd, body.data(), body.size(), absl::Now() + absl::Seconds(10), "body").ok()) return;
+    SendBytes(fd, reply);
+    char byte;  // until the client closes
+    socket_plane::ReadFull(fd, &byte, 1, absl::Now() + absl::Seconds(10), "end").IgnoreError();
+  });
+  auto calls = std::make_unique<worker::SocketCalls>(std::vector<worker::SocketCalls::Endpoint>{{"127.0.0.1", port}}, "");
+  absl::Status result = calls->Open(0, absl::Now() + absl::Seconds(10));
+  if (result.ok()) {
+    grpc::Slice slice(std::string("request"));
+    grpc::ByteBuffer request(&slice, 1), response;
+    calls->Start(0, 0, socket_plane::DataMethod::kPull, &request, &response, absl::Now() + absl::Seconds(10));
+    size_t tag = 99;
+    if (!calls->Next(&tag, &result) || tag != 0) result = absl::InternalError("no call came back");
+  }
+  calls.reset();  // closes the connection: the fake ends
+  fake.join();
+  return result;
+}
+
+TEST(SocketCallsTest, MalformedRepliesEndTheCallAsDataLoss) {
+  char head[socket_plane::kHeaderBytes];
+  // An error that carries a reply message too.
+  socket_plane::EncodeReplyHeader({static_cast<uint32_t>(absl::StatusCode::kInternal), 0, 5}, head);
+  absl::Status s = CallAFakePlane(std::string(head, sizeof(head)) + "12345");
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  // A status message past the limit.
+  socket_plane::EncodeReplyHeader({static_cast<uint32_t>(absl::StatusCode::kInternal),
+                                   socket_plane::kMaxStatusMessageBytes + 1, 0}, head);
+  s = CallAFakePlane(std::string(head, sizeof(head)));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  // A well-formed refusal comes through as it is.
+  socket_plane::EncodeReplyHeader({static_cast<uint32_t>(absl::StatusCode::kOutOfRange), 4, 0}, head);
+  s = CallAFakePlane(std::string(head, sizeof(head)) + "late");
+  EXPECT_EQ(s, absl::OutOfRangeError("late"));
+}
+
+TEST(SocketFrameTest, AListenerOnEveryAddressTakesIpv4AndIpv6) {
+  int port = 0;
+  absl::StatusOr<socket_plane::OwnedFd> listener = socket_plane::Listen("[::]:0", &port);
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  ASSERT_NE(port, 0);
+  EXPECT_TRUE(socket_plane::Connect("127.0.0.1", port, absl::Now() + absl::Seconds(10)).ok());
+  absl::StatusOr<socket_plane::OwnedFd> bare = socket_plane::Listen(":0", &port);
+  ASSERT_TRUE(bare.ok()) << bare.status();
+  EXPECT_TRUE(socket_plane::Connect("127.0.0.1", port, absl::Now() + absl::Seconds(10)).ok());
+  EXPECT_EQ(socket_plane::Listen("no-port", &port).status().code(), absl::StatusCode::kInvalidArgument);
+  // And IPv6, where this machine has an IPv6 loopback (the resolver's wildcard list puts
+  // 0.0.0.0, IPv4 alone, first).
+  socket_plane::OwnedFd probe(::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in6 loopback = {};
+  loopback.sin6_family = AF_INET6;
+  loopback.sin6_addr = in6addr_loopback;
+  if (probe.valid() && ::bind(probe.get(), reinterpret_cast<sockaddr*>(&loopback), sizeof(loopback)) == 0) {
+    absl::StatusOr<socket_plane::OwnedFd> v6 = socket_plane::Connect("::1", port, absl::Now() + absl::Seconds(10));
+    EXPECT_TRUE(v6.ok()) << v6.status();
+  }
 }
 
 TEST_F(SocketPlaneTest, TlsAndThePlaneTogetherAreRefusedAtStart) {

@@ -400,15 +400,16 @@ absl::Status ParameterClient::ChooseDataPlane() {
     plane_chosen_ = true;
     return absl::OkStatus();
   }
-  // Where the socket data plane is not to be had: gRPC carries the data path (an error where it
-  // was required). `quiet`: the usual case (a server that serves no plane), not worth a warning.
-  auto decline = [&](const absl::Status& why, bool quiet) {
+  // Where the socket data plane is not to be had: gRPC carries the data path until the next Join
+  // (an error where the plane was required). `quiet`: the usual case (a server that serves no
+  // plane), not worth a warning. `ask_again`: the server did not answer (not up yet): ask at the
+  // next call instead.
+  auto decline = [&](const absl::Status& why, bool quiet, bool ask_again = false) {
     if (data_plane_ == DataPlane::kSocket) {
       return absl::Status(why.code(), absl::StrCat("--data_plane=socket: ", why.message()));
     }
     if (!quiet) SUMMA_LOG(WARNING) << why.message() << "; the data path goes over gRPC";
-    // A server that is not up yet is asked again at the next call.
-    plane_chosen_ = !absl::IsUnavailable(why);
+    plane_chosen_ = !ask_again;
     return absl::OkStatus();
   };
   if (tls_) {
@@ -425,7 +426,8 @@ absl::Status ParameterClient::ChooseDataPlane() {
       const absl::Status why = FromGrpcStatus(asked);
       return decline(absl::Status(why.code(), absl::StrCat("asking ", shard->address, " for its data plane: ",
                                                            why.message())),
-                     /*quiet=*/absl::IsUnimplemented(why));  // a server from before the plane
+                     /*quiet=*/absl::IsUnimplemented(why),  // a server from before the plane
+                     /*ask_again=*/absl::IsUnavailable(why) || absl::IsDeadlineExceeded(why));
     }
     if (response.port() <= 0 || response.port() > 65535) {
       return decline(absl::FailedPreconditionError(

@@ -77,7 +77,14 @@ absl::Status SocketCalls::Acquire(int shard, absl::Time deadline, Connection** f
     }
   }
   if (open >= kMaxConnectionsPerShard) return absl::OkStatus();
-  SUMMA_RETURN_IF_ERROR(Open(shard, deadline));
+  const bool was_lost = lost_;
+  if (absl::Status opened = Open(shard, deadline); !opened.ok()) {
+    if (open == 0) return opened;
+    // The server takes no more connections now (at its limit, say): the call waits for one of
+    // this shard's own to come free.
+    lost_ = was_lost;
+    return absl::OkStatus();
+  }
   *found = connections_.back().get();
   return absl::OkStatus();
 }
@@ -241,7 +248,7 @@ bool SocketCalls::Next(size_t* tag, absl::Status* status) {
     polled.clear();
     for (auto& c : connections_) {
       if (!c->busy) continue;
-      fds.push_back({c->fd.get(), static_cast<short>(c->stage == Connection::Stage::kSend ? POLLOUT : POLLIN), 0});
+      fds.push_back({c->fd.get(), static_cast<short>(c->stage == Connection::Stage::kSend ? POLLOUT | POLLIN : POLLIN), 0});
       polled.push_back(c.get());
       deadline = std::min(deadline, calls_[c->tag].deadline);
     }
@@ -253,7 +260,16 @@ bool SocketCalls::Next(size_t* tag, absl::Status* status) {
     const int ready = ::poll(fds.data(), fds.size(), timeout);
     if (ready > 0) {
       for (size_t k = 0; k < fds.size(); ++k) {
-        if (fds[k].revents != 0 && polled[k]->busy) Advance(*polled[k]);
+        Connection& c = *polled[k];
+        if (fds[k].revents == 0 || !c.busy) continue;
+        if (c.stage == Connection::Stage::kSend && (fds[k].revents & POLLIN)) {
+          // A reply before the whole request went out is a refusal (a request over the
+          // server's limit): read it rather than push the rest at a server that reads no more.
+          c.slices.clear();
+          c.stage = Connection::Stage::kHead;
+          c.got = 0;
+        }
+        Advance(c);
       }
     }
     const absl::Time now = absl::Now();

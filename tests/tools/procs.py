@@ -1,7 +1,11 @@
 """Process harness for tests that start the real binaries: every process started through a
-ProcessGroup is stopped by its PID when the group exits, on every path (failures included)."""
+ProcessGroup is stopped by its PID when the group exits, on every path (failures included).
+Its directory (logs, port files, checkpoints) is removed when the group exits cleanly and kept,
+named on stderr, when it exits with an exception (a failed assertion), for the post-mortem."""
 import os
+import shutil
 import signal
+import sys
 import subprocess
 import tempfile
 import time
@@ -15,8 +19,12 @@ class ProcessGroup:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, exc, tb):
         self.stop_all()
+        if exc_type is None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        else:
+            print(f"ProcessGroup: kept {self.dir} (logs of the failed test)", file=sys.stderr)
         return False
 
     def start(self, name, argv, env=None):

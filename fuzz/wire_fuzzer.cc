@@ -1,7 +1,8 @@
 // The wire codec (common/wire.h): ParseWithBytes over the fuzz input cut into slices (as gRPC's
-// receive path hands a message over) into the headers the server reads (PushRequest,
-// InitializeRequest, PullRequest, AllReduceRequest), checked against protobuf parsing the same
-// bytes whole: both accept or both refuse, and when they accept, the header and the values agree.
+// receive path hands a message over), and ParseInPlace over it whole (as the socket data plane
+// hands it over), into the headers the server reads (PushRequest, InitializeRequest, PullRequest,
+// AllReduceRequest), checked against protobuf parsing the same bytes whole: each accepts or
+// refuses as protobuf does, and when they accept, the header and the values agree.
 //
 // Input: a FuzzedDataProvider's choice of message and cuts, then the message's bytes.
 #include <algorithm>
@@ -52,10 +53,25 @@ void Compare(const grpc::ByteBuffer& buffer, const std::string& message, absl::S
   const bool theirs = whole.ParseFromString(message);
   Check(ours.ok() == theirs, ours.ok() ? "accepted what protobuf refuses" : "refused what protobuf accepts",
         message);
-  if (!theirs) return;
+  if (!theirs) {
+    Message ignored;
+    absl::string_view viewed;
+    Check(!summa::ParseInPlace(message, path, &viewed, &ignored).ok(), "ParseInPlace accepted what protobuf refuses",
+          message);
+    return;
+  }
   Check(scratch.view() == values(whole), "the values differ from protobuf's", message);
+  Message in_place;
+  absl::string_view viewed;
+  const absl::Status whole_ours = summa::ParseInPlace(message, path, &viewed, &in_place);
+  Check(whole_ours.ok(), "ParseInPlace refused what protobuf accepts", message);
+  Check(viewed == values(whole), "ParseInPlace's values differ from protobuf's", message);
+  Check(viewed.empty() || (viewed.data() >= message.data() && viewed.data() + viewed.size() <= message.data() + message.size()),
+        "ParseInPlace's values are not inside the message", message);
   clear(whole);
   Check(header.SerializeAsString() == whole.SerializeAsString(), "the header differs from protobuf's", message);
+  Check(in_place.SerializeAsString() == whole.SerializeAsString(), "ParseInPlace's header differs from protobuf's",
+        message);
 }
 
 }  // namespace

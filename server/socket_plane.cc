@@ -7,7 +7,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
+#include <utility>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
@@ -86,6 +88,65 @@ class SocketCall final : public DataCall {
 };
 
 }  // namespace
+
+// The buffers requests are read into, a few for the whole plane, each keeping its capacity (up
+// to kKeepBytes) across calls: no allocation per call, and memory that does not grow with the
+// connections.
+class SocketPlane::BodyBuffers {
+ public:
+  explicit BodyBuffers(int count) : all_(count) {
+    for (Scratch& s : all_) free_.push_back(&s);
+  }
+
+  // A buffer, held until the lease goes (waits while all are held: each is held only while a
+  // request is read and handled, which never waits on another call).
+  class Lease {
+   public:
+    Lease() = default;
+    Lease(BodyBuffers* owner, Scratch* buffer) : owner_(owner), buffer_(buffer) {}
+    Lease(Lease&& other) noexcept { *this = std::move(other); }
+    Lease& operator=(Lease&& other) noexcept {
+      if (this != &other) {
+        Return();
+        owner_ = std::exchange(other.owner_, nullptr);
+        buffer_ = std::exchange(other.buffer_, nullptr);
+      }
+      return *this;
+    }
+    ~Lease() { Return(); }
+    Scratch* operator->() const { return buffer_; }
+
+   private:
+    void Return() {
+      if (owner_ != nullptr) owner_->Give(buffer_);
+      owner_ = nullptr;
+      buffer_ = nullptr;
+    }
+    BodyBuffers* owner_ = nullptr;
+    Scratch* buffer_ = nullptr;
+  };
+
+  Lease Take() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](std::vector<Scratch*>* free) { return !free->empty(); }, &free_));
+    Scratch* buffer = free_.back();
+    free_.pop_back();
+    return Lease(this, buffer);
+  }
+
+ private:
+  void Give(Scratch* buffer) {
+    // A buffer that an unusually large request grew goes back (gRPC's path keeps 16 MiB too).
+    if (buffer->capacity() > kKeepBytes) buffer->Release();
+    absl::MutexLock lock(&mu_);
+    free_.push_back(buffer);
+  }
+
+  std::vector<Scratch> all_;
+  absl::Mutex mu_;
+  std::vector<Scratch*> free_ ABSL_GUARDED_BY(mu_);
+};
 
 class SocketPlane::Connection {
  public:
@@ -183,7 +244,11 @@ class SocketPlane::Connection {
       Refuse(big).IgnoreError();
       return big;
     }
-    char* body = body_.Resize(header.length);
+    // A buffer from the plane's few: what the server holds of requests is bounded by them, not
+    // by its connections (the rest wait in the kernel's socket buffers, as HTTP/2's flow control
+    // would hold them).
+    BodyBuffers::Lease lease = plane_->bodies_->Take();
+    char* body = lease->Resize(header.length);
     SUMMA_RETURN_IF_ERROR(
         socket_plane::ReadFull(fd_.get(), body, header.length, absl::Now() + kFrameTimeout, "a request"));
     grpc::Slice slice(body, header.length, grpc::Slice::STATIC_SLICE);
@@ -198,11 +263,11 @@ class SocketPlane::Connection {
       case DataMethod::kPushPull: service.ServePushPull(&call); break;
       case DataMethod::kAllReduce: service.ServeAllReduce(&call); break;
     }
+    // The handler is done with the request (its values are summed, applied or copied before it
+    // returns, as on gRPC's path, whose per-thread buffer the next call reuses).
+    lease = BodyBuffers::Lease();
     AwaitAnswer(call);
-    absl::Status replied = Reply(call.status(), response);
-    // A buffer that an unusually large request grew goes back (gRPC's path keeps 16 MiB too).
-    if (body_.capacity() > kKeepBytes) body_.Release();
-    return replied;
+    return Reply(call.status(), response);
   }
 
   // Waits for `call`'s answer; a client that closes its connection meanwhile cancels the call
@@ -248,7 +313,6 @@ class SocketPlane::Connection {
   const OwnedFd wake_;  // the answer's signal (an eventfd)
   const std::string peer_;
   std::string authorization_;  // from the hello
-  Scratch body_;               // the request's bytes, kept across calls
   std::vector<grpc::Slice> slices_;
   std::vector<iovec> iov_;
   std::thread thread_;
@@ -271,7 +335,11 @@ absl::StatusOr<std::unique_ptr<SocketPlane>> SocketPlane::Start(const std::strin
 }
 
 SocketPlane::SocketPlane(ParameterServerService* service, const TokenCheck* tokens, int64_t max_message_bytes)
-    : service_(service), tokens_(tokens), max_message_bytes_(max_message_bytes) {}
+    : service_(service),
+      tokens_(tokens),
+      max_message_bytes_(max_message_bytes),
+      bodies_(std::make_unique<BodyBuffers>(
+          std::clamp(2 * static_cast<int>(std::thread::hardware_concurrency()), kMinBodyBuffers, 64))) {}
 
 SocketPlane::~SocketPlane() { Stop(); }
 

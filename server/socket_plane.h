@@ -26,8 +26,7 @@ class SocketPlane {
  public:
   // At most this many connections at once, and of them at most kMaxConnectionsInHello that have
   // not yet passed their hello (a peer without a token holds no more); a connection past either
-  // is refused (RESOURCE_EXHAUSTED) as it is accepted. Each holds a thread, and between calls a
-  // buffer of its largest request up to 16 MiB.
+  // is refused (RESOURCE_EXHAUSTED) as it is accepted. Each holds a thread.
   static constexpr int kMaxConnections = 4096;
   static constexpr int kMaxConnectionsInHello = 64;
 
@@ -49,6 +48,10 @@ class SocketPlane {
   int connections() const;
 
   class Connection;
+  class BodyBuffers;
+  // Requests are read into buffers of the plane's, two per core and at least this many: what
+  // the server holds of requests at once (a request waits for one while all are in use).
+  static constexpr int kMinBodyBuffers = 4;
 
  private:
   SocketPlane(ParameterServerService* service, const TokenCheck* tokens, int64_t max_message_bytes);
@@ -59,6 +62,7 @@ class SocketPlane {
   ParameterServerService* const service_;
   const TokenCheck* const tokens_;
   const int64_t max_message_bytes_;
+  const std::unique_ptr<BodyBuffers> bodies_;
   socket_plane::OwnedFd listener_;
   int port_ = 0;
   std::thread acceptor_;

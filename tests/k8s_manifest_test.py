@@ -90,6 +90,8 @@ class K8sManifestTest(unittest.TestCase):
         self.assertEqual(server["livenessProbe"]["grpc"]["port"], health_port)
         self.assertIn(health_port, [p["containerPort"] for p in server["ports"]])
         self.assertTrue(flag(server["args"], "metrics_address").startswith("127.0.0.1:"))
+        self.assertIsNone(flag(server["args"], "data_address"), "the socket data plane is plaintext")
+        self.assertNotIn("data", [p["name"] for p in server["ports"]])
         self.assertEqual(sts["metadata"]["annotations"]["prometheus.io/scrape"], "false",
                          "no scraping a port that listens on loopback")
         job = objs[("Job", "summa-worker")]["spec"]["template"]
@@ -120,6 +122,11 @@ class K8sManifestTest(unittest.TestCase):
             self.assertEqual(server["readinessProbe"]["grpc"]["port"], 50051)
             self.assertEqual(server["livenessProbe"]["grpc"]["port"], 50051)
             self.assertIsNone(flag(server["args"], "tls_cert"))
+            # The socket data plane, on a port of the pod's that the NetworkPolicy admits.
+            data_port = int(flag(server["args"], "data_address").rsplit(":", 1)[1])
+            self.assertIn(data_port, [p["containerPort"] for p in server["ports"]])
+            policy = objs[("NetworkPolicy", "summa-server")]["spec"]["ingress"][0]["ports"]
+            self.assertIn(data_port, [p["port"] for p in policy])
 
     def test_secrets_script_makes_what_the_manifests_mount(self):
         with tempfile.TemporaryDirectory(prefix="summa-k8s-secrets-") as directory:
@@ -180,7 +187,7 @@ class K8sManifestTest(unittest.TestCase):
                 port_file = os.path.join(g.dir, f"server{i}.port")
                 health_port_file = os.path.join(g.dir, f"health{i}.port")
                 server_args = [to_host(to_local(expand(x, env)), mounts,
-                                       {"address", "metrics_address", "health_address"})
+                                       {"address", "metrics_address", "health_address", "data_address"})
                                for x in server_container["args"]]
                 server_args.append(f"--port_file={port_file}")
                 if health_port is not None:
@@ -211,6 +218,13 @@ class K8sManifestTest(unittest.TestCase):
             accs = [float(a) for a in re.findall(r"test acc ([0-9.]+)", out)]
             self.assertEqual(len(accs), int(env["SUMMA_EPOCHS"]))
             self.assertGreater(accs[-1], 0.3, "well above chance (0.1)")
+            # Plaintext: the workers found the socket data plane (with their token) and used it.
+            plane = "the data path goes over the socket data plane"
+            for w in workers:
+                if health_port is None:
+                    self.assertIn(plane, g.log(w))
+                else:
+                    self.assertNotIn(plane, g.log(w))
 
     def probe_tls_server(self, container, port, health_port, secrets):
         import grpc

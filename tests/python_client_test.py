@@ -357,7 +357,7 @@ class PythonClientTest(unittest.TestCase):
             lines = g.log(probe).split("\n")
             self.assertTrue(lines[0].startswith(os.path.join(venv, "lib")), lines)
             self.assertEqual(lines[1], "Join Heartbeat Leave Push Pull PushPull AllReduce GetStatus "
-                                       "Checkpoint Initialize RollBack Follow")
+                                       "Checkpoint Initialize RollBack Follow DataPlane")
 
     def test_the_data_path_copies_once_each_way(self):
         """tracemalloc sees every bytes object and numpy buffer Python allocates: encoding a

@@ -104,14 +104,14 @@ std::optional<DataMethod> DataMethodOf(absl::string_view grpc_path) {
 
 void EncodeRequestHeader(const RequestHeader& header, char out[kHeaderBytes]) {
   Put<uint32_t>(out, header.method);
-  Put<uint32_t>(out, 0);
+  Put<uint32_t>(out, header.lead);
   Put<uint64_t>(out, header.length);
 }
 
 RequestHeader DecodeRequestHeader(const char in[kHeaderBytes]) {
   RequestHeader header;
   header.method = Get<uint32_t>(in);
-  Get<uint32_t>(in);
+  header.lead = Get<uint32_t>(in);
   header.length = Get<uint64_t>(in);
   return header;
 }

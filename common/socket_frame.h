@@ -10,7 +10,9 @@
 //                    ("Bearer <token>", or nothing)
 //   answer (server): a reply header with length 0: OK, or why the connection is refused (then
 //                    closed)
-//   request:         u32 DataMethod, u32 0, u64 length, the request message
+//   request:         u32 DataMethod, u32 lead, u64 length, `lead` bytes of padding (at most
+//                    kMaxLead: the sender's choice, so that the message's values land on a
+//                    4-byte boundary, where the server reads them in place), the request message
 //   reply:           u32 status code, u32 length of the status message, u64 length of the reply
 //                    message, the status message, the reply message (empty unless OK)
 // One call at a time on a connection; a client with calls in flight at once opens as many
@@ -51,7 +53,12 @@ std::optional<DataMethod> DataMethodOf(absl::string_view grpc_path);
 struct RequestHeader {
   uint32_t method = 0;  // a DataMethod, unchecked
   uint64_t length = 0;
+  uint32_t lead = 0;    // padding bytes between the header and the message, unchecked
 };
+inline constexpr uint32_t kMaxLead = 64;
+// The lead that puts the values of a message whose fields before them take `prefix_bytes` on a
+// 4-byte boundary (the message itself starting on one).
+inline uint32_t LeadFor(size_t prefix_bytes) { return static_cast<uint32_t>((4 - prefix_bytes % 4) % 4); }
 struct ReplyHeader {
   uint32_t code = 0;  // an absl::StatusCode
   uint32_t message_length = 0;

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/grpc_status.h"
+#include "common/status_macros.h"
 #include "common/tensor_proto.h"
 #include "common/logging.h"
 #include "common/wire.h"
@@ -118,12 +119,25 @@ Scratch& RequestValues() {
   return values;
 }
 
-// Parses `call`'s request into `header`, the values at `path` into `*view`: read in place where
-// the request is one piece of memory (the socket data plane's), copied into `values` otherwise
-// (gRPC's receive slices). The view lasts while the handler runs.
-absl::Status ParseRequest(const DataCall& call, absl::Span<const int> path, Scratch* values, absl::string_view* view,
+// Parses `call`'s request into `header`, the values at `path` into `*view`, on a 4-byte boundary
+// (the core reads them as floats): read in place where the request is one piece of memory (the
+// socket data plane's), moved down over the fields already parsed where the sender did not pad
+// them onto a boundary; copied into `values` otherwise (gRPC's receive slices). The view lasts
+// while the handler runs.
+absl::Status ParseRequest(DataCall& call, absl::Span<const int> path, Scratch* values, absl::string_view* view,
                           google::protobuf::MessageLite* header) {
-  if (std::optional<absl::string_view> whole = call.whole_request()) return ParseInPlace(*whole, path, view, header);
+  if (std::optional<absl::Span<char>> whole = call.whole_request()) {
+    SUMMA_RETURN_IF_ERROR(ParseInPlace(absl::string_view(whole->data(), whole->size()), path, view, header));
+    const size_t off = reinterpret_cast<uintptr_t>(view->data()) % alignof(float);
+    if (off != 0) {
+      // The bytes before the values are the message's own (at least `off` of them, the message
+      // starting on a boundary), parsed already.
+      char* to = whole->data() + (view->data() - whole->data()) - off;
+      std::memmove(to, view->data(), view->size());
+      *view = absl::string_view(to, view->size());
+    }
+    return absl::OkStatus();
+  }
   absl::Status parsed = ParseWithBytes(call.request(), path, IntoScratch(values), header);
   *view = values->view();
   return parsed;
@@ -146,7 +160,7 @@ grpc::Slice SliceOf(const Snapshot& s, WireDType dtype = WireDType::kFloat32) {
   return grpc::Slice(const_cast<uint16_t*>(v.data()), v.size() * sizeof(uint16_t), &Snapshot::Return, s.Lend());
 }
 
-absl::StatusOr<PushRequestView> ParsePush(const DataCall& call, pb::PushRequest* header, Scratch* values,
+absl::StatusOr<PushRequestView> ParsePush(DataCall& call, pb::PushRequest* header, Scratch* values,
                                           Tracer* tracer) {
   constexpr int kDataPath[] = {pb::PushRequest::kDataFieldNumber};
   absl::Status parsed;

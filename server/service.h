@@ -54,9 +54,10 @@ class DataCall : public Answerable {
   virtual std::string peer() const = 0;
   virtual absl::Status Authorize(const TokenCheck& tokens, Role role) const = 0;
   virtual const grpc::ByteBuffer& request() const = 0;
-  // The request as one piece of memory that lives until the call is answered, where it came so
-  // (the socket data plane's): its values are then read in place, not copied.
-  virtual std::optional<absl::string_view> whole_request() const { return std::nullopt; }
+  // The request as one piece of memory (starting on a 16-byte boundary) that the handler may
+  // write over and that lives while it runs, where it came so (the socket data plane's): its
+  // values are then read in place, not copied.
+  virtual std::optional<absl::Span<char>> whole_request() { return std::nullopt; }
   virtual grpc::ByteBuffer* response() = 0;
 
   // The parked call that answers this one, set by the handler before the core sees it: a client

@@ -13,6 +13,7 @@
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -24,11 +25,16 @@ namespace {
 using socket_plane::DataMethod;
 using socket_plane::OwnedFd;
 
-// How long the rest of a frame may take once its header arrived (a request's body, a reply),
-// and a hello once the connection is accepted.
+// How long a reply may take to write, and a hello once the connection is accepted.
 constexpr absl::Duration kFrameTimeout = absl::Minutes(5);
+
+// How long a request's body may take once its header arrived: 10 s, and a second for every 4 MiB
+// (a client that stalls mid-request holds one of the plane's few buffers that long, no longer).
+absl::Duration BodyTimeout(uint64_t bytes) {
+  return absl::Seconds(10) + absl::Seconds(static_cast<int64_t>(bytes >> 22));
+}
 constexpr absl::Duration kHelloTimeout = absl::Seconds(10);
-// The request buffer a connection keeps between calls, at most.
+// The most a request buffer of the plane's keeps between calls.
 constexpr size_t kKeepBytes = 16 << 20;
 
 // gRPC's spelling of a peer ("ipv4:127.0.0.1:5555", "ipv6:[::1]:5555"), which the budgets key on.
@@ -42,15 +48,20 @@ std::string PeerOf(int fd) {
                     NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
     return "unknown";
   }
-  if (address.ss_family == AF_INET6) return absl::StrCat("ipv6:[", host, "]:", port);
-  return absl::StrCat("ipv4:", host, ":", port);
+  absl::string_view name = host;
+  // An IPv4 client of a listener on every address comes as ::ffff:a.b.c.d: gRPC's "ipv4:" it
+  // is, so that one host is one peer to the limits on both transports.
+  if (address.ss_family == AF_INET6 && !absl::ConsumePrefix(&name, "::ffff:")) {
+    return absl::StrCat("ipv6:[", name, "]:", port);
+  }
+  return absl::StrCat("ipv4:", name, ":", port);
 }
 
 // One call read from a connection, as the service's handlers see it. It lives on the
 // connection's thread, which waits for Answer before it goes.
 class SocketCall final : public DataCall {
  public:
-  SocketCall(const std::string& peer, const std::string& authorization, absl::string_view whole,
+  SocketCall(const std::string& peer, const std::string& authorization, absl::Span<char> whole,
              const grpc::ByteBuffer& request, grpc::ByteBuffer* response, int wake)
       : peer_(peer), authorization_(authorization), whole_(whole), request_(request), response_(response),
         wake_(wake) {}
@@ -60,7 +71,7 @@ class SocketCall final : public DataCall {
     return tokens.Check(authorization_, role);
   }
   const grpc::ByteBuffer& request() const override { return request_; }
-  std::optional<absl::string_view> whole_request() const override { return whole_; }
+  std::optional<absl::Span<char>> whole_request() override { return whole_; }
   grpc::ByteBuffer* response() override { return response_; }
   void Answer(const grpc::Status& status) override {
     {
@@ -79,7 +90,7 @@ class SocketCall final : public DataCall {
  private:
   const std::string& peer_;
   const std::string& authorization_;
-  const absl::string_view whole_;
+  const absl::Span<char> whole_;
   const grpc::ByteBuffer& request_;
   grpc::ByteBuffer* const response_;
   const int wake_;
@@ -237,6 +248,12 @@ class SocketPlane::Connection {
       Refuse(bad).IgnoreError();
       return bad;
     }
+    if (header.lead > socket_plane::kMaxLead) {
+      const absl::Status bad = absl::InvalidArgumentError(
+          absl::StrCat("a request led by ", header.lead, " bytes of padding (at most ", socket_plane::kMaxLead, ")"));
+      Refuse(bad).IgnoreError();
+      return bad;
+    }
     if (header.length > static_cast<uint64_t>(plane_->max_message_bytes_)) {
       const absl::Status big = absl::ResourceExhaustedError(
           absl::StrCat("a request of ", header.length, " bytes: over the limit of ", plane_->max_message_bytes_,
@@ -248,13 +265,14 @@ class SocketPlane::Connection {
     // by its connections (the rest wait in the kernel's socket buffers, as HTTP/2's flow control
     // would hold them).
     BodyBuffers::Lease lease = plane_->bodies_->Take();
-    char* body = lease->Resize(header.length);
-    SUMMA_RETURN_IF_ERROR(
-        socket_plane::ReadFull(fd_.get(), body, header.length, absl::Now() + kFrameTimeout, "a request"));
+    char* const lead = lease->Resize(header.lead + header.length);  // a 16-byte boundary
+    SUMMA_RETURN_IF_ERROR(socket_plane::ReadFull(fd_.get(), lead, header.lead + header.length,
+                                                 absl::Now() + BodyTimeout(header.length), "a request"));
+    char* const body = lead + header.lead;
     grpc::Slice slice(body, header.length, grpc::Slice::STATIC_SLICE);
     const grpc::ByteBuffer request(&slice, 1);
     grpc::ByteBuffer response;
-    SocketCall call(peer_, authorization_, absl::string_view(body, header.length), request, &response, wake_.get());
+    SocketCall call(peer_, authorization_, absl::MakeSpan(body, header.length), request, &response, wake_.get());
     ParameterServerService& service = *plane_->service_;
     switch (static_cast<DataMethod>(header.method)) {
       case DataMethod::kInitialize: service.ServeInitialize(&call); break;
@@ -339,7 +357,7 @@ SocketPlane::SocketPlane(ParameterServerService* service, const TokenCheck* toke
       tokens_(tokens),
       max_message_bytes_(max_message_bytes),
       bodies_(std::make_unique<BodyBuffers>(
-          std::clamp(2 * static_cast<int>(std::thread::hardware_concurrency()), kMinBodyBuffers, 64))) {}
+          std::clamp(2 * static_cast<int>(std::thread::hardware_concurrency()), kMinBodyBuffers, kMaxBodyBuffers))) {}
 
 SocketPlane::~SocketPlane() { Stop(); }
 

@@ -1,7 +1,8 @@
 // SocketPlane: the server's end of the socket data plane (common/socket_frame.h). One thread
-// accepts connections; each connection has a thread of its own, which reads a call into the
-// connection's buffer (kept across calls), hands it to the service's data-path handler (the
-// handlers gRPC's data path calls, server/data_path.h), waits for the answer (at once, or when a
+// accepts connections; each connection has a thread of its own, which reads a call into one of
+// the plane's few request buffers (kept across calls), hands it to the service's data-path
+// handler (the handlers gRPC's data path calls, server/data_path.h), waits for the answer (at
+// once, or when a
 // round or a step completes on another thread) and writes it from the core's snapshot without a
 // copy. A connection that closes while its call waits cancels the call, as a gRPC client's
 // cancellation does. Thread-safe.
@@ -49,9 +50,11 @@ class SocketPlane {
 
   class Connection;
   class BodyBuffers;
-  // Requests are read into buffers of the plane's, two per core and at least this many: what
-  // the server holds of requests at once (a request waits for one while all are in use).
+  // Requests are read into buffers of the plane's, two per core and from kMinBodyBuffers to
+  // kMaxBodyBuffers of them: what the server holds of requests at once (a request waits for one
+  // while all are in use).
   static constexpr int kMinBodyBuffers = 4;
+  static constexpr int kMaxBodyBuffers = 16;
 
  private:
   SocketPlane(ParameterServerService* service, const TokenCheck* tokens, int64_t max_message_bytes);

@@ -661,6 +661,28 @@ TEST_F(SocketPlaneTest, BadFramesAreRefusedAndTheirConnectionClosed) {
   }
 }
 
+TEST_F(SocketPlaneTest, ValuesAtAnyOffsetInTheRequestAreReadAsFloats) {
+  StartServer(1, 4 << 20);
+  socket_plane::OwnedFd fd = RawConnect(server_->data_port());
+  SendHello(fd.get(), "");
+  ASSERT_TRUE(ReadReply(fd.get()).ok());
+  const std::vector<float> values = {1.5f, -2.0f, 3.25f, 1e-3f, -7.0f};
+  // Names of 1 to 4 bytes put the values at every offset modulo 4, sent with no lead (padding):
+  // the server moves them onto a boundary before the core reads them as floats (UBSan's
+  // alignment check watches this in the sanitizer pass).
+  for (int length = 1; length <= 4; ++length) {
+    const std::string message = AllReduceMessage(std::string(length, 'n'), 1, 0, values);
+    SendRequest(fd.get(), kAllReduceMethod, message);
+    absl::StatusOr<RawReply> reply = ReadReply(fd.get());
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    ASSERT_EQ(reply->header.code, 0u) << reply->message;
+    pb::AllReduceResponse response;
+    ASSERT_TRUE(response.ParseFromString(reply->body));
+    EXPECT_EQ(response.tensor().data(), std::string(reinterpret_cast<const char*>(values.data()), 20))
+        << "name of " << length;
+  }
+}
+
 // The round's own deadline is far off in these two: only the cancellation can let go of the call.
 constexpr absl::Duration kFarBarrierDeadline = absl::Minutes(5);
 

@@ -33,7 +33,9 @@ struct SocketCalls::Connection {
 };
 
 SocketCalls::SocketCalls(std::vector<Endpoint> shards, std::string authorization)
-    : shards_(std::move(shards)), authorization_(std::move(authorization)) {}
+    : shards_(std::move(shards)),
+      authorization_(std::move(authorization)),
+      caps_(shards_.size(), kMaxConnectionsPerShard) {}
 
 SocketCalls::~SocketCalls() = default;
 
@@ -76,13 +78,14 @@ absl::Status SocketCalls::Acquire(int shard, absl::Time deadline, Connection** f
       return absl::OkStatus();
     }
   }
-  if (open >= kMaxConnectionsPerShard) return absl::OkStatus();
+  if (open >= caps_[shard]) return absl::OkStatus();
   const bool was_lost = lost_;
   if (absl::Status opened = Open(shard, deadline); !opened.ok()) {
     if (open == 0) return opened;
     // The server takes no more connections now (at its limit, say): the call waits for one of
-    // this shard's own to come free.
+    // this shard's own to come free, and no more are asked for until one of them closes.
     lost_ = was_lost;
+    caps_[shard] = open;
     return absl::OkStatus();
   }
   *found = connections_.back().get();
@@ -114,8 +117,14 @@ void SocketCalls::Begin(Connection& c, size_t tag) {
   c.busy = true;
   c.tag = tag;
   c.stage = Connection::Stage::kSend;
-  socket_plane::EncodeRequestHeader({static_cast<uint32_t>(call.method), call.request->Length()}, c.request_head);
   socket_plane::Gather(*call.request, c.request_head, sizeof(c.request_head), c.slices, c.iov);
+  // A message with values is its fields, then the values as a slice of their own (common/wire):
+  // padding ahead of it puts the values on a 4-byte boundary, where the server reads them in place.
+  static constexpr char kZeros[socket_plane::kMaxLead] = {};
+  const uint64_t length = call.request->Length();
+  const uint32_t lead = c.slices.size() >= 2 ? socket_plane::LeadFor(length - c.slices.back().size()) : 0;
+  socket_plane::EncodeRequestHeader({static_cast<uint32_t>(call.method), length, lead}, c.request_head);
+  if (lead > 0) c.iov.insert(c.iov.begin() + 1, {const_cast<char*>(kZeros), lead});
   c.iov_at = 0;
   Advance(c);  // most requests go out at once
 }
@@ -228,7 +237,11 @@ bool SocketCalls::Next(size_t* tag, absl::Status* status) {
     if (in_flight_ == 0) return false;
     // Closed connections go; waiting calls take the connections free (or openable) now.
     connections_.erase(std::remove_if(connections_.begin(), connections_.end(),
-                                      [](const std::unique_ptr<Connection>& c) { return !c->fd.valid(); }),
+                                      [&](const std::unique_ptr<Connection>& c) {
+                                        if (c->fd.valid()) return false;
+                                        caps_[c->shard] = kMaxConnectionsPerShard;  // room again
+                                        return true;
+                                      }),
                        connections_.end());
     for (size_t k = waiting_.size(); k > 0; --k) {
       const size_t t = waiting_.front();

@@ -83,6 +83,9 @@ class SocketCalls {
   std::deque<std::pair<size_t, absl::Status>> ended_;
   std::vector<pollfd> pollfds_;  // Next's, kept across calls
   std::vector<Connection*> polled_;
+  // Per shard, the connections it may have: kMaxConnectionsPerShard, or as many as it had when
+  // the server refused one more (until one of them closes).
+  std::vector<int> caps_;
   size_t in_flight_ = 0;
   bool lost_ = false;
 };

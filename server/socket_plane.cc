@@ -57,6 +57,24 @@ std::string PeerOf(int fd) {
   return absl::StrCat("ipv4:", name, ":", port);
 }
 
+// Writes a reply frame to `fd` within `deadline`: `status`, and `response` when it is OK.
+// `slices` and `iov` are the caller's, kept across replies.
+absl::Status WriteReply(int fd, const grpc::Status& status, const grpc::ByteBuffer& response, absl::Time deadline,
+                        std::vector<grpc::Slice>& slices, std::vector<iovec>& iov) {
+  const std::string& message = status.error_message();
+  const uint32_t message_length =
+      static_cast<uint32_t>(std::min<size_t>(message.size(), socket_plane::kMaxStatusMessageBytes));
+  socket_plane::ReplyHeader header;
+  header.code = static_cast<uint32_t>(status.error_code());
+  header.message_length = message_length;
+  header.length = status.ok() && response.Valid() ? response.Length() : 0;
+  char head[socket_plane::kHeaderBytes];
+  socket_plane::EncodeReplyHeader(header, head);
+  socket_plane::Gather(header.length > 0 ? response : grpc::ByteBuffer(), head, sizeof(head), slices, iov);
+  if (message_length > 0) iov.insert(iov.begin() + 1, {const_cast<char*>(message.data()), message_length});
+  return socket_plane::WriteFull(fd, iov.data(), static_cast<int>(iov.size()), deadline, "a reply");
+}
+
 // One call read from a connection, as the service's handlers see it. It lives on the
 // connection's thread, which waits for Answer before it goes.
 class SocketCall final : public DataCall {
@@ -214,9 +232,10 @@ class SocketPlane::Connection {
     }
   }
 
-  // Sends a reply with no message: `status`, and nothing else.
-  absl::Status Refuse(const absl::Status& status) {
-    return Reply(ToGrpcStatus(status), grpc::ByteBuffer());
+  // Tells the client `why` (a reply with no message) and returns it: the connection's end.
+  absl::Status Refuse(const absl::Status& why) {
+    Reply(ToGrpcStatus(why), grpc::ByteBuffer()).IgnoreError();
+    return why;
   }
 
   absl::Status Hello() {
@@ -224,15 +243,12 @@ class SocketPlane::Connection {
     const absl::Time deadline = absl::Now() + kHelloTimeout;
     SUMMA_RETURN_IF_ERROR(socket_plane::ReadFull(fd_.get(), fixed, sizeof(fixed), deadline, "the hello"));
     absl::StatusOr<uint32_t> length = socket_plane::DecodeHello(fixed);
-    if (!length.ok()) {
-      Refuse(length.status()).IgnoreError();
-      return length.status();
-    }
+    if (!length.ok()) return Refuse(length.status());
     authorization_.resize(*length);
     SUMMA_RETURN_IF_ERROR(
         socket_plane::ReadFull(fd_.get(), authorization_.data(), authorization_.size(), deadline, "the hello's token"));
-    absl::Status admitted = plane_->tokens_->Check(authorization_, Role::kWorker);
-    SUMMA_RETURN_IF_ERROR(Refuse(admitted));
+    const absl::Status admitted = plane_->tokens_->Check(authorization_, Role::kWorker);
+    SUMMA_RETURN_IF_ERROR(Reply(ToGrpcStatus(admitted), grpc::ByteBuffer()));  // OK too: the hello's answer
     return admitted;
   }
 
@@ -244,22 +260,16 @@ class SocketPlane::Connection {
     const socket_plane::RequestHeader header = socket_plane::DecodeRequestHeader(head);
     if (header.method < static_cast<uint32_t>(DataMethod::kInitialize) ||
         header.method > static_cast<uint32_t>(DataMethod::kAllReduce)) {
-      const absl::Status bad = absl::InvalidArgumentError(absl::StrCat("no data-path method numbered ", header.method));
-      Refuse(bad).IgnoreError();
-      return bad;
+      return Refuse(absl::InvalidArgumentError(absl::StrCat("no data-path method numbered ", header.method)));
     }
     if (header.lead > socket_plane::kMaxLead) {
-      const absl::Status bad = absl::InvalidArgumentError(
-          absl::StrCat("a request led by ", header.lead, " bytes of padding (at most ", socket_plane::kMaxLead, ")"));
-      Refuse(bad).IgnoreError();
-      return bad;
+      return Refuse(absl::InvalidArgumentError(
+          absl::StrCat("a request led by ", header.lead, " bytes of padding (at most ", socket_plane::kMaxLead, ")")));
     }
     if (header.length > static_cast<uint64_t>(plane_->max_message_bytes_)) {
-      const absl::Status big = absl::ResourceExhaustedError(
+      return Refuse(absl::ResourceExhaustedError(
           absl::StrCat("a request of ", header.length, " bytes: over the limit of ", plane_->max_message_bytes_,
-                       " (summa-server --max_message_bytes)"));
-      Refuse(big).IgnoreError();
-      return big;
+                       " (summa-server --max_message_bytes)")));
     }
     // A buffer from the plane's few: what the server holds of requests is bounded by them, not
     // by its connections (the rest wait in the kernel's socket buffers, as HTTP/2's flow control
@@ -310,20 +320,9 @@ class SocketPlane::Connection {
   }
 
   absl::Status Reply(const grpc::Status& status, const grpc::ByteBuffer& response) {
-    const std::string& message = status.error_message();
-    const uint32_t message_length =
-        static_cast<uint32_t>(std::min<size_t>(message.size(), socket_plane::kMaxStatusMessageBytes));
-    socket_plane::ReplyHeader header;
-    header.code = static_cast<uint32_t>(status.error_code());
-    header.message_length = message_length;
-    header.length = status.ok() && response.Valid() ? response.Length() : 0;
-    char head[socket_plane::kHeaderBytes];
-    socket_plane::EncodeReplyHeader(header, head);
-    socket_plane::Gather(header.length > 0 ? response : grpc::ByteBuffer(), head, sizeof(head), slices_, iov_);
-    if (message_length > 0) iov_.insert(iov_.begin() + 1, {const_cast<char*>(message.data()), message_length});
-    return socket_plane::WriteFull(fd_.get(), iov_.data(), static_cast<int>(iov_.size()), absl::Now() + kFrameTimeout,
-                                   "a reply");
+    return WriteReply(fd_.get(), status, response, absl::Now() + kFrameTimeout, slices_, iov_);
   }
+
 
   SocketPlane* const plane_;
   absl::Mutex fd_mu_;  // Close (another thread) against the thread's own close at its end
@@ -362,6 +361,8 @@ SocketPlane::SocketPlane(ParameterServerService* service, const TokenCheck* toke
 SocketPlane::~SocketPlane() { Stop(); }
 
 void SocketPlane::AcceptLoop() {
+  std::vector<grpc::Slice> refusal_slices;  // WriteReply's, for refusals
+  std::vector<iovec> refusal_iov;
   for (;;) {
     const int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
@@ -388,12 +389,9 @@ void SocketPlane::AcceptLoop() {
     if (stopped_) return;
     Reap();
     auto refuse = [&](const std::string& message) {
-      char head[socket_plane::kHeaderBytes];
-      socket_plane::EncodeReplyHeader({static_cast<uint32_t>(absl::StatusCode::kResourceExhausted),
-                                       static_cast<uint32_t>(message.size()), 0},
-                                      head);
-      iovec iov[2] = {{head, sizeof(head)}, {const_cast<char*>(message.data()), message.size()}};
-      socket_plane::WriteFull(fd, iov, 2, absl::Now() + absl::Milliseconds(100), "a refusal").IgnoreError();
+      WriteReply(fd, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, message), grpc::ByteBuffer(),
+                 absl::Now() + absl::Milliseconds(100), refusal_slices, refusal_iov)
+          .IgnoreError();
       SUMMA_LOG(WARNING) << "data plane: refused a connection: " << message;
     };
     if (connections_.size() >= static_cast<size_t>(kMaxConnections)) {

@@ -13,7 +13,7 @@
 #include "bench/grpc_allreduce.h"
 #include "bench/raw_allreduce.h"
 #include "common/status_macros.h"
-#include "worker/ps_client.h"
+#include "client/ps_client.h"
 
 namespace summa::bench {
 namespace {

@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/flags.h"
-#include "common/grpc_status.h"
+#include "common/rpc/grpc_status.h"
 #include "common/vector_ops.h"
 
 namespace summa::bench {

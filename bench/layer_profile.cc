@@ -10,7 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "bench/invocation.h"
 #include "common/status_macros.h"
-#include "worker/model.h"
+#include "worker/models/model.h"
 
 namespace summa::bench {
 namespace {

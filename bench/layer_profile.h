@@ -11,7 +11,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "worker/backend.h"
+#include "worker/compute/backend.h"
 
 namespace summa::bench {
 

@@ -8,9 +8,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
-#include "worker/backend.h"
-#include "worker/lenet.h"
-#include "worker/pipeline.h"
+#include "worker/compute/backend.h"
+#include "worker/models/lenet.h"
+#include "worker/models/pipeline.h"
 
 namespace summa::bench {
 namespace {

@@ -1,5 +1,5 @@
 // The pipeline benchmark (issue 14 part 3): LeNet split across two CPU backends
-// (worker/pipeline.h) at several micro-batch counts, against the whole model on one backend. For
+// (worker/models/pipeline.h) at several micro-batch counts, against the whole model on one backend. For
 // each count: the step's wall time, each stage's busy time, their sum (what one device would
 // spend on the same passes), and the bubble, the share of the two stages' time spent waiting:
 // 1 - (stage 0 + stage 1) / (2 x step). It checks what it times: every split run's gradient

@@ -14,7 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/flags.h"
-#include "common/socket_frame.h"
+#include "common/rpc/socket_frame.h"
 
 namespace summa::bench {
 namespace {

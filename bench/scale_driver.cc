@@ -22,7 +22,7 @@
 #include "bench/invocation.h"
 #include "bench/scale_report.h"
 #include "common/byte_size.h"
-#include "common/grpc_status.h"
+#include "common/rpc/grpc_status.h"
 #include "common/status_macros.h"
 #include "summa/v1/summa.grpc.pb.h"
 #include "worker/synthetic.h"

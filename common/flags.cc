@@ -34,21 +34,6 @@ void ParseFlagsOrDie(int argc, char** argv, const char* usage) {
   }
 }
 
-absl::Status WriteFileAtomically(const std::string& path, const std::string& content) {
-  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return absl::InternalError(absl::StrCat("cannot create ", tmp, ": ", std::strerror(errno)));
-  const bool ok = ::write(fd, content.data(), content.size()) == static_cast<ssize_t>(content.size()) &&
-                  ::fsync(fd) == 0;
-  ::close(fd);
-  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    return absl::InternalError(absl::StrCat("cannot write ", path, ": ", std::strerror(err)));
-  }
-  return absl::OkStatus();
-}
-
 void BlockTerminationSignals() {
   sigset_t set;
   sigemptyset(&set);

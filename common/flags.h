@@ -7,14 +7,12 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/atomic_file.h"  // WriteFileAtomically, for the port files flags name
 
 namespace summa {
 
 void ParseFlagsOrDie(int argc, char** argv, const char* usage);
 
-// Writes `content` to `path` atomically (temporary file, fsync, rename), so a reader polling for
-// the file never sees half of it.
-absl::Status WriteFileAtomically(const std::string& path, const std::string& content);
 
 // Blocks SIGINT and SIGTERM in this and every thread started later; call before starting threads.
 void BlockTerminationSignals();

@@ -1,7 +1,7 @@
 // The one home of TensorSpec <-> summa.v1.Tensor conversion, for the server's edge, its
 // checkpoints and the worker's client. Free functions; thread-safe.
-#ifndef SUMMA_COMMON_TENSOR_PROTO_H_
-#define SUMMA_COMMON_TENSOR_PROTO_H_
+#ifndef SUMMA_COMMON_RPC_TENSOR_PROTO_H_
+#define SUMMA_COMMON_RPC_TENSOR_PROTO_H_
 
 #include <optional>
 
@@ -27,4 +27,4 @@ std::string DTypeName(summa::v1::DType dtype);
 
 }  // namespace summa
 
-#endif  // SUMMA_COMMON_TENSOR_PROTO_H_
+#endif  // SUMMA_COMMON_RPC_TENSOR_PROTO_H_

@@ -6,9 +6,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/atomic_file.h"
 
 namespace summa {
 namespace {
@@ -66,10 +68,8 @@ absl::Status Tracer::Close() {
   absl::MutexLock lock(&mu_);
   if (closed_) return absl::OkStatus();
   closed_ = true;
-  const std::string tmp = path_ + ".tmp";
+  std::ostringstream out;
   {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!out) return absl::UnavailableError(absl::StrCat("cannot write the trace to ", tmp));
     const int pid = static_cast<int>(::getpid());
     out << "{\"displayTimeUnit\": \"ms\", \"otherData\": {\"dropped_events\": " << dropped_ << "},\n"
         << "\"traceEvents\": [\n"
@@ -83,11 +83,9 @@ absl::Status Tracer::Close() {
       out << "}";
     }
     out << "\n]}\n";
-    if (!out.flush()) return absl::UnavailableError(absl::StrCat("cannot write the trace to ", tmp));
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path_, ec);
-  if (ec) return absl::UnavailableError(absl::StrCat("cannot rename ", tmp, " to ", path_, ": ", ec.message()));
+  absl::Status written = WriteFileAtomically(path_, out.str());
+  if (!written.ok()) return absl::UnavailableError(absl::StrCat("cannot write the trace: ", written.message()));
   return absl::OkStatus();
 }
 

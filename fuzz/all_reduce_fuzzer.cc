@@ -1,4 +1,4 @@
-// The AllReduce hub (server/all_reduce.h): AllReduceContribution sequences to fixed-group and
+// The AllReduce hub (server/core/all_reduce.h): AllReduceContribution sequences to fixed-group and
 // member collectives, between membership changes (joins, leaves, lapsed leases, the job's end),
 // round expiries and clock moves chosen by the fuzz input, on a FakeClock (nothing sleeps). The
 // checks: nothing crashes; every call is answered exactly once by the end (after Shutdown); the
@@ -18,8 +18,8 @@
 
 #include "common/clock.h"
 #include "common/logging.h"
-#include "server/all_reduce.h"
-#include "server/membership.h"
+#include "server/core/all_reduce.h"
+#include "server/core/membership.h"
 #include "tests/fake_call.h"
 
 namespace summa::server {

@@ -13,8 +13,8 @@
 
 #include "common/logging.h"
 #include "fuzz/checkpoint_jobs.h"
-#include "server/checkpoint.h"
-#include "server/parameter_server.h"
+#include "server/core/checkpoint_codec.h"
+#include "server/core/parameter_server.h"
 #include "tests/fake_call.h"
 
 namespace summa::server {

@@ -3,7 +3,7 @@
 #ifndef SUMMA_FUZZ_CHECKPOINT_JOBS_H_
 #define SUMMA_FUZZ_CHECKPOINT_JOBS_H_
 
-#include "server/job_options.h"
+#include "server/core/job_options.h"
 
 namespace summa::server {
 

@@ -1,4 +1,4 @@
-// The server core's request handlers (server/parameter_server.h) through their request views:
+// The server core's request handlers (server/core/parameter_server.h) through their request views:
 // a ParameterServer of a few small tensors, with options and a sequence of Join, Initialize,
 // Push, Pull, PushPull, Heartbeat, Leave, Tick and Status chosen by the fuzz input, on a FakeClock
 // (nothing sleeps). The checks: nothing crashes; every call is answered exactly once by the end
@@ -18,7 +18,7 @@
 #include "common/clock.h"
 #include "common/logging.h"
 #include "common/partition_map.h"
-#include "server/parameter_server.h"
+#include "server/core/parameter_server.h"
 #include "tests/fake_call.h"
 
 namespace summa::server {

@@ -1,4 +1,4 @@
-// The wire codec (common/wire.h): ParseWithBytes over the fuzz input cut into slices (as gRPC's
+// The wire codec (common/rpc/wire.h): ParseWithBytes over the fuzz input cut into slices (as gRPC's
 // receive path hands a message over), and ParseInPlace over it whole (as the socket data plane
 // hands it over), into the headers the server reads (PushRequest, InitializeRequest, PullRequest,
 // AllReduceRequest), checked against protobuf parsing the same bytes whole: each accepts or
@@ -15,7 +15,7 @@
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include "common/tensor_proto.h"
-#include "common/wire.h"
+#include "common/rpc/wire.h"
 #include "summa/v1/summa.pb.h"
 
 namespace {

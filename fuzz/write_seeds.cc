@@ -19,8 +19,8 @@
 
 #include "common/logging.h"
 #include "fuzz/checkpoint_jobs.h"
-#include "server/checkpoint.h"
-#include "server/parameter_server.h"
+#include "server/core/checkpoint_codec.h"
+#include "server/core/parameter_server.h"
 #include "summa/v1/summa.pb.h"
 
 namespace summa {

@@ -16,8 +16,8 @@ cp "$build/server/summa-server" "$out/bin/server/"
 cp "$build/worker/summa-worker" "$out/bin/worker/"
 mkdir -p "$out/bin/worker/cuda"
 # The CUDA backend plugin, found beside the executables that load it.
-cp "$build/worker/cuda/libsumma_cuda.so" "$out/bin/worker/cuda/"
-cp "$build/worker/cuda/libsumma_cuda.so" "$out/bin/tests/"
+cp "$build/worker/compute/cuda/libsumma_cuda.so" "$out/bin/worker/cuda/"
+cp "$build/worker/compute/cuda/libsumma_cuda.so" "$out/bin/tests/"
 cp "$build/tests/cuda_backend_test" "$build/tests/backend_checks_test" "$build/tests/lenet_test" \
   "$build/tests/cpu_backend_test" "$out/bin/tests/"
 cp scripts/launch.sh "$out/scripts/"

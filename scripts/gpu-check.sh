@@ -92,7 +92,9 @@ if [[ -n "$cublas" ]]; then
 else
   fail "libcublas.so.13 not found (ldconfig -p, /usr/local/cuda*/lib64, Python packages' nvidia/cublas/lib)"
 fi
+# The bundle's plugin sits beside the worker (worker/cuda/); a build tree's in worker/compute/cuda/.
 plugin=$bin/worker/cuda/libsumma_cuda.so
+[[ -f "$plugin" ]] || plugin=$bin/worker/compute/cuda/libsumma_cuda.so
 if [[ -f "$plugin" ]]; then
   ldd "$plugin" | grep -E "not found|cublas" || true
   ldd "$plugin" | grep -q "not found" && fail "$plugin: a library it needs is not found (above)"

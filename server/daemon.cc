@@ -7,7 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/flags.h"
 #include "common/logging.h"
-#include "server/checkpoint.h"
+#include "server/checkpoint/checkpoint_dir.h"
+#include "server/core/checkpoint_codec.h"
 
 namespace summa::server {
 

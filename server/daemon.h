@@ -16,19 +16,19 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/metrics.h"
-#include "common/server_builder.h"
-#include "common/transport.h"
-#include "server/all_reduce.h"
-#include "server/coordination.h"
-#include "server/data_path.h"
-#include "server/parameter_server.h"
-#include "server/service.h"
-#include "server/socket_plane.h"
+#include "common/rpc/metrics.h"
+#include "common/rpc/server_builder.h"
+#include "common/rpc/transport.h"
+#include "server/core/all_reduce.h"
+#include "server/rpc/coordination.h"
+#include "server/rpc/data_path.h"
+#include "server/core/parameter_server.h"
+#include "server/rpc/service.h"
+#include "server/rpc/socket_plane.h"
 
 namespace summa::server {
 
-// A shard other than 0 follows shard 0 (server/coordination.h): its address, and what to call
+// A shard other than 0 follows shard 0 (server/rpc/coordination.h): its address, and what to call
 // it with.
 struct Coordinator {
   std::string address;  // empty: this server follows no one
@@ -39,11 +39,11 @@ class SummaServer {
  public:
   // Restores the newest whole checkpoint in options.checkpoint_dir (if any), then listens on
   // `address` ("127.0.0.1:0" picks a free port). With a `metrics_address`, also serves
-  // Prometheus metrics there. `security`: TLS and the tokens calls need (common/transport.h).
+  // Prometheus metrics there. `security`: TLS and the tokens calls need (common/rpc/transport.h).
   // With a `health_address`, also serves grpc.health.v1.Health alone there, in plaintext, with
   // the main port's serving status: for probes that cannot speak TLS (kubelet's grpc probes).
   // With a `data_address`, also serves the data path there on the socket data plane
-  // (server/socket_plane.h), which clients find through the DataPlane call: plaintext only
+  // (server/rpc/socket_plane.h), which clients find through the DataPlane call: plaintext only
   // (INVALID_ARGUMENT with TLS).
   static absl::StatusOr<std::unique_ptr<SummaServer>> Start(const std::string& address,
                                                             ServerOptions options,

@@ -9,7 +9,7 @@
 #include "common/allocator.h"
 #include "common/byte_size.h"
 #include "common/trace.h"
-#include "common/transport.h"
+#include "common/rpc/transport.h"
 #include "common/flags.h"
 #include "server/daemon.h"
 
@@ -138,7 +138,7 @@ ABSL_FLAG(int, shard, -1,
 ABSL_FLAG(absl::Duration, barrier_deadline, absl::Minutes(10),
           "how long a pull or an AllReduce waits for the rest of its group before it fails with "
           "DEADLINE_EXCEEDED (e.g. 30s, 10m)");
-// Limits (server/limits.h): what the server holds for its callers. Past one, a call is refused
+// Limits (server/core/limits.h): what the server holds for its callers. Past one, a call is refused
 // with RESOURCE_EXHAUSTED naming the flag. A peer is a member rank, or a client address.
 ABSL_FLAG(std::string, max_message_bytes, "256MiB",
           "largest message the server receives or sends (gRPC refuses larger ones in its "

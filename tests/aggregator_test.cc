@@ -1,4 +1,4 @@
-#include "server/aggregator.h"
+#include "server/core/aggregator.h"
 
 #include <limits>
 #include <vector>

@@ -1,4 +1,4 @@
-#include "server/all_reduce.h"
+#include "server/core/all_reduce.h"
 
 #include <string>
 #include <thread>

@@ -21,8 +21,8 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "common/status_macros.h"
-#include "worker/backend.h"
-#include "worker/model.h"
+#include "worker/compute/backend.h"
+#include "worker/models/model.h"
 
 namespace summa::worker::checks {
 

@@ -11,7 +11,7 @@
 #include "common/status_macros.h"
 #include "gtest/gtest.h"
 #include "tests/backend_checks.h"
-#include "worker/backend.h"
+#include "worker/compute/backend.h"
 
 namespace summa::worker {
 namespace {

@@ -1,4 +1,5 @@
-#include "server/checkpoint.h"
+#include "server/checkpoint/checkpoint_dir.h"
+#include "server/core/checkpoint_codec.h"
 
 #include <fcntl.h>
 #include <unistd.h>

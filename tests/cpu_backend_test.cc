@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "worker/backend.h"
+#include "worker/compute/backend.h"
 
 namespace summa::worker {
 namespace {

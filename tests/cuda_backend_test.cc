@@ -24,8 +24,8 @@
 #include "gtest/gtest.h"
 #include "tests/backend_checks.h"
 #include "tests/split_check.h"
-#include "worker/backend.h"
-#include "worker/devices.h"
+#include "worker/compute/backend.h"
+#include "worker/compute/devices.h"
 
 namespace summa::worker {
 namespace {

@@ -1,6 +1,6 @@
 // DeviceThreads runs one piece of work per device at once, on threads kept across rounds, and
 // reports the first error in device order after every piece has run.
-#include "worker/device_threads.h"
+#include "worker/compute/device_threads.h"
 
 #include <atomic>
 #include <chrono>

@@ -1,6 +1,6 @@
 // Choosing backends from --device / --devices: every bad entry is refused with
 // INVALID_ARGUMENT naming it, never a crash or an exception.
-#include "worker/devices.h"
+#include "worker/compute/devices.h"
 
 #include "gtest/gtest.h"
 

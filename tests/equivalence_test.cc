@@ -7,8 +7,8 @@
 
 #include "gtest/gtest.h"
 #include "server/daemon.h"
-#include "worker/lenet.h"
-#include "worker/ps_client.h"
+#include "worker/models/lenet.h"
+#include "client/ps_client.h"
 #include "worker/trainer.h"
 
 namespace summa::worker {

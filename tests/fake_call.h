@@ -6,7 +6,7 @@
 #include <future>
 #include <vector>
 
-#include "server/parked_call.h"
+#include "server/core/parked_call.h"
 
 namespace summa::server {
 

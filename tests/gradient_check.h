@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "worker/model.h"
+#include "worker/models/model.h"
 
 namespace summa::worker {
 

@@ -1,6 +1,6 @@
 // LeNet as a whole: the seed's shapes and initialisation, and its gradient against finite
 // differences on entries of every tensor that move the loss (gradient_check.h).
-#include "worker/lenet.h"
+#include "worker/models/lenet.h"
 
 #include <cmath>
 #include <random>

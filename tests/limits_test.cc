@@ -1,7 +1,7 @@
 // The server's limits without gRPC: the per-peer and total budgets, the join rate on a fake
 // clock, peer keys, flag validation, and the AllReduce hub's bounds on collectives, buffer bytes
 // and the rounds one peer may hold open.
-#include "server/limits.h"
+#include "server/core/limits.h"
 
 #include <string>
 #include <vector>
@@ -9,7 +9,7 @@
 #include "absl/strings/match.h"
 #include "common/clock.h"
 #include "gtest/gtest.h"
-#include "server/all_reduce.h"
+#include "server/core/all_reduce.h"
 #include "tests/fake_call.h"
 
 namespace summa::server {

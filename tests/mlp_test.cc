@@ -1,13 +1,13 @@
 // The d2l MLP: its shapes and initialisation, its gradient against finite differences on entries
 // of every tensor that move the loss (gradient_check.h), chunked passes, and the model factory.
-#include "worker/mlp.h"
+#include "worker/models/mlp.h"
 
 #include <cmath>
 #include <random>
 
 #include "gtest/gtest.h"
 #include "tests/gradient_check.h"
-#include "worker/model.h"
+#include "worker/models/model.h"
 
 namespace summa::worker {
 namespace {

@@ -1,5 +1,5 @@
-// The model factory and the chunk loop every model shares (worker/model.cc), for every model.
-#include "worker/model.h"
+// The model factory and the chunk loop every model shares (worker/models/model.cc), for every model.
+#include "worker/models/model.h"
 
 #include <cmath>
 #include <vector>

@@ -1,4 +1,4 @@
-#include "server/optimizer.h"
+#include "server/core/optimizer.h"
 
 #include <cmath>
 #include <fstream>

@@ -1,4 +1,4 @@
-#include "server/parameter_server.h"
+#include "server/core/parameter_server.h"
 
 #include <zlib.h>
 
@@ -13,8 +13,9 @@
 #include <thread>
 
 #include "common/clock.h"
-#include "common/grpc_status.h"
-#include "server/checkpoint.h"
+#include "common/status_reason.h"
+#include "server/checkpoint/checkpoint_dir.h"
+#include "server/core/checkpoint_codec.h"
 
 #include "gtest/gtest.h"
 #include "tests/fake_call.h"

@@ -1,6 +1,6 @@
 // Model parallelism (pipeline.h): LeNet split across two CPU backends, its batch in
 // micro-batches, gives the single-device gradient, loss and predictions.
-#include "worker/pipeline.h"
+#include "worker/models/pipeline.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,7 @@
 #include "gtest/gtest.h"
 #include "tests/backend_checks.h"
 #include "tests/split_check.h"
-#include "worker/lenet.h"
+#include "worker/models/lenet.h"
 
 namespace summa::worker {
 namespace {

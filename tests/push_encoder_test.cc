@@ -1,4 +1,4 @@
-#include "worker/push_encoder.h"
+#include "client/push_encoder.h"
 
 #include <cstring>
 #include <string>

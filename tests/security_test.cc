@@ -16,14 +16,14 @@
 #include "absl/strings/ascii.h"
 #include "absl/synchronization/notification.h"
 
-#include "common/health_service.h"
-#include "common/server_builder.h"
-#include "common/transport.h"
+#include "common/rpc/health_service.h"
+#include "common/rpc/server_builder.h"
+#include "common/rpc/transport.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "server/daemon.h"
 #include "summa/v1/summa.grpc.pb.h"
-#include "worker/ps_client.h"
+#include "client/ps_client.h"
 
 namespace summa {
 namespace {

@@ -11,8 +11,8 @@
 
 #include "absl/synchronization/notification.h"
 #include "common/clock.h"
-#include "common/grpc_status.h"
-#include "common/health_service.h"
+#include "common/rpc/grpc_status.h"
+#include "common/rpc/health_service.h"
 #include "gtest/gtest.h"
 #include "summa/v1/summa.grpc.pb.h"
 
@@ -486,7 +486,7 @@ TEST_F(ServiceTest, ASecondServerOnATakenPortFailsToStart) {
   EXPECT_NE(second.status().message().find("cannot listen"), std::string::npos) << second.status();
 }
 
-// --- Limits at the edge (server/limits.h): each refusal is RESOURCE_EXHAUSTED naming its flag.
+// --- Limits at the edge (server/core/limits.h): each refusal is RESOURCE_EXHAUSTED naming its flag.
 
 pb::ServerStatus StatusOf(pb::ParameterServer::Stub& stub) {
   grpc::ClientContext ctx;
@@ -734,7 +734,7 @@ TEST(ShardFollowerTest, ReportsToShardZeroFollowsItsViewAndDecidesAloneOnceItIsG
 }
 
 // No method of the server is a callback: with one, gRPC's callback threads poll the sockets
-// beside the data path's threads and hand every call over to them (server/service.h). The data
+// beside the data path's threads and hand every call over to them (server/rpc/service.h). The data
 // path is async, the rest synchronous, and so is the health service registered beside them.
 TEST(ServiceShapeTest, NoMethodIsServedByGrpcsCallbackThreads) {
   ServerOptions o;

@@ -1,4 +1,4 @@
-#include "server/snapshot.h"
+#include "server/core/snapshot.h"
 
 #include "gtest/gtest.h"
 

@@ -1,5 +1,5 @@
 // The check that model parallelism keeps the math: LeNet split across two backends
-// (worker/pipeline.h) against LeNet whole on one, on the same random batch and weights. Shared by
+// (worker/models/pipeline.h) against LeNet whole on one, on the same random batch and weights. Shared by
 // pipeline_test (CPU backends) and cuda_backend_test (GPUs).
 #ifndef SUMMA_TESTS_SPLIT_CHECK_H_
 #define SUMMA_TESTS_SPLIT_CHECK_H_
@@ -11,8 +11,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "worker/lenet.h"
-#include "worker/pipeline.h"
+#include "worker/models/lenet.h"
+#include "worker/models/pipeline.h"
 
 namespace summa::worker::testing_split {
 

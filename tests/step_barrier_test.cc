@@ -1,4 +1,4 @@
-#include "server/step_barrier.h"
+#include "server/core/step_barrier.h"
 
 #include "gtest/gtest.h"
 

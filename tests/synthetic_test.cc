@@ -9,7 +9,7 @@
 
 #include "gtest/gtest.h"
 #include "server/daemon.h"
-#include "worker/ps_client.h"
+#include "client/ps_client.h"
 
 namespace summa::worker {
 namespace {

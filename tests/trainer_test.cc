@@ -13,8 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
-#include "worker/backend.h"
-#include "worker/parameter_store.h"
+#include "worker/compute/backend.h"
+#include "client/parameter_store.h"
 #include "worker/status_board.h"
 
 namespace summa::worker {

@@ -1,6 +1,6 @@
-// The raw data path: common/wire.h's codec against protobuf's own encoding, and the worker's
+// The raw data path: common/rpc/wire.h's codec against protobuf's own encoding, and the worker's
 // ParameterClient (raw on both sides) against a real server on 127.0.0.1:0.
-#include "common/wire.h"
+#include "common/rpc/wire.h"
 
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -17,14 +17,16 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
-#include "common/socket_frame.h"
+#include "common/rpc/grpc_status.h"
+#include "common/rpc/socket_frame.h"
+#include "common/status_reason.h"
 #include "common/status_macros.h"
 #include "common/tensor_proto.h"
-#include "common/transport.h"
+#include "common/rpc/transport.h"
 #include "server/daemon.h"
 #include "summa/v1/summa.pb.h"
-#include "worker/ps_client.h"
-#include "worker/socket_calls.h"
+#include "client/ps_client.h"
+#include "client/socket_calls.h"
 
 namespace summa {
 namespace {
@@ -433,7 +435,7 @@ TEST(ShardedAllReduceTest, AFixedGroupsTensorIsSummedHalfOnEachShard) {
   }
 }
 
-// The socket data plane's frames, written and read by hand (common/socket_frame.h).
+// The socket data plane's frames, written and read by hand (common/rpc/socket_frame.h).
 struct RawReply {
   socket_plane::ReplyHeader header;
   std::string message;
@@ -769,9 +771,10 @@ absl::Status CallAFakePlane(const std::string& reply) {
 
 TEST(SocketCallsTest, MalformedRepliesEndTheCallAsDataLoss) {
   char head[socket_plane::kHeaderBytes];
-  // An error that carries a reply message too.
-  socket_plane::EncodeReplyHeader({static_cast<uint32_t>(absl::StatusCode::kInternal), 0, 5}, head);
-  absl::Status s = CallAFakePlane(std::string(head, sizeof(head)) + "12345");
+  // An error whose body (its details) is past the limit.
+  socket_plane::EncodeReplyHeader(
+      {static_cast<uint32_t>(absl::StatusCode::kInternal), 0, socket_plane::kMaxStatusMessageBytes + 1}, head);
+  absl::Status s = CallAFakePlane(std::string(head, sizeof(head)));
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
   // A status message past the limit.
   socket_plane::EncodeReplyHeader({static_cast<uint32_t>(absl::StatusCode::kInternal),
@@ -782,6 +785,13 @@ TEST(SocketCallsTest, MalformedRepliesEndTheCallAsDataLoss) {
   socket_plane::EncodeReplyHeader({static_cast<uint32_t>(absl::StatusCode::kOutOfRange), 4, 0}, head);
   s = CallAFakePlane(std::string(head, sizeof(head)) + "late");
   EXPECT_EQ(s, absl::OutOfRangeError("late"));
+  // ... and one with details keeps its reason, whatever its message says.
+  const std::string details = StatusDetails(WithReason(absl::AbortedError("x"), StatusReason::kStaleView));
+  socket_plane::EncodeReplyHeader({static_cast<uint32_t>(absl::StatusCode::kAborted), 4,
+                                   static_cast<uint64_t>(details.size())}, head);
+  s = CallAFakePlane(std::string(head, sizeof(head)) + "late" + details);
+  EXPECT_EQ(s.message(), "late");
+  EXPECT_TRUE(IsStaleView(s)) << s;
 }
 
 TEST(SocketFrameTest, AListenerOnEveryAddressTakesIpv4AndIpv6) {

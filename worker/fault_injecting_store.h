@@ -25,7 +25,7 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "worker/parameter_store.h"
+#include "client/parameter_store.h"
 
 namespace summa::worker {
 

@@ -15,8 +15,8 @@
 #include "common/byte_size.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
-#include "worker/lease_keeper.h"
-#include "worker/ps_client.h"
+#include "client/lease_keeper.h"
+#include "client/ps_client.h"
 
 namespace summa::worker {
 namespace {

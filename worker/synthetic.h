@@ -28,8 +28,8 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/tensor.h"
-#include "worker/parameter_store.h"
-#include "worker/ps_client.h"
+#include "client/parameter_store.h"
+#include "client/ps_client.h"
 
 namespace summa::worker {
 

@@ -12,7 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
-#include "worker/pipeline.h"
+#include "worker/models/pipeline.h"
 #include "worker/sharding.h"
 
 namespace summa::worker {

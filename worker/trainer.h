@@ -18,11 +18,11 @@
 #include "absl/time/time.h"
 #include "common/trace.h"
 #include "common/idx.h"
-#include "worker/backend.h"
-#include "worker/device_threads.h"
-#include "worker/lease_keeper.h"
-#include "worker/model.h"
-#include "worker/parameter_store.h"
+#include "worker/compute/backend.h"
+#include "worker/compute/device_threads.h"
+#include "client/lease_keeper.h"
+#include "worker/models/model.h"
+#include "client/parameter_store.h"
 #include "worker/status_board.h"
 
 namespace summa::worker {

@@ -8,13 +8,13 @@
 #include "common/flags.h"
 #include "common/idx.h"
 #include "common/logging.h"
-#include "common/metrics.h"
-#include "common/server_builder.h"
+#include "common/rpc/metrics.h"
+#include "common/rpc/server_builder.h"
 #include "common/status_macros.h"
-#include "worker/devices.h"
+#include "worker/compute/devices.h"
 #include "worker/fault_injecting_store.h"
-#include "worker/model.h"
-#include "worker/ps_client.h"
+#include "worker/models/model.h"
+#include "client/ps_client.h"
 #include "worker/worker_service.h"
 
 namespace summa::worker {

@@ -9,8 +9,8 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "worker/fault_injecting_store.h"
-#include "common/transport.h"
-#include "worker/ps_client.h"
+#include "common/rpc/transport.h"
+#include "client/ps_client.h"
 #include "worker/trainer.h"
 
 namespace summa::worker {

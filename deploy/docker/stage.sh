@@ -18,8 +18,8 @@ from=${2:-build}
 bin=$stage/opt/summa/bin
 mkdir -p "$bin"
 install -m 0755 -s "$from"/server/summa-server "$from"/worker/summa-worker "$bin/"
-if [[ -f "$from"/worker/cuda/libsumma_cuda.so ]]; then
-  install -D -m 0644 -s "$from"/worker/cuda/libsumma_cuda.so "$bin/cuda/libsumma_cuda.so"
+if [[ -f "$from"/worker/compute/cuda/libsumma_cuda.so ]]; then
+  install -D -m 0644 -s "$from"/worker/compute/cuda/libsumma_cuda.so "$bin/cuda/libsumma_cuda.so"
 fi
 
 # The package that owns a library: dpkg knows a file by the path it shipped it under, which on a

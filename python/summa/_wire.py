@@ -1,4 +1,4 @@
-"""The data path's encoding, as worker/ps_client.cc does it in C++: a message is its small header
+"""The data path's encoding, as client/ps_client.cc does it in C++: a message is its small header
 (serialized by protobuf) followed by the tensor's raw bytes, written straight from the caller's
 buffer, so that a push costs one copy (buffer -> request bytes) and a reply none before the one
 into the caller's tensor (np.frombuffer on the reply's bytes, then one copy into the weights).

@@ -1,5 +1,34 @@
-"""SummaError: a failed call, carrying the server's gRPC status code and message."""
+"""SummaError: a failed call, carrying the server's gRPC status code, message and reason."""
 import grpc
+
+from .v1 import summa_pb2 as pb
+
+_ERROR_INFO_URL = "type.googleapis.com/google.rpc.ErrorInfo"
+
+
+def reason_of(error):
+    """The reason the server gave for refusing a call ("STALE_VIEW", "JOIN_RATE"; see RpcStatus in
+    summa.proto), read from the status details, never from the message; "" when it gave none."""
+    try:
+        trailers = error.trailing_metadata() or ()
+    except Exception:  # not an RPC's error
+        return ""
+    for key, value in trailers:
+        if key != "grpc-status-details-bin":
+            continue
+        status = pb.RpcStatus()
+        try:
+            status.ParseFromString(value)
+        except Exception:
+            return ""
+        for any_detail in status.details:
+            if any_detail.type_url != _ERROR_INFO_URL:
+                continue
+            info = pb.ErrorInfo()
+            info.ParseFromString(any_detail.value)
+            if info.domain == "summa.v1":
+                return info.reason
+    return ""
 
 
 class SummaError(Exception):
@@ -7,10 +36,11 @@ class SummaError(Exception):
     shape, FAILED_PRECONDITION for a fenced session, RESOURCE_EXHAUSTED naming the server flag of
     a limit...), `message` the server's text, `what` the call that failed."""
 
-    def __init__(self, code, message, what=""):
+    def __init__(self, code, message, what="", reason=""):
         self.code = code
         self.message = message
         self.what = what
+        self.reason = reason
         prefix = f"{what}: " if what else ""
         super().__init__(f"{prefix}{code.name}: {message}")
 
@@ -22,5 +52,5 @@ def from_rpc(error, what):
         if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "message larger than max" in message:
             # gRPC's transport refuses it before Summa sees it; name the flag, as summa-worker does.
             message += " (summa-server --max_message_bytes)"
-        return SummaError(error.code(), message, what)
+        return SummaError(error.code(), message, what, reason_of(error))
     return SummaError(grpc.StatusCode.UNKNOWN, str(error), what)

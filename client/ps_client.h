@@ -1,0 +1,242 @@
+// ParameterClient: the worker's side of summa.v1.ParameterServer, the ParameterStore the trainer
+// uses outside tests. Joins (retrying while the server is not up or the model not yet defined),
+// pulls, and push-pulls the flat gradient and weight buffers partition by partition, all
+// partitions in flight at once, spread over `channels` connections. The data path is raw
+// (common/rpc/wire.h): a pushed gradient goes out as a slice of the caller's buffer (no copy), and a
+// reply's values are copied once, from gRPC's receive slices straight into the caller's weights.
+// In a job whose server asks for another wire format (--wire_dtype, --compress), pushes go out
+// as PushEncoder (client/push_encoder.h) encodes them and pulls are widened to float32.
+// Every call carries a deadline. Not thread-safe, except Heartbeat, which a second thread may
+// call at any time.
+#ifndef SUMMA_CLIENT_PS_CLIENT_H_
+#define SUMMA_CLIENT_PS_CLIENT_H_
+
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/compression.h"
+#include "common/partition_map.h"
+#include "common/tensor.h"
+#include "common/trace.h"
+#include "common/rpc/transport.h"
+#include "summa/v1/summa.grpc.pb.h"
+#include "client/parameter_store.h"
+#include "client/push_encoder.h"
+#include "client/socket_calls.h"
+
+namespace summa::worker {
+
+// Where one shard of a sync-mode job stands at a worker's Join: its version, and the versions of
+// the checkpoints it keeps.
+struct ShardVersions {
+  uint64_t version = 0;
+  std::vector<uint64_t> checkpoints;
+  bool restored = false;  // its state is a checkpoint's, and no step has completed since
+};
+
+// Whether the shards must be brought to one version before this worker resumes: they are more
+// than one step apart, or one step apart with the one behind restored from a checkpoint (more
+// than one step apart otherwise is a push-pull that reached some shards and not others, which
+// the shard that has it takes again as a duplicate).
+bool NeedsAgreement(const std::vector<ShardVersions>& shards);
+
+// How the shards come to agree when they are more than one step apart (one was restored from an
+// older checkpoint): every shard in `roll_back` (each of them) goes back to `version`, restoring
+// its checkpoint of it unless it is wholly there already, so that the step is redone on the
+// weights of one version everywhere.
+struct Agreement {
+  uint64_t version = 0;
+  std::vector<int> roll_back;  // shard indices
+};
+
+// The newest version the shards can agree on: at most the lowest shard's, and for every shard
+// its own version or a checkpoint it keeps. FAILED_PRECONDITION naming each shard's version and
+// checkpoints when there is none.
+absl::StatusOr<Agreement> PlanAgreement(const std::vector<ShardVersions>& shards);
+
+// Which transport the data path (Initialize, Push, Pull, PushPull, AllReduce) takes. kAuto:
+// the socket data plane (common/rpc/socket_frame.h) where every shard offers one and it can be
+// reached, gRPC otherwise; kGrpc: always gRPC; kSocket: the socket data plane or an error.
+enum class DataPlane { kAuto, kGrpc, kSocket };
+// "auto", "grpc" or "socket"; INVALID_ARGUMENT naming the flag otherwise.
+absl::StatusOr<DataPlane> ParseDataPlane(absl::string_view name);
+
+class ParameterClient final : public ParameterStore {
+ public:
+  // `address` is host:port of summa-server, or of every shard of a sharded job, comma-separated
+  // in shard order (summa-server --shard=I --shards=K): each partition goes to the shard that
+  // holds it, every shard's calls in flight at once. `call_deadline` bounds each RPC (a
+  // push-pull waits for the slowest worker, so keep it longer than the server's barrier
+  // deadline); `join_deadline` bounds each shard's join with retries. `channels` (at least 1)
+  // TCP connections to each shard carry its partitions, partition i on channel i % channels.
+  ParameterClient(const std::string& address, absl::Duration call_deadline,
+                  absl::Duration join_deadline, int channels = 1, ClientSecurity security = {});
+  ~ParameterClient() override;
+
+  // ParameterStore:
+  absl::StatusOr<JoinInfo> Join(int rank, int world, const std::vector<TensorSpec>& specs,
+                                const float* initial, const std::string& status_address) override;
+  absl::StatusOr<uint64_t> PullAll(uint64_t min_version, float* weights) override;
+  absl::Status PushPull(uint64_t step, int64_t num_examples, const float* gradients, float* weights,
+                        std::vector<int>* live_ranks) override;
+  absl::StatusOr<bool> Push(uint64_t step, int64_t num_examples, const float* gradients) override;
+  absl::Status Heartbeat(int rank) const override;
+  absl::Status Leave(int rank) override;
+  absl::StatusOr<std::vector<float>> AllReduce(const Collective& group,
+                                               const std::vector<float>& values) override;
+  std::string address() const override { return address_; }
+
+  // The AllReduce of `values` into `sum` (of the same length; it may be `values` itself).
+  // Tensors over kAllReduceChunkBytes travel as chunks, each a collective of its own (named
+  // "<name>/<k>of<n>"), all in flight at once, so that the server sums them in parallel; with
+  // several shards a fixed group's chunks are spread over them (PlanAllReduce). Every rank of a
+  // group must list the same number of shards, or their chunks never meet.
+  absl::Status AllReduceInto(const Collective& group, absl::Span<const float> values, absl::Span<float> sum);
+  static constexpr int64_t kAllReduceChunkBytes = 4 << 20;
+  // How a tensor of `floats` values is cut: `count` chunks, chunk k the values Range(k) (begin,
+  // length), summed by shard Shard(k). One server (or a group of the job's members, whose
+  // collectives stay on shard 0, the keeper of the membership view): chunks of
+  // kAllReduceChunkBytes and a shorter tail, as every summa.v1 client cuts them. A fixed group on
+  // several shards: at least one chunk a shard where each holds kMinSpreadChunkBytes, a multiple
+  // of the shard count where there are as many, all of one size (the last up to `count` values
+  // shorter), dealt round the shards, so that each sums an equal share.
+  struct AllReducePlan {
+    int64_t floats = 0;
+    int64_t chunk_floats = 0;
+    int64_t count = 1;
+    int shards = 1;
+    std::pair<int64_t, int64_t> Range(int64_t k) const {
+      const int64_t begin = std::min(floats, k * chunk_floats);
+      return {begin, std::min(floats, begin + chunk_floats) - begin};
+    }
+    int Shard(int64_t k) const { return static_cast<int>(k % shards); }
+  };
+  static AllReducePlan PlanAllReduce(int64_t floats, int shards, bool members);
+  static constexpr int64_t kMinSpreadChunkBytes = 256 << 10;
+
+  // Records every partition's push-pull (from its start to its reply) when not null. Not owned;
+  // outlives the client.
+  void set_tracer(Tracer* tracer) { tracer_ = tracer; }
+  // The data path's transport (kAuto unless set). The choice is made at the first data-path
+  // call and again after every Join (a restarted server may serve its plane on another port).
+  void set_data_plane(DataPlane plane) {
+    data_plane_ = plane;
+    plane_chosen_ = false;
+  }
+  // Whether the data path's calls go over the socket data plane now (false before the first).
+  bool on_socket_plane() const { return socket_ != nullptr; }
+
+ private:
+  std::unique_ptr<grpc::ClientContext> NewContext() const;
+  // A server, or one shard of a sharded job.
+  struct Shard {
+    std::string address;
+    std::unique_ptr<summa::v1::ParameterServer::Stub> stub;  // the control calls
+    std::vector<std::unique_ptr<grpc::GenericStub>> generic;  // the data path, one per channel
+    std::atomic<uint64_t> session{0};  // from the last Join; Heartbeat reads it from another thread
+    // The newest membership view the shard told this worker (Join, pulls, Heartbeat, which may
+    // run on another thread): the stamp on pushes to it.
+    std::atomic<uint64_t> view{0};
+  };
+  // One data-path call: the method, the request and reply buffers (alive until it ends), and
+  // the shard it goes to (a members' collective: shard 0, the coordinator).
+  struct CallSpec {
+    const char* method;
+    const grpc::ByteBuffer* request;
+    grpc::ByteBuffer* reply;
+    int shard = 0;
+  };
+  // A member call of the stub that names only a rank and its session (Heartbeat, Leave).
+  template <typename Request, typename Response>
+  using ShardMethod = grpc::Status (summa::v1::ParameterServer::Stub::*)(grpc::ClientContext*, const Request&,
+                                                                          Response*);
+  // Calls `method` on `shard` as `rank` with that shard's session, within `deadline`; the reply
+  // into `response` where given.
+  template <typename Request, typename Response>
+  absl::Status CallShard(const Shard& shard, int rank, absl::Duration deadline,
+                         ShardMethod<Request, Response> method, Response* response = nullptr) const;
+  // CallShard on every shard, whatever another answers; the first error. `answered(shard, its
+  // reply)`, where given, for each shard that answered OK.
+  template <typename Request, typename Response>
+  absl::Status EveryShard(int rank, absl::Duration deadline, ShardMethod<Request, Response> method,
+                          const std::function<void(Shard&, const Response&)>& answered = nullptr) const;
+  // Joins shard `index` (retrying while it is not up, within join_deadline_), heartbeating the
+  // shards before it (joined already) while it waits.
+  absl::StatusOr<summa::v1::JoinResponse> JoinShard(size_t index, const summa::v1::JoinRequest& request);
+  // Starts the call `start(i)` describes for each i in [0, n) at once and waits for all;
+  // `what(i)` names call i in an error, `trace_name` its span in the trace. A call that fails
+  // is started again at once (start(i) anew, the others still in flight) when `again(i, &its
+  // status)` says so; `again` may change the status it declines. The first error.
+  template <typename Start, typename What>
+  absl::Status ForEach(size_t n, Start start, What what, const char* trace_name,
+                       const std::function<bool(size_t, absl::Status*)>& again = nullptr);
+  // Decides, once (and again after a Join), which transport ForEach's calls take: sets socket_
+  // when they go over the socket data plane. An error only where data_plane_ is kSocket.
+  absl::Status ChooseDataPlane();
+  // ForEach over the partitions, each call to its partition's shard, named after its partition.
+  template <typename Start>
+  absl::Status ForEachPartition(Start start, const char* trace_name,
+                                const std::function<bool(size_t, absl::Status*)>& again = nullptr);
+  // Sends the initial values of every partition of the shards marked in `initialize` (their Join
+  // answered `initialize`), a window of partitions at a time.
+  absl::Status SendInitialValues(const float* initial, const std::vector<bool>& initialize);
+  // Pushes (`method`: kPush or kPushPull) of `step` for every partition. A push refused for a
+  // stale membership view (a member left or was dropped since this worker heard its shard's
+  // view) goes again as soon as the refusal arrives, stamped with the view a Heartbeat to that
+  // shard tells (at once, not after the other calls: in sync mode those wait on other workers'
+  // pushes, which may wait on this one). Still stale after three refreshes, it fails with
+  // UNAVAILABLE, which the trainer answers by joining again. Each send has its own deadline, so
+  // a partition's pushes take at most 4 call deadlines and 3 Heartbeats' 5 s.
+  absl::Status SendPushes(const char* method, const char* trace_name, uint64_t step, int64_t num_examples,
+                          const float* gradients);
+  // Partition i's push: its header, then its slice of `gradients`, sent without a copy.
+  void EncodePush(size_t i, uint64_t step, int64_t num_examples, const float* gradients);
+  // Reads partition i's pull reply: the header into pull_headers_[i], the values into `weights`.
+  absl::Status DecodePull(size_t i, float* weights);
+  // Sets up the wire format the server asked for at a Join that resumes this rank at
+  // `next_step` (see PushEncoder::Rejoined for top-k's residuals).
+  void SetWireFormat(WireDType dtype, Compression compression, uint64_t next_step);
+
+  const std::string address_;
+  const absl::Duration call_deadline_;
+  const absl::Duration join_deadline_;
+  const std::string token_;  // sent with every call (none when empty)
+  const bool tls_;
+  DataPlane data_plane_ = DataPlane::kAuto;
+  bool plane_chosen_ = false;
+  std::unique_ptr<SocketCalls> socket_;  // the data path's calls when on the socket data plane
+  std::vector<std::unique_ptr<Shard>> shards_;
+  grpc::CompletionQueue queue_;  // the data path's replies, collected by the calling thread
+  int rank_ = -1;
+  summa::v1::Mode mode_ = summa::v1::MODE_SYNC;
+  std::vector<PartitionRange> partitions_;  // every shard's, in offset order
+  std::vector<int> shard_of_;               // per partition: the shard that holds it
+  // One request, reply and header per partition, reused across steps.
+  std::vector<summa::v1::PushRequest> push_headers_;
+  std::vector<summa::v1::PullRequest> pull_requests_;
+  std::vector<grpc::ByteBuffer> requests_;
+  std::vector<grpc::ByteBuffer> replies_;
+  std::vector<summa::v1::PullResponse> pull_headers_;
+  std::vector<std::string> partition_names_;  // "partition <id>", for errors
+  // The pushes in the job's wire format, and per partition a pull reply's 16-bit values before
+  // they are widened.
+  PushEncoder encoder_;
+  std::vector<std::vector<uint16_t>> pulled_;
+  Tracer* tracer_ = nullptr;
+};
+
+}  // namespace summa::worker
+
+#endif  // SUMMA_CLIENT_PS_CLIENT_H_

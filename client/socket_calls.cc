@@ -1,0 +1,308 @@
+#include "client/socket_calls.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc/grpc_status.h"
+#include "common/status_macros.h"
+
+namespace summa::worker {
+
+using socket_plane::kHeaderBytes;
+
+struct SocketCalls::Connection {
+  socket_plane::OwnedFd fd;
+  int shard = 0;
+  bool busy = false;
+  size_t tag = 0;
+  enum class Stage { kSend, kHead, kMessage, kBody } stage = Stage::kSend;
+  char request_head[kHeaderBytes];
+  std::vector<grpc::Slice> slices;  // the request's, while it is sent
+  std::vector<iovec> iov;
+  size_t iov_at = 0;
+  char reply_head[kHeaderBytes];
+  socket_plane::ReplyHeader reply;
+  std::string message;
+  char* body = nullptr;
+  uint64_t got = 0;  // bytes of the current part received
+};
+
+SocketCalls::SocketCalls(std::vector<Endpoint> shards, std::string authorization)
+    : shards_(std::move(shards)),
+      authorization_(std::move(authorization)),
+      caps_(shards_.size(), kMaxConnectionsPerShard) {}
+
+SocketCalls::~SocketCalls() = default;
+
+absl::Status SocketCalls::Open(int shard, absl::Time deadline) {
+  const Endpoint& e = shards_[shard];
+  absl::StatusOr<socket_plane::OwnedFd> fd = socket_plane::Connect(e.host, e.port, deadline);
+  if (!fd.ok()) {
+    lost_ = true;
+    return fd.status();
+  }
+  const std::string what = absl::StrCat("the data plane at ", e.host, ":", e.port);
+  char hello[socket_plane::kHelloBytes];
+  socket_plane::EncodeHello(static_cast<uint32_t>(authorization_.size()), hello);
+  iovec iov[2] = {{hello, sizeof(hello)}, {const_cast<char*>(authorization_.data()), authorization_.size()}};
+  SUMMA_RETURN_IF_ERROR(socket_plane::WriteFull(fd->get(), iov, authorization_.empty() ? 1 : 2, deadline,
+                                                absl::StrCat(what, ": hello")));
+  char head[kHeaderBytes];
+  SUMMA_RETURN_IF_ERROR(socket_plane::ReadFull(fd->get(), head, sizeof(head), deadline, absl::StrCat(what, ": hello")));
+  const socket_plane::ReplyHeader answer = socket_plane::DecodeReplyHeader(head);
+  if (answer.code != 0) {
+    std::string message(std::min(answer.message_length, socket_plane::kMaxStatusMessageBytes), '\0');
+    socket_plane::ReadFull(fd->get(), message.data(), message.size(), deadline, what).IgnoreError();
+    return absl::Status(static_cast<absl::StatusCode>(answer.code), absl::StrCat(what, ": ", message));
+  }
+  auto c = std::make_unique<Connection>();
+  c->fd = *std::move(fd);
+  c->shard = shard;
+  connections_.push_back(std::move(c));
+  return absl::OkStatus();
+}
+
+absl::Status SocketCalls::Acquire(int shard, absl::Time deadline, Connection** found) {
+  *found = nullptr;
+  int open = 0;
+  for (auto& c : connections_) {
+    if (c->shard != shard || !c->fd.valid()) continue;
+    ++open;
+    if (!c->busy) {
+      *found = c.get();
+      return absl::OkStatus();
+    }
+  }
+  if (open >= caps_[shard]) return absl::OkStatus();
+  const bool was_lost = lost_;
+  if (absl::Status opened = Open(shard, deadline); !opened.ok()) {
+    if (open == 0) return opened;
+    // The server takes no more connections now (at its limit, say): the call waits for one of
+    // this shard's own to come free, and no more are asked for until one of them closes.
+    lost_ = was_lost;
+    caps_[shard] = open;
+    return absl::OkStatus();
+  }
+  *found = connections_.back().get();
+  return absl::OkStatus();
+}
+
+void SocketCalls::Start(size_t tag, int shard, socket_plane::DataMethod method, const grpc::ByteBuffer* request,
+                        grpc::ByteBuffer* reply, absl::Time deadline) {
+  if (tag >= calls_.size()) {
+    calls_.resize(tag + 1);
+    bodies_.resize(tag + 1);
+  }
+  calls_[tag] = Call{shard, method, request, reply, deadline};
+  ++in_flight_;
+  Connection* c = nullptr;
+  if (absl::Status s = Acquire(shard, deadline, &c); !s.ok()) {
+    ended_.emplace_back(tag, std::move(s));
+    return;
+  }
+  if (c == nullptr) {
+    waiting_.push_back(tag);
+    return;
+  }
+  Begin(*c, tag);
+}
+
+void SocketCalls::Begin(Connection& c, size_t tag) {
+  const Call& call = calls_[tag];
+  c.busy = true;
+  c.tag = tag;
+  c.stage = Connection::Stage::kSend;
+  socket_plane::Gather(*call.request, c.request_head, sizeof(c.request_head), c.slices, c.iov);
+  // A message with values is its fields, then the values as a slice of their own (common/wire):
+  // padding ahead of it puts the values on a 4-byte boundary, where the server reads them in place.
+  static constexpr char kZeros[socket_plane::kMaxLead] = {};
+  const uint64_t length = call.request->Length();
+  const uint32_t lead = c.slices.size() >= 2 ? socket_plane::LeadFor(length - c.slices.back().size()) : 0;
+  socket_plane::EncodeRequestHeader({static_cast<uint32_t>(call.method), length, lead}, c.request_head);
+  if (lead > 0) c.iov.insert(c.iov.begin() + 1, {const_cast<char*>(kZeros), lead});
+  c.iov_at = 0;
+  Advance(c);  // most requests go out at once
+}
+
+void SocketCalls::Advance(Connection& c) {
+  const Endpoint& e = shards_[c.shard];
+  auto failed = [&](absl::string_view what) {
+    End(c, absl::UnavailableError(absl::StrCat("the data plane at ", e.host, ":", e.port, ": ", what)));
+  };
+  // Receives into `to` up to `want` bytes; false when nothing more can be read now (or the call ended).
+  auto receive = [&](char* to, uint64_t want) -> bool {
+    const ssize_t n = ::recv(c.fd.get(), to, want, MSG_DONTWAIT);
+    if (n > 0) {
+      c.got += static_cast<uint64_t>(n);
+      return true;
+    }
+    if (n == 0) {
+      failed("the server closed the connection");
+    } else if (errno == EINTR) {
+      return true;
+    } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      failed(std::strerror(errno));
+    }
+    return false;
+  };
+  for (;;) {
+    switch (c.stage) {
+      case Connection::Stage::kSend: {
+        msghdr m = {};
+        m.msg_iov = c.iov.data() + c.iov_at;
+        m.msg_iovlen = std::min<size_t>(c.iov.size() - c.iov_at, IOV_MAX);
+        ssize_t n = ::sendmsg(c.fd.get(), &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) {
+          if (errno == EINTR) continue;
+          if (errno != EAGAIN && errno != EWOULDBLOCK) failed(std::strerror(errno));
+          return;
+        }
+        while (c.iov_at < c.iov.size() && static_cast<size_t>(n) >= c.iov[c.iov_at].iov_len) {
+          n -= static_cast<ssize_t>(c.iov[c.iov_at].iov_len);
+          ++c.iov_at;
+        }
+        if (c.iov_at < c.iov.size()) {
+          iovec& v = c.iov[c.iov_at];
+          v.iov_base = static_cast<char*>(v.iov_base) + n;
+          v.iov_len -= static_cast<size_t>(n);
+          continue;
+        }
+        c.slices.clear();
+        c.stage = Connection::Stage::kHead;
+        c.got = 0;
+        break;
+      }
+      case Connection::Stage::kHead: {
+        if (!receive(c.reply_head + c.got, kHeaderBytes - c.got)) return;
+        if (c.got < kHeaderBytes) continue;
+        c.reply = socket_plane::DecodeReplyHeader(c.reply_head);
+        if (c.reply.message_length > socket_plane::kMaxStatusMessageBytes || c.reply.length > kMaxReplyBytes ||
+            (c.reply.code != 0 && c.reply.length > socket_plane::kMaxStatusMessageBytes)) {
+          return End(c, absl::DataLossError(absl::StrCat("the data plane at ", e.host, ":", e.port,
+                                                         " sent a malformed reply header")));
+        }
+        c.message.resize(c.reply.message_length);
+        c.body = bodies_[c.tag].Resize(c.reply.length);
+        c.stage = Connection::Stage::kMessage;
+        c.got = 0;
+        break;
+      }
+      case Connection::Stage::kMessage:
+        if (c.got < c.message.size()) {
+          if (!receive(c.message.data() + c.got, c.message.size() - c.got)) return;
+          continue;
+        }
+        c.stage = Connection::Stage::kBody;
+        c.got = 0;
+        break;
+      case Connection::Stage::kBody:
+        if (c.got < c.reply.length) {
+          if (!receive(c.body + c.got, c.reply.length - c.got)) return;
+          continue;
+        }
+        if (c.reply.code != 0) {  // a refusal's body is its details (common/rpc/grpc_status.h)
+          return End(c, StatusFromDetails(static_cast<absl::StatusCode>(c.reply.code), c.message,
+                                          absl::string_view(c.body, c.reply.length)));
+        }
+        grpc::Slice slice(c.body, c.reply.length, grpc::Slice::STATIC_SLICE);
+        *calls_[c.tag].reply = grpc::ByteBuffer(&slice, 1);
+        return End(c, absl::OkStatus());
+    }
+  }
+}
+
+void SocketCalls::End(Connection& c, absl::Status status) {
+  ended_.emplace_back(c.tag, status);
+  c.busy = false;
+  c.slices.clear();
+  // A failed call leaves its connection mid-frame (or the server closed it): it goes.
+  if (!status.ok()) c.fd.Reset();
+}
+
+bool SocketCalls::Next(size_t* tag, absl::Status* status) {
+  std::vector<pollfd>& fds = pollfds_;
+  std::vector<Connection*>& polled = polled_;
+  for (;;) {
+    if (!ended_.empty()) {
+      *tag = ended_.front().first;
+      *status = std::move(ended_.front().second);
+      ended_.pop_front();
+      --in_flight_;
+      return true;
+    }
+    if (in_flight_ == 0) return false;
+    // Closed connections go; waiting calls take the connections free (or openable) now.
+    connections_.erase(std::remove_if(connections_.begin(), connections_.end(),
+                                      [&](const std::unique_ptr<Connection>& c) {
+                                        if (c->fd.valid()) return false;
+                                        caps_[c->shard] = kMaxConnectionsPerShard;  // room again
+                                        return true;
+                                      }),
+                       connections_.end());
+    for (size_t k = waiting_.size(); k > 0; --k) {
+      const size_t t = waiting_.front();
+      waiting_.pop_front();
+      Connection* c = nullptr;
+      if (absl::Status s = Acquire(calls_[t].shard, calls_[t].deadline, &c); !s.ok()) {
+        ended_.emplace_back(t, std::move(s));
+      } else if (c == nullptr) {
+        waiting_.push_back(t);
+      } else {
+        Begin(*c, t);
+      }
+    }
+    if (!ended_.empty()) continue;
+    absl::Time deadline = absl::InfiniteFuture();
+    fds.clear();
+    polled.clear();
+    for (auto& c : connections_) {
+      if (!c->busy) continue;
+      fds.push_back({c->fd.get(), static_cast<short>(c->stage == Connection::Stage::kSend ? POLLOUT | POLLIN : POLLIN), 0});
+      polled.push_back(c.get());
+      deadline = std::min(deadline, calls_[c->tag].deadline);
+    }
+    for (size_t t : waiting_) deadline = std::min(deadline, calls_[t].deadline);
+    int timeout = -1;
+    if (deadline != absl::InfiniteFuture()) {
+      timeout = static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(deadline - absl::Now()) + 1, 0, 1 << 30));
+    }
+    const int ready = ::poll(fds.data(), fds.size(), timeout);
+    if (ready > 0) {
+      for (size_t k = 0; k < fds.size(); ++k) {
+        Connection& c = *polled[k];
+        if (fds[k].revents == 0 || !c.busy) continue;
+        if (c.stage == Connection::Stage::kSend && (fds[k].revents & POLLIN)) {
+          // A reply before the whole request went out is a refusal (a request over the
+          // server's limit): read it rather than push the rest at a server that reads no more.
+          c.slices.clear();
+          c.stage = Connection::Stage::kHead;
+          c.got = 0;
+        }
+        Advance(c);
+      }
+    }
+    const absl::Time now = absl::Now();
+    for (auto& c : connections_) {
+      if (c->busy && calls_[c->tag].deadline <= now) {
+        End(*c, absl::DeadlineExceededError("the call's deadline passed on the data plane"));
+      }
+    }
+    for (size_t k = waiting_.size(); k > 0; --k) {
+      const size_t t = waiting_.front();
+      waiting_.pop_front();
+      if (calls_[t].deadline <= now) {
+        ended_.emplace_back(t, absl::DeadlineExceededError("the call's deadline passed waiting for a connection"));
+      } else {
+        waiting_.push_back(t);
+      }
+    }
+  }
+}
+
+}  // namespace summa::worker

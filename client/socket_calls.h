@@ -1,0 +1,95 @@
+// SocketCalls: the client's end of the socket data plane (common/rpc/socket_frame.h). It keeps
+// connections to each shard's plane, opened as calls need them (at most
+// kMaxConnectionsPerShard; later calls wait for one to come free) and kept across calls. Every
+// call started is in flight at once, each on a connection of its own, and the calling thread
+// drives them all (poll) in Next, which hands them back in the order they end: no thread of
+// gRPC's, no hand-over between threads. A call past its deadline has its connection closed
+// (which cancels it on the server). Not thread-safe.
+#ifndef SUMMA_CLIENT_SOCKET_CALLS_H_
+#define SUMMA_CLIENT_SOCKET_CALLS_H_
+
+#include <poll.h>
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/rpc/socket_frame.h"
+#include "common/rpc/wire.h"
+#include "grpcpp/support/byte_buffer.h"
+
+namespace summa::worker {
+
+class SocketCalls {
+ public:
+  static constexpr int kMaxConnectionsPerShard = 32;
+  // The longest reply it takes.
+  static constexpr uint64_t kMaxReplyBytes = uint64_t{4} << 30;
+
+  struct Endpoint {
+    std::string host;
+    int port = 0;
+  };
+  // `authorization`: the hello's value ("Bearer <token>", or empty).
+  SocketCalls(std::vector<Endpoint> shards, std::string authorization);
+  ~SocketCalls();
+
+  // Opens a connection to `shard` now (a probe that the plane is reachable); it stays for calls.
+  absl::Status Open(int shard, absl::Time deadline);
+
+  // Starts call `tag` (below the number of calls this object has been given at once so far:
+  // replies are kept per tag) to `shard`. `request` stays alive and unchanged until the call
+  // ends; `reply` then holds the reply message, in memory of this object's that stays valid
+  // until call `tag` starts again.
+  void Start(size_t tag, int shard, socket_plane::DataMethod method, const grpc::ByteBuffer* request,
+             grpc::ByteBuffer* reply, absl::Time deadline);
+  // Waits for the next call to end; false when none is in flight.
+  bool Next(size_t* tag, absl::Status* status);
+
+  // True once a connection could not be opened (the plane moved or went away, as when its
+  // server restarted on another port): the caller should ask where it is again.
+  bool lost() const { return lost_; }
+
+ private:
+  struct Call {
+    int shard = 0;
+    socket_plane::DataMethod method{};
+    const grpc::ByteBuffer* request = nullptr;
+    grpc::ByteBuffer* reply = nullptr;
+    absl::Time deadline;
+  };
+  struct Connection;
+  // Starts call `tag` on `c`.
+  void Begin(Connection& c, size_t tag);
+  // Moves `c`'s call on as far as its socket allows; ends it when done or failed.
+  void Advance(Connection& c);
+  // Ends `c`'s call with `status`; a failed call's connection is closed.
+  void End(Connection& c, absl::Status status);
+  // A free connection to `shard`, opened now if there is room (nullptr when none);
+  // UNAVAILABLE or DEADLINE_EXCEEDED when one could not be opened.
+  absl::Status Acquire(int shard, absl::Time deadline, Connection** c);
+
+  const std::vector<Endpoint> shards_;
+  const std::string authorization_;
+  std::vector<std::unique_ptr<Connection>> connections_;
+  std::vector<Call> calls_;     // by tag
+  std::vector<Scratch> bodies_;  // each tag's reply bytes
+  std::deque<size_t> waiting_;  // tags started while their shard had no connection free
+  std::deque<std::pair<size_t, absl::Status>> ended_;
+  std::vector<pollfd> pollfds_;  // Next's, kept across calls
+  std::vector<Connection*> polled_;
+  // Per shard, the connections it may have: kMaxConnectionsPerShard, or as many as it had when
+  // the server refused one more (until one of them closes).
+  std::vector<int> caps_;
+  size_t in_flight_ = 0;
+  bool lost_ = false;
+};
+
+}  // namespace summa::worker
+
+#endif  // SUMMA_CLIENT_SOCKET_CALLS_H_

@@ -1,0 +1,67 @@
+#include "common/rpc/grpc_status.h"
+
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/rpc/server_builder.h"
+#include "common/status_reason.h"
+#include "summa/v1/summa.pb.h"
+
+namespace summa {
+namespace {
+
+constexpr absl::string_view kErrorInfoUrl = "type.googleapis.com/google.rpc.ErrorInfo";
+
+}  // namespace
+
+std::string StatusDetails(const absl::Status& status) {
+  const StatusReason reason = ReasonOf(status);
+  if (status.ok() || reason == StatusReason::kNone) return "";
+  summa::v1::ErrorInfo info;
+  info.set_reason(std::string(StatusReasonName(reason)));
+  info.set_domain(std::string(kStatusReasonDomain));
+  summa::v1::RpcStatus rpc;
+  rpc.set_code(static_cast<int>(status.code()));
+  rpc.set_message(std::string(status.message()));
+  google::protobuf::Any* any = rpc.add_details();
+  any->set_type_url(std::string(kErrorInfoUrl));
+  any->set_value(info.SerializeAsString());
+  return rpc.SerializeAsString();
+}
+
+absl::Status StatusFromDetails(absl::StatusCode code, absl::string_view message, absl::string_view details) {
+  absl::Status status(code, message);
+  summa::v1::RpcStatus rpc;
+  if (details.empty() || !rpc.ParseFromArray(details.data(), static_cast<int>(details.size()))) return status;
+  for (const google::protobuf::Any& any : rpc.details()) {
+    summa::v1::ErrorInfo info;
+    if (any.type_url() != kErrorInfoUrl || !info.ParseFromString(any.value()) ||
+        info.domain() != kStatusReasonDomain) {
+      continue;
+    }
+    return WithReason(std::move(status), StatusReasonFromName(info.reason()));
+  }
+  return status;
+}
+
+// absl::StatusCode and grpc::StatusCode share their numbering (both follow google.rpc.Code).
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()),
+                      StatusDetails(status));
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  std::string message = status.error_message();
+  // gRPC's transport refuses an oversized message without naming the setting behind its limit.
+  if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+      absl::StrContains(message, "message larger than max")) {
+    absl::StrAppend(&message, " (the limits: summa-server --max_message_bytes, and ", kMaxMessageBytes >> 20,
+                    "MiB in Summa's clients)");
+  }
+  return StatusFromDetails(static_cast<absl::StatusCode>(status.error_code()), message, status.error_details());
+}
+
+}  // namespace summa

@@ -1,0 +1,135 @@
+// The socket data plane: summa.v1's data-path calls (Initialize, Push, Pull, PushPull,
+// AllReduce) over a plain TCP connection of their own, beside gRPC, for plaintext jobs. A call's
+// request and reply are the very bytes gRPC would carry (the summa.v1 messages, common/rpc/wire.h),
+// framed by a 16-byte header instead of HTTP/2: no streams, no flow-control windows, no hand-over
+// between threads. gRPC's own path stays for every call and every job (TLS above all); a server
+// with a data plane says where it is (the DataPlane RPC), and a client uses it where offered.
+//
+// On a connection, all integers little-endian:
+//   hello (client):  "SUMMADP1", u32 length of the authorization value, u32 0, the value
+//                    ("Bearer <token>", or nothing)
+//   answer (server): a reply header with length 0: OK, or why the connection is refused (then
+//                    closed)
+//   request:         u32 DataMethod, u32 lead, u64 length, `lead` bytes of padding (at most
+//                    kMaxLead: the sender's choice, so that the message's values land on a
+//                    4-byte boundary, where the server reads them in place), the request message
+//   reply:           u32 status code, u32 length of the status message, u64 length of the reply
+//                    message, the status message, the reply message when OK; when not, a
+//                    serialized summa.v1.RpcStatus with the refusal's reason (common/rpc/grpc_status.h),
+//                    or nothing
+// One call at a time on a connection; a client with calls in flight at once opens as many
+// connections. A client that closes its connection cancels its call.
+#ifndef SUMMA_COMMON_RPC_SOCKET_FRAME_H_
+#define SUMMA_COMMON_RPC_SOCKET_FRAME_H_
+
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/slice.h"
+
+namespace summa::socket_plane {
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the frames are read and written in host order");
+
+inline constexpr char kHelloMagic[8] = {'S', 'U', 'M', 'M', 'A', 'D', 'P', '1'};
+inline constexpr size_t kHeaderBytes = 16;
+inline constexpr size_t kHelloBytes = 16;
+// The longest authorization value a hello may carry, and the longest status message.
+inline constexpr uint32_t kMaxAuthorizationBytes = 8 << 10;
+inline constexpr uint32_t kMaxStatusMessageBytes = 64 << 10;
+
+enum class DataMethod : uint32_t { kInitialize = 1, kPush = 2, kPull = 3, kPushPull = 4, kAllReduce = 5 };
+
+// The method of a summa.v1 data-path path ("/summa.v1.ParameterServer/Push"); nullopt for any other.
+std::optional<DataMethod> DataMethodOf(absl::string_view grpc_path);
+
+struct RequestHeader {
+  uint32_t method = 0;  // a DataMethod, unchecked
+  uint64_t length = 0;
+  uint32_t lead = 0;    // padding bytes between the header and the message, unchecked
+};
+inline constexpr uint32_t kMaxLead = 64;
+// The lead that puts the values of a message whose fields before them take `prefix_bytes` on a
+// 4-byte boundary (the message itself starting on one).
+inline uint32_t LeadFor(size_t prefix_bytes) { return static_cast<uint32_t>((4 - prefix_bytes % 4) % 4); }
+struct ReplyHeader {
+  uint32_t code = 0;  // an absl::StatusCode
+  uint32_t message_length = 0;
+  uint64_t length = 0;
+};
+void EncodeRequestHeader(const RequestHeader& header, char out[kHeaderBytes]);
+RequestHeader DecodeRequestHeader(const char in[kHeaderBytes]);
+void EncodeReplyHeader(const ReplyHeader& header, char out[kHeaderBytes]);
+ReplyHeader DecodeReplyHeader(const char in[kHeaderBytes]);
+// The hello's fixed part; its authorization value follows it.
+void EncodeHello(uint32_t authorization_length, char out[kHelloBytes]);
+// The authorization value's length, or INVALID_ARGUMENT: not a hello (another protocol, another
+// version), or a value over kMaxAuthorizationBytes.
+absl::StatusOr<uint32_t> DecodeHello(const char in[kHelloBytes]);
+
+// A file descriptor, closed when this goes away.
+class OwnedFd {
+ public:
+  explicit OwnedFd(int fd = -1) : fd_(fd) {}
+  ~OwnedFd() { Reset(); }
+  OwnedFd(OwnedFd&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  OwnedFd& operator=(OwnedFd&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      fd_ = other.fd_;
+      other.fd_ = -1;
+    }
+    return *this;
+  }
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  void Reset();
+  // Gives the descriptor up to the caller, who closes it.
+  int release() {
+    const int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+
+ private:
+  int fd_;
+};
+
+// Reads exactly `size` bytes (a blocking or non-blocking descriptor), waiting at most until
+// `deadline` (InfiniteFuture: no limit). UNAVAILABLE when the peer closes or the read fails,
+// DEADLINE_EXCEEDED at the deadline; `what` names the bytes in the message.
+absl::Status ReadFull(int fd, char* data, size_t size, absl::Time deadline, absl::string_view what);
+// Writes every byte of `iov` (which it advances) likewise.
+absl::Status WriteFull(int fd, iovec* iov, int count, absl::Time deadline, absl::string_view what);
+
+// A listening TCP socket on "host:port" (port 0: the system picks; host empty or "[::]": every
+// address), and the port it got. INVALID_ARGUMENT for an address that is not host:port,
+// UNAVAILABLE when it cannot listen.
+absl::StatusOr<OwnedFd> Listen(const std::string& address, int* port);
+// A connected TCP socket to host:port, non-blocking, TCP_NODELAY; UNAVAILABLE or
+// DEADLINE_EXCEEDED naming the address.
+absl::StatusOr<OwnedFd> Connect(const std::string& host, int port, absl::Time deadline);
+// Turns TCP's small-write delay off (a call's frame header and its message are separate writes).
+void SetNoDelay(int fd);
+
+// The host of a "host:port" address (a bracketed IPv6 host without its brackets), or
+// INVALID_ARGUMENT.
+absl::StatusOr<std::string> HostOf(absl::string_view address);
+
+// `message`'s slices as iovecs after `header` (kept in `slices`, which own them while the iovecs
+// are used).
+void Gather(const grpc::ByteBuffer& message, char* header, size_t header_bytes, std::vector<grpc::Slice>& slices,
+            std::vector<iovec>& iov);
+
+}  // namespace summa::socket_plane
+
+#endif  // SUMMA_COMMON_RPC_SOCKET_FRAME_H_

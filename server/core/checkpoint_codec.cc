@@ -1,0 +1,222 @@
+#include "server/core/checkpoint_codec.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "common/tensor_proto.h"
+
+namespace summa::server {
+namespace {
+
+std::string Floats(const std::vector<float>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
+// `bytes` as exactly `n` floats, or DATA_LOSS naming `what`.
+absl::StatusOr<std::vector<float>> FloatsOf(const std::string& bytes, int64_t n, const std::string& what) {
+  if (static_cast<int64_t>(bytes.size()) != n * 4) {
+    return absl::DataLossError(absl::StrCat(what, " holds ", bytes.size(), " bytes; ", n * 4, " expected"));
+  }
+  std::vector<float> out(n);
+  std::memcpy(out.data(), bytes.data(), bytes.size());
+  return out;
+}
+
+std::string Describe(const JobDescription& j) {
+  return absl::StrCat(j.world_size, " workers, ", ModeName(j.mode), " mode, partitions of ",
+                      j.partition_bytes, " bytes, optimizer ", j.optimizer_name, " with state [",
+                      absl::StrJoin(j.slot_names, ", "), "]",
+                      j.shards > 1 ? absl::StrCat(", shard ", j.shard, " of ", j.shards) : "");
+}
+
+absl::StatusOr<PartitionSnapshot> DecodePartition(const CheckpointHeader& h, const PartitionRange& range,
+                                                  const summa::v1::PartitionCheckpoint& in) {
+  const std::string what = absl::StrCat("partition ", range.id);
+  if (in.id() != range.id || in.slots_size() != static_cast<int>(h.job.slot_names.size()) ||
+      in.next_steps_size() != h.job.world_size) {
+    return absl::DataLossError(absl::StrCat(what, " of the checkpoint is malformed"));
+  }
+  PartitionSnapshot p;
+  p.id = range.id;
+  p.version = in.version();
+  p.updates = in.updates();
+  if (p.updates > p.version) return absl::DataLossError(absl::StrCat(what, " has more updates than steps"));
+  if (h.job.mode == Mode::kSync) {
+    // A sync checkpoint is taken with every partition at one version, and no rank past it.
+    if (in.version() != h.version) {
+      return absl::DataLossError(absl::StrCat(what, " is at version ", in.version(),
+                                              "; a sync checkpoint's partitions are all at ", h.version));
+    }
+    for (uint64_t next : in.next_steps()) {
+      if (next > in.version()) {
+        return absl::DataLossError(absl::StrCat(what, " has a push of step ", next - 1,
+                                                " recorded at version ", in.version()));
+      }
+    }
+  }
+  SUMMA_ASSIGN_OR_RETURN(p.weights, FloatsOf(in.weights(), range.length, what + "'s weights"));
+  for (int i = 0; i < in.slots_size(); ++i) {
+    SUMMA_ASSIGN_OR_RETURN(std::vector<float> slot,
+                           FloatsOf(in.slots(i), range.length, absl::StrCat(what, "'s ", h.job.slot_names[i])));
+    p.slots.push_back(std::move(slot));
+  }
+  p.next_steps.assign(in.next_steps().begin(), in.next_steps().end());
+  return p;
+}
+
+// The partitions of a whole Checkpoint message in memory.
+class MessagePartitions : public PartitionSource {
+ public:
+  explicit MessagePartitions(const summa::v1::Checkpoint& c) : c_(c) {}
+  absl::StatusOr<bool> Next(summa::v1::PartitionCheckpoint* out) override {
+    if (next_ == c_.partitions_size()) return false;
+    *out = c_.partitions(next_++);
+    return true;
+  }
+
+ private:
+  const summa::v1::Checkpoint& c_;
+  int next_ = 0;
+};
+
+}  // namespace
+
+uint64_t ServerSnapshot::version() const {
+  uint64_t low = partitions.empty() ? 0 : UINT64_MAX;
+  for (const PartitionSnapshot& p : partitions) low = std::min(low, p.version);
+  return low;
+}
+
+summa::v1::Checkpoint EncodeCheckpointHeader(const JobDescription& job, const std::vector<TensorSpec>& specs,
+                                             uint64_t version, absl::Time created) {
+  summa::v1::Checkpoint c;
+  c.set_version(version);
+  c.set_world_size(job.world_size);
+  c.set_mode(ModeToProto(job.mode));
+  c.set_partition_bytes(job.partition_bytes);
+  c.set_optimizer(job.optimizer);
+  c.set_optimizer_name(job.optimizer_name);
+  for (const std::string& name : job.slot_names) c.add_slot_names(name);
+  if (job.shards > 1) {
+    c.set_shard(job.shard);
+    c.set_shards(job.shards);
+  }
+  c.set_created_unix_seconds(absl::ToUnixSeconds(created));
+  for (const TensorSpec& spec : specs) SpecToProto(spec, c.add_params());
+  return c;
+}
+
+summa::v1::PartitionCheckpoint EncodePartition(const PartitionSnapshot& p) {
+  summa::v1::PartitionCheckpoint out;
+  out.set_id(p.id);
+  out.set_version(p.version);
+  out.set_updates(p.updates);
+  out.set_weights(Floats(p.weights));
+  for (const std::vector<float>& slot : p.slots) out.add_slots(Floats(slot));
+  for (uint64_t next : p.next_steps) out.add_next_steps(next);
+  return out;
+}
+
+absl::StatusOr<CheckpointHeader> DecodeCheckpointHeader(const summa::v1::Checkpoint& c,
+                                                        const JobDescription& ours) {
+  CheckpointHeader h;
+  JobDescription& theirs = h.job;
+  theirs.world_size = c.world_size();
+  absl::StatusOr<Mode> mode = ModeFromProto(c.mode());
+  if (!mode.ok()) return absl::DataLossError(absl::StrCat("the checkpoint's ", mode.status().message()));
+  theirs.mode = *mode;
+  theirs.partition_bytes = c.partition_bytes();
+  theirs.optimizer_name = c.optimizer_name();
+  theirs.optimizer = c.optimizer();
+  theirs.slot_names.assign(c.slot_names().begin(), c.slot_names().end());
+  theirs.shard = c.shard();
+  theirs.shards = std::max(1, c.shards());
+  if (theirs.world_size != ours.world_size || theirs.mode != ours.mode || theirs.shard != ours.shard ||
+      theirs.shards != ours.shards ||
+      theirs.partition_bytes != ours.partition_bytes || theirs.optimizer_name != ours.optimizer_name ||
+      theirs.slot_names != ours.slot_names) {
+    return absl::FailedPreconditionError(absl::StrCat("the checkpoint is of a job of ", Describe(theirs),
+                                                      "; this server runs ", Describe(ours)));
+  }
+  if (theirs.optimizer != ours.optimizer) {
+    SUMMA_LOG(WARNING) << "the checkpoint's optimizer was " << theirs.optimizer << "; going on with "
+                       << ours.optimizer << " and its state";
+  }
+  h.version = c.version();
+  h.created = absl::FromUnixSeconds(c.created_unix_seconds());
+  std::vector<TensorSpec> specs;
+  for (const summa::v1::Tensor& t : c.params()) {
+    absl::StatusOr<TensorSpec> spec = SpecFromProto(t);
+    if (!spec.ok()) return absl::DataLossError(absl::StrCat("the checkpoint's ", spec.status().message()));
+    specs.push_back(*std::move(spec));
+  }
+  // Counted before the map is built: a header claiming 2^40 floats in 16-byte partitions would
+  // be 2^38 partition ranges, whatever the file holds (found by fuzz/checkpoint_fuzzer).
+  constexpr int64_t kMaxPartitions = int64_t{1} << 20;
+  int64_t elements = 0;
+  for (const TensorSpec& spec : specs) {
+    elements += spec.num_elements();  // each at most 2^40 (SpecFromProto): no overflow below 2^62
+    if (elements > (int64_t{1} << 62)) return absl::DataLossError("the checkpoint's model is too large");
+  }
+  const int64_t per_partition = std::max<int64_t>(ours.partition_bytes / 4, 1);
+  if ((elements + per_partition - 1) / per_partition > kMaxPartitions) {
+    return absl::DataLossError(absl::StrCat("the checkpoint's model of ", elements, " parameters would be over ",
+                                            kMaxPartitions, " partitions of ", ours.partition_bytes, " bytes"));
+  }
+  absl::StatusOr<PartitionMap> map = PartitionMap::Create(std::move(specs), ours.partition_bytes);
+  if (!map.ok()) return absl::DataLossError(absl::StrCat("the checkpoint's model: ", map.status().message()));
+  h.map = *std::move(map);
+  const std::vector<int> shard_of = AssignShards(h.map.partitions(), ours.shards);
+  for (const PartitionRange& r : h.map.partitions()) {
+    if (shard_of[r.id] == ours.shard) h.held.push_back(r);
+  }
+  return h;
+}
+
+absl::Status DecodePartitions(const CheckpointHeader& h, PartitionSource& source,
+                              absl::FunctionRef<absl::Status(PartitionSnapshot)> take) {
+  const std::vector<PartitionRange>& ranges = h.held;
+  summa::v1::PartitionCheckpoint in;
+  size_t count = 0;
+  while (true) {
+    SUMMA_ASSIGN_OR_RETURN(const bool more, source.Next(&in));
+    if (!more) break;
+    if (count == ranges.size()) {
+      return absl::DataLossError(
+          absl::StrCat("the checkpoint holds more partitions than the ", ranges.size(), " of its model"));
+    }
+    SUMMA_ASSIGN_OR_RETURN(PartitionSnapshot p, DecodePartition(h, ranges[count], in));
+    SUMMA_RETURN_IF_ERROR(take(std::move(p)));
+    ++count;
+  }
+  if (count != ranges.size()) {
+    return absl::DataLossError(
+        absl::StrCat("the checkpoint holds ", count, " partitions; its model has ", ranges.size()));
+  }
+  return absl::OkStatus();
+}
+
+summa::v1::Checkpoint EncodeCheckpoint(const ServerSnapshot& s) {
+  summa::v1::Checkpoint c = EncodeCheckpointHeader(s.job, s.specs, s.version(), s.created);
+  for (const PartitionSnapshot& p : s.partitions) *c.add_partitions() = EncodePartition(p);
+  return c;
+}
+
+absl::StatusOr<ServerSnapshot> DecodeCheckpoint(const summa::v1::Checkpoint& c, const JobDescription& ours) {
+  SUMMA_ASSIGN_OR_RETURN(CheckpointHeader h, DecodeCheckpointHeader(c, ours));
+  ServerSnapshot s;
+  MessagePartitions source(c);
+  SUMMA_RETURN_IF_ERROR(DecodePartitions(h, source, [&](PartitionSnapshot p) {
+    s.partitions.push_back(std::move(p));
+    return absl::OkStatus();
+  }));
+  s.job = std::move(h.job);
+  s.specs = h.map.specs();
+  s.created = h.created;
+  return s;
+}
+
+}  // namespace summa::server

@@ -1,0 +1,89 @@
+// Checkpoints of the server's state as messages: every partition's master weights, optimizer
+// state slots, version and pushes seen, with the job's description; encoded from and decoded into
+// plain snapshots (a restore into a job that differs is refused, naming both sides). Files are
+// server/checkpoint/'s. Free functions are thread-safe.
+#ifndef SUMMA_SERVER_CORE_CHECKPOINT_CODEC_H_
+#define SUMMA_SERVER_CORE_CHECKPOINT_CODEC_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/partition_map.h"
+#include "common/tensor.h"
+#include "server/checkpoint/checkpoint_file.h"
+#include "server/core/job_options.h"
+#include "summa/v1/checkpoint.pb.h"
+
+namespace summa::server {
+
+// What a checkpoint says of its job. A restore refuses a different size, mode, partitioning,
+// optimizer kind or state slots; changed hyperparameters (`optimizer`) are allowed and logged.
+struct JobDescription {
+  int world_size = 0;
+  Mode mode = Mode::kSync;
+  int64_t partition_bytes = 0;
+  std::string optimizer_name;
+  std::string optimizer;
+  std::vector<std::string> slot_names;
+  int shard = 0;   // this server's shard of `shards`: which partitions its checkpoints hold
+  int shards = 1;
+};
+
+struct PartitionSnapshot {
+  uint32_t id = 0;
+  uint64_t version = 0;
+  uint64_t updates = 0;
+  std::vector<float> weights;
+  std::vector<std::vector<float>> slots;  // by JobDescription::slot_names
+  std::vector<uint64_t> next_steps;       // per rank
+};
+
+struct ServerSnapshot {
+  JobDescription job;
+  std::vector<TensorSpec> specs;
+  std::vector<PartitionSnapshot> partitions;
+  absl::Time created = absl::InfinitePast();
+  // The lowest partition version.
+  uint64_t version() const;
+};
+
+// Everything in a checkpoint but its partitions. `version`: no partition is below it (in sync
+// mode every partition is at it).
+summa::v1::Checkpoint EncodeCheckpointHeader(const JobDescription& job, const std::vector<TensorSpec>& specs,
+                                             uint64_t version, absl::Time created);
+summa::v1::PartitionCheckpoint EncodePartition(const PartitionSnapshot& partition);
+
+// A checkpoint's header, decoded and checked against this server's job.
+struct CheckpointHeader {
+  JobDescription job;  // the checkpoint's; differs from ours in `optimizer` at most
+  PartitionMap map;    // the model's tensors and partitions
+  std::vector<PartitionRange> held;  // the partitions the checkpoint must hold: its shard's
+  uint64_t version = 0;
+  absl::Time created = absl::InfinitePast();
+};
+
+// FAILED_PRECONDITION naming both sides when the checkpoint's job differs from `ours`;
+// DATA_LOSS when the header is malformed.
+absl::StatusOr<CheckpointHeader> DecodeCheckpointHeader(const summa::v1::Checkpoint& header,
+                                                        const JobDescription& ours);
+
+// Reads every partition of `source`, checks it against `header` and hands it to `take` before
+// reading the next. DATA_LOSS when the partitions do not tile the model (in id order), or a sync
+// checkpoint's are not all at its version; the source's error when it fails; `take`'s when it
+// does (nothing more is read).
+absl::Status DecodePartitions(const CheckpointHeader& header, PartitionSource& source,
+                              absl::FunctionRef<absl::Status(PartitionSnapshot)> take);
+
+// The whole checkpoint as one message and back, in memory: for small checkpoints and tests.
+// Files go through CheckpointWriter and CheckpointReader.
+summa::v1::Checkpoint EncodeCheckpoint(const ServerSnapshot& snapshot);
+absl::StatusOr<ServerSnapshot> DecodeCheckpoint(const summa::v1::Checkpoint& checkpoint,
+                                                const JobDescription& ours);
+
+}  // namespace summa::server
+
+#endif  // SUMMA_SERVER_CORE_CHECKPOINT_CODEC_H_

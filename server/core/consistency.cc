@@ -1,0 +1,203 @@
+#include "server/core/consistency.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace summa::server {
+namespace {
+
+class SyncPolicy final : public ConsistencyPolicy {
+ public:
+  explicit SyncPolicy(PolicyContext c) : ConsistencyPolicy(std::move(c)) {}
+  Mode mode() const override { return Mode::kSync; }
+  bool CheckpointNeedsOneVersion() const override { return true; }
+
+  absl::StatusOr<bool> Push(Partition& p, const PushRequestView& r, absl::Span<const float> gradient,
+                            PushValues values, absl::Time now, CallsToFinish& out) const override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu) {
+    if (r.step < p.version) {
+      // A retry whose first reply was lost after the step completed: counted once already.
+      if (p.next_step[r.rank] > r.step) return Duplicate(r);
+      return absl::FailedPreconditionError(absl::StrCat("step ", r.step, " of partition ", r.partition,
+                                                        " is finished (the partition is at version ",
+                                                        p.version, ")"));
+    }
+    if (r.step > p.version) {
+      return absl::OutOfRangeError(absl::StrCat("step ", r.step, " is in the future: partition ",
+                                                r.partition, " is at step ", p.version));
+    }
+    if (p.barrier.has_arrived(r.rank)) return Duplicate(r);
+    if (!p.barrier.Arrive(r.rank, now).ok()) return absl::InternalError("barrier refused a checked arrival");
+    if (values == PushValues::kSkip) {
+      p.skip_step = true;
+    } else {
+      p.aggregator.Add(r.rank, gradient, 0, values == PushValues::kZeroNonFinite);
+    }
+    p.aggregator.AddExamples(r.num_examples);
+    p.next_step[r.rank] = r.step + 1;
+    const uint64_t before = p.version;
+    MaybeComplete(p, now, out);
+    return p.version != before;
+  }
+
+  void OnExcluded(Partition& p, absl::Time now, CallsToFinish& out) const override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu) {
+    MaybeComplete(p, now, out);
+  }
+
+  void AnswerPushPull(Partition& p, uint64_t step, std::shared_ptr<ParkedCall> call,
+                      absl::Time deadline, CallsToFinish& out) const override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu) {
+    if (p.version >= step + 1) {
+      if (!call->Claim()) return;
+      call->Fill(p.version, p.Published());
+      out.Add(std::move(call), absl::OkStatus());
+    } else {
+      p.parked.Park(std::move(call), step + 1, deadline);
+    }
+  }
+
+  absl::Status CheckPull(const Partition& p, uint64_t min_version) const override
+      ABSL_SHARED_LOCKS_REQUIRED(p.mu) {
+    if (min_version > p.version + 1) {
+      return absl::OutOfRangeError(absl::StrCat("version ", min_version, " of partition ", p.range.id,
+                                                " is more than one step ahead of the current version ",
+                                                p.version));
+    }
+    return absl::OkStatus();
+  }
+
+  uint64_t NextStep(const Partition& p, int rank) const override ABSL_SHARED_LOCKS_REQUIRED(p.mu) {
+    return p.version;
+  }
+
+  std::string WaitingFor(const Partition& p) const override ABSL_SHARED_LOCKS_REQUIRED(p.mu) {
+    std::vector<int> missing;
+    for (int r : p.barrier.Missing()) {
+      if (!ctx_.members->excluded(r)) missing.push_back(r);
+    }
+    return absl::StrCat("partition ", p.range.id, " is at version ", p.version, "; step ", p.version,
+                        " still waits for pushes from rank", missing.size() == 1 ? " " : "s ",
+                        absl::StrJoin(missing, ", "));
+  }
+
+ private:
+  // Applies the step once every rank still in the group has pushed.
+  void MaybeComplete(Partition& p, absl::Time now, CallsToFinish& out) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu) {
+    if (p.barrier.arrived() == 0) return;  // nothing pushed: an exclusion completes nothing
+    for (int r = 0; r < p.barrier.group_size(); ++r) {
+      if (!ctx_.members->excluded(r) && !p.barrier.has_arrived(r)) return;
+    }
+    const bool skip = p.skip_step || p.aggregator.contributions() == 0;
+    p.aggregator.Finish();
+    Advance(p, p.aggregator.sum(), p.aggregator.num_examples(), skip, now, out);
+    p.aggregator.Reset();
+    p.barrier.Reset();
+    p.skip_step = false;
+  }
+};
+
+// Async and ssp: each push is applied alone; ssp bounds how far ahead a push-pull may run.
+class AsyncPolicy final : public ConsistencyPolicy {
+ public:
+  AsyncPolicy(PolicyContext c, bool bounded) : ConsistencyPolicy(std::move(c)), bounded_(bounded) {}
+  Mode mode() const override { return bounded_ ? Mode::kSsp : Mode::kAsync; }
+  bool CheckpointNeedsOneVersion() const override { return false; }
+
+  absl::StatusOr<bool> Push(Partition& p, const PushRequestView& r, absl::Span<const float> gradient,
+                            PushValues values, absl::Time now, CallsToFinish& out) const override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu) {
+    uint64_t& next = p.next_step[r.rank];
+    if (r.step < next) return Duplicate(r);
+    if (r.step > next) {
+      return absl::OutOfRangeError(absl::StrCat("rank ", r.rank, " pushed step ", r.step, " of partition ",
+                                                r.partition, " but its next step is ", next));
+    }
+    ++next;
+    if (values == PushValues::kZeroNonFinite) {
+      p.aggregator.Add(r.rank, gradient, r.num_examples, /*zero_nonfinite=*/true);
+      p.aggregator.Finish();
+      Advance(p, p.aggregator.sum(), r.num_examples, false, now, out);
+      p.aggregator.Reset();
+    } else {
+      Advance(p, gradient, r.num_examples, values == PushValues::kSkip, now, out);
+    }
+    p.Release(p.clock_parked, Slowest(p), out);
+    return true;
+  }
+
+  void OnExcluded(Partition& p, absl::Time now, CallsToFinish& out) const override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu) {
+    p.Release(p.clock_parked, Slowest(p), out);
+  }
+
+  void AnswerPushPull(Partition& p, uint64_t step, std::shared_ptr<ParkedCall> call,
+                      absl::Time deadline, CallsToFinish& out) const override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu) {
+    // ssp: wait until the slowest member has pushed step `step - staleness`; async never waits.
+    const uint64_t staleness = static_cast<uint64_t>(ctx_.staleness);
+    const uint64_t need = bounded_ && step + 1 > staleness ? step + 1 - staleness : 0;
+    if (Slowest(p) >= need) {
+      if (!call->Claim()) return;
+      call->Fill(p.version, p.Published());
+      out.Add(std::move(call), absl::OkStatus());
+    } else {
+      p.clock_parked.Park(std::move(call), need, deadline);
+    }
+  }
+
+  absl::Status CheckPull(const Partition&, uint64_t) const override { return absl::OkStatus(); }
+
+  uint64_t NextStep(const Partition& p, int rank) const override ABSL_SHARED_LOCKS_REQUIRED(p.mu) {
+    return p.next_step[rank];
+  }
+
+  std::string WaitingFor(const Partition& p) const override ABSL_SHARED_LOCKS_REQUIRED(p.mu) {
+    return absl::StrCat("the slowest member of partition ", p.range.id, " is at step ", Slowest(p));
+  }
+
+ private:
+  // The lowest next step over the ranks still in the group.
+  uint64_t Slowest(const Partition& p) const ABSL_SHARED_LOCKS_REQUIRED(p.mu) {
+    uint64_t slowest = UINT64_MAX;
+    for (size_t r = 0; r < p.next_step.size(); ++r) {
+      if (!ctx_.members->excluded(static_cast<int>(r))) slowest = std::min(slowest, p.next_step[r]);
+    }
+    return slowest;
+  }
+
+  const bool bounded_;
+};
+
+}  // namespace
+
+std::unique_ptr<const ConsistencyPolicy> ConsistencyPolicy::Create(Mode mode, PolicyContext context) {
+  if (mode == Mode::kSync) return std::make_unique<SyncPolicy>(std::move(context));
+  return std::make_unique<AsyncPolicy>(std::move(context), mode == Mode::kSsp);
+}
+
+void ConsistencyPolicy::Advance(Partition& p, absl::Span<const float> grad_sum, int64_t examples,
+                                bool skip, absl::Time now, CallsToFinish& out) const
+    ABSL_NO_THREAD_SAFETY_ANALYSIS {  // the callers hold p.mu
+  if (!skip && examples > 0) {
+    TraceSpan span(ctx_.tracer, "optimizer", "server", p.range.id);
+    ctx_.optimizer->Apply(p.updates, ctx_.optimizer->LearningRate(p.version), absl::MakeSpan(p.weights),
+                          p.slot_views, grad_sum, examples);
+    ++p.updates;
+  }
+  ++p.version;
+  p.last_step = now - p.last_completion;
+  p.last_completion = now;
+  if (p.reports && ctx_.step_observer) ctx_.step_observer(p.last_step);
+  p.Release(p.parked, p.version, out);
+}
+
+absl::Status ConsistencyPolicy::Duplicate(const PushRequestView& r) const {
+  return absl::AlreadyExistsError(absl::StrCat("rank ", r.rank, " already pushed partition ", r.partition,
+                                               " for step ", r.step, "; the duplicate was not counted"));
+}
+
+}  // namespace summa::server

@@ -1,0 +1,106 @@
+#include "server/core/job_options.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace summa::server {
+namespace {
+
+// Finds `name` among `names` (indexed by the enum's values).
+template <typename E, size_t N>
+absl::StatusOr<E> Parse(absl::string_view what, absl::string_view name, const char* const (&names)[N]) {
+  for (size_t i = 0; i < N; ++i) {
+    if (name == names[i]) return static_cast<E>(i);
+  }
+  std::string choices;
+  for (size_t i = 0; i < N; ++i) absl::StrAppend(&choices, i == 0 ? "" : i + 1 == N ? " or " : ", ", names[i]);
+  return absl::InvalidArgumentError(absl::StrCat("unknown ", what, " '", name, "': use ", choices));
+}
+
+constexpr const char* kModeNames[] = {"sync", "async", "ssp"};
+constexpr const char* kLossNames[] = {"wait", "shrink"};
+constexpr const char* kNonFiniteNames[] = {"reject", "skip_step", "zero"};
+
+}  // namespace
+
+const char* ModeName(Mode mode) { return kModeNames[static_cast<int>(mode)]; }
+const char* OnWorkerLossName(OnWorkerLoss policy) { return kLossNames[static_cast<int>(policy)]; }
+const char* NonFiniteName(NonFinite policy) { return kNonFiniteNames[static_cast<int>(policy)]; }
+
+absl::StatusOr<Mode> ParseMode(absl::string_view name) { return Parse<Mode>("mode", name, kModeNames); }
+absl::StatusOr<OnWorkerLoss> ParseOnWorkerLoss(absl::string_view name) {
+  return Parse<OnWorkerLoss>("worker-loss policy", name, kLossNames);
+}
+absl::StatusOr<NonFinite> ParseNonFinite(absl::string_view name) {
+  return Parse<NonFinite>("non-finite policy", name, kNonFiniteNames);
+}
+
+summa::v1::Mode ModeToProto(Mode mode) {
+  switch (mode) {
+    case Mode::kSync: return summa::v1::MODE_SYNC;
+    case Mode::kAsync: return summa::v1::MODE_ASYNC;
+    case Mode::kSsp: return summa::v1::MODE_SSP;
+  }
+  return summa::v1::MODE_UNSPECIFIED;
+}
+
+absl::StatusOr<Mode> ModeFromProto(summa::v1::Mode mode) {
+  switch (mode) {
+    case summa::v1::MODE_SYNC: return Mode::kSync;
+    case summa::v1::MODE_ASYNC: return Mode::kAsync;
+    case summa::v1::MODE_SSP: return Mode::kSsp;
+    default: return absl::InvalidArgumentError(absl::StrCat("unknown mode ", static_cast<int>(mode)));
+  }
+}
+
+absl::StatusOr<int> ShardFromHostname(const char* hostname) {
+  const absl::string_view name = hostname != nullptr ? hostname : "";
+  const size_t dash = name.rfind('-');
+  int ordinal = -1;
+  if (dash == absl::string_view::npos || !absl::SimpleAtoi(name.substr(dash + 1), &ordinal) || ordinal < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--shards > 1 needs --shard, or a $HOSTNAME ending in a StatefulSet ordinal (summa-server-1); "
+        "$HOSTNAME is '", name, "'"));
+  }
+  return ordinal;
+}
+
+absl::Status ValidateOptions(const ServerOptions& options) {
+  if (options.world_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the number of workers must be at least 1, got ", options.world_size));
+  }
+  if (options.partition_bytes < 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("partition size must be at least 4 bytes, got ", options.partition_bytes));
+  }
+  if (options.shards < 1 || options.shard < 0 || options.shard >= options.shards) {
+    return absl::InvalidArgumentError(absl::StrCat("shard ", options.shard, " of ", options.shards,
+                                                   ": give --shards=K (K >= 1) and --shard=I with 0 <= I < K"));
+  }
+  if (options.barrier_deadline <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("the barrier deadline must be positive");
+  }
+  if (options.lease <= absl::ZeroDuration()) return absl::InvalidArgumentError("the lease must be positive");
+  if (options.rejoin_deadline <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("the rejoin deadline must be positive");
+  }
+  if (options.staleness < 0) return absl::InvalidArgumentError("staleness must not be negative");
+  if (options.deterministic && options.mode != Mode::kSync) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "deterministic aggregation needs sync mode (--mode=sync), not ", ModeName(options.mode),
+        ": async and ssp apply each push alone, in the order pushes arrive"));
+  }
+  if (options.checkpoint_every < 0) {
+    return absl::InvalidArgumentError("the checkpoint interval must not be negative");
+  }
+  if (options.keep_checkpoints < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("at least 1 checkpoint must be kept, got --keep_checkpoints=", options.keep_checkpoints));
+  }
+  if (options.clock == nullptr) return absl::InvalidArgumentError("no clock");
+  if (absl::Status s = ValidateLimits(options.limits, options.partition_bytes); !s.ok()) return s;
+  return Optimizer::Create(options.optimizer).status();
+}
+
+}  // namespace summa::server

@@ -1,0 +1,94 @@
+// The job a summa-server runs: its options, and the one home of the names of its modes and
+// policies (flags, status, logs) and of their proto conversions. Plain values; thread-safe.
+#ifndef SUMMA_SERVER_CORE_JOB_OPTIONS_H_
+#define SUMMA_SERVER_CORE_JOB_OPTIONS_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/compression.h"
+#include "common/trace.h"
+#include "server/core/limits.h"
+#include "server/core/optimizer.h"
+#include "summa/v1/summa.pb.h"
+
+namespace summa::server {
+
+enum class Mode { kSync, kAsync, kSsp };
+enum class OnWorkerLoss { kWait, kShrink };
+// What a push holding NaN or infinity does: refused (INVALID_ARGUMENT, nothing changes), accepted
+// but its step applies no update, or accepted with the bad values taken as zero.
+enum class NonFinite { kReject, kSkipStep, kZero };
+
+const char* ModeName(Mode mode);
+const char* OnWorkerLossName(OnWorkerLoss policy);
+const char* NonFiniteName(NonFinite policy);
+// INVALID_ARGUMENT naming the choices for anything else.
+absl::StatusOr<Mode> ParseMode(absl::string_view name);
+absl::StatusOr<OnWorkerLoss> ParseOnWorkerLoss(absl::string_view name);
+absl::StatusOr<NonFinite> ParseNonFinite(absl::string_view name);
+summa::v1::Mode ModeToProto(Mode mode);
+// INVALID_ARGUMENT for MODE_UNSPECIFIED or an unknown value.
+absl::StatusOr<Mode> ModeFromProto(summa::v1::Mode mode);
+
+struct ServerOptions {
+  int world_size = 1;
+  Mode mode = Mode::kSync;
+  int staleness = 0;  // ssp: how many steps a worker may run ahead of the slowest
+  OptimizerOptions optimizer;
+  NonFinite nonfinite = NonFinite::kReject;
+  // Sync only: each step's pushes are summed in rank order, whatever order they arrive in, so the
+  // weights are the same bits on every run of the same job (server/core/aggregator.h).
+  bool deterministic = false;
+  // The wire format the server asks of its workers at Join (common/compression.h): the dtype of
+  // pushes and pulls, and top-k for pushes. It takes any of them from any client, and always
+  // sums and keeps the weights in float32.
+  WireDType wire_dtype = WireDType::kFloat32;
+  Compression compression;
+  int64_t partition_bytes = 4 << 20;
+  // This server is shard `shard` of `shards`: it holds the partitions common/partition_map.h's
+  // AssignShards gives it and refuses the others (a worker talks to every shard).
+  int shard = 0;
+  int shards = 1;
+  // A shard other than 0 that follows shard 0's membership view (summa-server --coordinator):
+  // its own lapsed leases drop no one and end nothing (server/rpc/coordination.h).
+  bool follower = false;
+  // How long a pull may wait for its step, counted from the pull's arrival.
+  absl::Duration barrier_deadline = absl::Minutes(10);
+  // A member that makes no call for this long has lapsed.
+  absl::Duration lease = absl::Seconds(10);
+  OnWorkerLoss on_worker_loss = OnWorkerLoss::kWait;
+  // wait: how long a lapsed member may take to rejoin before the job ends.
+  absl::Duration rejoin_deadline = absl::Minutes(5);
+  // Refuse a member's call that carries no session (true), or take it as the rank's (false: for
+  // clients from before sessions; a call with a fenced session is refused either way).
+  bool require_sessions = true;
+  std::string checkpoint_dir;    // empty: no checkpoints
+  // Steps between checkpoints; 0: only at shutdown. In a sharded sync job the checkpoints are of
+  // the versions that are multiples of it, each partition copied as it reaches that version, so
+  // that shards (which step together) keep checkpoints of the same versions.
+  int64_t checkpoint_every = 0;
+  int keep_checkpoints = 2;  // the newest this many are kept
+  // Called with each step's duration (partition 0, under its lock: keep it cheap), or null.
+  std::function<void(absl::Duration)> step_observer;
+  const Clock* clock = Clock::Real();  // Not owned.
+  // Records the data path's stages (sum, optimizer, wait) per partition when not null. Not owned.
+  Tracer* tracer = nullptr;
+  // What the server holds for its callers, at most (server/core/limits.h).
+  LimitOptions limits;
+};
+
+// A StatefulSet pod's ordinal, the number after the last '-' of its hostname (summa-server-1: 1),
+// for --shard's default; INVALID_ARGUMENT naming the hostname when it has none.
+absl::StatusOr<int> ShardFromHostname(const char* hostname);
+
+absl::Status ValidateOptions(const ServerOptions& options);
+
+}  // namespace summa::server
+
+#endif  // SUMMA_SERVER_CORE_JOB_OPTIONS_H_

@@ -1,0 +1,314 @@
+// ParameterServer: the daemon's core, free of gRPC. It learns the model from the first Join that
+// carries values (or from a checkpoint), holds the partitions (server/core/partition.h) and hands
+// each push to the job's consistency policy (server/core/consistency.h); membership and leases live
+// in server/core/membership.h, the optimizer in server/core/optimizer.h, checkpoint encoding in
+// server/core/checkpoint_codec.h. Pulls that cannot be answered yet are parked and answered when their
+// step completes, or at their deadline.
+//
+// A push takes its partition's lock and nothing else: the model is published once through an
+// atomic pointer, membership is read through atomics, counters are atomics. Lock order: a
+// checkpoint takes every partition lock in id order; nothing takes two otherwise. Thread-safe.
+#ifndef SUMMA_SERVER_CORE_PARAMETER_SERVER_H_
+#define SUMMA_SERVER_CORE_PARAMETER_SERVER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/partition_map.h"
+#include "common/tensor.h"
+#include "server/core/checkpoint_codec.h"
+#include "server/core/consistency.h"
+#include "server/core/job_options.h"
+#include "server/core/membership.h"
+#include "server/core/optimizer.h"
+#include "server/core/parked_call.h"
+#include "server/core/partition.h"
+#include "summa/v1/checkpoint.pb.h"
+
+namespace summa::server {
+
+// A tensor as a Join carries it: its description, and its values or nothing.
+struct JoinTensor {
+  TensorSpec spec;
+  absl::string_view data;  // raw little-endian float32, or empty
+};
+
+struct JoinRequestView {
+  int rank = -1;  // -1: assign the lowest rank not yet joined
+  int world_size = 0;
+  std::vector<JoinTensor> params;
+  std::string peer;
+  std::string status_address;
+  // The params carry no values; this joiner sends them through Initialize when asked.
+  bool values_follow = false;
+};
+
+struct InitializeView {
+  int rank = 0;
+  uint32_t partition = 0;
+  bool dtype_is_float32 = true;
+  absl::string_view data;
+  uint64_t session = 0;
+};
+
+struct JoinResult {
+  int rank = 0;
+  uint64_t session = 0;  // what this member's later calls carry
+  uint64_t version = 0;
+  // The step this rank pushes next: the version in sync mode, the rank's own count otherwise.
+  uint64_t next_step = 0;
+  std::vector<PartitionRange> partitions;
+  std::vector<int> live_ranks;
+  // Some partitions have no initial values yet: this joiner (values_follow) must send them.
+  bool initialize = false;
+  // Sync mode, one shard of several: the versions of the checkpoints it keeps, ascending (what
+  // RollBack can go back to).
+  std::vector<uint64_t> checkpoint_versions;
+  uint64_t view = 0;  // the membership view, for the joiner's push stamps
+  // The state is a checkpoint's (Restore, RollBack) and no step has completed since.
+  bool restored = false;
+};
+
+struct CheckpointInfo {
+  std::string path;
+  uint64_t version = 0;
+  absl::Time written = absl::InfinitePast();
+};
+
+struct StatusSnapshot {
+  uint64_t version = 0;
+  bool model_defined = false;
+  int partitions_pending = 0;  // without initial values yet
+  std::vector<TensorSpec> params;
+  int64_t parameter_count = 0;
+  int partition_count = 0;
+  std::vector<MemberInfo> members;
+  uint64_t bytes_in = 0;
+  uint64_t bytes_out = 0;
+  uint64_t pushes_served = 0;
+  uint64_t pulls_served = 0;
+  uint64_t duplicate_pushes = 0;
+  uint64_t nonfinite_pushes = 0;
+  uint64_t stale_view_pushes = 0;  // refused for a stale membership view
+  double learning_rate = 0;  // the schedule's rate for the next update of partition 0
+  absl::Duration last_step = absl::ZeroDuration();
+  absl::Duration uptime;
+  std::string optimizer;
+  CheckpointInfo checkpoint;
+  std::string job_error;  // why the job ended, when it did
+  uint64_t rollbacks = 0;
+  uint64_t last_rollback_version = 0;
+  int64_t partition_bytes_held = 0;  // this server's partitions' bytes
+  uint64_t view = 0;                 // the membership view (server/core/membership.h)
+};
+
+class ParameterServer {
+ public:
+  // `options` must pass ValidateOptions.
+  explicit ParameterServer(ServerOptions options);
+  ~ParameterServer();
+  ParameterServer(const ParameterServer&) = delete;
+  ParameterServer& operator=(const ParameterServer&) = delete;
+
+  // Takes the model, weights, optimizer state and versions from a checkpoint's header and its
+  // partitions, read one at a time into the model as it is built; before any Join. Changes
+  // nothing unless it succeeds. FAILED_PRECONDITION naming both sides when the checkpoint's job
+  // differs from the options; DATA_LOSS when its partitions are torn, corrupt or do not tile
+  // its model.
+  absl::Status Restore(const summa::v1::Checkpoint& header, PartitionSource& partitions);
+
+  // Admits (or readmits) a member. INVALID_ARGUMENT for a wrong world size, a rank outside the
+  // group or a bad tensor; FAILED_PRECONDITION when the model differs from the server's or the
+  // rank was dropped; UNAVAILABLE when no one has supplied initial values yet (retry). A join
+  // with `values_follow` defines the model without values (when there is none) and is asked to
+  // send them (`initialize`) while any partition lacks them.
+  absl::StatusOr<JoinResult> Join(const JoinRequestView& request);
+
+  // One partition's initial values from a member; true when they were taken, false when the
+  // partition already had values (nothing changes). INVALID_ARGUMENT for a bad partition, dtype
+  // or length, NOT_FOUND for a caller that is not a member, FAILED_PRECONDITION with no model.
+  absl::StatusOr<bool> Initialize(const InitializeView& request);
+
+  // Every call of a member carries the session its Join returned; one from an older session of
+  // the rank (a process a newer Join fenced) or none is refused with FAILED_PRECONDITION.
+
+  // Renews `rank`'s lease. NOT_FOUND when it is not a member, FAILED_PRECONDITION when dropped.
+  absl::Status Heartbeat(int rank, uint64_t session);
+
+  // Takes `rank` out of the group for good; the steps go on without it.
+  absl::Status Leave(int rank, uint64_t session);
+
+  // Hands a gradient for one partition of one step to the consistency policy; true when it
+  // completed the step (sync) or was applied. Every refusal changes nothing: INVALID_ARGUMENT
+  // (rank, partition, dtype, length, example count, a non-finite value under --nonfinite=reject),
+  // NOT_FOUND (not a member: Join again), FAILED_PRECONDITION (no model, step already finished,
+  // rank dropped), OUT_OF_RANGE (step in the future), ALREADY_EXISTS (this rank already pushed
+  // this partition for this step: a retry, never summed twice), ABORTED (the job has ended).
+  absl::StatusOr<bool> Push(const PushRequestView& request);
+
+  // Answers `call` with the partition's weights once its version is >= min_version; parks it
+  // until then (up to the barrier deadline). Errors finish the call at once. rank -1: an
+  // operator's pull, not a member's (no session).
+  void Pull(int rank, uint64_t session, uint32_t partition, uint64_t min_version,
+            std::shared_ptr<ParkedCall> call);
+
+  // Push, then answer with the partition's next weights: version step + 1 in sync mode (a
+  // retried push that was already counted, even after its step completed, only pulls), the
+  // newest in async mode, and the newest once the slowest member is within `staleness` steps in
+  // ssp mode.
+  void PushPull(const PushRequestView& request, std::shared_ptr<ParkedCall> call);
+
+  // Lapses expired leases (dropping them under `shrink`, ending the job under `wait` once the
+  // rejoin deadline passes) and finishes parked pulls past their deadline with
+  // DEADLINE_EXCEEDED, naming what the step still waits for.
+  void Tick(absl::Time now);
+
+  // Sync mode: restores this server's checkpoint of `to_version` in place of the live model, if
+  // the server is still at `from_version`, so that shards agree again after one of them was
+  // restored from an older checkpoint. Every member must then join again (its calls get
+  // NOT_FOUND), parked calls are failed alike, and checkpoints newer than `to_version` are
+  // removed (a history the job abandoned). True when it rolled back; false when the server was
+  // at `to_version` already. FAILED_PRECONDITION outside sync mode, without checkpoints, or with
+  // no checkpoint of that version (naming those kept); NOT_FOUND when the caller is not a member
+  // (Join again); ABORTED when the server is at neither version; DATA_LOSS for a torn file.
+  // Blocks on disk I/O.
+  absl::StatusOr<bool> RollBack(int rank, uint64_t session, uint64_t to_version, uint64_t from_version);
+
+  // Called (with a partition lock held: keep it cheap, never call back in) when every partition
+  // holds its copy of a version due for a checkpoint (sync shards), so that the caller runs
+  // MaybeCheckpoint soon. Register before use.
+  void OnCheckpointDue(std::function<void()> due) { checkpoint_due_ = std::move(due); }
+
+  // Writes a checkpoint when one is due (every `checkpoint_every` steps: in a sharded sync job
+  // the copies every partition took at the newest multiple of it), or at once when `force`.
+  // FAILED_PRECONDITION in sync mode while partitions are between versions (retry).
+  // Blocks on disk I/O: call it from a thread of the daemon's, never from a gRPC callback.
+  absl::Status MaybeCheckpoint(bool force);
+
+  // Fails every parked call with UNAVAILABLE: the server is going down.
+  void Shutdown();
+
+  std::string job_error() const { return membership_.job_error(); }
+  // The ranks still in the group (not dropped, not left), ascending: the workers re-shard the
+  // data over these.
+  std::vector<int> LiveRanks() const { return membership_.LiveRanks(); }
+  // The membership view (Membership::view): pushes stamped with another one are refused.
+  uint64_t view() const { return membership_.view(); }
+  Membership& membership() { return membership_; }
+  const Membership& membership() const { return membership_; }
+
+  StatusSnapshot Status() const;
+  // The data path's totals (pushes and bytes in, replies and bytes out) in a snapshot with only
+  // those fields set: no clock, no membership, so the daemon may log them as it shuts down.
+  StatusSnapshot Traffic() const;
+
+  // A copy of the full flat weights, for tests; empty before the model exists.
+  std::vector<float> WeightsForTest() const;
+  const ServerOptions& options() const { return options_; }
+
+ private:
+  // Immutable once published, apart from the partitions' own locked state.
+  struct Model {
+    explicit Model(PartitionMap m) : map(std::move(m)) {}
+    PartitionMap map;
+    // This shard's partitions (every one without shards), in id order.
+    std::vector<std::unique_ptr<Partition>> partitions;
+    // Per partition id: its index in `partitions`, or -1 for another shard's.
+    std::vector<int> index_of;
+    // Partitions still without initial values (a model defined by a values_follow join); pushes
+    // and pulls are refused until none is left.
+    mutable std::atomic<int> pending{0};
+    // Sync checkpoints: partitions' copies taken (Freeze), counted to tell when all hold one.
+    mutable std::atomic<uint64_t> frozen{0};
+  };
+
+  const Model* model() const { return model_.load(std::memory_order_acquire); }
+  // The model a checkpoint holds, unpublished, and its version; DATA_LOSS when its partitions
+  // are torn, corrupt or do not tile its model.
+  absl::StatusOr<std::pair<std::unique_ptr<Model>, uint64_t>> ModelFrom(const summa::v1::Checkpoint& header,
+                                                                        PartitionSource& partitions) const;
+  // Sync checkpoints: copies `p` for the checkpoint writer when it just reached a multiple of
+  // --checkpoint_every, and tells checkpoint_due_ once every partition has.
+  void MaybeFreeze(const Model& model, Partition& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
+  // Sync shards with checkpoints: partitions freeze, and checkpoints are of those copies.
+  bool FreezesForCheckpoints() const {
+    return options_.mode == Mode::kSync && options_.shards > 1 && options_.checkpoint_every > 0 &&
+           !options_.checkpoint_dir.empty();
+  }
+  // Refuses a call on a partition whose model a rollback replaced; Answerable() otherwise.
+  absl::Status Gone(const Partition& p) const ABSL_SHARED_LOCKS_REQUIRED(p.mu);
+  // `flat` holds every initial value, or is empty: the values follow through Initialize (or a
+  // restore), and the partitions are pending until then.
+  absl::StatusOr<std::unique_ptr<Model>> NewModel(std::vector<TensorSpec> specs,
+                                                  const std::vector<float>& flat) const;
+  void PublishModel(std::unique_ptr<Model> model) ABSL_EXCLUSIVE_LOCKS_REQUIRED(define_mu_);
+  // The model, once it has every initial value; FAILED_PRECONDITION otherwise.
+  absl::StatusOr<const Model*> ReadyModel() const;
+  absl::Status DefineModel(const JoinRequestView& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(define_mu_);
+  absl::Status CheckSameModel(const Model& model, const JoinRequestView& request) const;
+  // Partition `id` of this shard, or INVALID_ARGUMENT naming why not (no such partition, or
+  // another shard's).
+  absl::StatusOr<Partition*> Find(const Model& model, uint32_t id) const;
+  // The partition that float32 `data` (`what`: "initial values") is meant for, or
+  // INVALID_ARGUMENT: an unknown partition, another dtype, a length unlike the partition's.
+  absl::StatusOr<Partition*> PartitionFor(const Model& model, uint32_t partition, bool float32,
+                                                 absl::string_view data, const char* what);
+  // A push's values as float32: its own bytes when it sent the whole partition in float32,
+  // otherwise decoded (another dtype, or sparse) into this thread's buffer, valid until the
+  // thread's next push. INVALID_ARGUMENT for an unknown dtype or bytes unlike the partition's.
+  static absl::StatusOr<absl::Span<const float>> PushedGradient(const Partition& p, const PushRequestView& r);
+  // Checks a push's values under --nonfinite; how to take them, or the refusal.
+  absl::StatusOr<PushValues> CheckValues(const PushRequestView& request, absl::Span<const float> values);
+  void PullFrom(const Model& model, uint32_t partition, uint64_t min_version,
+                std::shared_ptr<ParkedCall> call);
+  // Membership changed: members left out complete steps; a job that ended aborts parked calls.
+  void OnMembershipChange();
+  void FailParked(const absl::Status& status);
+  absl::Status Answerable() const;
+  JobDescription Job() const;
+  void CountAnswers(const CallsToFinish& answered, int64_t floats);
+
+  const ServerOptions options_;
+  const std::unique_ptr<const Optimizer> optimizer_;
+  Membership membership_;
+  const std::unique_ptr<const ConsistencyPolicy> policy_;
+  const absl::Time started_;
+
+  absl::Mutex define_mu_;  // serializes defining the model
+  std::unique_ptr<Model> model_owner_ ABSL_GUARDED_BY(define_mu_);
+  // Models a rollback replaced: calls that read the pointer before may still hold them. Kept
+  // until the server goes (one model's memory per rollback).
+  std::vector<std::unique_ptr<Model>> retired_ ABSL_GUARDED_BY(define_mu_);
+  std::function<void()> checkpoint_due_;  // fixed before use
+  std::atomic<const Model*> model_{nullptr};
+
+  absl::Mutex checkpoint_mu_;  // one checkpoint at a time; taken before any partition lock
+  mutable absl::Mutex info_mu_;
+  CheckpointInfo checkpoint_ ABSL_GUARDED_BY(info_mu_);
+  uint64_t rollbacks_ ABSL_GUARDED_BY(info_mu_) = 0;
+  uint64_t last_rollback_version_ ABSL_GUARDED_BY(info_mu_) = 0;
+
+  std::atomic<bool> shut_down_{false};
+  // Restored or rolled back, and no step completed since (JoinResult::restored).
+  std::atomic<bool> restored_{false};
+  std::atomic<uint64_t> bytes_in_{0};
+  std::atomic<uint64_t> bytes_out_{0};
+  std::atomic<uint64_t> pushes_served_{0};
+  std::atomic<uint64_t> pulls_served_{0};
+  std::atomic<uint64_t> duplicate_pushes_{0};
+  std::atomic<uint64_t> nonfinite_pushes_{0};
+  std::atomic<uint64_t> stale_view_pushes_{0};
+};
+
+}  // namespace summa::server
+
+#endif  // SUMMA_SERVER_CORE_PARAMETER_SERVER_H_

@@ -1,0 +1,255 @@
+// The checkpoint side of ParameterServer: what the job is, a consistent snapshot of every
+// partition written through server/checkpoint/checkpoint_file.h a partition at a time, and the restore that
+// refuses another job's and fills the model a partition at a time.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "server/checkpoint/checkpoint_dir.h"
+#include "server/core/checkpoint_codec.h"
+#include "server/core/parameter_server.h"  // the class whose methods these are
+
+namespace summa::server {
+namespace {
+
+// `p` as a sync checkpoint holds it, into `out`'s buffers (which keep their capacity). Pushes to
+// the step in progress are summed, not applied, and the checkpoint does not hold that sum: after
+// a restore their ranks push that step again.
+void CopyForSyncCheckpoint(const Partition& p, PartitionSnapshot& out) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  // The caller holds p.mu.
+  out.id = p.range.id;
+  out.version = p.version;
+  out.updates = p.updates;
+  out.weights.assign(p.weights.begin(), p.weights.end());
+  out.slots.resize(p.slots.size());
+  for (size_t i = 0; i < p.slots.size(); ++i) out.slots[i].assign(p.slots[i].begin(), p.slots[i].end());
+  out.next_steps.assign(p.next_step.begin(), p.next_step.end());
+  for (uint64_t& next : out.next_steps) next = std::min(next, p.version);
+}
+
+}  // namespace
+
+JobDescription ParameterServer::Job() const {
+  JobDescription j;
+  j.world_size = options_.world_size;
+  j.mode = options_.mode;
+  j.partition_bytes = options_.partition_bytes;
+  j.shard = options_.shard;
+  j.shards = options_.shards;
+  j.optimizer_name = optimizer_->name();
+  j.optimizer = optimizer_->Describe();
+  j.slot_names = optimizer_->SlotNames();
+  return j;
+}
+
+absl::StatusOr<std::pair<std::unique_ptr<ParameterServer::Model>, uint64_t>> ParameterServer::ModelFrom(
+    const summa::v1::Checkpoint& header, PartitionSource& partitions) const {
+  SUMMA_ASSIGN_OR_RETURN(const CheckpointHeader h, DecodeCheckpointHeader(header, Job()));
+  SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, NewModel(h.map.specs(), {}));
+  uint64_t low = UINT64_MAX;
+  SUMMA_RETURN_IF_ERROR(DecodePartitions(h, partitions, [&](PartitionSnapshot snap) {
+    Partition& p = *model->partitions[model->index_of[snap.id]];  // one of h.held: this shard's
+    absl::MutexLock plock(&p.mu);
+    // Copied into the partition's own buffers: the optimizer holds views of the slots.
+    std::copy(snap.weights.begin(), snap.weights.end(), p.weights.begin());
+    for (size_t i = 0; i < snap.slots.size(); ++i) std::copy(snap.slots[i].begin(), snap.slots[i].end(), p.slots[i].begin());
+    p.initialized = true;
+    p.version = snap.version;
+    p.updates = snap.updates;
+    p.next_step = std::move(snap.next_steps);
+    low = std::min(low, snap.version);
+    return absl::OkStatus();
+  }));
+  model->pending = 0;
+  return std::make_pair(std::move(model), low);
+}
+
+absl::Status ParameterServer::Restore(const summa::v1::Checkpoint& header, PartitionSource& partitions) {
+  absl::MutexLock lock(&define_mu_);
+  if (model_owner_ != nullptr) return absl::FailedPreconditionError("the model is already defined");
+  // Built unpublished, so a checkpoint found torn halfway leaves no model behind.
+  SUMMA_ASSIGN_OR_RETURN(auto restored, ModelFrom(header, partitions));
+  PublishModel(std::move(restored.first));
+  restored_.store(true, std::memory_order_release);
+  absl::MutexLock info(&info_mu_);
+  checkpoint_.version = restored.second;
+  checkpoint_.written = absl::FromUnixSeconds(header.created_unix_seconds());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> ParameterServer::RollBack(int rank, uint64_t session, uint64_t to_version,
+                                               uint64_t from_version) {
+  SUMMA_RETURN_IF_ERROR(Answerable());
+  if (options_.mode != Mode::kSync) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a rollback keeps shards at one version, which only sync mode has; this server runs ",
+        ModeName(options_.mode), " mode"));
+  }
+  if (options_.checkpoint_dir.empty()) {
+    return absl::FailedPreconditionError("this server keeps no checkpoints to roll back to (--checkpoint_dir)");
+  }
+  SUMMA_RETURN_IF_ERROR(membership_.CheckSession(rank, session));
+  // No checkpoint of the history being abandoned is written meanwhile.
+  absl::MutexLock checkpoint_lock(&checkpoint_mu_);
+  SUMMA_ASSIGN_OR_RETURN(const Model* const old, ReadyModel());
+  uint64_t at = UINT64_MAX, high = 0;
+  for (const auto& p : old->partitions) {
+    absl::ReaderMutexLock lock(&p->mu);
+    at = std::min(at, p->version);
+    high = std::max(high, p->version);
+  }
+  if (at == to_version && high == to_version) return false;  // another member asked first
+  if (to_version > at) {
+    return absl::FailedPreconditionError(absl::StrCat("this server is at version ", at, ": it rolls back, not forward to ",
+                                                      to_version));
+  }
+  if (at != from_version) {
+    return absl::AbortedError(absl::StrCat("this server is at version ", at, ", not ", from_version,
+                                           " as rank ", rank, " saw it: join again and look"));
+  }
+  const std::string path = CheckpointPath(options_.checkpoint_dir, to_version);
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(path);
+  if (absl::IsNotFound(reader.status())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this server keeps no checkpoint of version ", to_version, " (it keeps ",
+        absl::StrJoin(CheckpointVersions(options_.checkpoint_dir), ", "), " in ", options_.checkpoint_dir,
+        "); start every shard with a larger --keep_checkpoints"));
+  }
+  if (!reader.ok()) return reader.status();
+  SUMMA_ASSIGN_OR_RETURN(auto restored, ModelFrom((*reader)->header(), **reader));
+  if (restored.second != to_version) {
+    return absl::DataLossError(absl::StrCat(path, " holds version ", restored.second, ", not ", to_version));
+  }
+  const absl::Status gone = absl::NotFoundError(absl::StrCat(
+      "the server rolled back to version ", to_version, " to agree with the other shards; Join again"));
+  CallsToFinish failed;
+  {
+    // Join admits and reads the model under define_mu_: it sees the old model with a session
+    // this voids, or the new one.
+    absl::MutexLock define(&define_mu_);
+    // Members first: a call that reads the new model once it is published finds its session void.
+    membership_.Forget();
+    for (const auto& p : old->partitions) {
+      absl::MutexLock plock(&p->mu);
+      p->retired = true;
+      p->parked.FailAll(gone, failed);
+      p->clock_parked.FailAll(gone, failed);
+      // Nothing reads a retired partition's values again: only its lock and flag stay.
+      std::vector<float>().swap(p->weights);
+      for (auto& slot : p->slots) std::vector<float>().swap(slot);
+      p->slot_views.clear();
+      p->frozen = PartitionSnapshot();
+      p->aggregator = Aggregator(0);
+      p->published = Snapshot();
+    }
+    retired_.push_back(std::move(model_owner_));
+    PublishModel(std::move(restored.first));
+    restored_.store(true, std::memory_order_release);
+  }
+  failed.FinishAll();
+  absl::Status pruned = RemoveCheckpointsAfter(options_.checkpoint_dir, to_version);
+  if (!pruned.ok()) SUMMA_LOG(WARNING) << "after the rollback: " << pruned.message();
+  {
+    absl::MutexLock info(&info_mu_);
+    checkpoint_ = {path, to_version, absl::FromUnixSeconds((*reader)->header().created_unix_seconds())};
+    ++rollbacks_;
+    last_rollback_version_ = to_version;
+  }
+  SUMMA_LOG(WARNING) << "rolled back from version " << at << " to version " << to_version << " (" << path
+                     << ") at rank " << rank << "'s request, to agree with the other shards; "
+                     << "every member joins again";
+  return true;
+}
+
+void ParameterServer::MaybeFreeze(const Model& model, Partition& p) {
+  const int64_t every = options_.checkpoint_every;
+  if (!FreezesForCheckpoints() ||
+      p.version % static_cast<uint64_t>(every) != 0) {
+    return;
+  }
+  CopyForSyncCheckpoint(p, p.frozen);
+  p.has_frozen = true;
+  // Partitions step together: every one freezes a version before any reaches the next.
+  if ((model.frozen.fetch_add(1, std::memory_order_acq_rel) + 1) % model.partitions.size() == 0 && checkpoint_due_) {
+    checkpoint_due_();
+  }
+}
+
+absl::Status ParameterServer::MaybeCheckpoint(bool force) {
+  if (options_.checkpoint_dir.empty()) return absl::OkStatus();
+  absl::MutexLock checkpoint_lock(&checkpoint_mu_);
+  const Model* m = model();
+  if (m == nullptr || m->pending.load() > 0) return absl::OkStatus();  // nothing to keep yet
+  uint64_t last;
+  {
+    absl::MutexLock info(&info_mu_);
+    last = checkpoint_.version;
+  }
+  const bool one_version = policy_->CheckpointNeedsOneVersion();
+  // Sync: every partition at one moment, so all their locks (in id order) are held while they
+  // are copied. Async and ssp: each partition records its own version and pushes, so each is
+  // copied under its own lock alone, as it is written.
+  // Sync shards, when not forced: the copies every partition took as it reached the same multiple
+  // of --checkpoint_every (MaybeFreeze), so that every shard writes the same versions.
+  const bool frozen = !force && FreezesForCheckpoints();
+  std::vector<PartitionSnapshot> copies;
+  for (const auto& p : m->partitions) p->mu.Lock();
+  uint64_t low = UINT64_MAX, high = 0;
+  for (const auto& p : m->partitions) {
+    const uint64_t v = frozen ? (p->has_frozen ? p->frozen.version : 0) : p->version;
+    low = std::min(low, v);
+    high = std::max(high, v);
+  }
+  // Frozen copies are of multiples of the interval: any newer than the last file is due (a forced
+  // checkpoint or a restore in between skips none).
+  const bool due = force || (frozen ? low > last
+                                    : options_.checkpoint_every > 0 &&
+                                          low >= last + static_cast<uint64_t>(options_.checkpoint_every));
+  const bool consistent = !one_version || low == high;
+  const bool write = due && consistent && (low != last || force);
+  if (write && one_version) {
+    copies.reserve(m->partitions.size());
+    for (const auto& p : m->partitions) {
+      if (frozen) {
+        copies.push_back(p->frozen);
+        continue;
+      }
+      copies.emplace_back();
+      CopyForSyncCheckpoint(*p, copies.back());
+    }
+  }
+  for (auto it = m->partitions.rbegin(); it != m->partitions.rend(); ++it) (*it)->mu.Unlock();
+  if (!due) return absl::OkStatus();
+  if (!consistent) {
+    // Frozen copies of unlike versions: the newest is still being taken (or the writer fell
+    // more than --checkpoint_every steps behind, and that version is skipped).
+    if (frozen) return absl::OkStatus();
+    return absl::FailedPreconditionError("partitions are between versions; retry");
+  }
+  if (!write) return absl::OkStatus();  // nothing new since the last one
+  const absl::Time created = options_.clock->Now();
+  // `low`: in async and ssp mode, partitions may move past it before they are copied.
+  SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointWriter> writer,
+                         CheckpointWriter::Create(options_.checkpoint_dir,
+                                                  EncodeCheckpointHeader(Job(), m->map.specs(), low, created)));
+  for (size_t i = 0; i < m->partitions.size(); ++i) {
+    PartitionSnapshot snap;
+    if (one_version) {
+      snap = std::move(copies[i]);  // freed once written
+    } else {
+      const Partition& p = *m->partitions[i];
+      absl::MutexLock plock(&p.mu);
+      snap = {p.range.id, p.version, p.updates, p.weights, p.slots, p.next_step};
+    }
+    SUMMA_RETURN_IF_ERROR(writer->Append(EncodePartition(snap)));
+  }
+  SUMMA_ASSIGN_OR_RETURN(const std::string path, writer->Finish(options_.keep_checkpoints));
+  absl::MutexLock info(&info_mu_);
+  checkpoint_ = {path, low, created};
+  SUMMA_LOG(INFO) << "checkpoint at version " << low << " written to " << path;
+  return absl::OkStatus();
+}
+
+}  // namespace summa::server

@@ -1,0 +1,457 @@
+#include "server/rpc/socket_plane.h"
+
+#include <netdb.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <algorithm>
+#include <cstring>
+#include <utility>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "common/rpc/grpc_status.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "common/rpc/wire.h"
+
+namespace summa::server {
+namespace {
+
+using socket_plane::DataMethod;
+using socket_plane::OwnedFd;
+
+// How long a reply may take to write, and a hello once the connection is accepted.
+constexpr absl::Duration kFrameTimeout = absl::Minutes(5);
+
+// How long a request's body may take once its header arrived: 10 s, and a second for every 4 MiB
+// (a client that stalls mid-request holds one of the plane's few buffers that long, no longer).
+absl::Duration BodyTimeout(uint64_t bytes) {
+  return absl::Seconds(10) + absl::Seconds(static_cast<int64_t>(bytes >> 22));
+}
+constexpr absl::Duration kHelloTimeout = absl::Seconds(10);
+// The most a request buffer of the plane's keeps between calls.
+constexpr size_t kKeepBytes = 16 << 20;
+
+// gRPC's spelling of a peer ("ipv4:127.0.0.1:5555", "ipv6:[::1]:5555"), which the budgets key on.
+std::string PeerOf(int fd) {
+  sockaddr_storage address = {};
+  socklen_t length = sizeof(address);
+  char host[NI_MAXHOST] = "";
+  char port[NI_MAXSERV] = "";
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0 ||
+      ::getnameinfo(reinterpret_cast<sockaddr*>(&address), length, host, sizeof(host), port, sizeof(port),
+                    NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
+    return "unknown";
+  }
+  absl::string_view name = host;
+  // An IPv4 client of a listener on every address comes as ::ffff:a.b.c.d: gRPC's "ipv4:" it
+  // is, so that one host is one peer to the limits on both transports.
+  if (address.ss_family == AF_INET6 && !absl::ConsumePrefix(&name, "::ffff:")) {
+    return absl::StrCat("ipv6:[", name, "]:", port);
+  }
+  return absl::StrCat("ipv4:", name, ":", port);
+}
+
+// Writes a reply frame to `fd` within `deadline`: `status`, and `response` when it is OK, or the
+// status's details (its reason) as the body when it is not.
+// `slices` and `iov` are the caller's, kept across replies.
+absl::Status WriteReply(int fd, const grpc::Status& status, const grpc::ByteBuffer& response, absl::Time deadline,
+                        std::vector<grpc::Slice>& slices, std::vector<iovec>& iov) {
+  const std::string& message = status.error_message();
+  const uint32_t message_length =
+      static_cast<uint32_t>(std::min<size_t>(message.size(), socket_plane::kMaxStatusMessageBytes));
+  socket_plane::ReplyHeader header;
+  header.code = static_cast<uint32_t>(status.error_code());
+  header.message_length = message_length;
+  const std::string& details = status.error_details();
+  const bool with_details = !status.ok() && !details.empty() && details.size() <= socket_plane::kMaxStatusMessageBytes;
+  header.length = status.ok() && response.Valid() ? response.Length() : with_details ? details.size() : 0;
+  char head[socket_plane::kHeaderBytes];
+  socket_plane::EncodeReplyHeader(header, head);
+  socket_plane::Gather(status.ok() && header.length > 0 ? response : grpc::ByteBuffer(), head, sizeof(head), slices,
+                       iov);
+  if (message_length > 0) iov.insert(iov.begin() + 1, {const_cast<char*>(message.data()), message_length});
+  if (with_details) iov.push_back({const_cast<char*>(details.data()), details.size()});
+  return socket_plane::WriteFull(fd, iov.data(), static_cast<int>(iov.size()), deadline, "a reply");
+}
+
+// One call read from a connection, as the service's handlers see it. It lives on the
+// connection's thread, which waits for Answer before it goes.
+class SocketCall final : public DataCall {
+ public:
+  SocketCall(const std::string& peer, const std::string& authorization, absl::Span<char> whole,
+             const grpc::ByteBuffer& request, grpc::ByteBuffer* response, int wake)
+      : peer_(peer), authorization_(authorization), whole_(whole), request_(request), response_(response),
+        wake_(wake) {}
+
+  std::string peer() const override { return peer_; }
+  absl::Status Authorize(const TokenCheck& tokens, Role role) const override {
+    return tokens.Check(authorization_, role);
+  }
+  const grpc::ByteBuffer& request() const override { return request_; }
+  std::optional<absl::Span<char>> whole_request() override { return whole_; }
+  grpc::ByteBuffer* response() override { return response_; }
+  void Answer(const grpc::Status& status) override {
+    {
+      absl::MutexLock lock(&mu_);
+      status_ = status;
+    }
+    const uint64_t one = 1;
+    while (::write(wake_, &one, sizeof(one)) < 0 && errno == EINTR) {
+    }
+  }
+  grpc::Status status() {
+    absl::MutexLock lock(&mu_);
+    return status_;
+  }
+
+ private:
+  const std::string& peer_;
+  const std::string& authorization_;
+  const absl::Span<char> whole_;
+  const grpc::ByteBuffer& request_;
+  grpc::ByteBuffer* const response_;
+  const int wake_;
+  absl::Mutex mu_;
+  grpc::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+// The buffers requests are read into, a few for the whole plane, each keeping its capacity (up
+// to kKeepBytes) across calls: no allocation per call, and memory that does not grow with the
+// connections.
+class SocketPlane::BodyBuffers {
+ public:
+  explicit BodyBuffers(int count) : all_(count) {
+    for (Scratch& s : all_) free_.push_back(&s);
+  }
+
+  // A buffer, held until the lease goes (waits while all are held: each is held only while a
+  // request is read and handled, which never waits on another call).
+  class Lease {
+   public:
+    Lease() = default;
+    Lease(BodyBuffers* owner, Scratch* buffer) : owner_(owner), buffer_(buffer) {}
+    Lease(Lease&& other) noexcept { *this = std::move(other); }
+    Lease& operator=(Lease&& other) noexcept {
+      if (this != &other) {
+        Return();
+        owner_ = std::exchange(other.owner_, nullptr);
+        buffer_ = std::exchange(other.buffer_, nullptr);
+      }
+      return *this;
+    }
+    ~Lease() { Return(); }
+    Scratch* operator->() const { return buffer_; }
+
+   private:
+    void Return() {
+      if (owner_ != nullptr) owner_->Give(buffer_);
+      owner_ = nullptr;
+      buffer_ = nullptr;
+    }
+    BodyBuffers* owner_ = nullptr;
+    Scratch* buffer_ = nullptr;
+  };
+
+  Lease Take() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](std::vector<Scratch*>* free) { return !free->empty(); }, &free_));
+    Scratch* buffer = free_.back();
+    free_.pop_back();
+    return Lease(this, buffer);
+  }
+
+ private:
+  void Give(Scratch* buffer) {
+    // A buffer that an unusually large request grew goes back (gRPC's path keeps 16 MiB too).
+    if (buffer->capacity() > kKeepBytes) buffer->Release();
+    absl::MutexLock lock(&mu_);
+    free_.push_back(buffer);
+  }
+
+  std::vector<Scratch> all_;
+  absl::Mutex mu_;
+  std::vector<Scratch*> free_ ABSL_GUARDED_BY(mu_);
+};
+
+class SocketPlane::Connection {
+ public:
+  Connection(SocketPlane* plane, OwnedFd fd)
+      : plane_(plane), fd_(std::move(fd)), wake_(::eventfd(0, EFD_CLOEXEC)), peer_(PeerOf(fd_.get())) {}
+  ~Connection() {
+    if (thread_.joinable()) thread_.join();
+  }
+
+  void Start() {
+    thread_ = std::thread([this] {
+      Run();
+      {
+        absl::MutexLock lock(&fd_mu_);
+        fd_.Reset();
+      }
+      done_.store(true, std::memory_order_release);
+    });
+  }
+  // Ends the connection (`how`: SHUT_RD, or SHUT_RDWR): its thread's read or wait returns (and,
+  // with SHUT_RDWR, its write).
+  void Close(int how) {
+    absl::MutexLock lock(&fd_mu_);
+    if (fd_.valid()) ::shutdown(fd_.get(), how);
+  }
+  bool done() const { return done_.load(std::memory_order_acquire); }
+
+ private:
+  void Run() {
+    absl::Status hello = wake_.valid() ? Hello() : absl::ResourceExhaustedError("no eventfd for the connection");
+    plane_->in_hello_.fetch_sub(1, std::memory_order_relaxed);
+    absl::Status ended = hello;
+    while (ended.ok()) ended = ServeOne();
+    // A client closing its connection is the usual end; anything else is worth a line, and the
+    // client is left time to read why before the connection closes.
+    if (!absl::IsUnavailable(ended)) {
+      SUMMA_LOG(WARNING) << "data plane: " << peer_ << ": " << ended.message();
+      Linger();
+    }
+  }
+
+  // Closes the sending side and reads (and drops) what the client still sends, until it closes
+  // or a second passes: a close with bytes unread would reset the connection, and the client
+  // could lose the refusal sent just before.
+  void Linger() {
+    ::shutdown(fd_.get(), SHUT_WR);
+    char sink[64 << 10];
+    const absl::Time give_up = absl::Now() + absl::Seconds(1);
+    for (absl::Time now = absl::Now(); now < give_up; now = absl::Now()) {
+      pollfd p = {fd_.get(), POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(give_up - now)) + 1) <= 0) continue;
+      const ssize_t n = ::recv(fd_.get(), sink, sizeof(sink), MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return;
+    }
+  }
+
+  // Tells the client `why` (a reply with no message) and returns it: the connection's end.
+  absl::Status Refuse(const absl::Status& why) {
+    Reply(ToGrpcStatus(why), grpc::ByteBuffer()).IgnoreError();
+    return why;
+  }
+
+  absl::Status Hello() {
+    char fixed[socket_plane::kHelloBytes];
+    const absl::Time deadline = absl::Now() + kHelloTimeout;
+    SUMMA_RETURN_IF_ERROR(socket_plane::ReadFull(fd_.get(), fixed, sizeof(fixed), deadline, "the hello"));
+    absl::StatusOr<uint32_t> length = socket_plane::DecodeHello(fixed);
+    if (!length.ok()) return Refuse(length.status());
+    authorization_.resize(*length);
+    SUMMA_RETURN_IF_ERROR(
+        socket_plane::ReadFull(fd_.get(), authorization_.data(), authorization_.size(), deadline, "the hello's token"));
+    const absl::Status admitted = plane_->tokens_->Check(authorization_, Role::kWorker);
+    SUMMA_RETURN_IF_ERROR(Reply(ToGrpcStatus(admitted), grpc::ByteBuffer()));  // OK too: the hello's answer
+    return admitted;
+  }
+
+  absl::Status ServeOne() {
+    char head[socket_plane::kHeaderBytes];
+    // Between calls a connection may stay idle for as long as its client likes.
+    SUMMA_RETURN_IF_ERROR(
+        socket_plane::ReadFull(fd_.get(), head, sizeof(head), absl::InfiniteFuture(), "a request's header"));
+    const socket_plane::RequestHeader header = socket_plane::DecodeRequestHeader(head);
+    if (header.method < static_cast<uint32_t>(DataMethod::kInitialize) ||
+        header.method > static_cast<uint32_t>(DataMethod::kAllReduce)) {
+      return Refuse(absl::InvalidArgumentError(absl::StrCat("no data-path method numbered ", header.method)));
+    }
+    if (header.lead > socket_plane::kMaxLead) {
+      return Refuse(absl::InvalidArgumentError(
+          absl::StrCat("a request led by ", header.lead, " bytes of padding (at most ", socket_plane::kMaxLead, ")")));
+    }
+    if (header.length > static_cast<uint64_t>(plane_->max_message_bytes_)) {
+      return Refuse(absl::ResourceExhaustedError(
+          absl::StrCat("a request of ", header.length, " bytes: over the limit of ", plane_->max_message_bytes_,
+                       " (summa-server --max_message_bytes)")));
+    }
+    // A buffer from the plane's few: what the server holds of requests is bounded by them, not
+    // by its connections (the rest wait in the kernel's socket buffers, as HTTP/2's flow control
+    // would hold them).
+    BodyBuffers::Lease lease = plane_->bodies_->Take();
+    char* const lead = lease->Resize(header.lead + header.length);  // a 16-byte boundary
+    SUMMA_RETURN_IF_ERROR(socket_plane::ReadFull(fd_.get(), lead, header.lead + header.length,
+                                                 absl::Now() + BodyTimeout(header.length), "a request"));
+    char* const body = lead + header.lead;
+    grpc::Slice slice(body, header.length, grpc::Slice::STATIC_SLICE);
+    const grpc::ByteBuffer request(&slice, 1);
+    grpc::ByteBuffer response;
+    SocketCall call(peer_, authorization_, absl::MakeSpan(body, header.length), request, &response, wake_.get());
+    ParameterServerService& service = *plane_->service_;
+    switch (static_cast<DataMethod>(header.method)) {
+      case DataMethod::kInitialize: service.ServeInitialize(&call); break;
+      case DataMethod::kPush: service.ServePush(&call); break;
+      case DataMethod::kPull: service.ServePull(&call); break;
+      case DataMethod::kPushPull: service.ServePushPull(&call); break;
+      case DataMethod::kAllReduce: service.ServeAllReduce(&call); break;
+    }
+    // The handler is done with the request (its values are summed, applied or copied before it
+    // returns, as on gRPC's path, whose per-thread buffer the next call reuses).
+    lease = BodyBuffers::Lease();
+    AwaitAnswer(call);
+    return Reply(call.status(), response);
+  }
+
+  // Waits for `call`'s answer; a client that closes its connection meanwhile cancels the call
+  // (which answers it).
+  void AwaitAnswer(SocketCall& call) {
+    bool cancelled = false;
+    for (;;) {
+      pollfd fds[2] = {{wake_.get(), POLLIN, 0}, {fd_.get(), POLLRDHUP, 0}};
+      const int ready = ::poll(fds, cancelled ? 1 : 2, -1);
+      if (ready < 0) continue;  // EINTR; poll fails otherwise only for bad arguments
+      if (fds[0].revents & POLLIN) {
+        uint64_t count;
+        while (::read(wake_.get(), &count, sizeof(count)) < 0 && errno == EINTR) {
+        }
+        return;
+      }
+      if (!cancelled && (fds[1].revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+        cancelled = true;
+        call.OnCancelled();
+      }
+    }
+  }
+
+  absl::Status Reply(const grpc::Status& status, const grpc::ByteBuffer& response) {
+    return WriteReply(fd_.get(), status, response, absl::Now() + kFrameTimeout, slices_, iov_);
+  }
+
+
+  SocketPlane* const plane_;
+  absl::Mutex fd_mu_;  // Close (another thread) against the thread's own close at its end
+  OwnedFd fd_;
+  const OwnedFd wake_;  // the answer's signal (an eventfd)
+  const std::string peer_;
+  std::string authorization_;  // from the hello
+  std::vector<grpc::Slice> slices_;
+  std::vector<iovec> iov_;
+  std::thread thread_;
+  std::atomic<bool> done_{false};
+};
+
+absl::StatusOr<std::unique_ptr<SocketPlane>> SocketPlane::Start(const std::string& address,
+                                                                ParameterServerService* service,
+                                                                const TokenCheck* tokens,
+                                                                int64_t max_message_bytes) {
+  std::unique_ptr<SocketPlane> plane(new SocketPlane(service, tokens, max_message_bytes));
+  absl::StatusOr<OwnedFd> listener = socket_plane::Listen(address, &plane->port_);
+  if (!listener.ok()) {
+    return absl::Status(listener.status().code(),
+                        absl::StrCat("the data plane (--data_address): ", listener.status().message()));
+  }
+  plane->listener_ = *std::move(listener);
+  plane->acceptor_ = std::thread([p = plane.get()] { p->AcceptLoop(); });
+  return plane;
+}
+
+SocketPlane::SocketPlane(ParameterServerService* service, const TokenCheck* tokens, int64_t max_message_bytes)
+    : service_(service),
+      tokens_(tokens),
+      max_message_bytes_(max_message_bytes),
+      bodies_(std::make_unique<BodyBuffers>(
+          std::clamp(2 * static_cast<int>(std::thread::hardware_concurrency()), kMinBodyBuffers, kMaxBodyBuffers))) {}
+
+SocketPlane::~SocketPlane() { Stop(); }
+
+void SocketPlane::AcceptLoop() {
+  std::vector<grpc::Slice> refusal_slices;  // WriteReply's, for refusals
+  std::vector<iovec> refusal_iov;
+  for (;;) {
+    const int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED || errno == EAGAIN) continue;
+      {
+        absl::MutexLock lock(&mu_);
+        if (stopped_) return;
+      }
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        SUMMA_LOG(WARNING) << "data plane: accept: " << std::strerror(errno);
+        absl::SleepFor(absl::Milliseconds(100));
+        continue;
+      }
+      SUMMA_LOG(ERROR) << "data plane: accept: " << std::strerror(errno) << "; no more connections taken";
+      ::shutdown(listener_.get(), SHUT_RDWR);  // new ones are refused rather than left waiting
+      return;
+    }
+    OwnedFd accepted(fd);
+    socket_plane::SetNoDelay(fd);
+    const int one = 1;
+    // A worker host that vanishes is noticed (its connection's thread and slot go).
+    ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+    absl::MutexLock lock(&mu_);
+    if (stopped_) return;
+    Reap();
+    auto refuse = [&](const std::string& message) {
+      WriteReply(fd, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, message), grpc::ByteBuffer(),
+                 absl::Now() + absl::Milliseconds(100), refusal_slices, refusal_iov)
+          .IgnoreError();
+      SUMMA_LOG(WARNING) << "data plane: refused a connection: " << message;
+    };
+    if (connections_.size() >= static_cast<size_t>(kMaxConnections)) {
+      refuse(absl::StrCat("the data plane holds ", kMaxConnections, " connections"));
+      continue;
+    }
+    if (in_hello_.load(std::memory_order_relaxed) >= kMaxConnectionsInHello) {
+      refuse(absl::StrCat("the data plane has ", kMaxConnectionsInHello, " connections still in their hello"));
+      continue;
+    }
+    in_hello_.fetch_add(1, std::memory_order_relaxed);
+    connections_.push_back(std::make_unique<Connection>(this, std::move(accepted)));
+    try {
+      connections_.back()->Start();
+    } catch (const std::system_error& e) {  // no thread to be had (a pids limit, say)
+      in_hello_.fetch_sub(1, std::memory_order_relaxed);
+      connections_.pop_back();
+      SUMMA_LOG(WARNING) << "data plane: no thread for a connection: " << e.what();
+    }
+  }
+}
+
+void SocketPlane::Reap() {
+  auto ended = std::remove_if(connections_.begin(), connections_.end(),
+                              [](const std::unique_ptr<Connection>& c) { return c->done(); });
+  connections_.erase(ended, connections_.end());  // each joins its thread as it goes
+}
+
+int SocketPlane::connections() const {
+  absl::MutexLock lock(&mu_);
+  int open = 0;
+  for (const auto& c : connections_) open += !c->done();
+  return open;
+}
+
+void SocketPlane::Stop() {
+  std::vector<std::unique_ptr<Connection>> connections;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopped_) return;
+    stopped_ = true;
+    connections.swap(connections_);
+  }
+  if (listener_.valid()) ::shutdown(listener_.get(), SHUT_RDWR);
+  if (acceptor_.joinable()) acceptor_.join();
+  // Reading ends first, so that an answer being written (the last ones, from the hub's and the
+  // core's shutdown) still reaches its client; writes still going after a while are cut.
+  for (auto& c : connections) c->Close(SHUT_RD);
+  const absl::Time give_up = absl::Now() + absl::Seconds(2);
+  auto all_done = [&] {
+    return std::all_of(connections.begin(), connections.end(), [](const auto& c) { return c->done(); });
+  };
+  while (!all_done() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
+  for (auto& c : connections) c->Close(SHUT_RDWR);
+  connections.clear();  // joins every thread
+}
+
+}  // namespace summa::server

@@ -173,7 +173,7 @@ class CpuBackend final : public Backend {
   }
 
   std::string name() const override { return "cpu"; }
-  // Measured on LeNet (bench/README.md): chunks of 8-32 examples train ~20% faster than the
+  // Measured on LeNet (docs/design.md, the CPU worker): chunks of 8-32 examples train ~20% faster than the
   // whole batch of 256 at once, whose conv1 activations (14 MB) spill out of cache.
   int preferred_chunk() const override { return 16; }
   bool host_memory() const override { return true; }

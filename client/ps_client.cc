@@ -25,11 +25,6 @@ namespace pb = ::summa::v1;
 
 namespace {
 
-constexpr char kInitialize[] = "/summa.v1.ParameterServer/Initialize";
-constexpr char kPush[] = "/summa.v1.ParameterServer/Push";
-constexpr char kPull[] = "/summa.v1.ParameterServer/Pull";
-constexpr char kPushPull[] = "/summa.v1.ParameterServer/PushPull";
-constexpr char kAllReduce[] = "/summa.v1.ParameterServer/AllReduce";
 
 // A slice over memory that outlives the call (the caller's buffer; every call here completes
 // before the method that started it returns): sent without a copy.
@@ -367,7 +362,7 @@ absl::Status ParameterClient::SendInitialValues(const float* initial, const std:
           std::string prefix = header.SerializeAsString();
           AppendFieldHeader(pb::InitializeRequest::kDataFieldNumber, p.length * sizeof(float), &prefix);
           requests_[i] = TwoSlices(prefix, Borrowed(initial + p.offset, p.length));
-          return {kInitialize, &requests_[i], &replies_[i], shard_of_[i]};
+          return {DataMethod::kInitialize, &requests_[i], &replies_[i], shard_of_[i]};
         },
         [&](size_t k) { return absl::StrCat("initial values of ", partition_names_[due[first + k]]); },
         "initialize"));
@@ -472,7 +467,7 @@ absl::Status ParameterClient::ForEach(size_t n, Start start, What what, const ch
     Call& c = calls[i];
     c.begun = tracer_ != nullptr ? absl::Now() : absl::InfinitePast();
     if (socket_ != nullptr) {
-      socket_->Start(i, spec.shard, *socket_plane::DataMethodOf(spec.method), spec.request, spec.reply,
+      socket_->Start(i, spec.shard, spec.method, spec.request, spec.reply,
                      absl::Now() + call_deadline_);
       return;
     }
@@ -483,7 +478,7 @@ absl::Status ParameterClient::ForEach(size_t n, Start start, What what, const ch
     c.status = grpc::Status();
     const Shard& shard = *shards_[spec.shard];
     const size_t channel = next_channel[spec.shard]++ % shard.generic.size();
-    c.reader = shard.generic[channel]->PrepareUnaryCall(c.context.get(), spec.method, *spec.request, &queue_);
+    c.reader = shard.generic[channel]->PrepareUnaryCall(c.context.get(), DataMethodPath(spec.method), *spec.request, &queue_);
     c.reader->StartCall();
     c.reader->Finish(spec.reply, &c.status, reinterpret_cast<void*>(i));
   };
@@ -586,7 +581,7 @@ absl::StatusOr<uint64_t> ParameterClient::PullAll(uint64_t min_version, float* w
   SUMMA_RETURN_IF_ERROR(ForEachPartition([&](size_t i) -> CallSpec {
     pull_requests_[i].set_min_version(min_version);
     requests_[i] = Encode(pull_requests_[i]);
-    return {kPull, &requests_[i], &replies_[i]};
+    return {DataMethod::kPull, &requests_[i], &replies_[i]};
   }, "pull"));
   uint64_t version = UINT64_MAX;
   for (size_t i = 0; i < partitions_.size(); ++i) {
@@ -613,7 +608,7 @@ void ParameterClient::EncodePush(size_t i, uint64_t step, int64_t num_examples, 
   requests_[i] = TwoSlices(prefix, grpc::Slice(bytes.data(), bytes.size(), grpc::Slice::STATIC_SLICE));
 }
 
-absl::Status ParameterClient::SendPushes(const char* method, const char* trace_name, uint64_t step,
+absl::Status ParameterClient::SendPushes(DataMethod method, const char* trace_name, uint64_t step,
                                         int64_t num_examples, const float* gradients) {
   constexpr int kRefreshes = 3;  // per partition and step
   std::vector<int> refreshes(partitions_.size(), 0);
@@ -653,7 +648,7 @@ absl::Status ParameterClient::PushPull(uint64_t step, int64_t num_examples, cons
                                        float* weights, std::vector<int>* live_ranks) {
   if (rank_ < 0) return absl::FailedPreconditionError("PushPull before Join");
   encoder_.Encode(step, num_examples, gradients);
-  SUMMA_RETURN_IF_ERROR(SendPushes(kPushPull, "pushpull", step, num_examples, gradients));
+  SUMMA_RETURN_IF_ERROR(SendPushes(DataMethod::kPushPull, "pushpull", step, num_examples, gradients));
   for (size_t i = 0; i < partitions_.size(); ++i) {
     SUMMA_RETURN_IF_ERROR(DecodePull(i, weights));
     if (mode_ == pb::MODE_SYNC && pull_headers_[i].version() != step + 1) {
@@ -671,7 +666,7 @@ absl::StatusOr<bool> ParameterClient::Push(uint64_t step, int64_t num_examples,
                                            const float* gradients) {
   if (rank_ < 0) return absl::FailedPreconditionError("Push before Join");
   encoder_.Encode(step, num_examples, gradients);
-  SUMMA_RETURN_IF_ERROR(SendPushes(kPush, "push", step, num_examples, gradients));
+  SUMMA_RETURN_IF_ERROR(SendPushes(DataMethod::kPush, "push", step, num_examples, gradients));
   bool completed = true;
   for (size_t i = 0; i < partitions_.size(); ++i) {
     pb::PushResponse reply;
@@ -779,7 +774,7 @@ absl::Status ParameterClient::AllReduceInto(const Collective& group, absl::Span<
         AppendFieldHeader(pb::AllReduceRequest::kTensorFieldNumber, tensor_prefix.size() + bytes, &prefix);
         prefix += tensor_prefix;
         requests[k] = TwoSlices(prefix, Borrowed(values.data() + begin, count));
-        return {kAllReduce, &requests[k], &replies[k], plan.Shard(static_cast<int64_t>(k))};
+        return {DataMethod::kAllReduce, &requests[k], &replies[k], plan.Shard(static_cast<int64_t>(k))};
       },
       [&](size_t k) { return absl::StrCat("AllReduce '", name(k), "'"); }, "allreduce"));
   for (size_t k = 0; k < chunks; ++k) {

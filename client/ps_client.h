@@ -30,6 +30,7 @@
 #include "common/partition_map.h"
 #include "common/tensor.h"
 #include "common/trace.h"
+#include "common/rpc/data_method.h"
 #include "common/rpc/transport.h"
 #include "summa/v1/summa.grpc.pb.h"
 #include "client/parameter_store.h"
@@ -104,7 +105,7 @@ class ParameterClient final : public ParameterStore {
   // several shards a fixed group's chunks are spread over them (PlanAllReduce). Every rank of a
   // group must list the same number of shards, or their chunks never meet.
   absl::Status AllReduceInto(const Collective& group, absl::Span<const float> values, absl::Span<float> sum);
-  static constexpr int64_t kAllReduceChunkBytes = 4 << 20;
+  static constexpr int64_t kAllReduceChunkBytes = summa::kAllReduceChunkBytes;  // common/partition_map.h
   // How a tensor of `floats` values is cut: `count` chunks, chunk k the values Range(k) (begin,
   // length), summed by shard Shard(k). One server (or a group of the job's members, whose
   // collectives stay on shard 0, the keeper of the membership view): chunks of
@@ -153,7 +154,7 @@ class ParameterClient final : public ParameterStore {
   // One data-path call: the method, the request and reply buffers (alive until it ends), and
   // the shard it goes to (a members' collective: shard 0, the coordinator).
   struct CallSpec {
-    const char* method;
+    DataMethod method;
     const grpc::ByteBuffer* request;
     grpc::ByteBuffer* reply;
     int shard = 0;
@@ -199,7 +200,7 @@ class ParameterClient final : public ParameterStore {
   // pushes, which may wait on this one). Still stale after three refreshes, it fails with
   // UNAVAILABLE, which the trainer answers by joining again. Each send has its own deadline, so
   // a partition's pushes take at most 4 call deadlines and 3 Heartbeats' 5 s.
-  absl::Status SendPushes(const char* method, const char* trace_name, uint64_t step, int64_t num_examples,
+  absl::Status SendPushes(DataMethod method, const char* trace_name, uint64_t step, int64_t num_examples,
                           const float* gradients);
   // Partition i's push: its header, then its slice of `gradients`, sent without a copy.
   void EncodePush(size_t i, uint64_t step, int64_t num_examples, const float* gradients);

@@ -13,6 +13,10 @@
 
 namespace summa {
 
+// Every summa.v1 client cuts an AllReduce tensor into chunks of this many bytes (and a shorter
+// tail), each a collective of its own; the server's limits size a message for one.
+inline constexpr int64_t kAllReduceChunkBytes = 4 << 20;
+
 struct PartitionRange {
   uint32_t id = 0;
   int64_t offset = 0;  // in elements of the flat buffer

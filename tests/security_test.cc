@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 
 #include "common/rpc/health_service.h"
@@ -22,6 +23,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "server/daemon.h"
+#include "server/rpc/method_roles.h"
 #include "summa/v1/summa.grpc.pb.h"
 #include "client/ps_client.h"
 
@@ -199,6 +201,72 @@ TEST_F(SecurityTest, TlsWithoutClientCertificatesAndTheTokens) {
   EXPECT_EQ(Call("checkpoint", admin).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   // The status stays readable without a token.
   EXPECT_TRUE(Call("status", "").ok());
+}
+
+// A call of `method` (its name in summa.v1.ParameterServer) with an empty request and `token`,
+// over TLS: the status it ends with (a call let through may wait for others: its deadline ends it).
+grpc::StatusCode CallMethodWithToken(const std::string& address,
+                                     const std::shared_ptr<grpc::ChannelCredentials>& credentials,
+                                     const std::string& method, const std::string& token) {
+  grpc::GenericStub stub(grpc::CreateChannel(address, credentials));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  AttachToken(token, &ctx);
+  grpc::Slice empty("");
+  grpc::ByteBuffer request(&empty, 1), response;
+  grpc::Status status;
+  absl::Notification done;
+  stub.UnaryCall(&ctx, absl::StrCat("/", pb::ParameterServer::service_full_name(), "/", method),
+                 grpc::StubOptions(), &request, &response, [&](grpc::Status s) {
+                   status = std::move(s);
+                   done.Notify();
+                 });
+  done.WaitForNotification();
+  return status.error_code();
+}
+
+// The guard is one table (server/rpc/method_roles.h): every method the service's descriptor
+// lists is in it, and each is refused without a token, with a wrong one, and with a worker's
+// where the table asks an admin's; the token it names lets the call through to its handler.
+// Status methods are open without a token unless --status_needs_token.
+TEST_F(SecurityTest, EveryMethodOfTheServiceIsRefusedWithoutTheTokenItsRoleNeeds) {
+  const std::string worker = Read(certs_ + "/worker.token");
+  const std::string admin = Read(certs_ + "/admin.token");
+  const auto credentials = ChannelCredentialsFor(Client(false, "").tls);
+  const google::protobuf::ServiceDescriptor* service =
+      pb::JoinRequest::descriptor()->file()->FindServiceByName("ParameterServer");
+  ASSERT_NE(service, nullptr);
+  ASSERT_GT(service->method_count(), 10);
+  for (bool status_needs_token : {true, false}) {
+    Start(/*mutual=*/false, status_needs_token);
+    for (int i = 0; i < service->method_count(); ++i) {
+      const std::string method = service->method(i)->name();
+      SCOPED_TRACE(absl::StrCat(method, status_needs_token ? ", status needs a token" : ""));
+      bool listed = false;
+      for (const server::MethodRole& m : server::kMethodRoles) listed |= m.method == method;
+      EXPECT_TRUE(listed) << method << " is not in server/rpc/method_roles.h";
+      const auto call = [&](const std::string& token) {
+        return CallMethodWithToken(address_, credentials, method, token);
+      };
+      const Role role = server::RequiredRole(method);
+      if (role == Role::kStatus && !status_needs_token) {
+        EXPECT_NE(call(""), grpc::StatusCode::UNAUTHENTICATED);
+        continue;
+      }
+      EXPECT_EQ(call(""), grpc::StatusCode::UNAUTHENTICATED);
+      EXPECT_EQ(call(worker + "x"), grpc::StatusCode::UNAUTHENTICATED);
+      const grpc::StatusCode as_worker = call(worker);
+      if (role == Role::kAdmin) {
+        EXPECT_EQ(as_worker, grpc::StatusCode::PERMISSION_DENIED);
+      } else {
+        EXPECT_NE(as_worker, grpc::StatusCode::PERMISSION_DENIED);
+        EXPECT_NE(as_worker, grpc::StatusCode::UNAUTHENTICATED);
+      }
+      const grpc::StatusCode as_admin = call(admin);
+      EXPECT_NE(as_admin, grpc::StatusCode::PERMISSION_DENIED);
+      EXPECT_NE(as_admin, grpc::StatusCode::UNAUTHENTICATED);
+    }
+  }
 }
 
 TEST_F(SecurityTest, StatusBehindATokenWhenAsked) {

@@ -526,7 +526,7 @@ TEST_P(RawPathTest, GarbageOnTheWireIsInvalidArgumentAndChangesNothing) {
     const std::string garbage_bytes("\x02\x01x\xff", 4);
     if (plane_ == worker::DataPlane::kSocket) {
       // The same connection carries every call: a refused one leaves it usable.
-      SendRequest(plane.get(), static_cast<uint32_t>(*socket_plane::DataMethodOf(method)), garbage_bytes);
+      SendRequest(plane.get(), static_cast<uint32_t>(*DataMethodOf(method)), garbage_bytes);
       absl::StatusOr<RawReply> reply = ReadReply(plane.get());
       ASSERT_TRUE(reply.ok()) << reply.status();
       EXPECT_EQ(reply->header.code, static_cast<uint32_t>(absl::StatusCode::kInvalidArgument)) << method;

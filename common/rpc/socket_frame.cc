@@ -91,17 +91,6 @@ absl::StatusOr<AddrInfo> Resolve(const std::string& host, int port, bool passive
 
 }  // namespace
 
-std::optional<DataMethod> DataMethodOf(absl::string_view grpc_path) {
-  constexpr absl::string_view kService = "/summa.v1.ParameterServer/";
-  if (!absl::ConsumePrefix(&grpc_path, kService)) return std::nullopt;
-  if (grpc_path == "Initialize") return DataMethod::kInitialize;
-  if (grpc_path == "Push") return DataMethod::kPush;
-  if (grpc_path == "Pull") return DataMethod::kPull;
-  if (grpc_path == "PushPull") return DataMethod::kPushPull;
-  if (grpc_path == "AllReduce") return DataMethod::kAllReduce;
-  return std::nullopt;
-}
-
 void EncodeRequestHeader(const RequestHeader& header, char out[kHeaderBytes]) {
   Put<uint32_t>(out, header.method);
   Put<uint32_t>(out, header.lead);

@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/rpc/data_method.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
 
@@ -47,10 +48,8 @@ inline constexpr size_t kHelloBytes = 16;
 inline constexpr uint32_t kMaxAuthorizationBytes = 8 << 10;
 inline constexpr uint32_t kMaxStatusMessageBytes = 64 << 10;
 
-enum class DataMethod : uint32_t { kInitialize = 1, kPush = 2, kPull = 3, kPushPull = 4, kAllReduce = 5 };
-
-// The method of a summa.v1 data-path path ("/summa.v1.ParameterServer/Push"); nullopt for any other.
-std::optional<DataMethod> DataMethodOf(absl::string_view grpc_path);
+// A request's method is a DataMethod's number (common/rpc/data_method.h).
+using ::summa::DataMethod;
 
 struct RequestHeader {
   uint32_t method = 0;  // a DataMethod, unchecked

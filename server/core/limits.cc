@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/partition_map.h"
 #include "common/status_reason.h"
 
 namespace summa::server {
@@ -12,8 +13,6 @@ namespace {
 
 // What a data-path message carries beside its values (rank, session, step, shape...): far less.
 constexpr int64_t kEnvelopeBytes = 64 << 10;
-// The clients cut AllReduce tensors into chunks of this size (client/ps_client.h).
-constexpr int64_t kAllReduceChunkBytes = 4 << 20;
 
 absl::Status AtLeastOne(int64_t value, absl::string_view flag) {
   if (value >= 1) return absl::OkStatus();

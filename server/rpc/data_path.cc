@@ -6,7 +6,7 @@
 namespace summa::server {
 namespace {
 
-enum class Method { kInitialize, kPush, kPull, kPushPull, kAllReduce };
+using Method = DataMethod;
 
 // One call of one method: asked of gRPC, served when it arrives, freed when gRPC is done with
 // it. Each event comes back on the queue with a tag of its own: the call's arrival (or, once the
@@ -81,15 +81,7 @@ class AsyncCall final : public DataCall {
   }
 
  private:
-  void Serve() {
-    switch (method_) {
-      case Method::kInitialize: return service_->ServeInitialize(this);
-      case Method::kPush: return service_->ServePush(this);
-      case Method::kPull: return service_->ServePull(this);
-      case Method::kPushPull: return service_->ServePushPull(this);
-      case Method::kAllReduce: return service_->ServeAllReduce(this);
-    }
-  }
+  void Serve() { service_->ServeData(method_, this); }
   void Release() {
     if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
   }
@@ -112,7 +104,7 @@ class AsyncCall final : public DataCall {
 
 DataPath::DataPath(ParameterServerService* service, grpc::ServerCompletionQueue* queue, int threads)
     : service_(service), queue_(queue) {
-  for (Method m : {Method::kInitialize, Method::kPush, Method::kPull, Method::kPushPull, Method::kAllReduce}) {
+  for (Method m : kDataMethods) {
     for (int i = 0; i < kRequestsAhead; ++i) (new AsyncCall(service_, queue_, this, m))->Request();
   }
   for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Poll(); });

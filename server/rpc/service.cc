@@ -13,6 +13,7 @@
 #include "common/tensor_proto.h"
 #include "common/logging.h"
 #include "common/rpc/wire.h"
+#include "server/rpc/method_roles.h"
 
 namespace summa::server {
 namespace {
@@ -216,9 +217,33 @@ void Done(DataCall* call, const absl::Status& status) { call->Answer(ToGrpcStatu
 
 }  // namespace
 
+grpc::Status ParameterServerService::Authorize(const grpc::ServerContextBase& context,
+                                               std::string_view method) const {
+  return ToGrpcStatus(tokens_->Check(context, RequiredRole(method)));
+}
+
+void ParameterServerService::ServeData(DataMethod method, DataCall* call) {
+  const absl::string_view name = DataMethodName(method);
+  if (absl::Status auth = call->Authorize(*tokens_, RequiredRole({name.data(), name.size()})); !auth.ok()) {
+    return Done(call, auth);
+  }
+  switch (method) {
+    case DataMethod::kInitialize:
+      return ServeInitialize(call);
+    case DataMethod::kPush:
+      return ServePush(call);
+    case DataMethod::kPull:
+      return ServePull(call);
+    case DataMethod::kPushPull:
+      return ServePushPull(call);
+    case DataMethod::kAllReduce:
+      return ServeAllReduce(call);
+  }
+}
+
 grpc::Status ParameterServerService::Join(grpc::ServerContext* context, const pb::JoinRequest* request,
                                           pb::JoinResponse* response) {
-  if (absl::Status auth = tokens_->Check(*context, Role::kWorker); !auth.ok()) return ToGrpcStatus(auth);
+  if (grpc::Status denied = Authorize(*context, "Join"); !denied.ok()) return denied;
   if (absl::Status rate = joins_.Take(); !rate.ok()) return ToGrpcStatus(rate);
   JoinRequestView view;
   view.rank = request->rank();
@@ -262,7 +287,7 @@ grpc::Status ParameterServerService::Join(grpc::ServerContext* context, const pb
 
 grpc::Status ParameterServerService::Heartbeat(grpc::ServerContext* context, const pb::HeartbeatRequest* request,
                                                pb::HeartbeatResponse* response) {
-  if (absl::Status auth = tokens_->Check(*context, Role::kWorker); !auth.ok()) return ToGrpcStatus(auth);
+  if (grpc::Status denied = Authorize(*context, "Heartbeat"); !denied.ok()) return denied;
   absl::Status s = core_->Heartbeat(request->rank(), request->session());
   if (s.ok()) {
     const StatusSnapshot status = core_->Status();
@@ -274,13 +299,13 @@ grpc::Status ParameterServerService::Heartbeat(grpc::ServerContext* context, con
 
 grpc::Status ParameterServerService::Leave(grpc::ServerContext* context, const pb::LeaveRequest* request,
                                            pb::LeaveResponse* response) {
-  if (absl::Status auth = tokens_->Check(*context, Role::kWorker); !auth.ok()) return ToGrpcStatus(auth);
+  if (grpc::Status denied = Authorize(*context, "Leave"); !denied.ok()) return denied;
   return ToGrpcStatus(core_->Leave(request->rank(), request->session()));
 }
 
 grpc::Status ParameterServerService::Checkpoint(grpc::ServerContext* context, const pb::CheckpointRequest* request,
                                                 pb::CheckpointResponse* response) {
-  if (absl::Status auth = tokens_->Check(*context, Role::kAdmin); !auth.ok()) return ToGrpcStatus(auth);
+  if (grpc::Status denied = Authorize(*context, "Checkpoint"); !denied.ok()) return denied;
   if (core_->options().checkpoint_dir.empty()) {
     return ToGrpcStatus(absl::FailedPreconditionError("no --checkpoint_dir: this server does not write checkpoints"));
   }
@@ -297,7 +322,7 @@ grpc::Status ParameterServerService::Checkpoint(grpc::ServerContext* context, co
 
 grpc::Status ParameterServerService::RollBack(grpc::ServerContext* context, const pb::RollBackRequest* request,
                                               pb::RollBackResponse* response) {
-  if (absl::Status auth = tokens_->Check(*context, Role::kWorker); !auth.ok()) return ToGrpcStatus(auth);
+  if (grpc::Status denied = Authorize(*context, "RollBack"); !denied.ok()) return denied;
   // Reads a checkpoint file: on the daemon's thread, one at a time with the checkpoints it writes.
   absl::StatusOr<bool> rolled;
   OnDaemonThread([&] {
@@ -321,7 +346,7 @@ void ParameterServerService::OnDaemonThread(absl::FunctionRef<void()> task) {
 
 grpc::Status ParameterServerService::Follow(grpc::ServerContext* context, const pb::ShardReport* request,
                                             pb::ShardView* response) {
-  if (absl::Status auth = tokens_->Check(*context, Role::kWorker); !auth.ok()) return ToGrpcStatus(auth);
+  if (grpc::Status denied = Authorize(*context, "Follow"); !denied.ok()) return denied;
   const ServerOptions& o = core_->options();
   if (o.shards <= 1 || o.shard != 0) {
     return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
@@ -397,7 +422,6 @@ void ParameterServerService::StopHoldingReports() {
 }
 
 void ParameterServerService::ServePush(DataCall* call) {
-  if (absl::Status auth = call->Authorize(*tokens_, Role::kWorker); !auth.ok()) return Done(call, auth);
   pb::PushRequest header;
   Scratch& values = RequestValues();
   absl::StatusOr<PushRequestView> view =
@@ -416,7 +440,6 @@ void ParameterServerService::ServePush(DataCall* call) {
 }
 
 void ParameterServerService::ServeInitialize(DataCall* call) {
-  if (absl::Status auth = call->Authorize(*tokens_, Role::kWorker); !auth.ok()) return Done(call, auth);
   pb::InitializeRequest header;
   Scratch& values = RequestValues();
   constexpr int kDataPath[] = {pb::InitializeRequest::kDataFieldNumber};
@@ -443,7 +466,6 @@ void ParameterServerService::ServeInitialize(DataCall* call) {
 }
 
 void ParameterServerService::ServePull(DataCall* call) {
-  if (absl::Status auth = call->Authorize(*tokens_, Role::kWorker); !auth.ok()) return Done(call, auth);
   pb::PullRequest r;
   absl::Status parsed = ParseWithBytes(call->request(), {}, nullptr, &r);
   if (!parsed.ok()) return Done(call, parsed);
@@ -460,7 +482,6 @@ void ParameterServerService::ServePull(DataCall* call) {
 }
 
 void ParameterServerService::ServePushPull(DataCall* call) {
-  if (absl::Status auth = call->Authorize(*tokens_, Role::kWorker); !auth.ok()) return Done(call, auth);
   pb::PushRequest header;
   Scratch& values = RequestValues();
   absl::StatusOr<PushRequestView> view =
@@ -479,7 +500,6 @@ void ParameterServerService::ServePushPull(DataCall* call) {
 }
 
 void ParameterServerService::ServeAllReduce(DataCall* call) {
-  if (absl::Status auth = call->Authorize(*tokens_, Role::kWorker); !auth.ok()) return Done(call, auth);
   pb::AllReduceRequest header;
   Scratch& values = RequestValues();
   constexpr int kDataPath[] = {pb::AllReduceRequest::kTensorFieldNumber, pb::Tensor::kDataFieldNumber};
@@ -529,14 +549,14 @@ void ParameterServerService::ServeAllReduce(DataCall* call) {
 
 grpc::Status ParameterServerService::DataPlane(grpc::ServerContext* context, const pb::DataPlaneRequest*,
                                                pb::DataPlaneResponse* response) {
-  if (absl::Status auth = tokens_->Check(*context, Role::kWorker); !auth.ok()) return ToGrpcStatus(auth);
+  if (grpc::Status denied = Authorize(*context, "DataPlane"); !denied.ok()) return denied;
   response->set_port(data_plane_port_.load(std::memory_order_relaxed));
   return grpc::Status::OK;
 }
 
 grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context, const pb::GetStatusRequest* request,
                                                pb::ServerStatus* response) {
-  if (absl::Status auth = tokens_->Check(*context, Role::kStatus); !auth.ok()) return ToGrpcStatus(auth);
+  if (grpc::Status denied = Authorize(*context, "GetStatus"); !denied.ok()) return denied;
   const StatusSnapshot s = core_->Status();
   const ServerOptions& o = core_->options();
   const absl::Time now = o.clock->Now();

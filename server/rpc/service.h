@@ -10,8 +10,10 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string_view>
 
 #include "absl/functional/function_ref.h"
+#include "common/rpc/data_method.h"
 #include "common/rpc/transport.h"
 #include "server/core/all_reduce.h"
 #include "server/rpc/coordination.h"
@@ -135,12 +137,9 @@ class ParameterServerService final : public ServiceBase {
   // The socket data plane's port (server/rpc/socket_plane.h), which DataPlane tells; 0: none.
   void set_data_plane_port(int port) { data_plane_port_.store(port, std::memory_order_relaxed); }
 
-  // The data path's methods (server/rpc/data_path.h), on the thread that read the call.
-  void ServeInitialize(DataCall* call);
-  void ServePush(DataCall* call);
-  void ServePull(DataCall* call);
-  void ServePushPull(DataCall* call);
-  void ServeAllReduce(DataCall* call);
+  // A data-path call (from gRPC's data path, server/rpc/data_path.h, or the socket plane), on the
+  // thread that read it: authorized by server/rpc/method_roles.h's table, then served.
+  void ServeData(DataMethod method, DataCall* call);
 
   // Shard 0 of several: answers the Follow calls held at a view the membership has left (an
   // exclusion, the job's end). The daemon registers it as a membership observer.
@@ -150,6 +149,15 @@ class ParameterServerService final : public ServiceBase {
   void StopHoldingReports();
 
  private:
+  // OK when the call's token holds the role server/rpc/method_roles.h gives `method`; the
+  // refusal to answer with otherwise.
+  grpc::Status Authorize(const grpc::ServerContextBase& context, std::string_view method) const;
+  void ServeInitialize(DataCall* call);
+  void ServePush(DataCall* call);
+  void ServePull(DataCall* call);
+  void ServePushPull(DataCall* call);
+  void ServeAllReduce(DataCall* call);
+
   // Runs `task` on the daemon's thread (Background) and waits for it.
   void OnDaemonThread(absl::FunctionRef<void()> task);
 

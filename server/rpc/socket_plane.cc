@@ -263,8 +263,8 @@ class SocketPlane::Connection {
     SUMMA_RETURN_IF_ERROR(
         socket_plane::ReadFull(fd_.get(), head, sizeof(head), absl::InfiniteFuture(), "a request's header"));
     const socket_plane::RequestHeader header = socket_plane::DecodeRequestHeader(head);
-    if (header.method < static_cast<uint32_t>(DataMethod::kInitialize) ||
-        header.method > static_cast<uint32_t>(DataMethod::kAllReduce)) {
+    const std::optional<DataMethod> method = DataMethodOfNumber(header.method);
+    if (!method.has_value()) {
       return Refuse(absl::InvalidArgumentError(absl::StrCat("no data-path method numbered ", header.method)));
     }
     if (header.lead > socket_plane::kMaxLead) {
@@ -288,14 +288,7 @@ class SocketPlane::Connection {
     const grpc::ByteBuffer request(&slice, 1);
     grpc::ByteBuffer response;
     SocketCall call(peer_, authorization_, absl::MakeSpan(body, header.length), request, &response, wake_.get());
-    ParameterServerService& service = *plane_->service_;
-    switch (static_cast<DataMethod>(header.method)) {
-      case DataMethod::kInitialize: service.ServeInitialize(&call); break;
-      case DataMethod::kPush: service.ServePush(&call); break;
-      case DataMethod::kPull: service.ServePull(&call); break;
-      case DataMethod::kPushPull: service.ServePushPull(&call); break;
-      case DataMethod::kAllReduce: service.ServeAllReduce(&call); break;
-    }
+    plane_->service_->ServeData(*method, &call);
     // The handler is done with the request (its values are summed, applied or copied before it
     // returns, as on gRPC's path, whose per-thread buffer the next call reuses).
     lease = BodyBuffers::Lease();

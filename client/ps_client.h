@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -33,39 +34,13 @@
 #include "common/rpc/data_method.h"
 #include "common/rpc/transport.h"
 #include "summa/v1/summa.grpc.pb.h"
+#include "client/data_transport.h"
 #include "client/parameter_store.h"
+#include "client/shard_agreement.h"
 #include "client/push_encoder.h"
 #include "client/socket_calls.h"
 
 namespace summa::worker {
-
-// Where one shard of a sync-mode job stands at a worker's Join: its version, and the versions of
-// the checkpoints it keeps.
-struct ShardVersions {
-  uint64_t version = 0;
-  std::vector<uint64_t> checkpoints;
-  bool restored = false;  // its state is a checkpoint's, and no step has completed since
-};
-
-// Whether the shards must be brought to one version before this worker resumes: they are more
-// than one step apart, or one step apart with the one behind restored from a checkpoint (more
-// than one step apart otherwise is a push-pull that reached some shards and not others, which
-// the shard that has it takes again as a duplicate).
-bool NeedsAgreement(const std::vector<ShardVersions>& shards);
-
-// How the shards come to agree when they are more than one step apart (one was restored from an
-// older checkpoint): every shard in `roll_back` (each of them) goes back to `version`, restoring
-// its checkpoint of it unless it is wholly there already, so that the step is redone on the
-// weights of one version everywhere.
-struct Agreement {
-  uint64_t version = 0;
-  std::vector<int> roll_back;  // shard indices
-};
-
-// The newest version the shards can agree on: at most the lowest shard's, and for every shard
-// its own version or a checkpoint it keeps. FAILED_PRECONDITION naming each shard's version and
-// checkpoints when there is none.
-absl::StatusOr<Agreement> PlanAgreement(const std::vector<ShardVersions>& shards);
 
 // Which transport the data path (Initialize, Push, Pull, PushPull, AllReduce) takes. kAuto:
 // the socket data plane (common/rpc/socket_frame.h) where every shard offers one and it can be
@@ -137,7 +112,7 @@ class ParameterClient final : public ParameterStore {
     plane_chosen_ = false;
   }
   // Whether the data path's calls go over the socket data plane now (false before the first).
-  bool on_socket_plane() const { return socket_ != nullptr; }
+  bool on_socket_plane() const { return transport_ != nullptr && transport_->socket_plane(); }
 
  private:
   std::unique_ptr<grpc::ClientContext> NewContext() const;
@@ -180,15 +155,15 @@ class ParameterClient final : public ParameterStore {
   // `what(i)` names call i in an error, `trace_name` its span in the trace. A call that fails
   // is started again at once (start(i) anew, the others still in flight) when `again(i, &its
   // status)` says so; `again` may change the status it declines. The first error.
-  template <typename Start, typename What>
-  absl::Status ForEach(size_t n, Start start, What what, const char* trace_name,
+  absl::Status ForEach(size_t n, absl::FunctionRef<CallSpec(size_t)> start,
+                       absl::FunctionRef<std::string(size_t)> what, const char* trace_name,
                        const std::function<bool(size_t, absl::Status*)>& again = nullptr);
-  // Decides, once (and again after a Join), which transport ForEach's calls take: sets socket_
-  // when they go over the socket data plane. An error only where data_plane_ is kSocket.
+  // Decides, once (and again after a Join), which transport ForEach's calls take (transport_).
+  // An error only where data_plane_ is kSocket.
   absl::Status ChooseDataPlane();
+  std::unique_ptr<DataTransport> NewGrpcTransport() const;
   // ForEach over the partitions, each call to its partition's shard, named after its partition.
-  template <typename Start>
-  absl::Status ForEachPartition(Start start, const char* trace_name,
+  absl::Status ForEachPartition(absl::FunctionRef<CallSpec(size_t)> start, const char* trace_name,
                                 const std::function<bool(size_t, absl::Status*)>& again = nullptr);
   // Sends the initial values of every partition of the shards marked in `initialize` (their Join
   // answered `initialize`), a window of partitions at a time.
@@ -217,9 +192,11 @@ class ParameterClient final : public ParameterStore {
   const bool tls_;
   DataPlane data_plane_ = DataPlane::kAuto;
   bool plane_chosen_ = false;
-  std::unique_ptr<SocketCalls> socket_;  // the data path's calls when on the socket data plane
   std::vector<std::unique_ptr<Shard>> shards_;
-  grpc::CompletionQueue queue_;  // the data path's replies, collected by the calling thread
+  // The data path's calls: on gRPC or the socket data plane (ChooseDataPlane). Declared after
+  // shards_, whose stubs the gRPC transport borrows: it goes first.
+  std::unique_ptr<DataTransport> transport_;
+  std::vector<absl::Time> call_begun_;  // ForEach's calls, when traced
   int rank_ = -1;
   summa::v1::Mode mode_ = summa::v1::MODE_SYNC;
   std::vector<PartitionRange> partitions_;  // every shard's, in offset order

@@ -1,4 +1,5 @@
-// SocketCalls: the client's end of the socket data plane (common/rpc/socket_frame.h). It keeps
+// SocketCalls: the client's end of the socket data plane (common/rpc/socket_frame.h), a
+// DataTransport (client/data_transport.h). It keeps
 // connections to each shard's plane, opened as calls need them (at most
 // kMaxConnectionsPerShard; later calls wait for one to come free) and kept across calls. Every
 // call started is in flight at once, each on a connection of its own, and the calling thread
@@ -19,13 +20,14 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "client/data_transport.h"
 #include "common/rpc/socket_frame.h"
 #include "common/rpc/wire.h"
 #include "grpcpp/support/byte_buffer.h"
 
 namespace summa::worker {
 
-class SocketCalls {
+class SocketCalls final : public DataTransport {
  public:
   static constexpr int kMaxConnectionsPerShard = 32;
   // The longest reply it takes.
@@ -37,7 +39,7 @@ class SocketCalls {
   };
   // `authorization`: the hello's value ("Bearer <token>", or empty).
   SocketCalls(std::vector<Endpoint> shards, std::string authorization);
-  ~SocketCalls();
+  ~SocketCalls() override;
 
   // Opens a connection to `shard` now (a probe that the plane is reachable); it stays for calls.
   absl::Status Open(int shard, absl::Time deadline);
@@ -46,14 +48,15 @@ class SocketCalls {
   // replies are kept per tag) to `shard`. `request` stays alive and unchanged until the call
   // ends; `reply` then holds the reply message, in memory of this object's that stays valid
   // until call `tag` starts again.
-  void Start(size_t tag, int shard, socket_plane::DataMethod method, const grpc::ByteBuffer* request,
-             grpc::ByteBuffer* reply, absl::Time deadline);
+  void Start(size_t tag, int shard, DataMethod method, const grpc::ByteBuffer* request, grpc::ByteBuffer* reply,
+             absl::Time deadline) override;
   // Waits for the next call to end; false when none is in flight.
-  bool Next(size_t* tag, absl::Status* status);
+  bool Next(size_t* tag, absl::Status* status) override;
+  bool socket_plane() const override { return true; }
 
   // True once a connection could not be opened (the plane moved or went away, as when its
   // server restarted on another port): the caller should ask where it is again.
-  bool lost() const { return lost_; }
+  bool lost() const override { return lost_; }
 
  private:
   struct Call {

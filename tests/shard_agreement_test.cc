@@ -1,7 +1,7 @@
 // PlanAgreement: the version a worker rolls a sync job's shards back to when they are more than
 // one step apart, and which shards are asked.
 #include "gtest/gtest.h"
-#include "client/ps_client.h"
+#include "client/shard_agreement.h"
 
 namespace summa::worker {
 namespace {

@@ -252,4 +252,35 @@ grpc::ByteBuffer TwoSlices(const std::string& prefix, grpc::Slice values) {
   return grpc::ByteBuffer(slices, 2);
 }
 
+grpc::ByteBuffer EncodeWithBytes(const google::protobuf::MessageLite& header, int field, grpc::Slice values) {
+  std::string prefix = header.SerializeAsString();
+  AppendFieldHeader(field, values.size(), &prefix);
+  return TwoSlices(prefix, std::move(values));
+}
+
+grpc::ByteBuffer EncodeWithNestedBytes(const google::protobuf::MessageLite& outer, int outer_field,
+                                       const google::protobuf::MessageLite& inner, int inner_field,
+                                       grpc::Slice values) {
+  std::string inner_prefix = inner.SerializeAsString();
+  AppendFieldHeader(inner_field, values.size(), &inner_prefix);
+  std::string prefix = outer.SerializeAsString();
+  AppendFieldHeader(outer_field, inner_prefix.size() + values.size(), &prefix);
+  prefix += inner_prefix;
+  return TwoSlices(prefix, std::move(values));
+}
+
+grpc::Slice BorrowedSlice(const void* data, size_t bytes) {
+  return grpc::Slice(data, bytes, grpc::Slice::STATIC_SLICE);
+}
+
+BytesDestination Exactly(char* out, uint64_t bytes, bool* got, std::string what) {
+  return [=, what = std::move(what)](uint64_t length) -> absl::StatusOr<char*> {
+    if (length != bytes) {
+      return absl::DataLossError(absl::StrCat(what, " came back with ", length, " bytes, expected ", bytes));
+    }
+    *got = true;
+    return out;
+  };
+}
+
 }  // namespace summa

@@ -72,6 +72,22 @@ grpc::ByteBuffer Encode(const google::protobuf::MessageLite& message);
 // `values`, as one message of two slices.
 grpc::ByteBuffer TwoSlices(const std::string& prefix, grpc::Slice values);
 
+// The writing side of the one codec, for both ends of the data path:
+// `header` with its bytes field `field` holding `values`, which go as they are (one message of
+// two slices). `header`'s own `field` must be empty.
+grpc::ByteBuffer EncodeWithBytes(const google::protobuf::MessageLite& header, int field, grpc::Slice values);
+// The same one message down: `outer` with its message field `outer_field` holding `inner`, whose
+// bytes field `inner_field` holds `values` (AllReduce's tensor).
+grpc::ByteBuffer EncodeWithNestedBytes(const google::protobuf::MessageLite& outer, int outer_field,
+                                       const google::protobuf::MessageLite& inner, int inner_field,
+                                       grpc::Slice values);
+// A slice over `bytes` bytes at `data`, memory that outlives the call that sends it: sent
+// without a copy.
+grpc::Slice BorrowedSlice(const void* data, size_t bytes);
+// A destination for exactly `bytes` bytes at `out` that sets `*got` when used; DATA_LOSS naming
+// `what` for any other length.
+BytesDestination Exactly(char* out, uint64_t bytes, bool* got, std::string what);
+
 }  // namespace summa
 
 #endif  // SUMMA_COMMON_RPC_WIRE_H_

@@ -205,9 +205,7 @@ std::shared_ptr<Parked> PullCall(const ParameterServer* core, DataCall* call, ui
     header.set_dtype(WireDTypeToProto(dtype));
     for (int r : core->LiveRanks()) header.add_live_ranks(r);
     header.set_view(core->view());
-    std::string prefix = header.SerializeAsString();
-    AppendFieldHeader(pb::PullResponse::kDataFieldNumber, w.values().size() * WireDTypeBytes(dtype), &prefix);
-    *response = TwoSlices(prefix, SliceOf(w, dtype));
+    *response = EncodeWithBytes(header, pb::PullResponse::kDataFieldNumber, SliceOf(w, dtype));
   }, wait, std::move(holds), WireDTypeBytes(dtype));
   call->Parks(parked);
   return parked;
@@ -520,15 +518,10 @@ void ParameterServerService::ServeAllReduce(DataCall* call) {
       [response = call->response(), spec = *spec](uint64_t round, const Snapshot& sum) {
         pb::Tensor tensor;
         SpecToProto(spec, &tensor);
-        const uint64_t bytes = sum.values().size() * sizeof(float);
-        std::string tensor_prefix = tensor.SerializeAsString();
-        AppendFieldHeader(pb::Tensor::kDataFieldNumber, bytes, &tensor_prefix);
         pb::AllReduceResponse outer;
         outer.set_round(round - 1);
-        std::string prefix = outer.SerializeAsString();
-        AppendFieldHeader(pb::AllReduceResponse::kTensorFieldNumber, tensor_prefix.size() + bytes, &prefix);
-        prefix += tensor_prefix;
-        *response = TwoSlices(prefix, SliceOf(sum));
+        *response = EncodeWithNestedBytes(outer, pb::AllReduceResponse::kTensorFieldNumber, tensor,
+                                          pb::Tensor::kDataFieldNumber, SliceOf(sum));
       },
       Parked::WaitSpan{core_->options().tracer, "allreduce wait"},
       Parked::Holds{*std::move(parked), *std::move(bytes)});

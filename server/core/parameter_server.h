@@ -206,6 +206,9 @@ class ParameterServer {
   Membership& membership() { return membership_; }
   const Membership& membership() const { return membership_; }
 
+  // The lowest partition version (0 before the model is defined): what Status reports as the
+  // version, without the rest of a status (a heartbeat's answer).
+  uint64_t version() const;
   StatusSnapshot Status() const;
   // The data path's totals (pushes and bytes in, replies and bytes out) in a snapshot with only
   // those fields set: no clock, no membership, so the daemon may log them as it shuts down.

@@ -1,0 +1,264 @@
+// ParameterServerService's data path (Initialize, Push, Pull, PushPull, AllReduce), served for
+// gRPC's data path (server/rpc/data_path.h) and the socket plane (server/rpc/socket_plane.h)
+// alike: requests parsed by the wire codec (common/rpc/wire.h) with their values in place or in a
+// per-thread buffer, handed to the core, and answered from its snapshots without a copy.
+#include "server/rpc/service.h"
+
+#include <cstring>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc/grpc_status.h"
+#include "common/rpc/wire.h"
+#include "common/status_macros.h"
+#include "common/tensor_proto.h"
+#include "server/rpc/method_roles.h"
+#include "server/rpc/parked_calls.h"
+
+namespace summa::server {
+namespace {
+
+namespace pb = ::summa::v1;
+
+// The values of a request, read once out of gRPC's receive slices into this thread's buffer
+// (its capacity kept across calls, so a step allocates nothing). Valid until the handler
+// returns, which is all the core needs: it sums or applies pushed values before returning.
+Scratch& RequestValues() {
+  thread_local Scratch values;
+  values.Clear();
+  return values;
+}
+
+// Parses `call`'s request into `header`, the values at `path` into `*view`, on a 4-byte boundary
+// (the core reads them as floats): read in place where the request is one piece of memory (the
+// socket data plane's), moved down over the fields already parsed where the sender did not pad
+// them onto a boundary; copied into `values` otherwise (gRPC's receive slices). The view lasts
+// while the handler runs.
+absl::Status ParseRequest(DataCall& call, absl::Span<const int> path, Scratch* values, absl::string_view* view,
+                          google::protobuf::MessageLite* header) {
+  if (std::optional<absl::Span<char>> whole = call.whole_request()) {
+    SUMMA_RETURN_IF_ERROR(ParseInPlace(absl::string_view(whole->data(), whole->size()), path, view, header));
+    const size_t off = reinterpret_cast<uintptr_t>(view->data()) % alignof(float);
+    if (off != 0) {
+      // The bytes before the values are the message's own (at least `off` of them, the message
+      // starting on a boundary), parsed already.
+      char* to = whole->data() + (view->data() - whole->data()) - off;
+      std::memmove(to, view->data(), view->size());
+      *view = absl::string_view(to, view->size());
+    }
+    return absl::OkStatus();
+  }
+  absl::Status parsed = ParseWithBytes(call.request(), path, IntoScratch(values), header);
+  *view = values->view();
+  return parsed;
+}
+
+// Gives back a buffer that an unusually large request grew (a whole tensor sent in one piece).
+void TrimRequestValues(Scratch& values) {
+  constexpr size_t kKeepBytes = 16 << 20;
+  if (values.capacity() > kKeepBytes) values.Release();
+}
+
+// The snapshot's bytes in `dtype` as a slice that gRPC sends without a copy, holding a reference
+// until it is done with them. A 16-bit dtype's encoding is made once per snapshot and shared.
+grpc::Slice SliceOf(const Snapshot& s, WireDType dtype = WireDType::kFloat32) {
+  if (dtype == WireDType::kFloat32) {
+    const absl::Span<const float> v = s.values();
+    return grpc::Slice(const_cast<float*>(v.data()), v.size() * sizeof(float), &Snapshot::Return, s.Lend());
+  }
+  const absl::Span<const uint16_t> v = s.Encoded(dtype);
+  return grpc::Slice(const_cast<uint16_t*>(v.data()), v.size() * sizeof(uint16_t), &Snapshot::Return, s.Lend());
+}
+
+absl::StatusOr<PushRequestView> ParsePush(DataCall& call, pb::PushRequest* header, Scratch* values,
+                                          Tracer* tracer) {
+  constexpr int kDataPath[] = {pb::PushRequest::kDataFieldNumber};
+  absl::Status parsed;
+  absl::string_view data;
+  {
+    TraceSpan span(tracer, "receive", "server");
+    parsed = ParseRequest(call, kDataPath, values, &data, header);
+  }
+  if (!parsed.ok()) return parsed;
+  PushRequestView v;
+  v.rank = header->rank();
+  v.session = header->session();
+  if (header->has_view()) v.view = header->view();
+  v.step = header->step();
+  v.partition = header->partition();
+  v.num_examples = header->num_examples();
+  v.dtype = WireDTypeFromProto(header->dtype(), /*unspecified_is_float32=*/false);
+  if (!v.dtype.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gradients must be DTYPE_FLOAT32, DTYPE_BFLOAT16 or DTYPE_FLOAT16, not ", DTypeName(header->dtype())));
+  }
+  v.sparse = header->sparse();
+  v.data = data;
+  v.peer = call.peer();
+  return v;
+}
+
+// Fill runs under the partition's lock: the live ranks sent are those the step was answered
+// under (an exclusion completes steps under the same lock). The values go in `dtype`.
+std::shared_ptr<Parked> PullCall(const ParameterServer* core, DataCall* call, uint32_t partition, WireDType dtype,
+                                 Parked::Holds holds) {
+  const Parked::WaitSpan wait{core->options().tracer, "wait", partition};
+  grpc::ByteBuffer* response = call->response();
+  auto parked = std::make_shared<Parked>(call, [core, response, partition, dtype](uint64_t version, const Snapshot& w) {
+    pb::PullResponse header;
+    header.set_partition(partition);
+    header.set_version(version);
+    header.set_dtype(WireDTypeToProto(dtype));
+    for (int r : core->LiveRanks()) header.add_live_ranks(r);
+    header.set_view(core->view());
+    *response = EncodeWithBytes(header, pb::PullResponse::kDataFieldNumber, SliceOf(w, dtype));
+  }, wait, std::move(holds), WireDTypeBytes(dtype));
+  call->Parks(parked);
+  return parked;
+}
+
+void Done(DataCall* call, const absl::Status& status) { call->Answer(ToGrpcStatus(status)); }
+
+}  // namespace
+
+void ParameterServerService::ServeData(DataMethod method, DataCall* call) {
+  const absl::string_view name = DataMethodName(method);
+  if (absl::Status auth = call->Authorize(*tokens_, RequiredRole({name.data(), name.size()})); !auth.ok()) {
+    return Done(call, auth);
+  }
+  switch (method) {
+    case DataMethod::kInitialize:
+      return ServeInitialize(call);
+    case DataMethod::kPush:
+      return ServePush(call);
+    case DataMethod::kPull:
+      return ServePull(call);
+    case DataMethod::kPushPull:
+      return ServePushPull(call);
+    case DataMethod::kAllReduce:
+      return ServeAllReduce(call);
+  }
+}
+
+void ParameterServerService::ServePush(DataCall* call) {
+  pb::PushRequest header;
+  Scratch& values = RequestValues();
+  absl::StatusOr<PushRequestView> view =
+      ParsePush(*call, &header, &values, core_->options().tracer);
+  if (!view.ok()) return Done(call, view.status());
+  absl::StatusOr<PeerBudget::Hold> bytes = in_flight_.Take(PeerKey(view->rank, view->peer), view->data.size());
+  if (!bytes.ok()) return Done(call, bytes.status());
+  absl::StatusOr<bool> completed = core_->Push(*view);
+  TrimRequestValues(values);
+  if (completed.ok()) {
+    pb::PushResponse reply;
+    reply.set_completed_step(*completed);
+    *call->response() = Encode(reply);
+  }
+  Done(call, completed.status());
+}
+
+void ParameterServerService::ServeInitialize(DataCall* call) {
+  pb::InitializeRequest header;
+  Scratch& values = RequestValues();
+  constexpr int kDataPath[] = {pb::InitializeRequest::kDataFieldNumber};
+  absl::string_view data;
+  absl::Status parsed = ParseRequest(*call, kDataPath, &values, &data, &header);
+  if (!parsed.ok()) return Done(call, parsed);
+  InitializeView view;
+  view.rank = header.rank();
+  view.session = header.session();
+  view.partition = header.partition();
+  view.dtype_is_float32 = header.dtype() == pb::DTYPE_FLOAT32;
+  view.data = data;
+  absl::StatusOr<PeerBudget::Hold> bytes =
+      in_flight_.Take(PeerKey(view.rank, call->peer()), view.data.size());
+  if (!bytes.ok()) return Done(call, bytes.status());
+  absl::StatusOr<bool> applied = core_->Initialize(view);
+  TrimRequestValues(values);
+  if (applied.ok()) {
+    pb::InitializeResponse reply;
+    reply.set_applied(*applied);
+    *call->response() = Encode(reply);
+  }
+  return Done(call, applied.status());
+}
+
+void ParameterServerService::ServePull(DataCall* call) {
+  pb::PullRequest r;
+  absl::Status parsed = ParseWithBytes(call->request(), {}, nullptr, &r);
+  if (!parsed.ok()) return Done(call, parsed);
+  const std::optional<WireDType> dtype = WireDTypeFromProto(r.dtype(), /*unspecified_is_float32=*/true);
+  if (!dtype.has_value()) {
+    return Done(call, absl::InvalidArgumentError(absl::StrCat(
+        "a pull's dtype must be DTYPE_FLOAT32 (or unset), DTYPE_BFLOAT16 or DTYPE_FLOAT16, not ",
+        DTypeName(r.dtype()))));
+  }
+  absl::StatusOr<PeerBudget::Hold> parked = parked_.Take(PeerKey(r.rank(), call->peer()), 1);
+  if (!parked.ok()) return Done(call, parked.status());
+  core_->Pull(r.rank(), r.session(), r.partition(), r.min_version(),
+              PullCall(core_, call, r.partition(), *dtype, {*std::move(parked), {}}));
+}
+
+void ParameterServerService::ServePushPull(DataCall* call) {
+  pb::PushRequest header;
+  Scratch& values = RequestValues();
+  absl::StatusOr<PushRequestView> view =
+      ParsePush(*call, &header, &values, core_->options().tracer);
+  if (!view.ok()) return Done(call, view.status());
+  const std::string peer = PeerKey(view->rank, view->peer);
+  absl::StatusOr<PeerBudget::Hold> bytes = in_flight_.Take(peer, view->data.size());
+  if (!bytes.ok()) return Done(call, bytes.status());
+  absl::StatusOr<PeerBudget::Hold> parked = parked_.Take(peer, 1);
+  if (!parked.ok()) return Done(call, parked.status());
+  // The reply comes in the dtype the push came in (a float32 push when the push's is unknown:
+  // the push is refused, and the reply carries only that status).
+  core_->PushPull(*view, PullCall(core_, call, header.partition(), view->dtype.value_or(WireDType::kFloat32),
+                                  {*std::move(parked), {}}));
+  TrimRequestValues(values);
+}
+
+void ParameterServerService::ServeAllReduce(DataCall* call) {
+  pb::AllReduceRequest header;
+  Scratch& values = RequestValues();
+  constexpr int kDataPath[] = {pb::AllReduceRequest::kTensorFieldNumber, pb::Tensor::kDataFieldNumber};
+  absl::string_view data;
+  absl::Status parsed = ParseRequest(*call, kDataPath, &values, &data, &header);
+  if (!parsed.ok()) return Done(call, parsed);
+  absl::StatusOr<TensorSpec> spec = SpecFromProto(header.tensor());
+  if (!spec.ok()) return Done(call, spec.status());
+  // A fixed group's rank is the caller's say-so, not an identity: its calls count against its address.
+  const std::string peer = PeerKey(header.members() ? header.rank() : -1, call->peer());
+  absl::StatusOr<PeerBudget::Hold> parked = parked_.Take(peer, 1);
+  if (!parked.ok()) return Done(call, parked.status());
+  // The contribution's bytes are held until the round completes (the call is answered then).
+  absl::StatusOr<PeerBudget::Hold> bytes = in_flight_.Take(peer, data.size());
+  if (!bytes.ok()) return Done(call, bytes.status());
+  auto answer = std::make_shared<Parked>(
+      call,
+      [response = call->response(), spec = *spec](uint64_t round, const Snapshot& sum) {
+        pb::Tensor tensor;
+        SpecToProto(spec, &tensor);
+        pb::AllReduceResponse outer;
+        outer.set_round(round - 1);
+        *response = EncodeWithNestedBytes(outer, pb::AllReduceResponse::kTensorFieldNumber, tensor,
+                                          pb::Tensor::kDataFieldNumber, SliceOf(sum));
+      },
+      Parked::WaitSpan{core_->options().tracer, "allreduce wait"},
+      Parked::Holds{*std::move(parked), *std::move(bytes)});
+  call->Parks(answer);
+  AllReduceContribution c;
+  c.name = header.name();
+  c.group_size = header.group_size();
+  c.rank = header.rank();
+  c.members = header.members();
+  c.round = header.round();
+  c.session = header.session();
+  c.spec = *std::move(spec);
+  c.data = data;
+  c.peer = peer;
+  hub_->Contribute(c, std::move(answer));
+  TrimRequestValues(values);
+}
+
+}  // namespace summa::server

@@ -1,9 +1,11 @@
 #include "server/core/limits.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <utility>
 
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "common/partition_map.h"
 #include "common/status_reason.h"
@@ -62,15 +64,24 @@ std::string PeerKey(int member_rank, absl::string_view grpc_peer) {
   return std::string(grpc_peer.substr(0, colon));
 }
 
+// The peers are spread over stripes, each with a lock of its own, and the total is an atomic: a
+// push takes no lock that every other push takes too (one process-wide mutex before).
 struct PeerBudget::Hold::State {
+  static constexpr size_t kStripes = 16;
+  struct Stripe {
+    mutable absl::Mutex mu;
+    absl::flat_hash_map<std::string, int64_t> held ABSL_GUARDED_BY(mu);
+  };
+  Stripe& StripeOf(absl::string_view peer) { return stripes[absl::HashOf(peer) % kStripes]; }
+  const Stripe& StripeOf(absl::string_view peer) const { return stripes[absl::HashOf(peer) % kStripes]; }
+
   std::string what;
   int64_t total_limit;
   std::string total_flag;
   int64_t peer_limit;
   std::string peer_flag;
-  mutable absl::Mutex mu;
-  int64_t total ABSL_GUARDED_BY(mu) = 0;
-  absl::flat_hash_map<std::string, int64_t> held ABSL_GUARDED_BY(mu);
+  std::atomic<int64_t> total{0};
+  Stripe stripes[kStripes];
 };
 
 PeerBudget::PeerBudget(std::string what, int64_t total_limit, std::string total_flag, int64_t peer_limit,
@@ -85,37 +96,39 @@ PeerBudget::PeerBudget(std::string what, int64_t total_limit, std::string total_
 
 absl::StatusOr<PeerBudget::Hold> PeerBudget::Take(absl::string_view peer, int64_t amount) {
   Hold::State& s = *state_;
-  absl::MutexLock lock(&s.mu);
-  auto it = s.held.find(peer);
-  const int64_t mine = it == s.held.end() ? 0 : it->second;
+  Hold::State::Stripe& stripe = s.StripeOf(peer);
+  absl::MutexLock lock(&stripe.mu);
+  auto it = stripe.held.find(peer);
+  const int64_t mine = it == stripe.held.end() ? 0 : it->second;
   if (mine + amount > s.peer_limit) {
     return absl::ResourceExhaustedError(absl::StrCat(
         peer, " holds ", mine, " ", s.what, " and asks for ", amount, " more: over the limit of ",
         s.peer_limit, " per peer (summa-server --", s.peer_flag, ")"));
   }
-  if (!s.total_flag.empty() && s.total + amount > s.total_limit) {
+  // Taken first and given back when over: two takes at once that each fit alone but not together
+  // are both refused at worst, never both admitted.
+  const int64_t before = s.total.fetch_add(amount, std::memory_order_relaxed);
+  if (!s.total_flag.empty() && before + amount > s.total_limit) {
+    s.total.fetch_sub(amount, std::memory_order_relaxed);
     return absl::ResourceExhaustedError(absl::StrCat(
-        "the server holds ", s.total, " ", s.what, "; ", peer, " asks for ", amount,
+        "the server holds ", before, " ", s.what, "; ", peer, " asks for ", amount,
         " more: over the limit of ", s.total_limit, " in total (summa-server --", s.total_flag, ")"));
   }
-  s.total += amount;
-  if (it == s.held.end()) {
-    s.held.emplace(peer, amount);
+  if (it == stripe.held.end()) {
+    stripe.held.emplace(peer, amount);
   } else {
     it->second += amount;
   }
   return Hold(state_, std::string(peer), amount);
 }
 
-int64_t PeerBudget::total() const {
-  absl::MutexLock lock(&state_->mu);
-  return state_->total;
-}
+int64_t PeerBudget::total() const { return state_->total.load(std::memory_order_relaxed); }
 
 int64_t PeerBudget::held_by(absl::string_view peer) const {
-  absl::MutexLock lock(&state_->mu);
-  auto it = state_->held.find(peer);
-  return it == state_->held.end() ? 0 : it->second;
+  const Hold::State::Stripe& stripe = state_->StripeOf(peer);
+  absl::MutexLock lock(&stripe.mu);
+  auto it = stripe.held.find(peer);
+  return it == stripe.held.end() ? 0 : it->second;
 }
 
 PeerBudget::Hold& PeerBudget::Hold::operator=(Hold&& other) noexcept {
@@ -131,11 +144,12 @@ PeerBudget::Hold& PeerBudget::Hold::operator=(Hold&& other) noexcept {
 void PeerBudget::Hold::Release() {
   if (state_ == nullptr) return;
   {
-    absl::MutexLock lock(&state_->mu);
-    state_->total -= amount_;
-    auto it = state_->held.find(peer_);
-    if (it != state_->held.end() && (it->second -= amount_) <= 0) state_->held.erase(it);
+    Hold::State::Stripe& stripe = state_->StripeOf(peer_);
+    absl::MutexLock lock(&stripe.mu);
+    auto it = stripe.held.find(peer_);
+    if (it != stripe.held.end() && (it->second -= amount_) <= 0) stripe.held.erase(it);
   }
+  state_->total.fetch_sub(amount_, std::memory_order_relaxed);
   state_ = nullptr;
   amount_ = 0;
 }

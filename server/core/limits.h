@@ -9,7 +9,8 @@
 // claim holds a share only for that instant.
 //
 // PeerBudget counts an amount (calls, bytes, rounds) per peer and in total; a share is a Hold
-// that gives its amount back when destroyed, on any thread. JoinRate is a token bucket.
+// that gives its amount back when destroyed, on any thread; peers are spread over locks of their
+// own, so calls of different peers do not wait for each other. JoinRate is a token bucket.
 // Both are thread-safe.
 #ifndef SUMMA_SERVER_CORE_LIMITS_H_
 #define SUMMA_SERVER_CORE_LIMITS_H_

@@ -207,12 +207,13 @@ void AllReduceHub::Contribute(const AllReduceContribution& c, std::shared_ptr<Pa
 
 void AllReduceHub::MaybeComplete(Collective& col, CallsToFinish& done) {
   if (col.barrier.arrived() == 0) return;
-  for (int r = 0; r < col.barrier.group_size(); ++r) {
-    if (!col.barrier.has_arrived(r) && !(col.members && members_->excluded(r))) return;
+  for (int r : RoundGroup(col).ranks) {
+    if (!col.barrier.has_arrived(r)) return;
   }
   ++col.round;
   rounds_completed_.fetch_add(1, std::memory_order_relaxed);
   col.barrier.Reset();
+  RoundGroup(col);  // the next round runs under the group as it is now
   Snapshot sum = std::move(col.sum);
   col.sum = Snapshot();
   col.sum_data = nullptr;
@@ -223,6 +224,15 @@ void AllReduceHub::MaybeComplete(Collective& col, CallsToFinish& done) {
     col.last_shape = col.spec.shape;
     col.has_last = true;
   }
+}
+
+const GroupView& AllReduceHub::RoundGroup(Collective& col) const {
+  if (col.members && col.group.view != members_->view()) {
+    // Narrowed during a round; a round that has not begun takes the group as it is.
+    const GroupView now = members_->group();
+    col.group = col.barrier.arrived() == 0 ? now : col.group.Narrowed(now);
+  }
+  return col.group;
 }
 
 void AllReduceHub::OnMembershipChange() {
@@ -253,8 +263,8 @@ absl::Time AllReduceHub::ExpireRounds(absl::Time now) {
       continue;
     }
     std::vector<int> missing;
-    for (int r : col->barrier.Missing()) {
-      if (!(col->members && members_->excluded(r))) missing.push_back(r);
+    for (int r : RoundGroup(*col).ranks) {
+      if (!col->barrier.has_arrived(r)) missing.push_back(r);
     }
     const absl::Status status = absl::DeadlineExceededError(absl::StrCat(
         "collective '", name, "' round ", col->round, " abandoned: ", col->barrier.arrived(), " of ",

@@ -38,6 +38,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/tensor.h"
+#include "server/core/group_view.h"
 #include "server/core/limits.h"
 #include "server/core/membership.h"
 #include "server/core/parked_call.h"
@@ -97,10 +98,15 @@ class AllReduceHub {
 
  private:
   struct Collective {
-    Collective(int group_size, bool members) : members(members), barrier(group_size) {}
+    Collective(int group_size, bool members)
+        : members(members), barrier(group_size), group(GroupView::Whole(group_size)) {}
     const bool members;
     absl::Mutex mu;
     StepBarrier barrier ABSL_GUARDED_BY(mu);
+    // A members' collective: the group its round runs under (server/core/group_view.h), narrowed
+    // by exclusions during the round and taken anew at its end (RoundGroup). A fixed group's
+    // never changes.
+    GroupView group ABSL_GUARDED_BY(mu);
     TensorSpec spec ABSL_GUARDED_BY(mu);      // this round's shape (set by its first member)
     SnapshotPool pool ABSL_GUARDED_BY(mu);    // the sums' buffers, reused across rounds
     Snapshot sum ABSL_GUARDED_BY(mu);         // this round's, while it fills
@@ -120,6 +126,8 @@ class AllReduceHub {
   // The collective of that name, added (as `c` describes it) when new, idle ones forgotten to
   // make room for it and for `c`'s bytes; RESOURCE_EXHAUSTED when the room cannot be made.
   absl::StatusOr<CollectivePtr> Find(const AllReduceContribution& c);
+  // `col.group`, brought up to the membership's view when it moved (members' collectives).
+  const GroupView& RoundGroup(Collective& col) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(col.mu);
   // Forgets the least recently used idle collective other than `keep`; false when none is idle.
   bool ForgetOneIdle(const Collective* keep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Every collective, for sweeps.

@@ -199,6 +199,27 @@ absl::Status DecodePartitions(const CheckpointHeader& h, PartitionSource& source
   return absl::OkStatus();
 }
 
+void EncodeGroup(const GroupView& group, summa::v1::Checkpoint* header) {
+  summa::v1::Group* out = header->mutable_group();
+  out->set_view(group.view);
+  out->clear_ranks();
+  for (int r : group.ranks) out->add_ranks(r);
+}
+
+absl::StatusOr<std::optional<GroupView>> DecodeGroup(const summa::v1::Checkpoint& header, int world_size) {
+  if (!header.has_group()) return std::nullopt;
+  GroupView g;
+  g.view = header.group().view();
+  for (int r : header.group().ranks()) {
+    if (r < 0 || r >= world_size || (!g.ranks.empty() && r <= g.ranks.back())) {
+      return absl::DataLossError(absl::StrCat("the checkpoint's group lists rank ", r, " out of order or outside the ",
+                                              world_size, " ranks of its job"));
+    }
+    g.ranks.push_back(r);
+  }
+  return g;
+}
+
 summa::v1::Checkpoint EncodeCheckpoint(const ServerSnapshot& s) {
   summa::v1::Checkpoint c = EncodeCheckpointHeader(s.job, s.specs, s.version(), s.created);
   for (const PartitionSnapshot& p : s.partitions) *c.add_partitions() = EncodePartition(p);

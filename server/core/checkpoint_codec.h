@@ -6,6 +6,7 @@
 #define SUMMA_SERVER_CORE_CHECKPOINT_CODEC_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "common/partition_map.h"
 #include "common/tensor.h"
 #include "server/checkpoint/checkpoint_file.h"
+#include "server/core/group_view.h"
 #include "server/core/job_options.h"
 #include "summa/v1/checkpoint.pb.h"
 
@@ -77,6 +79,11 @@ absl::StatusOr<CheckpointHeader> DecodeCheckpointHeader(const summa::v1::Checkpo
 // does (nothing more is read).
 absl::Status DecodePartitions(const CheckpointHeader& header, PartitionSource& source,
                               absl::FunctionRef<absl::Status(PartitionSnapshot)> take);
+
+// The group a checkpoint was written under, and back: nullopt for a checkpoint that records none
+// (every rank in); DATA_LOSS for ranks outside [0, world_size) or out of order.
+void EncodeGroup(const GroupView& group, summa::v1::Checkpoint* header);
+absl::StatusOr<std::optional<GroupView>> DecodeGroup(const summa::v1::Checkpoint& header, int world_size);
 
 // The whole checkpoint as one message and back, in memory: for small checkpoints and tests.
 // Files go through CheckpointWriter and CheckpointReader.

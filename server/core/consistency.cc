@@ -29,6 +29,10 @@ class SyncPolicy final : public ConsistencyPolicy {
                                                 r.partition, " is at step ", p.version));
     }
     if (p.barrier.has_arrived(r.rank)) return Duplicate(r);
+    if (const GroupView& group = StepGroup(p, /*narrow=*/true); !group.Contains(r.rank)) {
+      return absl::FailedPreconditionError(absl::StrCat("rank ", r.rank, " is not in the group of step ", r.step,
+                                                        " (view ", group.view, "): it takes part from a later step"));
+    }
     if (!p.barrier.Arrive(r.rank, now).ok()) return absl::InternalError("barrier refused a checked arrival");
     if (values == PushValues::kSkip) {
       p.skip_step = true;
@@ -75,8 +79,8 @@ class SyncPolicy final : public ConsistencyPolicy {
 
   std::string WaitingFor(const Partition& p) const override ABSL_SHARED_LOCKS_REQUIRED(p.mu) {
     std::vector<int> missing;
-    for (int r : p.barrier.Missing()) {
-      if (!ctx_.members->excluded(r)) missing.push_back(r);
+    for (int r : p.step_group.ranks) {
+      if (!p.barrier.has_arrived(r)) missing.push_back(r);
     }
     return absl::StrCat("partition ", p.range.id, " is at version ", p.version, "; step ", p.version,
                         " still waits for pushes from rank", missing.size() == 1 ? " " : "s ",
@@ -84,12 +88,13 @@ class SyncPolicy final : public ConsistencyPolicy {
   }
 
  private:
-  // Applies the step once every rank still in the group has pushed.
+  // Applies the step once every rank of its group has pushed; the next step runs under the
+  // group as it is then.
   void MaybeComplete(Partition& p, absl::Time now, CallsToFinish& out) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu) {
     if (p.barrier.arrived() == 0) return;  // nothing pushed: an exclusion completes nothing
-    for (int r = 0; r < p.barrier.group_size(); ++r) {
-      if (!ctx_.members->excluded(r) && !p.barrier.has_arrived(r)) return;
+    for (int r : StepGroup(p, /*narrow=*/true).ranks) {
+      if (!p.barrier.has_arrived(r)) return;
     }
     const bool skip = p.skip_step || p.aggregator.contributions() == 0;
     p.aggregator.Finish();
@@ -97,6 +102,8 @@ class SyncPolicy final : public ConsistencyPolicy {
     p.aggregator.Reset();
     p.barrier.Reset();
     p.skip_step = false;
+    // The next step runs under the group as it is now (the same unless the view moved).
+    if (p.step_group.view != ctx_.members->view()) p.step_group = ctx_.members->group();
   }
 };
 
@@ -156,16 +163,16 @@ class AsyncPolicy final : public ConsistencyPolicy {
   }
 
   std::string WaitingFor(const Partition& p) const override ABSL_SHARED_LOCKS_REQUIRED(p.mu) {
-    return absl::StrCat("the slowest member of partition ", p.range.id, " is at step ", Slowest(p));
+    uint64_t slowest = UINT64_MAX;
+    for (int r : p.step_group.ranks) slowest = std::min(slowest, p.next_step[r]);
+    return absl::StrCat("the slowest member of partition ", p.range.id, " is at step ", slowest);
   }
 
  private:
-  // The lowest next step over the ranks still in the group.
-  uint64_t Slowest(const Partition& p) const ABSL_SHARED_LOCKS_REQUIRED(p.mu) {
+  // The lowest next step over the ranks of the group.
+  uint64_t Slowest(Partition& p) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu) {
     uint64_t slowest = UINT64_MAX;
-    for (size_t r = 0; r < p.next_step.size(); ++r) {
-      if (!ctx_.members->excluded(static_cast<int>(r))) slowest = std::min(slowest, p.next_step[r]);
-    }
+    for (int r : StepGroup(p, /*narrow=*/false).ranks) slowest = std::min(slowest, p.next_step[r]);
     return slowest;
   }
 
@@ -193,6 +200,15 @@ void ConsistencyPolicy::Advance(Partition& p, absl::Span<const float> grad_sum, 
   p.last_completion = now;
   if (p.reports && ctx_.step_observer) ctx_.step_observer(p.last_step);
   p.Release(p.parked, p.version, out);
+}
+
+const GroupView& ConsistencyPolicy::StepGroup(Partition& p, bool narrow) const
+    ABSL_NO_THREAD_SAFETY_ANALYSIS {  // the callers hold p.mu
+  if (p.step_group.view != ctx_.members->view()) {
+    const GroupView now = ctx_.members->group();
+    p.step_group = narrow ? p.step_group.Narrowed(now) : now;
+  }
+  return p.step_group;
 }
 
 absl::Status ConsistencyPolicy::Duplicate(const PushRequestView& r) const {

@@ -1,7 +1,7 @@
 // ConsistencyPolicy: what a push does to its partition and when a push-pull is answered, chosen
 // once per job from the mode:
-//  - sync: pushes are summed on arrival; when every member still in the group has pushed a
-//    partition for the step, the optimizer runs on the sum divided by the examples covered and
+//  - sync: pushes are summed on arrival; when every rank of the group the step runs under
+//    (server/core/group_view.h) has pushed a partition for the step, the optimizer runs on the sum divided by the examples covered and
 //    the version advances (the seed's bulk-synchronous step);
 //  - async: each push is applied on arrival with its own example count;
 //  - ssp: as async, but a push-pull more than `staleness` steps ahead of the slowest member waits.
@@ -89,6 +89,9 @@ class ConsistencyPolicy {
   void Advance(Partition& p, absl::Span<const float> grad_sum, int64_t examples, bool skip,
                absl::Time now, CallsToFinish& out) const;
   absl::Status Duplicate(const PushRequestView& r) const;
+  // `p.step_group`, brought up to the membership's view when it moved: narrowed (sync: a step
+  // keeps the group it started under, less the ranks excluded since) or replaced (async, ssp).
+  const GroupView& StepGroup(Partition& p, bool narrow) const;
 
   const PolicyContext ctx_;
 };

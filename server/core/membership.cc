@@ -269,12 +269,31 @@ void Membership::Tick(absl::Time now) {
   }
 }
 
-std::vector<int> Membership::LiveRanks() const {
-  std::vector<int> live;
-  for (int r = 0; r < world_size_; ++r) {
-    if (!excluded(r)) live.push_back(r);
+GroupView Membership::group() const {
+  GroupView g;
+  g.ranks.reserve(world_size_);
+  do {
+    g.view = view();
+    g.ranks.clear();
+    for (int r = 0; r < world_size_; ++r) {
+      if (!excluded(r)) g.ranks.push_back(r);
+    }
+  } while (g.view != view());  // the view moved while the ranks were read: read them again
+  return g;
+}
+
+void Membership::Restore(const GroupView& group) {
+  {
+    absl::MutexLock lock(&mu_);
+    for (int r = 0; r < world_size_; ++r) {
+      if (!group.Contains(r) && !excluded(r)) {
+        slots_[r].state.store(static_cast<int>(MemberState::kDropped), std::memory_order_release);
+        slots_[r].excluded.store(true, std::memory_order_release);
+      }
+    }
+    if (!follower() && group.view > view()) view_.store(group.view, std::memory_order_release);
   }
-  return live;
+  Notify();
 }
 
 std::string Membership::job_error() const {

@@ -28,6 +28,7 @@
 #include "absl/random/random.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "server/core/group_view.h"
 #include "server/core/job_options.h"
 
 namespace summa::server {
@@ -73,8 +74,14 @@ class Membership {
   bool follower() const { return follower_.load(std::memory_order_acquire); }
 
   // The membership view: it moves on each time a rank is excluded or the job ends (on a
-  // follower, it is the newest view of shard 0's that Follow applied).
+  // follower, it is the newest view of shard 0's that Follow applied). Lock-free.
   uint64_t view() const { return view_.load(std::memory_order_acquire); }
+  // The group as of a view: its number and the ranks not excluded. Lock-free (it may already
+  // lack a rank whose exclusion the next view makes: exclusions only ever grow).
+  GroupView group() const;
+  // Takes a checkpoint's group back after a restart: the ranks it lacks are excluded (they had
+  // left or been dropped), and the view goes on from its number. Before any member joins.
+  void Restore(const GroupView& group);
   // The ranks excluded (dropped or departed), ascending.
   std::vector<int> ExcludedRanks() const;
   // Applies shard 0's view: its excluded ranks are dropped here too, and its job error ends the
@@ -119,8 +126,8 @@ class Membership {
 
   // Dropped or departed: left out of every step and member collective. Lock-free.
   bool excluded(int rank) const { return slots_[rank].excluded.load(std::memory_order_acquire); }
-  // The ranks not excluded, ascending.
-  std::vector<int> LiveRanks() const;
+  // The ranks not excluded, ascending: group().ranks.
+  std::vector<int> LiveRanks() const { return group().ranks; }
 
   bool job_ended() const { return job_ended_.load(std::memory_order_acquire); }
   // Empty while the job runs; why it ended otherwise.

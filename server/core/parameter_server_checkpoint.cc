@@ -71,7 +71,9 @@ absl::Status ParameterServer::Restore(const summa::v1::Checkpoint& header, Parti
   if (model_owner_ != nullptr) return absl::FailedPreconditionError("the model is already defined");
   // Built unpublished, so a checkpoint found torn halfway leaves no model behind.
   SUMMA_ASSIGN_OR_RETURN(auto restored, ModelFrom(header, partitions));
+  SUMMA_ASSIGN_OR_RETURN(const std::optional<GroupView> group, DecodeGroup(header, options_.world_size));
   PublishModel(std::move(restored.first));
+  if (group.has_value()) membership_.Restore(*group);
   restored_.store(true, std::memory_order_release);
   absl::MutexLock info(&info_mu_);
   checkpoint_.version = restored.second;
@@ -231,9 +233,12 @@ absl::Status ParameterServer::MaybeCheckpoint(bool force) {
   if (!write) return absl::OkStatus();  // nothing new since the last one
   const absl::Time created = options_.clock->Now();
   // `low`: in async and ssp mode, partitions may move past it before they are copied.
+  summa::v1::Checkpoint header = EncodeCheckpointHeader(Job(), m->map.specs(), low, created);
+  // The group as it is now (a sync shard's frozen copies may be of an earlier version: a rank
+  // excluded since stays excluded, which is what a restore should find).
+  EncodeGroup(membership_.group(), &header);
   SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointWriter> writer,
-                         CheckpointWriter::Create(options_.checkpoint_dir,
-                                                  EncodeCheckpointHeader(Job(), m->map.specs(), low, created)));
+                         CheckpointWriter::Create(options_.checkpoint_dir, header));
   for (size_t i = 0; i < m->partitions.size(); ++i) {
     PartitionSnapshot snap;
     if (one_version) {

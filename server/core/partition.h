@@ -15,6 +15,7 @@
 #include "absl/types/span.h"
 #include "common/partition_map.h"
 #include "server/core/aggregator.h"
+#include "server/core/group_view.h"
 #include "server/core/checkpoint_codec.h"
 #include "server/core/parked_call.h"
 #include "server/core/snapshot.h"
@@ -34,6 +35,7 @@ struct Partition {
         aggregator(r.length, deterministic ? world_size : 0),
         barrier(world_size),
         next_step(world_size, 0),
+        step_group(GroupView::Whole(world_size)),
         last_completion(now) {
     for (auto& s : slots) slot_views.push_back(absl::MakeSpan(s));
   }
@@ -55,6 +57,9 @@ struct Partition {
   Aggregator aggregator ABSL_GUARDED_BY(mu);
   StepBarrier barrier ABSL_GUARDED_BY(mu);               // sync: who pushed the current step
   std::vector<uint64_t> next_step ABSL_GUARDED_BY(mu);   // per rank: the step it pushes next
+  // The group the current step runs under (sync: taken at the step's start, then narrowed by
+  // exclusions; async and ssp: the current group). ConsistencyPolicy::StepGroup keeps it.
+  GroupView step_group ABSL_GUARDED_BY(mu);
   bool skip_step ABSL_GUARDED_BY(mu) = false;            // sync: a push under --nonfinite=skip_step
   ParkingLot parked ABSL_GUARDED_BY(mu);        // waiting for a version
   ParkingLot clock_parked ABSL_GUARDED_BY(mu);  // ssp: waiting for the slowest member

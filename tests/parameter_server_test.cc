@@ -8,10 +8,12 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <string>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/status_reason.h"
 #include "server/checkpoint/checkpoint_dir.h"
@@ -1194,6 +1196,103 @@ TEST(AdamTest, AStepThatAppliesNothingIsNotCountedByTheBiasCorrection) {
     return ps.WeightsForTest();
   };
   EXPECT_EQ(run(true), run(false));
+}
+
+// The learning-rate schedule as the server applies it, step by step: update k of a sync job
+// (the step that takes the weights from version k to k + 1) runs at the schedule's rate for k,
+// computed here from the formula of OptimizerOptions, not from the optimizer. Two ranks push
+// {2, 4, 1, -2} and zeros over 2 examples each step, a mean gradient of {1, 2, 0.5, -1}: the
+// server's float arithmetic (w -= lr * (g * scale + wd * w), lr the rate as a float) is repeated
+// here exactly, so every weight after every step is compared for equality. A step that applies
+// nothing (a non-finite push under --nonfinite=skip_step) still takes its version: the schedule
+// counts versions, not updates.
+std::vector<float> Apply(std::vector<float> w, double rate) {
+  const std::vector<float> grad_sum = {2, 4, 1, -2};
+  const float scale = static_cast<float>(1.0 / 2.0);
+  const float lr = static_cast<float>(rate);
+  const float wd = 0.0f;
+  for (size_t i = 0; i < w.size(); ++i) w[i] -= lr * (grad_sum[i] * scale + wd * w[i]);
+  return w;
+}
+
+void ExpectScheduleAppliedStepByStep(const OptimizerOptions& optimizer, const std::function<double(uint64_t)>& rate,
+                                     uint64_t steps, uint64_t skipped) {
+  ServerOptions o;
+  o.require_sessions = false;
+  o.world_size = 2;
+  o.optimizer = optimizer;
+  o.nonfinite = NonFinite::kSkipStep;
+  ParameterServer ps(o);
+  std::vector<float> expected = {1, 2, 3, 4};
+  const std::string initial(reinterpret_cast<const char*>(expected.data()), 16);
+  for (int rank : {0, 1}) {
+    JoinRequestView v;
+    v.rank = rank;
+    v.world_size = 2;
+    v.params = {{{"w", DType::kFloat32, {4}}, rank == 0 ? absl::string_view(initial) : absl::string_view()}};
+    ASSERT_TRUE(ps.Join(v).ok());
+  }
+  const std::vector<float> g0 = {2, 4, 1, -2};
+  const std::vector<float> zeros = {0, 0, 0, 0};
+  const std::vector<float> bad = {std::nanf(""), 0, 0, 0};
+  const std::string g0_bytes(reinterpret_cast<const char*>(g0.data()), 16);
+  const std::string zero_bytes(reinterpret_cast<const char*>(zeros.data()), 16);
+  const std::string bad_bytes(reinterpret_cast<const char*>(bad.data()), 16);
+  for (uint64_t k = 0; k < steps; ++k) {
+    SCOPED_TRACE(absl::StrCat("update ", k, " at rate ", rate(k)));
+    // What the server reports as the rate of its next update.
+    EXPECT_DOUBLE_EQ(ps.Status().learning_rate, rate(k));
+    std::shared_ptr<FakeCall> replies[2] = {std::make_shared<FakeCall>(), std::make_shared<FakeCall>()};
+    for (int rank : {0, 1}) {
+      PushRequestView r;
+      r.rank = rank;
+      r.step = k;
+      r.num_examples = 1;
+      r.data = rank == 0 ? g0_bytes : k == skipped ? bad_bytes : zero_bytes;
+      ps.PushPull(r, replies[rank]);
+    }
+    if (k != skipped) expected = Apply(expected, rate(k));
+    for (const auto& reply : replies) {
+      ASSERT_TRUE(reply->Wait().ok());
+      EXPECT_EQ(reply->counter(), k + 1);
+      EXPECT_EQ(reply->values(), expected);
+    }
+    // The first update that goes wrong is the one to read about: the later ones follow from it.
+    ASSERT_EQ(ps.WeightsForTest(), expected);
+  }
+  EXPECT_EQ(ps.Status().version, steps);
+}
+
+TEST(LrScheduleTest, TheStepScheduleGivesEachSyncStepTheRateOfItsOwnVersion) {
+  OptimizerOptions o;
+  o.learning_rate = 0.75;
+  o.schedule = LrSchedule::kStep;
+  o.step_size = 2;
+  o.gamma = 0.5;
+  // lr * gamma^floor(k / step_size): 0.75, 0.75, 0.375, 0.375, 0.1875, ...
+  auto rate = [](uint64_t k) { return 0.75 * std::pow(0.5, static_cast<double>(k / 2)); };
+  ExpectScheduleAppliedStepByStep(o, rate, /*steps=*/7, /*skipped=*/99);
+  // Step 2 applies nothing; step 3 still runs at the rate of version 3 (0.375), and step 4 at
+  // that of version 4 (0.1875), though only 3 updates came before it.
+  ExpectScheduleAppliedStepByStep(o, rate, /*steps=*/7, /*skipped=*/2);
+}
+
+TEST(LrScheduleTest, TheCosineScheduleWithWarmUpGivesEachSyncStepTheRateOfItsOwnVersion) {
+  OptimizerOptions o;
+  o.learning_rate = 0.8;
+  o.schedule = LrSchedule::kCosine;
+  o.warmup_steps = 3;
+  o.total_steps = 8;
+  // Linear warm-up lr * (k + 1) / warmup over updates 0..2, then half a cosine from lr at update
+  // 3 down to 0 at update 8, and 0 after: the updates past total_steps leave the weights alone.
+  auto rate = [](uint64_t k) {
+    const double lr = 0.8, warmup = 3, total = 8, t = static_cast<double>(k);
+    if (t < warmup) return lr * (t + 1) / warmup;
+    if (t >= total) return 0.0;
+    const double progress = (t - warmup) / (total - warmup);
+    return 0.5 * lr * (1.0 + std::cos(M_PI * progress));
+  };
+  ExpectScheduleAppliedStepByStep(o, rate, /*steps=*/10, /*skipped=*/99);
 }
 
 TEST(JoinTest, ARefusedJoinDefinesNoModel) {

@@ -740,6 +740,95 @@ TEST_F(MembershipTest, SspHoldsAWorkerThatRunsTooFarAhead) {
   EXPECT_EQ(step1->counter(), 3u);  // three pushes applied
 }
 
+// Under shrink in ssp mode, a member whose lease lapses is dropped, and the slowest member is
+// then the slowest of those left: a push-pull held back by the dropped rank's step is answered
+// as it is dropped, and the survivor runs on, any number of steps past `staleness` ahead of the
+// dropped rank, every push applied (each subtracts 2/2 at lr 1).
+TEST_F(MembershipTest, SspUnderShrinkDropsALapsedMemberAndTheOtherRunsOnPastItsStep) {
+  ServerOptions o;
+  o.require_sessions = false;
+  o.mode = Mode::kSsp;
+  o.staleness = 1;
+  o.on_worker_loss = OnWorkerLoss::kShrink;
+  auto ps = Make(o);
+  ASSERT_TRUE(ps->Push(Push(1, 0, twos_, 2)).ok());  // rank 1's last push: it pushes step 1 next
+  for (uint64_t step : {0, 1}) {
+    auto reply = std::make_shared<FakeCall>();
+    ps->PushPull(Push(0, step, twos_, 2), reply);
+    ASSERT_TRUE(reply->answered()) << "step " << step << " is within the staleness of rank 1's step 1";
+    ASSERT_TRUE(reply->Wait().ok());
+    EXPECT_EQ(reply->counter(), step + 2);
+  }
+  auto held = std::make_shared<FakeCall>();
+  ps->PushPull(Push(0, 2, twos_, 2), held);
+  ASSERT_FALSE(held->answered()) << "step 2 is two steps past rank 1's: it waits";
+  EXPECT_EQ(ps->Status().version, 4u) << "the push itself is applied";
+  // Rank 0 keeps calling; rank 1 goes silent past its 1 s lease.
+  clock_.Advance(absl::Milliseconds(600));
+  ASSERT_TRUE(ps->Heartbeat(0, 0).ok());
+  clock_.Advance(absl::Milliseconds(500));
+  ps->Tick(clock_.Now());
+  ASSERT_EQ(ps->LiveRanks(), std::vector<int>{0});
+  EXPECT_EQ(ps->view(), 1u);
+  ASSERT_TRUE(held->answered()) << "the drop answers the push-pull the dropped rank held back";
+  ASSERT_TRUE(held->Wait().ok());
+  EXPECT_EQ(held->counter(), 4u);
+  EXPECT_EQ(held->values(), std::vector<float>(4, -4));
+  // Rank 0 runs on, up to 8 steps past rank 1's step 1, each push-pull answered at once.
+  for (uint64_t step = 3; step < 10; ++step) {
+    auto reply = std::make_shared<FakeCall>();
+    ps->PushPull(Push(0, step, twos_, 2), reply);
+    ASSERT_TRUE(reply->answered()) << "step " << step;
+    ASSERT_TRUE(reply->Wait().ok());
+    EXPECT_EQ(reply->counter(), step + 2);
+    EXPECT_EQ(reply->values(), std::vector<float>(4, -static_cast<float>(step + 2)));
+  }
+  // The dropped rank's late push is refused and changes nothing.
+  const absl::Status late = ps->Push(Push(1, 1, twos_, 2)).status();
+  EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition) << late;
+  EXPECT_EQ(ps->Status().version, 11u);
+  EXPECT_EQ(ps->WeightsForTest(), std::vector<float>(4, -11));
+  EXPECT_EQ(ps->Status().members[0].pushes, 10u);
+}
+
+// Under shrink in async mode, a member whose lease lapses is dropped and the other goes on:
+// every one of its pushes is applied at once (version and weights count them all), and the
+// dropped rank's are refused.
+TEST_F(MembershipTest, AsyncUnderShrinkDropsALapsedMemberAndAppliesEveryPushOfTheOther) {
+  ServerOptions o;
+  o.require_sessions = false;
+  o.mode = Mode::kAsync;
+  o.on_worker_loss = OnWorkerLoss::kShrink;
+  auto ps = Make(o);
+  ASSERT_EQ(*ps->Push(Push(1, 0, twos_, 1)), true);  // 2/1: w = -2
+  ASSERT_EQ(*ps->Push(Push(0, 0, twos_, 2)), true);  // 2/2: w = -3
+  clock_.Advance(absl::Milliseconds(600));
+  ASSERT_EQ(*ps->Push(Push(0, 1, twos_, 2)), true);  // rank 0's lease renewed; w = -4
+  clock_.Advance(absl::Milliseconds(500));
+  ps->Tick(clock_.Now());
+  ASSERT_EQ(ps->LiveRanks(), std::vector<int>{0});
+  EXPECT_EQ(ps->view(), 1u);
+  EXPECT_EQ(ps->Status().version, 3u);
+  EXPECT_EQ(ps->WeightsForTest(), std::vector<float>(4, -4));
+  for (uint64_t step = 2; step < 8; ++step) {
+    auto reply = std::make_shared<FakeCall>();
+    ps->PushPull(Push(0, step, twos_, 2), reply);
+    ASSERT_TRUE(reply->answered()) << "step " << step;
+    ASSERT_TRUE(reply->Wait().ok());
+    EXPECT_EQ(reply->counter(), step + 2);
+    EXPECT_EQ(reply->values(), std::vector<float>(4, -static_cast<float>(step + 3)));  // rank 1's took 2
+  }
+  const absl::Status late = ps->Push(Push(1, 1, twos_, 1)).status();
+  EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition) << late;
+  EXPECT_EQ(ps->Status().version, 9u);
+  EXPECT_EQ(ps->WeightsForTest(), std::vector<float>(4, -10));
+  // A pull of the newest version is answered at once.
+  auto pull = std::make_shared<FakeCall>();
+  ps->Pull(0, 0, 0, 9, pull);
+  ASSERT_TRUE(pull->answered());
+  EXPECT_EQ(pull->counter(), 9u);
+}
+
 TEST_F(MembershipTest, CheckpointRestoresWeightsVersionAndAsksMembersToRejoin) {
   const std::string dir = std::filesystem::temp_directory_path() / ("summa-ps-ckpt-" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
@@ -1382,6 +1384,106 @@ TEST(LrScheduleTest, TheCosineScheduleWithWarmUpGivesEachSyncStepTheRateOfItsOwn
     return 0.5 * lr * (1.0 + std::cos(M_PI * progress));
   };
   ExpectScheduleAppliedStepByStep(o, rate, /*steps=*/10, /*skipped=*/99);
+}
+
+// A pull answered in a 16-bit wire dtype as the gRPC edge answers it (service.cc's SliceOf): the
+// snapshot's shared encoding, taken under the partition's lock as the call is filled; its bytes
+// are kept here. With `hold`, it also keeps a reference to the snapshot (Lend) until Release, as
+// gRPC does while it still sends the bytes.
+class EncodedPull : public FakeCall {
+ public:
+  EncodedPull(WireDType dtype, bool hold = false) : dtype_(dtype), hold_(hold) {}
+  ~EncodedPull() override { Release(); }
+  void Fill(uint64_t counter, const Snapshot& values) override {
+    FakeCall::Fill(counter, values);
+    const absl::Span<const uint16_t> encoded = values.Encoded(dtype_);
+    bytes_.assign(reinterpret_cast<const char*>(encoded.data()), encoded.size() * sizeof(uint16_t));
+    if (hold_) lent_ = values.Lend();
+  }
+  int value_bytes() const override { return 2; }
+  void Release() {
+    if (lent_ != nullptr) Snapshot::Return(std::exchange(lent_, nullptr));
+  }
+  const std::string& bytes() const { return bytes_; }
+
+ private:
+  const WireDType dtype_;
+  const bool hold_;
+  std::string bytes_;
+  void* lent_ = nullptr;
+};
+
+// Pulls in fp16 and bf16 at successive versions, the weights changing each step, while the
+// partition's snapshot buffers are reused (two in turn, a third while one reply still holds
+// its buffer): every pull carries the encoding of the current weights in its own dtype, never
+// an earlier version's bytes or the other dtype's. Decoded, each is the weights rounded as the
+// dtype rounds them: the codec's own rounding of them, and within half a unit in the last place
+// of the dtype (8 significant bits for bf16, 11 for fp16; every weight here is a normal number
+// of both).
+TEST(EncodedPullTest, Fp16AndBf16PullsOfEachVersionCarryThatVersionsWeightsInTheirOwnDType) {
+  ServerOptions o;
+  o.require_sessions = false;
+  o.world_size = 1;
+  o.optimizer.learning_rate = 1.0;
+  ParameterServer ps(o);
+  const std::vector<float> initial = {0.1f, -1.7f, 3.14159f, 1000.3f};
+  const std::vector<float> gradient = {0.013f, 0.29f, -0.77f, 40.5f};
+  const std::string initial_bytes(reinterpret_cast<const char*>(initial.data()), 16);
+  const std::string gradient_bytes(reinterpret_cast<const char*>(gradient.data()), 16);
+  JoinRequestView join;
+  join.rank = 0;
+  join.world_size = 1;
+  join.params = {{{"w", DType::kFloat32, {4}}, initial_bytes}};
+  ASSERT_TRUE(ps.Join(join).ok());
+  auto encoded = [](WireDType dtype, const std::vector<float>& values) {
+    std::string out(values.size() * 2, '\0');
+    EncodeValues(dtype, values, out.data());
+    return out;
+  };
+  std::map<WireDType, std::string> before;  // the previous version's encoding, per dtype
+  std::shared_ptr<EncodedPull> held;
+  for (uint64_t version = 0; version < 6; ++version) {
+    SCOPED_TRACE(absl::StrCat("version ", version));
+    const std::vector<float> weights = ps.WeightsForTest();
+    std::vector<WireDType> order = {WireDType::kFloat16, WireDType::kBfloat16};
+    if (version % 2 == 1) std::swap(order[0], order[1]);  // either dtype encodes a version first
+    std::map<WireDType, std::string> pulled;
+    for (WireDType dtype : order) {
+      const std::string expected = encoded(dtype, weights);
+      ASSERT_NE(expected, before[dtype]) << "the weights must move past the dtype's rounding each step";
+      for (int i = 0; i < 2; ++i) {  // the second reply of a version shares the first's encoding
+        // Version 1's first fp16 reply is still being sent until version 3.
+        const bool hold = version == 1 && dtype == WireDType::kFloat16 && i == 0;
+        auto pull = std::make_shared<EncodedPull>(dtype, hold);
+        ps.Pull(0, 0, 0, version, pull);
+        ASSERT_TRUE(pull->Wait().ok());
+        ASSERT_EQ(pull->counter(), version);
+        ASSERT_EQ(pull->values(), weights);
+        EXPECT_EQ(pull->bytes(), expected) << WireDTypeName(dtype) << " reply " << i;
+        std::vector<float> decoded(weights.size());
+        DecodeValues(dtype, pull->bytes().data(), absl::MakeSpan(decoded));
+        const int significand_bits = dtype == WireDType::kBfloat16 ? 8 : 11;
+        for (size_t k = 0; k < weights.size(); ++k) {
+          const float half_ulp = std::ldexp(1.0f, std::ilogb(weights[k]) - significand_bits);
+          EXPECT_LE(std::fabs(decoded[k] - weights[k]), half_ulp)
+              << WireDTypeName(dtype) << " value " << k << ": " << decoded[k] << " for " << weights[k];
+        }
+        pulled[dtype] = pull->bytes();
+        if (hold) held = pull;
+      }
+      before[dtype] = expected;
+    }
+    EXPECT_NE(pulled[WireDType::kFloat16], pulled[WireDType::kBfloat16]) << "the dtypes' bytes are their own";
+    if (version == 3 && held != nullptr) {
+      held->Release();
+      held.reset();
+    }
+    PushRequestView push;
+    push.step = version;
+    push.num_examples = 1;
+    push.data = gradient_bytes;
+    ASSERT_EQ(*ps.Push(push), true);
+  }
 }
 
 TEST(JoinTest, ARefusedJoinDefinesNoModel) {

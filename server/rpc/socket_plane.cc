@@ -271,9 +271,9 @@ class SocketPlane::Connection {
       return Refuse(absl::InvalidArgumentError(
           absl::StrCat("a request led by ", header.lead, " bytes of padding (at most ", socket_plane::kMaxLead, ")")));
     }
-    if (header.length > static_cast<uint64_t>(plane_->max_message_bytes_)) {
+    if (header.length > static_cast<uint64_t>(plane_->options_.max_message_bytes)) {
       return Refuse(absl::ResourceExhaustedError(
-          absl::StrCat("a request of ", header.length, " bytes: over the limit of ", plane_->max_message_bytes_,
+          absl::StrCat("a request of ", header.length, " bytes: over the limit of ", plane_->options_.max_message_bytes,
                        " (summa-server --max_message_bytes)")));
     }
     // A buffer from the plane's few: what the server holds of requests is bounded by them, not
@@ -344,8 +344,8 @@ class SocketPlane::Connection {
 absl::StatusOr<std::unique_ptr<SocketPlane>> SocketPlane::Start(const std::string& address,
                                                                 ParameterServerService* service,
                                                                 const TokenCheck* tokens,
-                                                                int64_t max_message_bytes) {
-  std::unique_ptr<SocketPlane> plane(new SocketPlane(service, tokens, max_message_bytes));
+                                                                const SocketPlaneOptions& options) {
+  std::unique_ptr<SocketPlane> plane(new SocketPlane(service, tokens, options));
   absl::StatusOr<OwnedFd> listener = socket_plane::Listen(address, &plane->port_);
   if (!listener.ok()) {
     return absl::Status(listener.status().code(),
@@ -356,10 +356,11 @@ absl::StatusOr<std::unique_ptr<SocketPlane>> SocketPlane::Start(const std::strin
   return plane;
 }
 
-SocketPlane::SocketPlane(ParameterServerService* service, const TokenCheck* tokens, int64_t max_message_bytes)
+SocketPlane::SocketPlane(ParameterServerService* service, const TokenCheck* tokens,
+                         const SocketPlaneOptions& options)
     : service_(service),
       tokens_(tokens),
-      max_message_bytes_(max_message_bytes),
+      options_(options),
       bodies_(std::make_unique<BodyBuffers>(
           std::clamp(2 * static_cast<int>(std::thread::hardware_concurrency()), kMinBodyBuffers, kMaxBodyBuffers))) {}
 
@@ -399,12 +400,13 @@ void SocketPlane::AcceptLoop() {
           .IgnoreError();
       SUMMA_LOG(WARNING) << "data plane: refused a connection: " << message;
     };
-    if (connections_.size() >= static_cast<size_t>(kMaxConnections)) {
-      refuse(absl::StrCat("the data plane holds ", kMaxConnections, " connections"));
+    if (connections_.size() >= static_cast<size_t>(options_.max_connections)) {
+      refuse(absl::StrCat("the data plane holds ", options_.max_connections, " connections"));
       continue;
     }
-    if (in_hello_.load(std::memory_order_relaxed) >= kMaxConnectionsInHello) {
-      refuse(absl::StrCat("the data plane has ", kMaxConnectionsInHello, " connections still in their hello"));
+    if (in_hello_.load(std::memory_order_relaxed) >= options_.max_connections_in_hello) {
+      refuse(absl::StrCat("the data plane has ", options_.max_connections_in_hello,
+                          " connections still in their hello"));
       continue;
     }
     in_hello_.fetch_add(1, std::memory_order_relaxed);

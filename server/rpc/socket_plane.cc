@@ -211,7 +211,7 @@ class SocketPlane::Connection {
  private:
   void Run() {
     absl::Status hello = wake_.valid() ? Hello() : absl::ResourceExhaustedError("no eventfd for the connection");
-    plane_->in_hello_.fetch_sub(1, std::memory_order_relaxed);
+    LeaveHello();
     absl::Status ended = hello;
     while (ended.ok()) ended = ServeOne();
     // A client closing its connection is the usual end; anything else is worth a line, and the
@@ -237,6 +237,12 @@ class SocketPlane::Connection {
     }
   }
 
+  // Gives back the connection's place among those in their hello (once; later calls do nothing).
+  void LeaveHello() {
+    if (counted_in_hello_) plane_->in_hello_.fetch_sub(1, std::memory_order_relaxed);
+    counted_in_hello_ = false;
+  }
+
   // Tells the client `why` (a reply with no message) and returns it: the connection's end.
   absl::Status Refuse(const absl::Status& why) {
     Reply(ToGrpcStatus(why), grpc::ByteBuffer()).IgnoreError();
@@ -253,6 +259,9 @@ class SocketPlane::Connection {
     SUMMA_RETURN_IF_ERROR(
         socket_plane::ReadFull(fd_.get(), authorization_.data(), authorization_.size(), deadline, "the hello's token"));
     const absl::Status admitted = plane_->tokens_->Check(authorization_, Role::kWorker);
+    // Before the answer: a client told its hello is done may open another connection at once,
+    // and this one must no longer count against the hello-phase limit then.
+    LeaveHello();
     SUMMA_RETURN_IF_ERROR(Reply(ToGrpcStatus(admitted), grpc::ByteBuffer()));  // OK too: the hello's answer
     return admitted;
   }
@@ -335,6 +344,7 @@ class SocketPlane::Connection {
   const OwnedFd wake_;  // the answer's signal (an eventfd)
   const std::string peer_;
   std::string authorization_;  // from the hello
+  bool counted_in_hello_ = true;  // in the plane's in_hello_; the connection's thread's alone
   std::vector<grpc::Slice> slices_;
   std::vector<iovec> iov_;
   std::thread thread_;

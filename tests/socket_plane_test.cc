@@ -104,12 +104,89 @@ class SocketPlaneFixture : public ::testing::Test {
     return fd;
   }
 
+  // Expects a connection opened now to be refused as it is accepted, with RESOURCE_EXHAUSTED
+  // saying `says`, and closed.
+  void ExpectRefused(const std::string& says) {
+    socket_plane::OwnedFd fd = RawConnect(plane_->port());
+    absl::StatusOr<RawReply> reply = ReadReply(fd.get());
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    EXPECT_EQ(reply->header.code, static_cast<uint32_t>(absl::StatusCode::kResourceExhausted)) << reply->message;
+    EXPECT_EQ(reply->message, says);
+    EXPECT_TRUE(ClosedByServer(fd.get()));
+  }
+
   std::unique_ptr<ParameterServer> core_;
   std::unique_ptr<AllReduceHub> hub_;
   TokenCheck tokens_;
   std::unique_ptr<ParameterServerService> service_;
   std::unique_ptr<SocketPlane> plane_;
 };
+
+// The limits on connections (SocketPlaneOptions), set small. The silent connections here are
+// asked for their hello within 10 s (the plane's hello timeout, real time): each test is done
+// with them long before.
+class SocketPlaneLimitsTest : public SocketPlaneFixture {};
+
+TEST_F(SocketPlaneLimitsTest, ConnectionsPastTheHelloLimitAreRefusedAndACompletedHelloFreesItsPlace) {
+  SocketPlaneOptions options;
+  options.max_connections_in_hello = 3;
+  options.max_connections = 6;
+  StartPlane(options);
+  // Three connections that never send their hello fill the hello phase (the acceptor takes
+  // connections in the order they were made): the fourth is refused, naming the limit.
+  std::vector<socket_plane::OwnedFd> silent;
+  for (int i = 0; i < 3; ++i) silent.push_back(RawConnect(plane_->port()));
+  ExpectRefused("the data plane has 3 connections still in their hello");
+  // One of them says hello: its place in the hello phase is free once it is answered...
+  SendHello(silent[0].get(), "");
+  absl::StatusOr<RawReply> hello = ReadReply(silent[0].get());
+  ASSERT_TRUE(hello.ok()) << hello.status();
+  ASSERT_EQ(hello->header.code, 0u) << hello->message;
+  // ... and a new connection takes it: the one after is refused again.
+  socket_plane::OwnedFd taken = RawConnect(plane_->port());
+  ExpectRefused("the data plane has 3 connections still in their hello");
+  SendHello(taken.get(), "");
+  hello = ReadReply(taken.get());
+  ASSERT_TRUE(hello.ok()) << hello.status();
+  EXPECT_EQ(hello->header.code, 0u) << hello->message;
+  EXPECT_EQ(plane_->connections(), 4);
+  // Once the client closes them all, a real client is served again.
+  silent.clear();
+  taken.Reset();
+  ASSERT_TRUE(Eventually([&] { return plane_->connections() == 0; })) << plane_->connections();
+  absl::StatusOr<std::vector<float>> sum = AllReduceAlone("", {1.5f, -2, 3});
+  ASSERT_TRUE(sum.ok()) << sum.status();
+  EXPECT_EQ(*sum, (std::vector<float>{1.5f, -2, 3}));
+}
+
+TEST_F(SocketPlaneLimitsTest, AConnectionPastTheTotalIsRefusedWhetherTheOthersAreIdleOrInTheirHello) {
+  SocketPlaneOptions options;
+  options.max_connections_in_hello = 2;
+  options.max_connections = 4;
+  StartPlane(options);
+  std::vector<socket_plane::OwnedFd> open;
+  for (int i = 0; i < 3; ++i) open.push_back(Greeted());  // idle between calls
+  open.push_back(RawConnect(plane_->port()));             // in its hello
+  ExpectRefused("the data plane holds 4 connections");
+  // The one in its hello says it: four idle connections, the fifth still refused.
+  SendHello(open[3].get(), "");
+  absl::StatusOr<RawReply> hello = ReadReply(open[3].get());
+  ASSERT_TRUE(hello.ok()) << hello.status();
+  ASSERT_EQ(hello->header.code, 0u) << hello->message;
+  ExpectRefused("the data plane holds 4 connections");
+  EXPECT_EQ(plane_->connections(), 4);
+  // One closes: there is room for one more, and only one.
+  open[0].Reset();
+  ASSERT_TRUE(Eventually([&] { return plane_->connections() == 3; })) << plane_->connections();
+  open[0] = Greeted();
+  ExpectRefused("the data plane holds 4 connections");
+  // Once the client closes them all, a real client is served again.
+  open.clear();
+  ASSERT_TRUE(Eventually([&] { return plane_->connections() == 0; })) << plane_->connections();
+  absl::StatusOr<std::vector<float>> sum = AllReduceAlone("", {4, 5});
+  ASSERT_TRUE(sum.ok()) << sum.status();
+  EXPECT_EQ(*sum, (std::vector<float>{4, 5}));
+}
 
 class SocketPlaneTest : public SocketPlaneFixture {};
 

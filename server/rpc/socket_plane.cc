@@ -97,12 +97,16 @@ class SocketCall final : public DataCall {
   std::optional<absl::Span<char>> whole_request() override { return whole_; }
   grpc::ByteBuffer* response() override { return response_; }
   void Answer(const grpc::Status& status) override {
+    int wake;
     {
       absl::MutexLock lock(&mu_);
       status_ = status;
+      // Read before the lock goes: once it has, the connection's thread may end the call (the
+      // eventfd's write below is what it waits for, but TSan with io_sync=0 sees only the lock).
+      wake = wake_;
     }
     const uint64_t one = 1;
-    while (::write(wake_, &one, sizeof(one)) < 0 && errno == EINTR) {
+    while (::write(wake, &one, sizeof(one)) < 0 && errno == EINTR) {
     }
   }
   grpc::Status status() {

@@ -95,8 +95,10 @@ absl::StatusOr<std::unique_ptr<SummaServer>> SummaServer::Start(const std::strin
   server->data_path_ =
       std::make_unique<DataPath>(&server->service_, server->running_.queues[0].get(), DataPathThreads());
   if (!data_address.empty()) {
+    SocketPlaneOptions plane_options;
+    plane_options.max_message_bytes = options.limits.max_message_bytes;
     absl::StatusOr<std::unique_ptr<SocketPlane>> plane =
-        SocketPlane::Start(data_address, &server->service_, &server->tokens_, options.limits.max_message_bytes);
+        SocketPlane::Start(data_address, &server->service_, &server->tokens_, plane_options);
     if (!plane.ok()) return plane.status();
     server->socket_plane_ = *std::move(plane);
     server->service_.set_data_plane_port(server->socket_plane_->port());

@@ -5,13 +5,17 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/status_reason.h"
 #include "server/checkpoint/checkpoint_dir.h"
@@ -738,6 +742,95 @@ TEST_F(MembershipTest, SspHoldsAWorkerThatRunsTooFarAhead) {
   EXPECT_EQ(step1->counter(), 3u);  // three pushes applied
 }
 
+// Under shrink in ssp mode, a member whose lease lapses is dropped, and the slowest member is
+// then the slowest of those left: a push-pull held back by the dropped rank's step is answered
+// as it is dropped, and the survivor runs on, any number of steps past `staleness` ahead of the
+// dropped rank, every push applied (each subtracts 2/2 at lr 1).
+TEST_F(MembershipTest, SspUnderShrinkDropsALapsedMemberAndTheOtherRunsOnPastItsStep) {
+  ServerOptions o;
+  o.require_sessions = false;
+  o.mode = Mode::kSsp;
+  o.staleness = 1;
+  o.on_worker_loss = OnWorkerLoss::kShrink;
+  auto ps = Make(o);
+  ASSERT_TRUE(ps->Push(Push(1, 0, twos_, 2)).ok());  // rank 1's last push: it pushes step 1 next
+  for (uint64_t step : {0, 1}) {
+    auto reply = std::make_shared<FakeCall>();
+    ps->PushPull(Push(0, step, twos_, 2), reply);
+    ASSERT_TRUE(reply->answered()) << "step " << step << " is within the staleness of rank 1's step 1";
+    ASSERT_TRUE(reply->Wait().ok());
+    EXPECT_EQ(reply->counter(), step + 2);
+  }
+  auto held = std::make_shared<FakeCall>();
+  ps->PushPull(Push(0, 2, twos_, 2), held);
+  ASSERT_FALSE(held->answered()) << "step 2 is two steps past rank 1's: it waits";
+  EXPECT_EQ(ps->Status().version, 4u) << "the push itself is applied";
+  // Rank 0 keeps calling; rank 1 goes silent past its 1 s lease.
+  clock_.Advance(absl::Milliseconds(600));
+  ASSERT_TRUE(ps->Heartbeat(0, 0).ok());
+  clock_.Advance(absl::Milliseconds(500));
+  ps->Tick(clock_.Now());
+  ASSERT_EQ(ps->LiveRanks(), std::vector<int>{0});
+  EXPECT_EQ(ps->view(), 1u);
+  ASSERT_TRUE(held->answered()) << "the drop answers the push-pull the dropped rank held back";
+  ASSERT_TRUE(held->Wait().ok());
+  EXPECT_EQ(held->counter(), 4u);
+  EXPECT_EQ(held->values(), std::vector<float>(4, -4));
+  // Rank 0 runs on, up to 8 steps past rank 1's step 1, each push-pull answered at once.
+  for (uint64_t step = 3; step < 10; ++step) {
+    auto reply = std::make_shared<FakeCall>();
+    ps->PushPull(Push(0, step, twos_, 2), reply);
+    ASSERT_TRUE(reply->answered()) << "step " << step;
+    ASSERT_TRUE(reply->Wait().ok());
+    EXPECT_EQ(reply->counter(), step + 2);
+    EXPECT_EQ(reply->values(), std::vector<float>(4, -static_cast<float>(step + 2)));
+  }
+  // The dropped rank's late push is refused and changes nothing.
+  const absl::Status late = ps->Push(Push(1, 1, twos_, 2)).status();
+  EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition) << late;
+  EXPECT_EQ(ps->Status().version, 11u);
+  EXPECT_EQ(ps->WeightsForTest(), std::vector<float>(4, -11));
+  EXPECT_EQ(ps->Status().members[0].pushes, 10u);
+}
+
+// Under shrink in async mode, a member whose lease lapses is dropped and the other goes on:
+// every one of its pushes is applied at once (version and weights count them all), and the
+// dropped rank's are refused.
+TEST_F(MembershipTest, AsyncUnderShrinkDropsALapsedMemberAndAppliesEveryPushOfTheOther) {
+  ServerOptions o;
+  o.require_sessions = false;
+  o.mode = Mode::kAsync;
+  o.on_worker_loss = OnWorkerLoss::kShrink;
+  auto ps = Make(o);
+  ASSERT_EQ(*ps->Push(Push(1, 0, twos_, 1)), true);  // 2/1: w = -2
+  ASSERT_EQ(*ps->Push(Push(0, 0, twos_, 2)), true);  // 2/2: w = -3
+  clock_.Advance(absl::Milliseconds(600));
+  ASSERT_EQ(*ps->Push(Push(0, 1, twos_, 2)), true);  // rank 0's lease renewed; w = -4
+  clock_.Advance(absl::Milliseconds(500));
+  ps->Tick(clock_.Now());
+  ASSERT_EQ(ps->LiveRanks(), std::vector<int>{0});
+  EXPECT_EQ(ps->view(), 1u);
+  EXPECT_EQ(ps->Status().version, 3u);
+  EXPECT_EQ(ps->WeightsForTest(), std::vector<float>(4, -4));
+  for (uint64_t step = 2; step < 8; ++step) {
+    auto reply = std::make_shared<FakeCall>();
+    ps->PushPull(Push(0, step, twos_, 2), reply);
+    ASSERT_TRUE(reply->answered()) << "step " << step;
+    ASSERT_TRUE(reply->Wait().ok());
+    EXPECT_EQ(reply->counter(), step + 2);
+    EXPECT_EQ(reply->values(), std::vector<float>(4, -static_cast<float>(step + 3)));  // rank 1's took 2
+  }
+  const absl::Status late = ps->Push(Push(1, 1, twos_, 1)).status();
+  EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition) << late;
+  EXPECT_EQ(ps->Status().version, 9u);
+  EXPECT_EQ(ps->WeightsForTest(), std::vector<float>(4, -10));
+  // A pull of the newest version is answered at once.
+  auto pull = std::make_shared<FakeCall>();
+  ps->Pull(0, 0, 0, 9, pull);
+  ASSERT_TRUE(pull->answered());
+  EXPECT_EQ(pull->counter(), 9u);
+}
+
 TEST_F(MembershipTest, CheckpointRestoresWeightsVersionAndAsksMembersToRejoin) {
   const std::string dir = std::filesystem::temp_directory_path() / ("summa-ps-ckpt-" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
@@ -1245,6 +1338,203 @@ TEST(AdamTest, AStepThatAppliesNothingIsNotCountedByTheBiasCorrection) {
     return ps.WeightsForTest();
   };
   EXPECT_EQ(run(true), run(false));
+}
+
+// The learning-rate schedule as the server applies it, step by step: update k of a sync job
+// (the step that takes the weights from version k to k + 1) runs at the schedule's rate for k,
+// computed here from the formula of OptimizerOptions, not from the optimizer. Two ranks push
+// {2, 4, 1, -2} and zeros over 2 examples each step, a mean gradient of {1, 2, 0.5, -1}: the
+// server's float arithmetic (w -= lr * (g * scale + wd * w), lr the rate as a float) is repeated
+// here exactly, so every weight after every step is compared for equality. A step that applies
+// nothing (a non-finite push under --nonfinite=skip_step) still takes its version: the schedule
+// counts versions, not updates.
+std::vector<float> Apply(std::vector<float> w, double rate) {
+  const std::vector<float> grad_sum = {2, 4, 1, -2};
+  const float scale = static_cast<float>(1.0 / 2.0);
+  const float lr = static_cast<float>(rate);
+  const float wd = 0.0f;
+  for (size_t i = 0; i < w.size(); ++i) w[i] -= lr * (grad_sum[i] * scale + wd * w[i]);
+  return w;
+}
+
+void ExpectScheduleAppliedStepByStep(const OptimizerOptions& optimizer, const std::function<double(uint64_t)>& rate,
+                                     uint64_t steps, uint64_t skipped) {
+  ServerOptions o;
+  o.require_sessions = false;
+  o.world_size = 2;
+  o.optimizer = optimizer;
+  o.nonfinite = NonFinite::kSkipStep;
+  ParameterServer ps(o);
+  std::vector<float> expected = {1, 2, 3, 4};
+  const std::string initial(reinterpret_cast<const char*>(expected.data()), 16);
+  for (int rank : {0, 1}) {
+    JoinRequestView v;
+    v.rank = rank;
+    v.world_size = 2;
+    v.params = {{{"w", DType::kFloat32, {4}}, rank == 0 ? absl::string_view(initial) : absl::string_view()}};
+    ASSERT_TRUE(ps.Join(v).ok());
+  }
+  const std::vector<float> g0 = {2, 4, 1, -2};
+  const std::vector<float> zeros = {0, 0, 0, 0};
+  const std::vector<float> bad = {std::nanf(""), 0, 0, 0};
+  const std::string g0_bytes(reinterpret_cast<const char*>(g0.data()), 16);
+  const std::string zero_bytes(reinterpret_cast<const char*>(zeros.data()), 16);
+  const std::string bad_bytes(reinterpret_cast<const char*>(bad.data()), 16);
+  for (uint64_t k = 0; k < steps; ++k) {
+    SCOPED_TRACE(absl::StrCat("update ", k, " at rate ", rate(k)));
+    // What the server reports as the rate of its next update.
+    EXPECT_DOUBLE_EQ(ps.Status().learning_rate, rate(k));
+    std::shared_ptr<FakeCall> replies[2] = {std::make_shared<FakeCall>(), std::make_shared<FakeCall>()};
+    for (int rank : {0, 1}) {
+      PushRequestView r;
+      r.rank = rank;
+      r.step = k;
+      r.num_examples = 1;
+      r.data = rank == 0 ? g0_bytes : k == skipped ? bad_bytes : zero_bytes;
+      ps.PushPull(r, replies[rank]);
+    }
+    if (k != skipped) expected = Apply(expected, rate(k));
+    for (const auto& reply : replies) {
+      ASSERT_TRUE(reply->Wait().ok());
+      EXPECT_EQ(reply->counter(), k + 1);
+      EXPECT_EQ(reply->values(), expected);
+    }
+    // The first update that goes wrong is the one to read about: the later ones follow from it.
+    ASSERT_EQ(ps.WeightsForTest(), expected);
+  }
+  EXPECT_EQ(ps.Status().version, steps);
+}
+
+TEST(LrScheduleTest, TheStepScheduleGivesEachSyncStepTheRateOfItsOwnVersion) {
+  OptimizerOptions o;
+  o.learning_rate = 0.75;
+  o.schedule = LrSchedule::kStep;
+  o.step_size = 2;
+  o.gamma = 0.5;
+  // lr * gamma^floor(k / step_size): 0.75, 0.75, 0.375, 0.375, 0.1875, ...
+  auto rate = [](uint64_t k) { return 0.75 * std::pow(0.5, static_cast<double>(k / 2)); };
+  ExpectScheduleAppliedStepByStep(o, rate, /*steps=*/7, /*skipped=*/99);
+  // Step 2 applies nothing; step 3 still runs at the rate of version 3 (0.375), and step 4 at
+  // that of version 4 (0.1875), though only 3 updates came before it.
+  ExpectScheduleAppliedStepByStep(o, rate, /*steps=*/7, /*skipped=*/2);
+}
+
+TEST(LrScheduleTest, TheCosineScheduleWithWarmUpGivesEachSyncStepTheRateOfItsOwnVersion) {
+  OptimizerOptions o;
+  o.learning_rate = 0.8;
+  o.schedule = LrSchedule::kCosine;
+  o.warmup_steps = 3;
+  o.total_steps = 8;
+  // Linear warm-up lr * (k + 1) / warmup over updates 0..2, then half a cosine from lr at update
+  // 3 down to 0 at update 8, and 0 after: the updates past total_steps leave the weights alone.
+  auto rate = [](uint64_t k) {
+    const double lr = 0.8, warmup = 3, total = 8, t = static_cast<double>(k);
+    if (t < warmup) return lr * (t + 1) / warmup;
+    if (t >= total) return 0.0;
+    const double progress = (t - warmup) / (total - warmup);
+    return 0.5 * lr * (1.0 + std::cos(M_PI * progress));
+  };
+  ExpectScheduleAppliedStepByStep(o, rate, /*steps=*/10, /*skipped=*/99);
+}
+
+// A pull answered in a 16-bit wire dtype as the gRPC edge answers it (service.cc's SliceOf): the
+// snapshot's shared encoding, taken under the partition's lock as the call is filled; its bytes
+// are kept here. With `hold`, it also keeps a reference to the snapshot (Lend) until Release, as
+// gRPC does while it still sends the bytes.
+class EncodedPull : public FakeCall {
+ public:
+  EncodedPull(WireDType dtype, bool hold = false) : dtype_(dtype), hold_(hold) {}
+  ~EncodedPull() override { Release(); }
+  void Fill(uint64_t counter, const Snapshot& values) override {
+    FakeCall::Fill(counter, values);
+    const absl::Span<const uint16_t> encoded = values.Encoded(dtype_);
+    bytes_.assign(reinterpret_cast<const char*>(encoded.data()), encoded.size() * sizeof(uint16_t));
+    if (hold_) lent_ = values.Lend();
+  }
+  int value_bytes() const override { return 2; }
+  void Release() {
+    if (lent_ != nullptr) Snapshot::Return(std::exchange(lent_, nullptr));
+  }
+  const std::string& bytes() const { return bytes_; }
+
+ private:
+  const WireDType dtype_;
+  const bool hold_;
+  std::string bytes_;
+  void* lent_ = nullptr;
+};
+
+// Pulls in fp16 and bf16 at successive versions, the weights changing each step, while the
+// partition's snapshot buffers are reused (two in turn, a third while one reply still holds
+// its buffer): every pull carries the encoding of the current weights in its own dtype, never
+// an earlier version's bytes or the other dtype's. Decoded, each is the weights rounded as the
+// dtype rounds them: the codec's own rounding of them, and within half a unit in the last place
+// of the dtype (8 significant bits for bf16, 11 for fp16; every weight here is a normal number
+// of both).
+TEST(EncodedPullTest, Fp16AndBf16PullsOfEachVersionCarryThatVersionsWeightsInTheirOwnDType) {
+  ServerOptions o;
+  o.require_sessions = false;
+  o.world_size = 1;
+  o.optimizer.learning_rate = 1.0;
+  ParameterServer ps(o);
+  const std::vector<float> initial = {0.1f, -1.7f, 3.14159f, 1000.3f};
+  const std::vector<float> gradient = {0.013f, 0.29f, -0.77f, 40.5f};
+  const std::string initial_bytes(reinterpret_cast<const char*>(initial.data()), 16);
+  const std::string gradient_bytes(reinterpret_cast<const char*>(gradient.data()), 16);
+  JoinRequestView join;
+  join.rank = 0;
+  join.world_size = 1;
+  join.params = {{{"w", DType::kFloat32, {4}}, initial_bytes}};
+  ASSERT_TRUE(ps.Join(join).ok());
+  auto encoded = [](WireDType dtype, const std::vector<float>& values) {
+    std::string out(values.size() * 2, '\0');
+    EncodeValues(dtype, values, out.data());
+    return out;
+  };
+  std::map<WireDType, std::string> before;  // the previous version's encoding, per dtype
+  std::shared_ptr<EncodedPull> held;
+  for (uint64_t version = 0; version < 6; ++version) {
+    SCOPED_TRACE(absl::StrCat("version ", version));
+    const std::vector<float> weights = ps.WeightsForTest();
+    std::vector<WireDType> order = {WireDType::kFloat16, WireDType::kBfloat16};
+    if (version % 2 == 1) std::swap(order[0], order[1]);  // either dtype encodes a version first
+    std::map<WireDType, std::string> pulled;
+    for (WireDType dtype : order) {
+      const std::string expected = encoded(dtype, weights);
+      ASSERT_NE(expected, before[dtype]) << "the weights must move past the dtype's rounding each step";
+      for (int i = 0; i < 2; ++i) {  // the second reply of a version shares the first's encoding
+        // Version 1's first fp16 reply is still being sent until version 3.
+        const bool hold = version == 1 && dtype == WireDType::kFloat16 && i == 0;
+        auto pull = std::make_shared<EncodedPull>(dtype, hold);
+        ps.Pull(0, 0, 0, version, pull);
+        ASSERT_TRUE(pull->Wait().ok());
+        ASSERT_EQ(pull->counter(), version);
+        ASSERT_EQ(pull->values(), weights);
+        EXPECT_EQ(pull->bytes(), expected) << WireDTypeName(dtype) << " reply " << i;
+        std::vector<float> decoded(weights.size());
+        DecodeValues(dtype, pull->bytes().data(), absl::MakeSpan(decoded));
+        const int significand_bits = dtype == WireDType::kBfloat16 ? 8 : 11;
+        for (size_t k = 0; k < weights.size(); ++k) {
+          const float half_ulp = std::ldexp(1.0f, std::ilogb(weights[k]) - significand_bits);
+          EXPECT_LE(std::fabs(decoded[k] - weights[k]), half_ulp)
+              << WireDTypeName(dtype) << " value " << k << ": " << decoded[k] << " for " << weights[k];
+        }
+        pulled[dtype] = pull->bytes();
+        if (hold) held = pull;
+      }
+      before[dtype] = expected;
+    }
+    EXPECT_NE(pulled[WireDType::kFloat16], pulled[WireDType::kBfloat16]) << "the dtypes' bytes are their own";
+    if (version == 3 && held != nullptr) {
+      held->Release();
+      held.reset();
+    }
+    PushRequestView push;
+    push.step = version;
+    push.num_examples = 1;
+    push.data = gradient_bytes;
+    ASSERT_EQ(*ps.Push(push), true);
+  }
 }
 
 TEST(JoinTest, ARefusedJoinDefinesNoModel) {

@@ -76,6 +76,9 @@ TEST(SnapshotTest, AVersionIsEncodedOnceForEveryReplyAndAReusedBufferIsEncodedAf
   Snapshot second = Filled(pool, 3, -2.0f);
   const absl::Span<const uint16_t> b = second.Encoded(WireDType::kBfloat16);
   EXPECT_EQ(std::vector<uint16_t>(b.begin(), b.end()), std::vector<uint16_t>(3, 0xc000));
+  // ... in either dtype (both were made for the first values).
+  const absl::Span<const uint16_t> g = second.Encoded(WireDType::kFloat16);
+  EXPECT_EQ(std::vector<uint16_t>(g.begin(), g.end()), std::vector<uint16_t>(3, 0xc000));
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include "common/tensor_proto.h"
 #include "common/rpc/transport.h"
 #include "server/daemon.h"
+#include "tests/socket_frames.h"
 #include "summa/v1/summa.pb.h"
 #include "client/ps_client.h"
 #include "client/socket_calls.h"
@@ -435,79 +436,17 @@ TEST(ShardedAllReduceTest, AFixedGroupsTensorIsSummedHalfOnEachShard) {
   }
 }
 
-// The socket data plane's frames, written and read by hand (common/rpc/socket_frame.h).
-struct RawReply {
-  socket_plane::ReplyHeader header;
-  std::string message;
-  std::string body;
-};
-
-socket_plane::OwnedFd RawConnect(int port) {
-  absl::StatusOr<socket_plane::OwnedFd> fd = socket_plane::Connect("127.0.0.1", port, absl::Now() + absl::Seconds(10));
-  EXPECT_TRUE(fd.ok()) << fd.status();
-  return fd.ok() ? *std::move(fd) : socket_plane::OwnedFd();
-}
-
-void SendBytes(int fd, std::string bytes) {
-  iovec iov = {bytes.data(), bytes.size()};
-  ASSERT_TRUE(socket_plane::WriteFull(fd, &iov, 1, absl::Now() + absl::Seconds(10), "test bytes").ok());
-}
-
-void SendHello(int fd, const std::string& authorization) {
-  char hello[socket_plane::kHelloBytes];
-  socket_plane::EncodeHello(static_cast<uint32_t>(authorization.size()), hello);
-  SendBytes(fd, std::string(hello, sizeof(hello)) + authorization);
-}
-
-// A request frame: `method`, `message`, and a header claiming `claimed` bytes (the message's by default).
-void SendRequest(int fd, uint32_t method, const std::string& message, int64_t claimed = -1) {
-  char head[socket_plane::kHeaderBytes];
-  socket_plane::EncodeRequestHeader({method, claimed < 0 ? message.size() : static_cast<uint64_t>(claimed)}, head);
-  SendBytes(fd, std::string(head, sizeof(head)) + message);
-}
-
-absl::StatusOr<RawReply> ReadReply(int fd) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  char head[socket_plane::kHeaderBytes];
-  SUMMA_RETURN_IF_ERROR(socket_plane::ReadFull(fd, head, sizeof(head), deadline, "a reply header"));
-  RawReply reply;
-  reply.header = socket_plane::DecodeReplyHeader(head);
-  reply.message.resize(reply.header.message_length);
-  reply.body.resize(reply.header.length);
-  SUMMA_RETURN_IF_ERROR(socket_plane::ReadFull(fd, reply.message.data(), reply.message.size(), deadline, "a message"));
-  SUMMA_RETURN_IF_ERROR(socket_plane::ReadFull(fd, reply.body.data(), reply.body.size(), deadline, "a body"));
-  return reply;
-}
-
-// True when the server closed `fd`: a read finds its end (or a reset, where bytes the server
-// never read were left behind).
-bool ClosedByServer(int fd) {
-  char byte;
-  const absl::Status s = socket_plane::ReadFull(fd, &byte, 1, absl::Now() + absl::Seconds(10), "the end");
-  return absl::IsUnavailable(s);
-}
-
-// An AllReduce request of `values` from rank `rank` of a fixed group of `group`.
-std::string AllReduceMessage(const std::string& name, int group, int rank, const std::vector<float>& values) {
-  pb::AllReduceRequest r;
-  r.set_name(name);
-  r.set_group_size(group);
-  r.set_rank(rank);
-  SpecToProto({"t", DType::kFloat32, {static_cast<int64_t>(values.size())}}, r.mutable_tensor());
-  r.mutable_tensor()->set_data(values.data(), values.size() * sizeof(float));
-  return r.SerializeAsString();
-}
-
-// Waits (up to 20 s) until `done` holds; whether it did.
-bool Eventually(const std::function<bool()>& done) {
-  for (const absl::Time give_up = absl::Now() + absl::Seconds(20); absl::Now() < give_up;) {
-    if (done()) return true;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return done();
-}
-
-constexpr uint32_t kAllReduceMethod = static_cast<uint32_t>(socket_plane::DataMethod::kAllReduce);
+// The socket data plane's frames, written and read by hand.
+using test::AllReduceMessage;
+using test::ClosedByServer;
+using test::Eventually;
+using test::kAllReduceMethod;
+using test::RawConnect;
+using test::RawReply;
+using test::ReadReply;
+using test::SendBytes;
+using test::SendHello;
+using test::SendRequest;
 
 TEST_P(RawPathTest, GarbageOnTheWireIsInvalidArgumentAndChangesNothing) {
   StartServer(1, 4 << 20);
@@ -564,7 +503,8 @@ TEST_P(RawPathTest, GarbageOnTheWireIsInvalidArgumentAndChangesNothing) {
   }
 }
 
-// Clients on the socket data plane.
+// Clients on the socket data plane of a daemon, which they find through its gRPC server. The
+// plane's tests that need no gRPC server are in socket_plane_test.cc, which the TSan pass runs.
 class SocketPlaneTest : public ServerFixture {
  protected:
   SocketPlaneTest() { plane_ = worker::DataPlane::kSocket; }
@@ -600,89 +540,6 @@ TEST_F(SocketPlaneTest, AutoTakesThePlaneWhereServed) {
   std::unique_ptr<worker::ParameterClient> client = Client(1);
   ASSERT_TRUE(AllReduceAlone(*client).ok());
   EXPECT_TRUE(client->on_socket_plane());
-}
-
-TEST_F(SocketPlaneTest, TheHelloChecksTheTokenAndRefusesOtherProtocols) {
-  security_.tokens = TokenCheck("worker-secret", "", false);
-  StartServer(1, 4 << 20);
-  struct Case {
-    std::string hello;  // sent as it is
-    absl::StatusCode code;
-    const char* says;
-  };
-  char fixed[socket_plane::kHelloBytes];
-  auto hello = [&](const std::string& authorization) {
-    socket_plane::EncodeHello(static_cast<uint32_t>(authorization.size()), fixed);
-    return std::string(fixed, sizeof(fixed)) + authorization;
-  };
-  const std::vector<Case> cases = {
-      {hello(""), absl::StatusCode::kUnauthenticated, "needs a bearer token"},
-      {hello("Bearer wrong"), absl::StatusCode::kUnauthenticated, "matches none"},
-      {"GET / HTTP/1.1\r\nHost: x\r\n\r\n", absl::StatusCode::kInvalidArgument, "not a Summa data-plane hello"},
-      {hello("Bearer worker-secret"), absl::StatusCode::kOk, ""},
-  };
-  for (const Case& c : cases) {
-    socket_plane::OwnedFd fd = RawConnect(server_->data_port());
-    SendBytes(fd.get(), c.hello);
-    absl::StatusOr<RawReply> reply = ReadReply(fd.get());
-    ASSERT_TRUE(reply.ok()) << reply.status();
-    EXPECT_EQ(reply->header.code, static_cast<uint32_t>(c.code)) << c.hello << ": " << reply->message;
-    EXPECT_TRUE(absl::StrContains(reply->message, c.says)) << reply->message;
-    if (c.code != absl::StatusCode::kOk) EXPECT_TRUE(ClosedByServer(fd.get())) << c.hello;
-  }
-  token_ = "worker-secret";
-  std::unique_ptr<worker::ParameterClient> client = Client(1);
-  ASSERT_TRUE(AllReduceAlone(*client).ok());
-  EXPECT_TRUE(client->on_socket_plane());
-}
-
-TEST_F(SocketPlaneTest, BadFramesAreRefusedAndTheirConnectionClosed) {
-  configure_ = [](server::ServerOptions& o) { o.limits.max_message_bytes = 8 << 20; };
-  StartServer(1, 4 << 20);
-  struct Case {
-    uint32_t method;
-    int64_t claimed;
-    absl::StatusCode code;
-    const char* says;
-  };
-  const std::vector<Case> cases = {
-      {9, 0, absl::StatusCode::kInvalidArgument, "no data-path method numbered 9"},
-      {0, 0, absl::StatusCode::kInvalidArgument, "no data-path method numbered 0"},
-      {kAllReduceMethod, (8 << 20) + 1, absl::StatusCode::kResourceExhausted, "--max_message_bytes"},
-  };
-  for (const Case& c : cases) {
-    socket_plane::OwnedFd fd = RawConnect(server_->data_port());
-    SendHello(fd.get(), "");
-    ASSERT_TRUE(ReadReply(fd.get()).ok());
-    SendRequest(fd.get(), c.method, "", c.claimed);
-    absl::StatusOr<RawReply> reply = ReadReply(fd.get());
-    ASSERT_TRUE(reply.ok()) << reply.status();
-    EXPECT_EQ(reply->header.code, static_cast<uint32_t>(c.code)) << reply->message;
-    EXPECT_TRUE(absl::StrContains(reply->message, c.says)) << reply->message;
-    EXPECT_TRUE(ClosedByServer(fd.get()));
-  }
-}
-
-TEST_F(SocketPlaneTest, ValuesAtAnyOffsetInTheRequestAreReadAsFloats) {
-  StartServer(1, 4 << 20);
-  socket_plane::OwnedFd fd = RawConnect(server_->data_port());
-  SendHello(fd.get(), "");
-  ASSERT_TRUE(ReadReply(fd.get()).ok());
-  const std::vector<float> values = {1.5f, -2.0f, 3.25f, 1e-3f, -7.0f};
-  // Names of 1 to 4 bytes put the values at every offset modulo 4, sent with no lead (padding):
-  // the server moves them onto a boundary before the core reads them as floats (UBSan's
-  // alignment check watches this in the sanitizer pass).
-  for (int length = 1; length <= 4; ++length) {
-    const std::string message = AllReduceMessage(std::string(length, 'n'), 1, 0, values);
-    SendRequest(fd.get(), kAllReduceMethod, message);
-    absl::StatusOr<RawReply> reply = ReadReply(fd.get());
-    ASSERT_TRUE(reply.ok()) << reply.status();
-    ASSERT_EQ(reply->header.code, 0u) << reply->message;
-    pb::AllReduceResponse response;
-    ASSERT_TRUE(response.ParseFromString(reply->body));
-    EXPECT_EQ(response.tensor().data(), std::string(reinterpret_cast<const char*>(values.data()), 20))
-        << "name of " << length;
-  }
 }
 
 // The round's own deadline is far off in these two: only the cancellation can let go of the call.

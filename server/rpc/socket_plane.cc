@@ -97,12 +97,16 @@ class SocketCall final : public DataCall {
   std::optional<absl::Span<char>> whole_request() override { return whole_; }
   grpc::ByteBuffer* response() override { return response_; }
   void Answer(const grpc::Status& status) override {
+    int wake;
     {
       absl::MutexLock lock(&mu_);
       status_ = status;
+      // Read before the lock goes: once it has, the connection's thread may end the call (the
+      // eventfd's write below is what it waits for, but TSan with io_sync=0 sees only the lock).
+      wake = wake_;
     }
     const uint64_t one = 1;
-    while (::write(wake_, &one, sizeof(one)) < 0 && errno == EINTR) {
+    while (::write(wake, &one, sizeof(one)) < 0 && errno == EINTR) {
     }
   }
   grpc::Status status() {
@@ -211,7 +215,7 @@ class SocketPlane::Connection {
  private:
   void Run() {
     absl::Status hello = wake_.valid() ? Hello() : absl::ResourceExhaustedError("no eventfd for the connection");
-    plane_->in_hello_.fetch_sub(1, std::memory_order_relaxed);
+    LeaveHello();
     absl::Status ended = hello;
     while (ended.ok()) ended = ServeOne();
     // A client closing its connection is the usual end; anything else is worth a line, and the
@@ -237,6 +241,12 @@ class SocketPlane::Connection {
     }
   }
 
+  // Gives back the connection's place among those in their hello (once; later calls do nothing).
+  void LeaveHello() {
+    if (counted_in_hello_) plane_->in_hello_.fetch_sub(1, std::memory_order_relaxed);
+    counted_in_hello_ = false;
+  }
+
   // Tells the client `why` (a reply with no message) and returns it: the connection's end.
   absl::Status Refuse(const absl::Status& why) {
     Reply(ToGrpcStatus(why), grpc::ByteBuffer()).IgnoreError();
@@ -253,6 +263,9 @@ class SocketPlane::Connection {
     SUMMA_RETURN_IF_ERROR(
         socket_plane::ReadFull(fd_.get(), authorization_.data(), authorization_.size(), deadline, "the hello's token"));
     const absl::Status admitted = plane_->tokens_->Check(authorization_, Role::kWorker);
+    // Before the answer: a client told its hello is done may open another connection at once,
+    // and this one must no longer count against the hello-phase limit then.
+    LeaveHello();
     SUMMA_RETURN_IF_ERROR(Reply(ToGrpcStatus(admitted), grpc::ByteBuffer()));  // OK too: the hello's answer
     return admitted;
   }
@@ -271,9 +284,9 @@ class SocketPlane::Connection {
       return Refuse(absl::InvalidArgumentError(
           absl::StrCat("a request led by ", header.lead, " bytes of padding (at most ", socket_plane::kMaxLead, ")")));
     }
-    if (header.length > static_cast<uint64_t>(plane_->max_message_bytes_)) {
+    if (header.length > static_cast<uint64_t>(plane_->options_.max_message_bytes)) {
       return Refuse(absl::ResourceExhaustedError(
-          absl::StrCat("a request of ", header.length, " bytes: over the limit of ", plane_->max_message_bytes_,
+          absl::StrCat("a request of ", header.length, " bytes: over the limit of ", plane_->options_.max_message_bytes,
                        " (summa-server --max_message_bytes)")));
     }
     // A buffer from the plane's few: what the server holds of requests is bounded by them, not
@@ -328,6 +341,7 @@ class SocketPlane::Connection {
   const OwnedFd wake_;  // the answer's signal (an eventfd)
   const std::string peer_;
   std::string authorization_;  // from the hello
+  bool counted_in_hello_ = true;  // in the plane's in_hello_; the connection's thread's alone
   std::vector<grpc::Slice> slices_;
   std::vector<iovec> iov_;
   std::thread thread_;
@@ -337,8 +351,8 @@ class SocketPlane::Connection {
 absl::StatusOr<std::unique_ptr<SocketPlane>> SocketPlane::Start(const std::string& address,
                                                                 ParameterServerService* service,
                                                                 const TokenCheck* tokens,
-                                                                int64_t max_message_bytes) {
-  std::unique_ptr<SocketPlane> plane(new SocketPlane(service, tokens, max_message_bytes));
+                                                                const SocketPlaneOptions& options) {
+  std::unique_ptr<SocketPlane> plane(new SocketPlane(service, tokens, options));
   absl::StatusOr<OwnedFd> listener = socket_plane::Listen(address, &plane->port_);
   if (!listener.ok()) {
     return absl::Status(listener.status().code(),
@@ -349,10 +363,11 @@ absl::StatusOr<std::unique_ptr<SocketPlane>> SocketPlane::Start(const std::strin
   return plane;
 }
 
-SocketPlane::SocketPlane(ParameterServerService* service, const TokenCheck* tokens, int64_t max_message_bytes)
+SocketPlane::SocketPlane(ParameterServerService* service, const TokenCheck* tokens,
+                         const SocketPlaneOptions& options)
     : service_(service),
       tokens_(tokens),
-      max_message_bytes_(max_message_bytes),
+      options_(options),
       bodies_(std::make_unique<BodyBuffers>(
           std::clamp(2 * static_cast<int>(std::thread::hardware_concurrency()), kMinBodyBuffers, kMaxBodyBuffers))) {}
 
@@ -392,12 +407,13 @@ void SocketPlane::AcceptLoop() {
           .IgnoreError();
       SUMMA_LOG(WARNING) << "data plane: refused a connection: " << message;
     };
-    if (connections_.size() >= static_cast<size_t>(kMaxConnections)) {
-      refuse(absl::StrCat("the data plane holds ", kMaxConnections, " connections"));
+    if (connections_.size() >= static_cast<size_t>(options_.max_connections)) {
+      refuse(absl::StrCat("the data plane holds ", options_.max_connections, " connections"));
       continue;
     }
-    if (in_hello_.load(std::memory_order_relaxed) >= kMaxConnectionsInHello) {
-      refuse(absl::StrCat("the data plane has ", kMaxConnectionsInHello, " connections still in their hello"));
+    if (in_hello_.load(std::memory_order_relaxed) >= options_.max_connections_in_hello) {
+      refuse(absl::StrCat("the data plane has ", options_.max_connections_in_hello,
+                          " connections still in their hello"));
       continue;
     }
     in_hello_.fetch_add(1, std::memory_order_relaxed);

@@ -19,25 +19,30 @@
 #include "absl/synchronization/mutex.h"
 #include "common/rpc/socket_frame.h"
 #include "common/rpc/transport.h"
+#include "server/core/limits.h"
 #include "server/rpc/service.h"
 
 namespace summa::server {
 
+struct SocketPlaneOptions {
+  // A request longer than this is refused and its connection closed (--max_message_bytes).
+  int64_t max_message_bytes = LimitOptions().max_message_bytes;
+  // At most this many connections at once, and of them at most `max_connections_in_hello` that
+  // have not yet passed their hello (a peer without a token holds no more); a connection past
+  // either is refused (RESOURCE_EXHAUSTED, naming the limit) as it is accepted. Each holds a
+  // thread.
+  int max_connections = 4096;
+  int max_connections_in_hello = 64;
+};
+
 class SocketPlane {
  public:
-  // At most this many connections at once, and of them at most kMaxConnectionsInHello that have
-  // not yet passed their hello (a peer without a token holds no more); a connection past either
-  // is refused (RESOURCE_EXHAUSTED) as it is accepted. Each holds a thread.
-  static constexpr int kMaxConnections = 4096;
-  static constexpr int kMaxConnectionsInHello = 64;
-
   // Listens on `address` ("127.0.0.1:0" picks a port). `service` and `tokens` are not owned and
-  // outlive the plane; a request longer than `max_message_bytes` is refused and its connection
-  // closed.
+  // outlive the plane.
   static absl::StatusOr<std::unique_ptr<SocketPlane>> Start(const std::string& address,
                                                             ParameterServerService* service,
                                                             const TokenCheck* tokens,
-                                                            int64_t max_message_bytes);
+                                                            const SocketPlaneOptions& options);
   ~SocketPlane();
 
   int port() const { return port_; }
@@ -57,14 +62,14 @@ class SocketPlane {
   static constexpr int kMaxBodyBuffers = 16;
 
  private:
-  SocketPlane(ParameterServerService* service, const TokenCheck* tokens, int64_t max_message_bytes);
+  SocketPlane(ParameterServerService* service, const TokenCheck* tokens, const SocketPlaneOptions& options);
   void AcceptLoop();
   // Joins and drops the connections whose threads have ended.
   void Reap() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   ParameterServerService* const service_;
   const TokenCheck* const tokens_;
-  const int64_t max_message_bytes_;
+  const SocketPlaneOptions options_;
   const std::unique_ptr<BodyBuffers> bodies_;
   socket_plane::OwnedFd listener_;
   int port_ = 0;

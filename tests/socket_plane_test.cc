@@ -1,0 +1,334 @@
+// The socket data plane's server end (server/rpc/socket_plane.h) over the service's data-path
+// handlers and the core, with no gRPC server and no gRPC client: raw frames written by hand
+// (tests/socket_frames.h) and the client's own SocketCalls, on 127.0.0.1 and ports the OS picks.
+// Nothing here starts gRPC's threads, so this test is labelled `unit`, not `unit-grpc`, and the
+// TSan pass runs it (tests/CMakeLists.txt). The plane's tests that need the daemon's gRPC server
+// (a worker::ParameterClient finds the plane through the DataPlane RPC) stay in wire_test.cc.
+#include "server/rpc/socket_plane.h"
+
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/time/time.h"
+#include "client/socket_calls.h"
+#include "common/rpc/socket_frame.h"
+#include "gtest/gtest.h"
+#include "server/core/all_reduce.h"
+#include "server/core/parameter_server.h"
+#include "server/rpc/service.h"
+#include "summa/v1/summa.pb.h"
+#include "tests/socket_frames.h"
+
+namespace summa::server {
+namespace {
+
+namespace pb = ::summa::v1;
+using test::AllReduceMessage;
+using test::ClosedByServer;
+using test::Eventually;
+using test::kAllReduceMethod;
+using test::RawConnect;
+using test::RawReply;
+using test::ReadReply;
+using test::SendBytes;
+using test::SendHello;
+using test::SendRequest;
+
+std::string Flatten(const grpc::ByteBuffer& b) {
+  std::vector<grpc::Slice> slices;
+  EXPECT_TRUE(b.Dump(&slices).ok());
+  std::string out;
+  for (const grpc::Slice& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  return out;
+}
+
+// A plane on 127.0.0.1:0 over a core of `world_size` members (lr 0.5, one partition of 4
+// floats once a member joins) and an AllReduce hub, as the daemon wires them, without gRPC.
+class SocketPlaneFixture : public ::testing::Test {
+ protected:
+  void StartPlane(SocketPlaneOptions options = {}, TokenCheck tokens = {}, int world_size = 1) {
+    // A log line's time loads the local time zone, once, in Abseil's cctz, which TSan does not
+    // see publish the mutex it makes then (the library is not instrumented): loaded here, before
+    // the plane's threads start, rather than by the first two of them to log (the TSan pass runs
+    // this test with io_sync=0, where no socket traffic orders them: tests/CMakeLists.txt).
+    absl::LocalTimeZone();
+    ServerOptions o;
+    o.world_size = world_size;
+    o.optimizer.learning_rate = 0.5;
+    o.barrier_deadline = absl::Seconds(20);
+    core_ = std::make_unique<ParameterServer>(o);
+    hub_ = std::make_unique<AllReduceHub>(o.barrier_deadline, o.clock, &core_->membership(), o.limits);
+    tokens_ = std::move(tokens);
+    // The daemon's thread for blocking tasks: none of the data path's calls hands one over.
+    service_ = std::make_unique<ParameterServerService>(
+        core_.get(), hub_.get(), [](std::function<void()> task) { task(); }, &tokens_);
+    absl::StatusOr<std::unique_ptr<SocketPlane>> plane = SocketPlane::Start("127.0.0.1:0", service_.get(), &tokens_, options);
+    ASSERT_TRUE(plane.ok()) << plane.status();
+    plane_ = *std::move(plane);
+  }
+
+  // The daemon's order: every waiting call answered, then the plane stopped.
+  void TearDown() override {
+    if (core_) core_->Shutdown();
+    if (hub_) hub_->Shutdown();
+    if (plane_) plane_->Stop();
+  }
+
+  // `values` summed over a fixed group of one, through the client's SocketCalls: its own values.
+  absl::StatusOr<std::vector<float>> AllReduceAlone(const std::string& authorization,
+                                                    const std::vector<float>& values) {
+    worker::SocketCalls calls({{"127.0.0.1", plane_->port()}}, authorization);
+    grpc::Slice slice(AllReduceMessage("alone", 1, 0, values));
+    grpc::ByteBuffer request(&slice, 1), reply;
+    calls.Start(0, 0, socket_plane::DataMethod::kAllReduce, &request, &reply, absl::Now() + absl::Seconds(10));
+    size_t tag = 99;
+    absl::Status status;
+    if (!calls.Next(&tag, &status) || tag != 0) return absl::InternalError("no call came back");
+    if (!status.ok()) return status;
+    pb::AllReduceResponse response;
+    if (!response.ParseFromString(Flatten(reply))) return absl::DataLossError("a reply that does not parse");
+    const std::string& data = response.tensor().data();
+    std::vector<float> sum(data.size() / sizeof(float));
+    std::memcpy(sum.data(), data.data(), sum.size() * sizeof(float));
+    return sum;
+  }
+
+  // A connection that has passed its hello.
+  socket_plane::OwnedFd Greeted() {
+    socket_plane::OwnedFd fd = RawConnect(plane_->port());
+    SendHello(fd.get(), "");
+    absl::StatusOr<RawReply> hello = ReadReply(fd.get());
+    EXPECT_TRUE(hello.ok()) << hello.status();
+    if (hello.ok()) {
+      EXPECT_EQ(hello->header.code, 0u) << hello->message;
+    }
+    return fd;
+  }
+
+  // Expects a connection opened now to be refused as it is accepted, with RESOURCE_EXHAUSTED
+  // saying `says`, and closed.
+  void ExpectRefused(const std::string& says) {
+    socket_plane::OwnedFd fd = RawConnect(plane_->port());
+    absl::StatusOr<RawReply> reply = ReadReply(fd.get());
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    EXPECT_EQ(reply->header.code, static_cast<uint32_t>(absl::StatusCode::kResourceExhausted)) << reply->message;
+    EXPECT_EQ(reply->message, says);
+    EXPECT_TRUE(ClosedByServer(fd.get()));
+  }
+
+  std::unique_ptr<ParameterServer> core_;
+  std::unique_ptr<AllReduceHub> hub_;
+  TokenCheck tokens_;
+  std::unique_ptr<ParameterServerService> service_;
+  std::unique_ptr<SocketPlane> plane_;
+};
+
+// The limits on connections (SocketPlaneOptions), set small. The silent connections here are
+// asked for their hello within 10 s (the plane's hello timeout, real time): each test is done
+// with them long before.
+class SocketPlaneLimitsTest : public SocketPlaneFixture {};
+
+TEST_F(SocketPlaneLimitsTest, ConnectionsPastTheHelloLimitAreRefusedAndACompletedHelloFreesItsPlace) {
+  SocketPlaneOptions options;
+  options.max_connections_in_hello = 3;
+  options.max_connections = 6;
+  StartPlane(options);
+  // Three connections that never send their hello fill the hello phase (the acceptor takes
+  // connections in the order they were made): the fourth is refused, naming the limit.
+  std::vector<socket_plane::OwnedFd> silent;
+  for (int i = 0; i < 3; ++i) silent.push_back(RawConnect(plane_->port()));
+  ExpectRefused("the data plane has 3 connections still in their hello");
+  // One of them says hello: its place in the hello phase is free once it is answered...
+  SendHello(silent[0].get(), "");
+  absl::StatusOr<RawReply> hello = ReadReply(silent[0].get());
+  ASSERT_TRUE(hello.ok()) << hello.status();
+  ASSERT_EQ(hello->header.code, 0u) << hello->message;
+  // ... and a new connection takes it: the one after is refused again.
+  socket_plane::OwnedFd taken = RawConnect(plane_->port());
+  ExpectRefused("the data plane has 3 connections still in their hello");
+  SendHello(taken.get(), "");
+  hello = ReadReply(taken.get());
+  ASSERT_TRUE(hello.ok()) << hello.status();
+  EXPECT_EQ(hello->header.code, 0u) << hello->message;
+  EXPECT_EQ(plane_->connections(), 4);
+  // Once the client closes them all, a real client is served again.
+  silent.clear();
+  taken.Reset();
+  ASSERT_TRUE(Eventually([&] { return plane_->connections() == 0; })) << plane_->connections();
+  absl::StatusOr<std::vector<float>> sum = AllReduceAlone("", {1.5f, -2, 3});
+  ASSERT_TRUE(sum.ok()) << sum.status();
+  EXPECT_EQ(*sum, (std::vector<float>{1.5f, -2, 3}));
+}
+
+TEST_F(SocketPlaneLimitsTest, AConnectionPastTheTotalIsRefusedWhetherTheOthersAreIdleOrInTheirHello) {
+  SocketPlaneOptions options;
+  options.max_connections_in_hello = 2;
+  options.max_connections = 4;
+  StartPlane(options);
+  std::vector<socket_plane::OwnedFd> open;
+  for (int i = 0; i < 3; ++i) open.push_back(Greeted());  // idle between calls
+  open.push_back(RawConnect(plane_->port()));             // in its hello
+  ExpectRefused("the data plane holds 4 connections");
+  // The one in its hello says it: four idle connections, the fifth still refused.
+  SendHello(open[3].get(), "");
+  absl::StatusOr<RawReply> hello = ReadReply(open[3].get());
+  ASSERT_TRUE(hello.ok()) << hello.status();
+  ASSERT_EQ(hello->header.code, 0u) << hello->message;
+  ExpectRefused("the data plane holds 4 connections");
+  EXPECT_EQ(plane_->connections(), 4);
+  // One closes: there is room for one more, and only one.
+  open[0].Reset();
+  ASSERT_TRUE(Eventually([&] { return plane_->connections() == 3; })) << plane_->connections();
+  open[0] = Greeted();
+  ExpectRefused("the data plane holds 4 connections");
+  // Once the client closes them all, a real client is served again.
+  open.clear();
+  ASSERT_TRUE(Eventually([&] { return plane_->connections() == 0; })) << plane_->connections();
+  absl::StatusOr<std::vector<float>> sum = AllReduceAlone("", {4, 5});
+  ASSERT_TRUE(sum.ok()) << sum.status();
+  EXPECT_EQ(*sum, (std::vector<float>{4, 5}));
+}
+
+class SocketPlaneTest : public SocketPlaneFixture {};
+
+TEST_F(SocketPlaneTest, TheHelloChecksTheTokenAndRefusesOtherProtocols) {
+  StartPlane({}, TokenCheck("worker-secret", "", false));
+  struct Case {
+    std::string hello;  // sent as it is
+    absl::StatusCode code;
+    const char* says;
+  };
+  char fixed[socket_plane::kHelloBytes];
+  auto hello = [&](const std::string& authorization) {
+    socket_plane::EncodeHello(static_cast<uint32_t>(authorization.size()), fixed);
+    return std::string(fixed, sizeof(fixed)) + authorization;
+  };
+  const std::vector<Case> cases = {
+      {hello(""), absl::StatusCode::kUnauthenticated, "needs a bearer token"},
+      {hello("Bearer wrong"), absl::StatusCode::kUnauthenticated, "matches none"},
+      {"GET / HTTP/1.1\r\nHost: x\r\n\r\n", absl::StatusCode::kInvalidArgument, "not a Summa data-plane hello"},
+      {hello("Bearer worker-secret"), absl::StatusCode::kOk, ""},
+  };
+  for (const Case& c : cases) {
+    socket_plane::OwnedFd fd = RawConnect(plane_->port());
+    SendBytes(fd.get(), c.hello);
+    absl::StatusOr<RawReply> reply = ReadReply(fd.get());
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    EXPECT_EQ(reply->header.code, static_cast<uint32_t>(c.code)) << c.hello << ": " << reply->message;
+    EXPECT_TRUE(absl::StrContains(reply->message, c.says)) << reply->message;
+    if (c.code != absl::StatusCode::kOk) {
+      EXPECT_TRUE(ClosedByServer(fd.get())) << c.hello;
+    }
+  }
+  EXPECT_EQ(AllReduceAlone("", {1}).status().code(), absl::StatusCode::kUnauthenticated);
+  absl::StatusOr<std::vector<float>> sum = AllReduceAlone("Bearer worker-secret", {1, 2, 3});
+  ASSERT_TRUE(sum.ok()) << sum.status();
+  EXPECT_EQ(*sum, (std::vector<float>{1, 2, 3}));
+}
+
+TEST_F(SocketPlaneTest, BadFramesAreRefusedAndTheirConnectionClosed) {
+  SocketPlaneOptions options;
+  options.max_message_bytes = 8 << 20;
+  StartPlane(options);
+  struct Case {
+    uint32_t method;
+    int64_t claimed;
+    absl::StatusCode code;
+    const char* says;
+  };
+  const std::vector<Case> cases = {
+      {9, 0, absl::StatusCode::kInvalidArgument, "no data-path method numbered 9"},
+      {0, 0, absl::StatusCode::kInvalidArgument, "no data-path method numbered 0"},
+      {kAllReduceMethod, (8 << 20) + 1, absl::StatusCode::kResourceExhausted, "--max_message_bytes"},
+  };
+  for (const Case& c : cases) {
+    socket_plane::OwnedFd fd = Greeted();
+    SendRequest(fd.get(), c.method, "", c.claimed);
+    absl::StatusOr<RawReply> reply = ReadReply(fd.get());
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    EXPECT_EQ(reply->header.code, static_cast<uint32_t>(c.code)) << reply->message;
+    EXPECT_TRUE(absl::StrContains(reply->message, c.says)) << reply->message;
+    EXPECT_TRUE(ClosedByServer(fd.get()));
+  }
+}
+
+TEST_F(SocketPlaneTest, ValuesAtAnyOffsetInTheRequestAreReadAsFloats) {
+  StartPlane();
+  socket_plane::OwnedFd fd = Greeted();
+  const std::vector<float> values = {1.5f, -2.0f, 3.25f, 1e-3f, -7.0f};
+  // Names of 1 to 4 bytes put the values at every offset modulo 4, sent with no lead (padding):
+  // the server moves them onto a boundary before the core reads them as floats (UBSan's
+  // alignment check watches this in the sanitizer pass).
+  for (int length = 1; length <= 4; ++length) {
+    const std::string message = AllReduceMessage(std::string(length, 'n'), 1, 0, values);
+    SendRequest(fd.get(), kAllReduceMethod, message);
+    absl::StatusOr<RawReply> reply = ReadReply(fd.get());
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    ASSERT_EQ(reply->header.code, 0u) << reply->message;
+    pb::AllReduceResponse response;
+    ASSERT_TRUE(response.ParseFromString(reply->body));
+    EXPECT_EQ(response.tensor().data(), std::string(reinterpret_cast<const char*>(values.data()), 20))
+        << "name of " << length;
+  }
+}
+
+// Two members in threads, each with its own SocketCalls, push-pull step after step: the reply
+// of the first to push is answered from the other's connection thread as its push completes the
+// step, with the partition's snapshot lent to the reply. Every step's sum is applied once and
+// every reply carries its step's weights. The plane's concurrency that the TSan pass checks.
+TEST_F(SocketPlaneTest, WorkersInThreadsTakeExactSyncStepsThroughPushPull) {
+  StartPlane({}, {}, /*world_size=*/2);
+  const std::vector<float> initial = {1, 2, 3, 4};
+  const std::string initial_bytes(reinterpret_cast<const char*>(initial.data()), 16);
+  uint64_t sessions[2];
+  for (int rank : {0, 1}) {
+    JoinRequestView join;
+    join.rank = rank;
+    join.world_size = 2;
+    join.params = {{{"w", DType::kFloat32, {4}}, rank == 0 ? absl::string_view(initial_bytes) : absl::string_view()}};
+    absl::StatusOr<JoinResult> joined = core_->Join(join);
+    ASSERT_TRUE(joined.ok()) << joined.status();
+    sessions[rank] = joined->session;
+  }
+  constexpr uint64_t kSteps = 20;
+  auto worker = [&](int rank) {
+    worker::SocketCalls calls({{"127.0.0.1", plane_->port()}}, "");
+    const std::vector<float> gradient(4, rank + 1.0f);
+    for (uint64_t step = 0; step < kSteps; ++step) {
+      pb::PushRequest push;
+      push.set_rank(rank);
+      push.set_session(sessions[rank]);
+      push.set_step(step);
+      push.set_partition(0);
+      push.set_num_examples(1);
+      push.set_dtype(pb::DTYPE_FLOAT32);
+      push.set_data(gradient.data(), 16);
+      grpc::Slice slice(push.SerializeAsString());
+      grpc::ByteBuffer request(&slice, 1), reply;
+      calls.Start(0, 0, socket_plane::DataMethod::kPushPull, &request, &reply, absl::Now() + absl::Seconds(20));
+      size_t tag = 99;
+      absl::Status status;
+      ASSERT_TRUE(calls.Next(&tag, &status));
+      ASSERT_TRUE(status.ok()) << status;
+      pb::PullResponse response;
+      ASSERT_TRUE(response.ParseFromString(Flatten(reply)));
+      EXPECT_EQ(response.version(), step + 1);
+      // (1 + 2) / 2 examples at lr 0.5: every weight moves by 0.75 a step.
+      std::vector<float> expected;
+      for (float w : initial) expected.push_back(w - 0.75f * static_cast<float>(step + 1));
+      EXPECT_EQ(response.data(), std::string(reinterpret_cast<const char*>(expected.data()), 16)) << "step " << step;
+    }
+  };
+  std::thread a(worker, 0), b(worker, 1);
+  a.join();
+  b.join();
+  EXPECT_EQ(core_->WeightsForTest(), (std::vector<float>{-14, -13, -12, -11}));
+}
+
+}  // namespace
+}  // namespace summa::server

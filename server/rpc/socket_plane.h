@@ -6,6 +6,9 @@
 // round or a step completes on another thread) and writes it from the core's snapshot without a
 // copy. A connection that closes while its call waits cancels the call, as a gRPC client's
 // cancellation does. Thread-safe.
+// socket_plane.cc stays one file of about 470 lines: the acceptor and its connections share the
+// plane's private state (limits, buffers, the connection list) and each other's life cycle;
+// apart, each would read the other's internals.
 #ifndef SUMMA_SERVER_RPC_SOCKET_PLANE_H_
 #define SUMMA_SERVER_RPC_SOCKET_PLANE_H_
 

@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
+#include "common/clock.h"
 #include "common/rpc/grpc_status.h"
 #include "common/rpc/socket_frame.h"
 #include "common/status_reason.h"
@@ -313,6 +314,53 @@ TEST_P(RawPathTest, PushesStampedWithAStaleViewAreRefusedAndTheWorkerRefreshesAn
   EXPECT_EQ(status.stale_view_pushes(), 3u);
   EXPECT_EQ(status.version(), 2u);
 }
+
+// Every decision of the protocol is taken on a status's code and reason, never its message: with
+// every message the server sends reworded, a worker over the server's join rate still joins once
+// a token comes back (reason JOIN_RATE), and one whose pushes are stamped with a stale view still
+// refreshes it and pushes again (STALE_VIEW).
+#ifdef SUMMA_FAULT_INJECTION  // RewordStatusMessagesForTest is a test build's
+TEST_P(RawPathTest, TheProtocolHoldsWhenEveryMessageIsReworded) {
+  struct Reworded {
+    Reworded() { RewordStatusMessagesForTest(true); }
+    ~Reworded() { RewordStatusMessagesForTest(false); }
+  } reworded;
+  FakeClock clock;  // the join rate's tokens come back only when the test says
+  configure_ = [&clock](server::ServerOptions& o) {
+    o.on_worker_loss = server::OnWorkerLoss::kShrink;
+    o.limits.join_rate = 1;  // a burst of max(1, 2 x 2) = 4 joins
+    o.clock = &clock;
+  };
+  StartServer(2, /*partition_bytes=*/12);  // 8 floats in partitions of 3, 3, 2
+  const std::vector<TensorSpec> specs = {{"w", DType::kFloat32, {8}}};
+  const std::vector<float> initial = {0, 1, 2, 3, 4, 5, 6, 7};
+  std::unique_ptr<worker::ParameterClient> zero = Client(1), one = Client(1);
+  ASSERT_TRUE(zero->Join(0, 2, specs, initial.data(), "").ok());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(one->Join(1, 2, specs, nullptr, "").ok());  // the burst used
+  // The next join is refused until a token comes back; its client keeps asking.
+  absl::Status late = absl::UnknownError("not joined");
+  std::thread joiner([&] { late = one->Join(1, 2, specs, nullptr, "").status(); });
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  while (Status().joins_refused() == 0 && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_GE(Status().joins_refused(), 1u);
+  clock.Advance(absl::Seconds(1));
+  joiner.join();
+  ASSERT_TRUE(late.ok()) << late;
+  // A refusal's message is indeed reworded; its code stays.
+  std::vector<float> grad(8, 2.0f), w(8), expected(8);
+  std::vector<int> live;
+  absl::Status refused = zero->PushPull(7, 2, grad.data(), w.data(), &live);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kOutOfRange) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "reworded OUT_OF_RANGE")) << refused;
+  // Rank 1 leaves: rank 0's pushes are stamped with a stale view, refused, refreshed and sent again.
+  ASSERT_TRUE(one->Leave(1).ok());
+  absl::Status s = zero->PushPull(0, 2, grad.data(), w.data(), &live);
+  ASSERT_TRUE(s.ok()) << s;
+  for (int i = 0; i < 8; ++i) expected[i] = float(i) - 0.5f;  // rank 0 alone: 2 over 2 examples, lr 0.5
+  EXPECT_EQ(w, expected);
+  EXPECT_EQ(Status().stale_view_pushes(), 3u);
+}
+#endif
 
 TEST_P(RawPathTest, WorkersOverSeveralChannelsTakeExactSyncSteps) {
   constexpr int kWorkers = 2;

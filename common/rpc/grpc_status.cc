@@ -1,5 +1,6 @@
 #include "common/rpc/grpc_status.h"
 
+#include <atomic>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -45,11 +46,24 @@ absl::Status StatusFromDetails(absl::StatusCode code, absl::string_view message,
   return status;
 }
 
+#ifdef SUMMA_FAULT_INJECTION
+namespace {
+std::atomic<bool> reword_for_test{false};
+}  // namespace
+
+void RewordStatusMessagesForTest(bool on) { reword_for_test.store(on, std::memory_order_relaxed); }
+#endif
+
 // absl::StatusCode and grpc::StatusCode share their numbering (both follow google.rpc.Code).
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()),
-                      StatusDetails(status));
+  std::string message(status.message());
+#ifdef SUMMA_FAULT_INJECTION
+  if (reword_for_test.load(std::memory_order_relaxed)) {
+    message = absl::StrCat("reworded ", absl::StatusCodeToString(status.code()));
+  }
+#endif
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::move(message), StatusDetails(status));
 }
 
 absl::Status FromGrpcStatus(const grpc::Status& status) {

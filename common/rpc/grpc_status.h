@@ -22,6 +22,13 @@ absl::Status FromGrpcStatus(const grpc::Status& status);
 std::string StatusDetails(const absl::Status& status);
 absl::Status StatusFromDetails(absl::StatusCode code, absl::string_view message, absl::string_view details);
 
+#ifdef SUMMA_FAULT_INJECTION
+// Test builds only (cmake -DSUMMA_FAULT_INJECTION=ON): from now on every refusal sent from here
+// carries "reworded <code>" instead of its message, its code and reason kept, so that a test
+// shows no peer deciding anything on the text. Thread-safe.
+void RewordStatusMessagesForTest(bool on);
+#endif
+
 }  // namespace summa
 
 #endif  // SUMMA_COMMON_RPC_GRPC_STATUS_H_

@@ -167,6 +167,7 @@ absl::Status JoinRate::Take() {
   tokens_ = std::min(burst_, tokens_ + absl::ToDoubleSeconds(now - last_) * per_second_);
   last_ = now;
   if (tokens_ < 1) {
+    refused_.fetch_add(1, std::memory_order_relaxed);
     return WithReason(absl::ResourceExhaustedError(absl::StrCat(
                           "too many joins: over ", per_second_, " per second after a burst of ", burst_,
                           " (summa-server --join_rate); retry in ",

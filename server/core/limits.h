@@ -15,6 +15,7 @@
 #ifndef SUMMA_SERVER_CORE_LIMITS_H_
 #define SUMMA_SERVER_CORE_LIMITS_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -100,8 +101,10 @@ class PeerBudget {
 class JoinRate {
  public:
   JoinRate(double per_second, int world_size, const Clock* clock);
-  // OK and one token taken, or RESOURCE_EXHAUSTED naming --join_rate.
+  // OK and one token taken, or RESOURCE_EXHAUSTED naming --join_rate (reason JOIN_RATE).
   absl::Status Take();
+  // Joins refused so far.
+  uint64_t refused() const { return refused_.load(std::memory_order_relaxed); }
 
  private:
   const double per_second_;
@@ -109,6 +112,7 @@ class JoinRate {
   const Clock* const clock_;  // Not owned.
   absl::Mutex mu_;
   double tokens_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> refused_{0};
   absl::Time last_ ABSL_GUARDED_BY(mu_);
 };
 

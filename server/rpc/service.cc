@@ -195,6 +195,7 @@ grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context, con
   response->set_rollbacks(s.rollbacks);
   response->set_last_rollback_version(s.last_rollback_version);
   response->set_view(s.view);
+  response->set_joins_refused(joins_.refused());
   if (o.shards > 1 && o.shard == 0) {
     for (pb::ShardStatus& shard : shards_.Statuses(ReportOf(*core_, s), absl::Now())) {
       *response->add_shard_statuses() = std::move(shard);

@@ -31,7 +31,7 @@ std::string Text(const T& value) {
 // value in `o` as the flag would spell it.
 Rows AsFlags(const WorkerOptions& o) {
   const TrainerOptions& t = o.trainer;
-  return {
+  Rows rows = {
       {"server", o.server},
       {"rank", Text(t.rank)},
       {"world_size", Text(t.world_size)},
@@ -53,10 +53,6 @@ Rows AsFlags(const WorkerOptions& o) {
       {"call_deadline", Text(o.call_deadline)},
       {"retry_deadline", Text(t.retry_deadline)},
       {"join_deadline", Text(o.join_deadline)},
-      {"fault_exit_after_push", Text(o.faults.exit_after_push)},
-      {"fault_repeat_pushpull_at", Text(o.faults.repeat_push_pull_at)},
-      {"fault_exit_before_epoch_end", Text(o.faults.exit_before_round)},
-      {"fault_delay_push", Text(o.faults.delay_push)},
       {"trace_file", o.trace_file},
       {"tls_ca", o.tls.ca},
       {"tls_cert", o.tls.cert},
@@ -65,6 +61,13 @@ Rows AsFlags(const WorkerOptions& o) {
       {"channels", Text(o.channels)},
       {"data_plane", DataPlaneName(o.data_plane)},
   };
+#if SUMMA_FAULT_INJECTION
+  rows.insert(rows.end(), {{"fault_exit_after_push", Text(o.faults.exit_after_push)},
+                           {"fault_repeat_pushpull_at", Text(o.faults.repeat_push_pull_at)},
+                           {"fault_exit_before_epoch_end", Text(o.faults.exit_before_round)},
+                           {"fault_delay_push", Text(o.faults.delay_push)}});
+#endif
+  return rows;
 }
 
 // The flags a synthetic worker takes, as they fill SyntheticOptions (--synthetic itself aside).

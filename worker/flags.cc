@@ -13,7 +13,6 @@
 
 // The structs whose defaults the flags take.
 using summa::worker::DataPlaneName;
-using summa::worker::FaultPlan;
 using summa::worker::SyntheticOptions;
 using summa::worker::TrainerOptions;
 using summa::worker::WorkerOptions;
@@ -74,19 +73,6 @@ ABSL_FLAG(absl::Duration, call_deadline, WorkerOptions().call_deadline,
 ABSL_FLAG(absl::Duration, retry_deadline, TrainerOptions().retry_deadline,
           "how long to keep rejoining while the server is unreachable or restarted, counted from "
           "the last step that succeeded");
-ABSL_FLAG(int64_t, fault_exit_after_push, FaultPlan().exit_after_push,
-          "fault injection for tests: from this step on, at the first push that leaves its step "
-          "waiting for other workers, exit right after the push (status 137), as a worker killed "
-          "between its push and the reply would; -1: never");
-ABSL_FLAG(int64_t, fault_repeat_pushpull_at, FaultPlan().repeat_push_pull_at,
-          "fault injection for tests: at this step, drop the reply to the push-pull and send it "
-          "again, as a client whose reply was lost retries; -1: never");
-ABSL_FLAG(int64_t, fault_exit_before_epoch_end, FaultPlan().exit_before_round,
-          "fault injection for tests: exit (status 137) after the last push of this epoch "
-          "(0-based), before the epoch-end loss collective; -1: never");
-ABSL_FLAG(absl::Duration, fault_delay_push, FaultPlan().delay_push,
-          "fault injection for tests: wait this long before every push, so that this worker's "
-          "pushes reach the server after the others' (a test forcing the arrival order); 0: never");
 ABSL_FLAG(std::string, trace_file, WorkerOptions().trace_file,
           "if set, write a timeline of every step (compute, exchange, load, and each "
           "partition's push-pull) to this file as Chrome trace JSON when the worker ends (open it "
@@ -119,6 +105,25 @@ ABSL_FLAG(std::string, synthetic, "",
           "flags do not apply");
 ABSL_FLAG(int64_t, steps, SyntheticOptions().steps, "--synthetic: synchronous steps to run (at least 1)");
 
+#if SUMMA_FAULT_INJECTION
+// Test builds only (-DSUMMA_FAULT_INJECTION=ON): a production summa-worker refuses these as
+// unknown flags.
+using summa::worker::FaultPlan;
+ABSL_FLAG(int64_t, fault_exit_after_push, FaultPlan().exit_after_push,
+          "fault injection for tests: from this step on, at the first push that leaves its step "
+          "waiting for other workers, exit right after the push (status 137), as a worker killed "
+          "between its push and the reply would; -1: never");
+ABSL_FLAG(int64_t, fault_repeat_pushpull_at, FaultPlan().repeat_push_pull_at,
+          "fault injection for tests: at this step, drop the reply to the push-pull and send it "
+          "again, as a client whose reply was lost retries; -1: never");
+ABSL_FLAG(int64_t, fault_exit_before_epoch_end, FaultPlan().exit_before_round,
+          "fault injection for tests: exit (status 137) after the last push of this epoch "
+          "(0-based), before the epoch-end loss collective; -1: never");
+ABSL_FLAG(absl::Duration, fault_delay_push, FaultPlan().delay_push,
+          "fault injection for tests: wait this long before every push, so that this worker's "
+          "pushes reach the server after the others' (a test forcing the arrival order); 0: never");
+#endif  // SUMMA_FAULT_INJECTION
+
 namespace summa::worker {
 namespace {
 
@@ -147,8 +152,10 @@ absl::StatusOr<SyntheticOptions> SyntheticOptionsFromFlags() {
                                "micro_batches", "data_dir", "seed",
                                "threads", "train_limit", "test_limit", "progress", "status_address",
                                "status_port_file", "metrics_address", "metrics_port_file",
-                               "retry_deadline", "trace_file", "fault_exit_after_push",
-                               "fault_repeat_pushpull_at", "fault_exit_before_epoch_end", "fault_delay_push"}) {
+                               "retry_deadline", "trace_file",
+                               // Test builds only; Changed is false for a flag not defined.
+                               "fault_exit_after_push", "fault_repeat_pushpull_at",
+                               "fault_exit_before_epoch_end", "fault_delay_push"}) {
     if (Changed(training)) {
       return absl::InvalidArgumentError(
           absl::StrCat("--", training, " does not apply to --synthetic (it trains no model; see --help)"));
@@ -223,6 +230,7 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags() {
   o.tls = {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca)};
   o.token_file = absl::GetFlag(FLAGS_token_file);
   o.trainer.retry_deadline = absl::GetFlag(FLAGS_retry_deadline);
+#if SUMMA_FAULT_INJECTION
   o.faults.exit_after_push = absl::GetFlag(FLAGS_fault_exit_after_push);
   o.faults.repeat_push_pull_at = absl::GetFlag(FLAGS_fault_repeat_pushpull_at);
   o.faults.exit_before_round = absl::GetFlag(FLAGS_fault_exit_before_epoch_end);
@@ -230,6 +238,7 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags() {
   if (o.faults.delay_push < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--fault_delay_push must not be negative");
   }
+#endif
   return o;
 }
 

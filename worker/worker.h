@@ -10,9 +10,11 @@
 #include "absl/time/time.h"
 #include "common/idx.h"
 #include "common/rpc/transport.h"
-#include "worker/fault_injecting_store.h"
 #include "client/ps_client.h"
 #include "worker/trainer.h"
+#if SUMMA_FAULT_INJECTION
+#include "worker/fault_injecting_store.h"
+#endif
 
 namespace summa::worker {
 
@@ -37,8 +39,11 @@ struct WorkerOptions {
   // the status endpoint) and the token file read at start.
   TlsFiles tls;
   std::string token_file;
-  // Fault injection for the process tests (FaultInjectingStore); nothing by default.
+#if SUMMA_FAULT_INJECTION
+  // Fault injection for the process tests (FaultInjectingStore); nothing by default. Only in a
+  // build with -DSUMMA_FAULT_INJECTION=ON (the test suite's).
   FaultPlan faults;
+#endif
 };
 
 absl::Status RunWorker(const WorkerOptions& options);

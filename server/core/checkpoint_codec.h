@@ -42,15 +42,6 @@ struct PartitionSnapshot {
   std::vector<uint64_t> next_steps;       // per rank
 };
 
-struct ServerSnapshot {
-  JobDescription job;
-  std::vector<TensorSpec> specs;
-  std::vector<PartitionSnapshot> partitions;
-  absl::Time created = absl::InfinitePast();
-  // The lowest partition version.
-  uint64_t version() const;
-};
-
 // Everything in a checkpoint but its partitions. `version`: no partition is below it (in sync
 // mode every partition is at it).
 summa::v1::Checkpoint EncodeCheckpointHeader(const JobDescription& job, const std::vector<TensorSpec>& specs,
@@ -77,12 +68,6 @@ absl::StatusOr<CheckpointHeader> DecodeCheckpointHeader(const summa::v1::Checkpo
 // does (nothing more is read).
 absl::Status DecodePartitions(const CheckpointHeader& header, PartitionSource& source,
                               absl::FunctionRef<absl::Status(PartitionSnapshot)> take);
-
-// The whole checkpoint as one message and back, in memory: for small checkpoints and tests.
-// Files go through CheckpointWriter and CheckpointReader.
-summa::v1::Checkpoint EncodeCheckpoint(const ServerSnapshot& snapshot);
-absl::StatusOr<ServerSnapshot> DecodeCheckpoint(const summa::v1::Checkpoint& checkpoint,
-                                                const JobDescription& ours);
 
 }  // namespace summa::server
 

@@ -53,10 +53,19 @@ std::unique_ptr<grpc::ClientContext> ParameterClient::NewContext() const {
   return ctx;
 }
 
+const char* DataPlaneName(DataPlane plane) {
+  switch (plane) {
+    case DataPlane::kAuto: return "auto";
+    case DataPlane::kGrpc: return "grpc";
+    case DataPlane::kSocket: return "socket";
+  }
+  return "?";
+}
+
 absl::StatusOr<DataPlane> ParseDataPlane(absl::string_view name) {
-  if (name == "auto") return DataPlane::kAuto;
-  if (name == "grpc") return DataPlane::kGrpc;
-  if (name == "socket") return DataPlane::kSocket;
+  for (DataPlane plane : {DataPlane::kAuto, DataPlane::kGrpc, DataPlane::kSocket}) {
+    if (name == DataPlaneName(plane)) return plane;
+  }
   return absl::InvalidArgumentError(absl::StrCat("--data_plane must be auto, grpc or socket, not '", name, "'"));
 }
 

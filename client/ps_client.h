@@ -46,7 +46,9 @@ namespace summa::worker {
 // the socket data plane (common/rpc/socket_frame.h) where every shard offers one and it can be
 // reached, gRPC otherwise; kGrpc: always gRPC; kSocket: the socket data plane or an error.
 enum class DataPlane { kAuto, kGrpc, kSocket };
-// "auto", "grpc" or "socket"; INVALID_ARGUMENT naming the flag otherwise.
+// "auto", "grpc" or "socket": the spellings of summa-worker --data_plane.
+const char* DataPlaneName(DataPlane plane);
+// A DataPlaneName; INVALID_ARGUMENT naming the flag otherwise.
 absl::StatusOr<DataPlane> ParseDataPlane(absl::string_view name);
 
 class ParameterClient final : public ParameterStore {

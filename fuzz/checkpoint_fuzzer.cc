@@ -16,6 +16,7 @@
 #include "server/core/checkpoint_codec.h"
 #include "server/core/parameter_server.h"
 #include "tests/fake_call.h"
+#include "tests/parameter_server_peer.h"
 
 namespace summa::server {
 namespace {
@@ -81,7 +82,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // What was restored is served: every partition answers a pull of its version at once.
   const StatusSnapshot status = server.Status();
   Check(status.model_defined && status.partitions_pending == 0, "a restored model is not ready");
-  Check(static_cast<int64_t>(server.WeightsForTest().size()) == status.parameter_count,
+  Check(static_cast<int64_t>(ParameterServerPeer::Weights(server).size()) == status.parameter_count,
         "the restored weights are not the model's size");
   int64_t pulled = 0;
   for (int p = 0; p < status.partition_count; ++p) {

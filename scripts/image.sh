@@ -6,10 +6,13 @@
 # localhost/debian:bookworm). --gpu: localhost/summa:gpu and :gpu-<revision> on NVIDIA's CUDA
 # images, only where those can be pulled. --iidfile writes the built image's ID there.
 # --prebuilt BUILD_DIR (CPU only; the test suite's way): the image holds the summa-server and
-# summa-worker that BUILD_DIR already holds, a Release build of this machine (Debian 12, as the
-# image) by scripts/build.sh, rather than compiling them again in the build stage (minutes on
-# two cores); everything else is built as always. The tags name the checkout's revision: the
-# binaries are whatever BUILD_DIR was last built from.
+# summa-worker that BUILD_DIR already holds, a plain Release build of this machine (Debian 12, as
+# the image), rather than compiling them again in the build stage (minutes on two cores);
+# everything else is built as always. The tags name the checkout's revision: the binaries are
+# whatever BUILD_DIR was last built from. A build with sanitizers, fuzzing or fault injection
+# (-DSUMMA_FAULT_INJECTION=ON, as scripts/build.sh makes the test suite's build/) is refused:
+# its binaries are not the ones to ship (tests/CMakeLists.txt builds the suite's image from a
+# build directory of its own without fault injection).
 # Installs what it needs first (scripts/setup.sh --image: podman, runc, mmdebstrap); the engine
 # is podman, or docker where that is what the machine has (scripts/container.sh).
 set -euo pipefail
@@ -40,6 +43,13 @@ if [[ -n "$prebuilt" ]]; then
   if [[ "$(cache CMAKE_BUILD_TYPE)" != Release || -n "$(cache SUMMA_SANITIZE)" || "$(cache SUMMA_FUZZ)" == ON ]]; then
     echo "image: --prebuilt $prebuilt is not a plain Release build of scripts/build.sh" \
       "(CMAKE_BUILD_TYPE '$(cache CMAKE_BUILD_TYPE)', SUMMA_SANITIZE '$(cache SUMMA_SANITIZE)', SUMMA_FUZZ '$(cache SUMMA_FUZZ)')" >&2
+    exit 2
+  fi
+  if [[ "$(cache SUMMA_FAULT_INJECTION)" != OFF ]]; then
+    echo "image: --prebuilt $prebuilt is a test build with fault injection (SUMMA_FAULT_INJECTION" \
+      "'$(cache SUMMA_FAULT_INJECTION)'; scripts/build.sh makes build/ so for the test suite): its" \
+      "summa-worker takes the test-only --fault_* flags. Give a build configured with" \
+      "-DSUMMA_FAULT_INJECTION=OFF, or build without --prebuilt" >&2
     exit 2
   fi
   for binary in server/summa-server worker/summa-worker; do

@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <climits>
 #include <filesystem>
 #include <fstream>
@@ -138,6 +139,56 @@ TEST_F(CheckpointTest, TornAndCorruptFilesAreIgnoredWithAWarning) {
   ASSERT_TRUE(restored.has_value());
   EXPECT_EQ(restored->version(), 10u);
   EXPECT_EQ(warnings.size(), 2u);
+}
+
+// A whole checkpoint in memory, made of the codec's pieces as the server's writer and reader use
+// them (its header, then each partition), so that the codec's tests round-trip it without files.
+struct ServerSnapshot {
+  JobDescription job;
+  std::vector<TensorSpec> specs;
+  std::vector<PartitionSnapshot> partitions;
+  absl::Time created = absl::InfinitePast();
+  // The lowest partition version.
+  uint64_t version() const {
+    uint64_t low = partitions.empty() ? 0 : UINT64_MAX;
+    for (const PartitionSnapshot& p : partitions) low = std::min(low, p.version);
+    return low;
+  }
+};
+
+summa::v1::Checkpoint EncodeCheckpoint(const ServerSnapshot& s) {
+  summa::v1::Checkpoint c = EncodeCheckpointHeader(s.job, s.specs, s.version(), s.created);
+  for (const PartitionSnapshot& p : s.partitions) *c.add_partitions() = EncodePartition(p);
+  return c;
+}
+
+// The partitions of a whole Checkpoint message.
+class MessagePartitions : public PartitionSource {
+ public:
+  explicit MessagePartitions(const summa::v1::Checkpoint& c) : c_(c) {}
+  absl::StatusOr<bool> Next(summa::v1::PartitionCheckpoint* out) override {
+    if (next_ == c_.partitions_size()) return false;
+    *out = c_.partitions(next_++);
+    return true;
+  }
+
+ private:
+  const summa::v1::Checkpoint& c_;
+  int next_ = 0;
+};
+
+absl::StatusOr<ServerSnapshot> DecodeCheckpoint(const summa::v1::Checkpoint& c, const JobDescription& ours) {
+  SUMMA_ASSIGN_OR_RETURN(CheckpointHeader h, DecodeCheckpointHeader(c, ours));
+  ServerSnapshot s;
+  MessagePartitions source(c);
+  SUMMA_RETURN_IF_ERROR(DecodePartitions(h, source, [&](PartitionSnapshot p) {
+    s.partitions.push_back(std::move(p));
+    return absl::OkStatus();
+  }));
+  s.job = std::move(h.job);
+  s.specs = h.map.specs();
+  s.created = h.created;
+  return s;
 }
 
 // Two tensors (4 + 2 floats) in partitions of 16 bytes, under Adam, 2 ranks.

@@ -160,6 +160,20 @@ class ContainerTest(unittest.TestCase):
         self.assertEqual(out.stdout.split(), [
             "65532", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz", "train-images-idx3-ubyte.gz",
             "train-labels-idx1-ubyte.gz", "no-toolchain", "no-dev-packages"])
+        # A production build: summa-worker has no fault injection (tests/CMakeLists.txt builds the
+        # image's binaries with -DSUMMA_FAULT_INJECTION=OFF, deploy/docker/stage.sh refuses others),
+        # so it lists no --fault_* flag and refuses one as unknown.
+        def worker(*args):
+            return subprocess.run(
+                [os.path.join(ARGS.source, "scripts/container.sh"), "run", "--rm",
+                 "--entrypoint=/usr/local/bin/summa-worker", self.image, *args],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+        listed = worker("--help").stdout
+        self.assertIn("--server", listed, "summa-worker --help lists its flags")
+        self.assertNotIn("--fault_", listed, "the image's summa-worker has the test-only --fault_* flags")
+        refused = worker("--fault_exit_after_push=0")
+        self.assertNotEqual(refused.returncode, 0, refused.stdout)
+        self.assertIn("Unknown command line flag 'fault_exit_after_push'", refused.stdout)
 
     def test_cpu_demo_in_containers_trains_serves_status_and_a_killed_worker_rejoins(self):
         objs, env = self.objs, self.env
@@ -226,23 +240,24 @@ class ContainerTest(unittest.TestCase):
                 mounts = mounts_of(worker_pod, worker_c, f"worker{index}-pod")
                 args = [to_host(expand(a, env).replace(env["SUMMA_SERVER"], f"{SERVICE}:{port}"), {},
                                 {"status_address", "metrics_address"}) for a in worker_c["args"]]
-                # Each push held back 20 ms: the job's 250 steps take at least 5 s, so that the
-                # kill below lands mid-job however fast the CPU computes (about 1 s for the 190
-                # steps after step 60 at full speed, against podman's inspect and kill).
-                args.append("--fault_delay_push=20ms")
                 workers.append(pod.run(f"worker{index}", self.image, worker_pod, worker_c, args,
                                        {**env, "JOB_COMPLETION_INDEX": str(index)}, mounts,
                                        restart="on-failure"))
 
             # Kill worker 1's process mid-job (SIGKILL, from the host) once the job is past step
             # 60 of 250; the engine restarts its container (restartPolicy OnFailure) and the new
-            # process rejoins as rank 1, its completion index.
+            # process rejoins as rank 1, its completion index. The image's worker has no fault
+            # injection to slow the job down (--fault_delay_push), and at full speed the 190 steps
+            # after step 60 take about 1 s: its PID is read beforehand (podman's inspect takes a
+            # good part of that), the version polled every 10 ms, and the kill sent at once.
+            killed = pod.inspect(workers[1], "{{.State.Pid}}")
             deadline = time.monotonic() + 180
             while int(r.call("summa.v1.ParameterServer/GetStatus").get("version", 0)) < 60:
                 self.assertLess(time.monotonic(), deadline, "version 60 not reached:\n" + pod.logs(workers[1]))
-                time.sleep(0.05)
-            killed = pod.inspect(workers[1], "{{.State.Pid}}")
+                time.sleep(0.01)
             os.kill(int(killed), 9)
+            at_kill = int(r.call("summa.v1.ParameterServer/GetStatus").get("version", 0))
+            self.assertLess(at_kill, steps, "the job ended before the kill landed: it no longer tests a rejoin")
             pod.wait_for_log(workers[1], r"(?s)joined at step 0 .*joined at step [1-9]\d* ", seconds=120,
                               restarting=True)
             self.assertNotEqual(pod.inspect(workers[1], "{{.State.Pid}}"), killed)

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "tests/parameter_server_peer.h"
 #include "server/daemon.h"
 #include "worker/models/lenet.h"
 #include "client/ps_client.h"
@@ -80,7 +81,7 @@ JobRun Train(int workers, int64_t batch, const Dataset& data, int epochs, int de
   }
   for (auto& t : threads) t.join();
   std::fclose(sink);
-  run.server_weights = (*server)->core().WeightsForTest();
+  run.server_weights = server::ParameterServerPeer::Weights((*server)->core());
   return run;
 }
 

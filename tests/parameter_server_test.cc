@@ -23,9 +23,13 @@
 
 #include "gtest/gtest.h"
 #include "tests/fake_call.h"
+#include "tests/parameter_server_peer.h"
 
 namespace summa::server {
 namespace {
+
+// The server's whole flat weights (tests/parameter_server_peer.h).
+std::vector<float> Weights(const ParameterServer& ps) { return ParameterServerPeer::Weights(ps); }
 
 std::string Bytes(const std::vector<float>& v) {
   return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4);
@@ -132,7 +136,7 @@ TEST_F(ParameterServerTest, InitialValuesFollowPartitionByPartition) {
   EXPECT_EQ(ps_.Status().partitions_pending, 1);
   EXPECT_EQ(*ps_.Initialize({0, 1, true, b_}), true);
   EXPECT_EQ(ps_.Status().partitions_pending, 0);
-  EXPECT_EQ(ps_.WeightsForTest(), (std::vector<float>{1, 2, 3, 4, 10, 20}));
+  EXPECT_EQ(Weights(ps_), (std::vector<float>{1, 2, 3, 4, 10, 20}));
   auto second = ps_.Join(JoinView(1, false));
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_FALSE(second->initialize);
@@ -167,7 +171,7 @@ TEST_F(ParameterServerTest, WorkersInThreadsTakeExactSyncStepsThroughPushPull) {
   std::thread a(worker, 0), b(worker, 1);
   a.join();
   b.join();
-  EXPECT_EQ(ps_.WeightsForTest(), (std::vector<float>{-29, -28, -27, -26, -20, -10}));
+  EXPECT_EQ(Weights(ps_), (std::vector<float>{-29, -28, -27, -26, -20, -10}));
 }
 
 TEST_F(ParameterServerTest, FirstJoinWithValuesDefinesTheModel) {
@@ -177,7 +181,7 @@ TEST_F(ParameterServerTest, FirstJoinWithValuesDefinesTheModel) {
   EXPECT_EQ(joined->rank, 0);
   EXPECT_EQ(joined->version, 0u);
   ASSERT_EQ(joined->partitions.size(), 2u);
-  EXPECT_EQ(ps_.WeightsForTest(), (std::vector<float>{1, 2, 3, 4, 10, 20}));
+  EXPECT_EQ(Weights(ps_), (std::vector<float>{1, 2, 3, 4, 10, 20}));
   EXPECT_TRUE(ps_.Join(JoinView(1, false)).ok());
   const StatusSnapshot s = ps_.Status();
   EXPECT_EQ(s.members.size(), 2u);
@@ -188,7 +192,7 @@ TEST_F(ParameterServerTest, FirstJoinWithValuesDefinesTheModel) {
 TEST_F(ParameterServerTest, SyncStepsSumEveryPushAndDivideByTotalExamples) {
   JoinBoth();
   for (uint64_t step = 0; step < 3; ++step) {
-    const std::vector<float> before = ps_.WeightsForTest();
+    const std::vector<float> before = Weights(ps_);
     auto pull0 = std::make_shared<FakeCall>();
     ps_.Pull(0, 0, 0, step + 1, pull0);
     EXPECT_FALSE(pull0->answered()) << "a pull for the next version must wait for the step";
@@ -200,7 +204,7 @@ TEST_F(ParameterServerTest, SyncStepsSumEveryPushAndDivideByTotalExamples) {
     ASSERT_EQ(*ps_.Push(PushView(1, step, 0, Bytes({0, 0, 4, 0}), 1)), true);
     ASSERT_TRUE(pull0->Wait().ok());
     EXPECT_EQ(pull0->counter(), step + 1);
-    const std::vector<float> after = ps_.WeightsForTest();
+    const std::vector<float> after = Weights(ps_);
     // sum / 4 examples * lr 1
     const std::vector<float> delta = {1, 2, 1, 1, 1, 2};
     for (size_t i = 0; i < after.size(); ++i) EXPECT_EQ(after[i], before[i] - delta[i]) << i;
@@ -212,7 +216,7 @@ TEST_F(ParameterServerTest, SyncStepsSumEveryPushAndDivideByTotalExamples) {
 
 TEST_F(ParameterServerTest, BadPushesAreRefusedAndChangeNothing) {
   JoinBoth();
-  const std::vector<float> before = ps_.WeightsForTest();
+  const std::vector<float> before = Weights(ps_);
   const std::string good = Bytes({1, 1, 1, 1});
   struct Case {
     const char* what;
@@ -250,16 +254,16 @@ TEST_F(ParameterServerTest, BadPushesAreRefusedAndChangeNothing) {
   ASSERT_TRUE(ps_.Push(PushView(0, 0, 0, good, 1)).ok());
   auto dup = ps_.Push(PushView(0, 0, 0, Bytes({9, 9, 9, 9}), 3));
   EXPECT_EQ(dup.status().code(), absl::StatusCode::kAlreadyExists) << dup.status();
-  EXPECT_EQ(ps_.WeightsForTest(), before);
+  EXPECT_EQ(Weights(ps_), before);
   ASSERT_EQ(*ps_.Push(PushView(1, 0, 0, good, 1)), true);
   // 2 pushes of ones over 2 examples: each weight moves by exactly 1 (with the duplicate summed
   // it would be (1 + 9 + 1) / 5).
-  EXPECT_EQ(ps_.WeightsForTest()[0], before[0] - 1);
+  EXPECT_EQ(Weights(ps_)[0], before[0] - 1);
   // A retry after its step completed (the first reply was lost) is still a duplicate.
-  const std::vector<float> after = ps_.WeightsForTest();
+  const std::vector<float> after = Weights(ps_);
   EXPECT_EQ(ps_.Push(PushView(0, 0, 0, Bytes({9, 9, 9, 9}), 3)).status().code(),
             absl::StatusCode::kAlreadyExists);
-  EXPECT_EQ(ps_.WeightsForTest(), after);
+  EXPECT_EQ(Weights(ps_), after);
   EXPECT_EQ(ps_.Status().duplicate_pushes, 2u);
 }
 
@@ -281,7 +285,7 @@ TEST_F(ParameterServerTest, PushesInEveryWireFormatAreSummedAsTheirFloat32Values
   ASSERT_EQ(*ps_.Push(bf16), false);
   ASSERT_EQ(*ps_.Push(top_k), true);
   // lr 1 on the sum over 2 examples: w -= [0.5, -1.25, 2, -1] / 2.
-  EXPECT_EQ(ps_.WeightsForTest(), (std::vector<float>{0.75f, 2.625f, 2.0f, 4.5f, 10, 20}));
+  EXPECT_EQ(Weights(ps_), (std::vector<float>{0.75f, 2.625f, 2.0f, 4.5f, 10, 20}));
   const std::string fp16_bytes = Halves(WireDType::kFloat16, {1, 1, 1, 1});
   PushRequestView fp16 = PushView(0, 1, 0, fp16_bytes, 1);
   fp16.dtype = WireDType::kFloat16;
@@ -292,7 +296,7 @@ TEST_F(ParameterServerTest, PushesInEveryWireFormatAreSummedAsTheirFloat32Values
   sparse_bf16.sparse = true;
   ASSERT_EQ(*ps_.Push(fp16), false);
   ASSERT_EQ(*ps_.Push(sparse_bf16), true);
-  EXPECT_EQ(ps_.WeightsForTest(), (std::vector<float>{-0.75f, 2.125f, 1.5f, 4.0f, 10, 20}));
+  EXPECT_EQ(Weights(ps_), (std::vector<float>{-0.75f, 2.125f, 1.5f, 4.0f, 10, 20}));
   // What came, as it came: 8 + 12 + 8 + 6 bytes.
   EXPECT_EQ(ps_.Status().bytes_in, 34u);
 }
@@ -483,7 +487,7 @@ TEST_F(MembershipTest, ANewerJoinFencesTheOlderProcessOfItsRank) {
   EXPECT_EQ(pull->Wait().code(), absl::StatusCode::kFailedPrecondition);
   // Nothing the fenced process sent was counted: one step, from its first push.
   EXPECT_EQ(ps.Status().version, 1u);
-  EXPECT_EQ(ps.WeightsForTest(), std::vector<float>(4, -1.0f));  // 0 - lr 1 x (2 / 2 examples)
+  EXPECT_EQ(Weights(ps), std::vector<float>(4, -1.0f));  // 0 - lr 1 x (2 / 2 examples)
   // The newer process goes on.
   PushRequestView fresh = Push(0, 1, twos_, 2);
   fresh.session = b->session;
@@ -507,7 +511,7 @@ TEST_F(MembershipTest, ShrinkDropsALapsedMemberAndFinishesTheStepWithoutIt) {
   ps->Tick(clock_.Now());
   ASSERT_TRUE(pull->Wait().ok());
   // The step completed with rank 0's push alone, divided by its 2 examples: w = 0 - 2/2.
-  EXPECT_EQ(ps->WeightsForTest(), std::vector<float>(4, -1));
+  EXPECT_EQ(Weights(*ps), std::vector<float>(4, -1));
   EXPECT_EQ(ps->LiveRanks(), std::vector<int>{0});
   auto refused = ps->Push(Push(1, 1, twos_, 2));
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -539,14 +543,14 @@ TEST_F(MembershipTest, APushStampedWithAnotherViewIsRefusedNamingBothViews) {
   EXPECT_TRUE(IsStaleView(ps->Push(ahead).status()));
   EXPECT_EQ(ps->Status().stale_view_pushes, 2u);
   EXPECT_EQ(ps->Status().version, 1u);
-  EXPECT_EQ(ps->WeightsForTest(), std::vector<float>(4, -1.0f));
+  EXPECT_EQ(Weights(*ps), std::vector<float>(4, -1.0f));
   PushRequestView current = Push(0, 1, twos_, 2);
   current.view = 1;
   ASSERT_TRUE(ps->Push(current).ok());
   EXPECT_EQ(ps->Status().version, 2u);
   ASSERT_TRUE(ps->Push(Push(0, 2, twos_, 2)).ok());  // not stamped
   EXPECT_EQ(ps->Status().version, 3u);
-  EXPECT_EQ(ps->WeightsForTest(), std::vector<float>(4, -3.0f));
+  EXPECT_EQ(Weights(*ps), std::vector<float>(4, -3.0f));
   EXPECT_EQ(ps->Status().stale_view_pushes, 2u);
 }
 
@@ -569,7 +573,7 @@ TEST_F(MembershipTest, WaitKeepsTheStepForARejoinAndEndsTheJobPastTheDeadline) {
   EXPECT_EQ(rejoined->next_step, 0u);
   ASSERT_TRUE(ps->Push(Push(1, 0, twos_, 2)).ok());
   ASSERT_TRUE(pull->Wait().ok());
-  EXPECT_EQ(ps->WeightsForTest(), std::vector<float>(4, -1));  // (2 + 2) / 4
+  EXPECT_EQ(Weights(*ps), std::vector<float>(4, -1));  // (2 + 2) / 4
 
   // Lost again, and not back within the rejoin deadline: the job ends, parked calls with it.
   auto parked = std::make_shared<FakeCall>();
@@ -641,7 +645,7 @@ TEST_F(MembershipTest, AShardFollowingShardZeroDropsAndEndsOnlyInShardZerosView)
   ASSERT_TRUE(pull->Wait().ok());
   EXPECT_EQ(follower->LiveRanks(), std::vector<int>{0});
   EXPECT_EQ(follower->Status().view, 1u);
-  EXPECT_EQ(follower->WeightsForTest(), std::vector<float>(4, -1));
+  EXPECT_EQ(Weights(*follower), std::vector<float>(4, -1));
   // An older view changes nothing; shard 0's end of the job ends it here.
   m.Follow(incarnation, 0, {0, 1}, "stale");
   EXPECT_EQ(follower->LiveRanks(), std::vector<int>{0});
@@ -703,7 +707,7 @@ TEST_F(MembershipTest, RetriedPushPullIsAnsweredButCountedOnce) {
   auto other = std::make_shared<FakeCall>();
   ps->PushPull(Push(1, 0, twos_, 2), other);
   for (auto* c : {&first, &retry, &other}) ASSERT_TRUE((*c)->Wait().ok());
-  EXPECT_EQ(ps->WeightsForTest(), std::vector<float>(4, -1));  // not (2+2+2)/6 or (2+2+2)/4
+  EXPECT_EQ(Weights(*ps), std::vector<float>(4, -1));  // not (2+2+2)/6 or (2+2+2)/4
   EXPECT_EQ(retry->values(), std::vector<float>(4, -1));
   EXPECT_EQ(ps->Status().duplicate_pushes, 1u);
 }
@@ -714,11 +718,11 @@ TEST_F(MembershipTest, AsyncAppliesEachPushAloneAndRefusesRepeats) {
   o.mode = Mode::kAsync;
   auto ps = Make(o);
   ASSERT_EQ(*ps->Push(Push(0, 0, twos_, 2)), true);
-  EXPECT_EQ(ps->WeightsForTest(), std::vector<float>(4, -1));  // applied at once: 0 - 2/2
+  EXPECT_EQ(Weights(*ps), std::vector<float>(4, -1));  // applied at once: 0 - 2/2
   EXPECT_EQ(ps->Push(Push(0, 0, twos_, 2)).status().code(), absl::StatusCode::kAlreadyExists);
   EXPECT_EQ(ps->Push(Push(0, 5, twos_, 2)).status().code(), absl::StatusCode::kOutOfRange);
   ASSERT_TRUE(ps->Push(Push(1, 0, twos_, 1)).ok());
-  EXPECT_EQ(ps->WeightsForTest(), std::vector<float>(4, -3));  // then 2/1 more
+  EXPECT_EQ(Weights(*ps), std::vector<float>(4, -3));  // then 2/1 more
   EXPECT_EQ(ps->Status().version, 2u);
   auto pull = std::make_shared<FakeCall>();
   ps->PushPull(Push(0, 1, twos_, 2), pull);  // async never waits
@@ -789,7 +793,7 @@ TEST_F(MembershipTest, SspUnderShrinkDropsALapsedMemberAndTheOtherRunsOnPastItsS
   const absl::Status late = ps->Push(Push(1, 1, twos_, 2)).status();
   EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition) << late;
   EXPECT_EQ(ps->Status().version, 11u);
-  EXPECT_EQ(ps->WeightsForTest(), std::vector<float>(4, -11));
+  EXPECT_EQ(Weights(*ps), std::vector<float>(4, -11));
   EXPECT_EQ(ps->Status().members[0].pushes, 10u);
 }
 
@@ -811,7 +815,7 @@ TEST_F(MembershipTest, AsyncUnderShrinkDropsALapsedMemberAndAppliesEveryPushOfTh
   ASSERT_EQ(ps->LiveRanks(), std::vector<int>{0});
   EXPECT_EQ(ps->view(), 1u);
   EXPECT_EQ(ps->Status().version, 3u);
-  EXPECT_EQ(ps->WeightsForTest(), std::vector<float>(4, -4));
+  EXPECT_EQ(Weights(*ps), std::vector<float>(4, -4));
   for (uint64_t step = 2; step < 8; ++step) {
     auto reply = std::make_shared<FakeCall>();
     ps->PushPull(Push(0, step, twos_, 2), reply);
@@ -823,7 +827,7 @@ TEST_F(MembershipTest, AsyncUnderShrinkDropsALapsedMemberAndAppliesEveryPushOfTh
   const absl::Status late = ps->Push(Push(1, 1, twos_, 1)).status();
   EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition) << late;
   EXPECT_EQ(ps->Status().version, 9u);
-  EXPECT_EQ(ps->WeightsForTest(), std::vector<float>(4, -10));
+  EXPECT_EQ(Weights(*ps), std::vector<float>(4, -10));
   // A pull of the newest version is answered at once.
   auto pull = std::make_shared<FakeCall>();
   ps->Pull(0, 0, 0, 9, pull);
@@ -847,7 +851,7 @@ TEST_F(MembershipTest, CheckpointRestoresWeightsVersionAndAsksMembersToRejoin) {
   o2.optimizer.learning_rate = 1.0;
   ParameterServer again(o2);
   ASSERT_TRUE(RestoreNewest(again, dir).ok());
-  EXPECT_EQ(again.WeightsForTest(), ps->WeightsForTest());
+  EXPECT_EQ(Weights(again), Weights(*ps));
   EXPECT_EQ(again.Status().version, 1u);
   EXPECT_EQ(again.Push(Push(0, 1, twos_, 2)).status().code(), absl::StatusCode::kNotFound);
   ServerOptions other = o2;
@@ -895,7 +899,7 @@ TEST_F(MembershipTest, ACheckpointKeepsTheGroupAndARestoredServerStepsWithoutThe
   again.PushPull(Push(0, 1, twos_, 2), pull);
   ASSERT_TRUE(pull->Wait().ok());
   EXPECT_EQ(pull->counter(), 2u);
-  EXPECT_EQ(again.WeightsForTest(), std::vector<float>(4, -2));
+  EXPECT_EQ(Weights(again), std::vector<float>(4, -2));
   std::filesystem::remove_all(dir);
 }
 
@@ -912,7 +916,7 @@ TEST_F(MembershipTest, PushPullRetriedAfterItsStepCompletedGetsTheNextWeights) {
   ASSERT_TRUE(retry->Wait().ok()) << "a retried push is answered, not refused";
   EXPECT_EQ(retry->counter(), 1u);  // the weights of step + 1
   EXPECT_EQ(retry->values(), std::vector<float>(4, -1));
-  EXPECT_EQ(ps->WeightsForTest(), std::vector<float>(4, -1));
+  EXPECT_EQ(Weights(*ps), std::vector<float>(4, -1));
   EXPECT_EQ(ps->Status().duplicate_pushes, 1u);
 }
 
@@ -928,7 +932,7 @@ TEST_F(MembershipTest, NonFiniteGradientsAreRejectedByDefaultNamingWhereTheyAre)
   // Nothing changed: both ranks push finite gradients and the step is theirs alone.
   ASSERT_TRUE(ps->Push(Push(0, 0, twos_, 2)).ok());
   ASSERT_EQ(*ps->Push(Push(1, 0, twos_, 2)), true);
-  EXPECT_EQ(ps->WeightsForTest(), std::vector<float>(4, -1));
+  EXPECT_EQ(Weights(*ps), std::vector<float>(4, -1));
   EXPECT_EQ(ps->Status().nonfinite_pushes, 1u);
   // A 16-bit push names its wire dtype (an infinity in fp16 is a value past 65504 sent without
   // saturating, or a real one).
@@ -1010,13 +1014,13 @@ TEST_F(MembershipTest, NonFiniteGradientsCanSkipTheStepOrCountAsZero) {
   auto skip = Make(o);
   ASSERT_TRUE(skip->Push(Push(0, 0, bytes, 2)).ok());
   ASSERT_EQ(*skip->Push(Push(1, 0, twos_, 2)), true);
-  EXPECT_EQ(skip->WeightsForTest(), std::vector<float>(4, 0)) << "the step applied nothing";
+  EXPECT_EQ(Weights(*skip), std::vector<float>(4, 0)) << "the step applied nothing";
   EXPECT_EQ(skip->Status().version, 1u) << "but it completed, so the workers go on";
   o.nonfinite = NonFinite::kZero;
   auto zero = Make(o);
   ASSERT_TRUE(zero->Push(Push(0, 0, bytes, 2)).ok());
   ASSERT_TRUE(zero->Push(Push(1, 0, twos_, 2)).ok());
-  EXPECT_EQ(zero->WeightsForTest(), (std::vector<float>{-1, -0.5f, -1, -1}));  // (2 + 0 + ...) / 4
+  EXPECT_EQ(Weights(*zero), (std::vector<float>{-1, -0.5f, -1, -1}));  // (2 + 0 + ...) / 4
   EXPECT_EQ(zero->Status().nonfinite_pushes, 1u);
 }
 
@@ -1092,7 +1096,7 @@ TEST(CheckpointConsistencyTest, AsyncRestoreAppliesNoPushTwice) {
   EXPECT_EQ(push(after, 1, 0).status().code(), absl::StatusCode::kAlreadyExists);
   ASSERT_TRUE(push(after, 1, 1).ok());
   for (uint32_t p : {0u, 1u}) ASSERT_TRUE(push(after, 2, p).ok());
-  EXPECT_EQ(after.WeightsForTest(), undisturbed.WeightsForTest());
+  EXPECT_EQ(Weights(after), Weights(undisturbed));
   EXPECT_EQ(after.Status().version, undisturbed.Status().version);
 
   // The checkpoint belongs to an async Adam job: a sync job, or an SGD one, refuses it.
@@ -1190,7 +1194,7 @@ TEST(CheckpointConsistencyTest, AStreamedRestoreIsExact) {
   again.checkpoint_dir = root + "/again";
   ParameterServer after(again);
   ASSERT_TRUE(RestoreNewest(after, o.checkpoint_dir).ok());
-  EXPECT_EQ(after.WeightsForTest(), before.WeightsForTest());
+  EXPECT_EQ(Weights(after), Weights(before));
   EXPECT_EQ(after.Status().version, 1u);
   EXPECT_EQ(after.Status().checkpoint.version, 1u);
   ASSERT_TRUE(after.MaybeCheckpoint(true).ok());
@@ -1231,7 +1235,7 @@ TEST(CheckpointConsistencyTest, AStreamedRestoreIsExact) {
   // A byte of the last partition's weights flipped: every partition parses and decodes, and the
   // checksum fails at the end. The restore takes nothing; the older whole file is restored.
   std::string corrupt = FileBytes(written);
-  const std::vector<float> weights = before.WeightsForTest();
+  const std::vector<float> weights = Weights(before);
   const size_t at = corrupt.rfind(Bytes({weights[8], weights[9]}));
   ASSERT_NE(at, std::string::npos);
   corrupt[at] ^= 1;
@@ -1250,7 +1254,7 @@ TEST(CheckpointConsistencyTest, AStreamedRestoreIsExact) {
   ASSERT_TRUE(RestoreNewest(fresh, root + "/corrupt", &warnings).ok());
   ASSERT_EQ(warnings.size(), 1u);
   EXPECT_NE(warnings[0].find("ckpt-000000000002.summa: checksum mismatch"), std::string::npos) << warnings[0];
-  EXPECT_EQ(fresh.WeightsForTest(), before.WeightsForTest());
+  EXPECT_EQ(Weights(fresh), Weights(before));
   std::filesystem::remove_all(root);
 }
 
@@ -1303,7 +1307,7 @@ TEST(CheckpointConsistencyTest, MomentumStateSurvivesARestore) {
   ASSERT_TRUE(join(again).ok());
   step(again, 2);
   step(again, 3);
-  EXPECT_EQ(again.WeightsForTest(), undisturbed.WeightsForTest());
+  EXPECT_EQ(Weights(again), Weights(undisturbed));
   std::filesystem::remove_all(dir);
 }
 
@@ -1335,7 +1339,7 @@ TEST(AdamTest, AStepThatAppliesNothingIsNotCountedByTheBiasCorrection) {
     };
     if (skip_first) push({std::nanf(""), 1});
     push({0.5f, -0.25f});
-    return ps.WeightsForTest();
+    return Weights(ps);
   };
   EXPECT_EQ(run(true), run(false));
 }
@@ -1400,7 +1404,7 @@ void ExpectScheduleAppliedStepByStep(const OptimizerOptions& optimizer, const st
       EXPECT_EQ(reply->values(), expected);
     }
     // The first update that goes wrong is the one to read about: the later ones follow from it.
-    ASSERT_EQ(ps.WeightsForTest(), expected);
+    ASSERT_EQ(Weights(ps), expected);
   }
   EXPECT_EQ(ps.Status().version, steps);
 }
@@ -1495,7 +1499,7 @@ TEST(EncodedPullTest, Fp16AndBf16PullsOfEachVersionCarryThatVersionsWeightsInThe
   std::shared_ptr<EncodedPull> held;
   for (uint64_t version = 0; version < 6; ++version) {
     SCOPED_TRACE(absl::StrCat("version ", version));
-    const std::vector<float> weights = ps.WeightsForTest();
+    const std::vector<float> weights = Weights(ps);
     std::vector<WireDType> order = {WireDType::kFloat16, WireDType::kBfloat16};
     if (version % 2 == 1) std::swap(order[0], order[1]);  // either dtype encodes a version first
     std::map<WireDType, std::string> pulled;
@@ -1573,7 +1577,7 @@ TEST_F(MembershipTest, SyncCheckpointTakenMidStepRestoresAndTheStepIsPushedAgain
   for (int rank : {0, 1}) ASSERT_TRUE(again.Join(Rejoin(rank)).ok());
   ASSERT_TRUE(again.Push(Push(0, 1, twos_, 2)).ok()) << "rank 0 pushes step 1 again";
   ASSERT_EQ(*again.Push(Push(1, 1, twos_, 2)), true);
-  EXPECT_EQ(again.WeightsForTest(), std::vector<float>(4, -2));
+  EXPECT_EQ(Weights(again), std::vector<float>(4, -2));
   std::filesystem::remove_all(dir);
 }
 
@@ -1615,7 +1619,7 @@ std::vector<float> WeightsAfterArrivals(bool deterministic, const std::vector<in
     }
   }
   EXPECT_EQ(ps.Status().version, 3u);
-  return ps.WeightsForTest();
+  return Weights(ps);
 }
 
 TEST(DeterministicAggregationTest, ArrivalOrderDoesNotChangeTheWeights) {
@@ -1736,7 +1740,7 @@ TEST_F(RollBackTest, SyncCheckpointsAreOfMultiplesOfTheIntervalAsTheyWereReached
       dir_, [&](CheckpointReader& r) { return again.Restore(r.header(), r); }, &warnings);
   ASSERT_TRUE(restored.ok() && restored->has_value()) << restored.status();
   EXPECT_EQ(again.Status().version, 2u);
-  EXPECT_EQ(again.WeightsForTest(), At(2)) << "the weights as version 2 was reached, not the live ones";
+  EXPECT_EQ(Weights(again), At(2)) << "the weights as version 2 was reached, not the live ones";
   ASSERT_TRUE(Step(*ps, 3).ok());
   ASSERT_TRUE(ps->MaybeCheckpoint(false).ok());
   ASSERT_TRUE(ps->MaybeCheckpoint(false).ok());
@@ -1764,12 +1768,12 @@ TEST_F(RollBackTest, AShardRollsBackToAnOlderCheckpointAndEveryMemberJoinsAgain)
   absl::Status missing = ps->RollBack(0, 0, 0, 4).status();
   EXPECT_EQ(missing.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(missing.message().find("keeps 1, 2, 3, 4"), absl::string_view::npos) << missing;
-  EXPECT_EQ(ps->WeightsForTest(), At(4)) << "a refused rollback changes nothing";
+  EXPECT_EQ(Weights(*ps), At(4)) << "a refused rollback changes nothing";
 
   absl::StatusOr<bool> rolled = ps->RollBack(0, 0, 2, 4);
   ASSERT_TRUE(rolled.ok()) << rolled.status();
   EXPECT_TRUE(*rolled);
-  EXPECT_EQ(ps->WeightsForTest(), At(2));
+  EXPECT_EQ(Weights(*ps), At(2));
   EXPECT_EQ(ps->Status().version, 2u);
   EXPECT_EQ(ps->Status().rollbacks, 1u);
   EXPECT_EQ(ps->Status().checkpoint.version, 2u);
@@ -1784,7 +1788,7 @@ TEST_F(RollBackTest, AShardRollsBackToAnOlderCheckpointAndEveryMemberJoinsAgain)
   EXPECT_FALSE(*again) << "a second member asking finds it done";
   EXPECT_EQ(ps->Status().rollbacks, 1u);
   for (uint64_t step = 2; step < 5; ++step) ASSERT_TRUE(Step(*ps, step).ok());
-  EXPECT_EQ(ps->WeightsForTest(), At(5)) << "the steps from version 2 again, as the first time";
+  EXPECT_EQ(Weights(*ps), At(5)) << "the steps from version 2 again, as the first time";
   ASSERT_TRUE(ps->MaybeCheckpoint(false).ok());
   EXPECT_EQ(CheckpointVersions(dir_), (std::vector<uint64_t>{1, 2, 5}));
 }
@@ -1810,7 +1814,7 @@ TEST_F(RollBackTest, AShardWithPartitionsAStepApartRollsBackToItsLowestVersion) 
   absl::StatusOr<bool> rolled = ps->RollBack(0, 0, 2, 2);
   ASSERT_TRUE(rolled.ok()) << rolled.status();
   EXPECT_TRUE(*rolled) << "not wholly at 2: it goes back";
-  EXPECT_EQ(ps->WeightsForTest(), At(2));
+  EXPECT_EQ(Weights(*ps), At(2));
 }
 
 TEST_F(RollBackTest, OnlyASyncJobWithCheckpointsRollsBack) {

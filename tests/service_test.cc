@@ -14,6 +14,7 @@
 #include "common/rpc/grpc_status.h"
 #include "common/rpc/health_service.h"
 #include "gtest/gtest.h"
+#include "tests/parameter_server_peer.h"
 #include "summa/v1/summa.grpc.pb.h"
 
 namespace summa::server {
@@ -352,7 +353,7 @@ TEST_F(ServiceTest, BadInputGetsPreciseStatusesOverTheWire) {
   EXPECT_EQ(std::max(codes[0], codes[1]), grpc::StatusCode::DEADLINE_EXCEEDED);
 
   // The weights are untouched: nothing above completed a step.
-  EXPECT_EQ(server_->core().WeightsForTest(), std::vector<float>(8, 0));
+  EXPECT_EQ(ParameterServerPeer::Weights(server_->core()), std::vector<float>(8, 0));
 }
 
 TEST_F(ServiceTest, ParkedPullEndsAtTheClientsDeadline) {
@@ -448,7 +449,7 @@ TEST_F(ServiceTest, RetriedPushPullAndNonFiniteGradientsOverTheWire) {
   EXPECT_EQ(status.duplicate_pushes(), 1u);
   EXPECT_EQ(status.nonfinite_pushes(), 1u);
   EXPECT_EQ(status.nonfinite(), "reject");
-  EXPECT_EQ(server_->core().WeightsForTest(), std::vector<float>(8, -1));
+  EXPECT_EQ(ParameterServerPeer::Weights(server_->core()), std::vector<float>(8, -1));
 }
 
 TEST_F(ServiceTest, CheckpointRpcWritesFromTheDaemonsThread) {

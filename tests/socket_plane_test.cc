@@ -5,6 +5,7 @@
 // TSan pass runs it (tests/CMakeLists.txt). The plane's tests that need the daemon's gRPC server
 // (a worker::ParameterClient finds the plane through the DataPlane RPC) stay in wire_test.cc.
 #include "server/rpc/socket_plane.h"
+#include "tests/parameter_server_peer.h"
 
 #include <cstring>
 #include <functional>
@@ -327,7 +328,7 @@ TEST_F(SocketPlaneTest, WorkersInThreadsTakeExactSyncStepsThroughPushPull) {
   std::thread a(worker, 0), b(worker, 1);
   a.join();
   b.join();
-  EXPECT_EQ(core_->WeightsForTest(), (std::vector<float>{-14, -13, -12, -11}));
+  EXPECT_EQ(server::ParameterServerPeer::Weights(*core_), (std::vector<float>{-14, -13, -12, -11}));
 }
 
 }  // namespace

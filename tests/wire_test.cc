@@ -18,6 +18,7 @@
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "common/clock.h"
+#include "tests/parameter_server_peer.h"
 #include "common/rpc/grpc_status.h"
 #include "common/rpc/socket_frame.h"
 #include "common/status_reason.h"
@@ -395,7 +396,7 @@ TEST_P(RawPathTest, WorkersOverSeveralChannelsTakeExactSyncSteps) {
   std::vector<float> expected(8);
   for (int i = 0; i < 8; ++i) expected[i] = float(i) - kSteps * 0.5f * float(i + 1);
   for (int rank = 0; rank < kWorkers; ++rank) EXPECT_EQ(finals[rank], expected) << "rank " << rank;
-  EXPECT_EQ(server_->core().WeightsForTest(), expected);
+  EXPECT_EQ(server::ParameterServerPeer::Weights(server_->core()), expected);
 }
 
 TEST_P(RawPathTest, ABigTensorIsSummedInChunksInPlace) {

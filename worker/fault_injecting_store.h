@@ -14,6 +14,10 @@
 //    reach the server after the others': a test forces the order pushes arrive in.
 // A negative value (a zero delay) injects nothing.
 //
+// Compiled (and the flags defined, and the store wired in by RunWorker) only in a build with
+// -DSUMMA_FAULT_INJECTION=ON, the test suite's (scripts/build.sh): production binaries have none
+// of it.
+//
 // Owns nothing: the inner store and `out` are borrowed. Thread safety as the inner store's.
 #ifndef SUMMA_WORKER_FAULT_INJECTING_STORE_H_
 #define SUMMA_WORKER_FAULT_INJECTING_STORE_H_

@@ -28,7 +28,7 @@
 namespace summa::worker {
 
 struct TrainerOptions {
-  int rank = 0;  // -1: the server assigns one
+  int rank = -1;  // -1: the server assigns one
   int world_size = 1;
   int64_t batch_size = 256;  // the global minibatch, split across the world
   int epochs = 10;

@@ -12,10 +12,12 @@
 #include "common/rpc/server_builder.h"
 #include "common/status_macros.h"
 #include "worker/compute/devices.h"
-#include "worker/fault_injecting_store.h"
 #include "worker/models/model.h"
 #include "client/ps_client.h"
 #include "worker/worker_service.h"
+#if SUMMA_FAULT_INJECTION
+#include "worker/fault_injecting_store.h"
+#endif
 
 namespace summa::worker {
 namespace {
@@ -154,11 +156,13 @@ absl::Status RunWorker(const WorkerOptions& options) {
   client.set_tracer(tracer.get());
   client.set_data_plane(options.data_plane);
   ParameterStore* store = &client;
+#if SUMMA_FAULT_INJECTION
   std::unique_ptr<FaultInjectingStore> faulty;
   if (options.faults.any()) {
     faulty = std::make_unique<FaultInjectingStore>(&client, options.faults, stdout);
     store = faulty.get();
   }
+#endif
   Trainer trainer(trainer_options, &train, &test, devices, store, &board, stdout);
   absl::Status result = trainer.Run();
   worker_metrics.reset();

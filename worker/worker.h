@@ -8,10 +8,13 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "worker/fault_injecting_store.h"
+#include "common/idx.h"
 #include "common/rpc/transport.h"
 #include "client/ps_client.h"
 #include "worker/trainer.h"
+#if SUMMA_FAULT_INJECTION
+#include "worker/fault_injecting_store.h"
+#endif
 
 namespace summa::worker {
 
@@ -20,7 +23,7 @@ struct WorkerOptions {
   std::string server = "127.0.0.1:50051";
   std::string device = "auto";  // one device, or a comma list to split the shard across
   int threads = 1;
-  std::string data_dir;
+  std::string data_dir = kDefaultDataDir;
   int64_t train_limit = 0;  // use only the first N training examples (0: all)
   int64_t test_limit = 0;   // evaluate only the first N test examples (0: all)
   std::string status_address = "0.0.0.0:0";
@@ -36,8 +39,11 @@ struct WorkerOptions {
   // the status endpoint) and the token file read at start.
   TlsFiles tls;
   std::string token_file;
-  // Fault injection for the process tests (FaultInjectingStore); nothing by default.
+#if SUMMA_FAULT_INJECTION
+  // Fault injection for the process tests (FaultInjectingStore); nothing by default. Only in a
+  // build with -DSUMMA_FAULT_INJECTION=ON (the test suite's).
   FaultPlan faults;
+#endif
 };
 
 absl::Status RunWorker(const WorkerOptions& options);

@@ -11,13 +11,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/message_size.h"  // kMaxMessageBytes
 #include "common/rpc/health_service.h"
 
 namespace summa {
-
-// gRPC's default 4 MB receive limit is too tight for a 4 MB partition plus its envelope. The
-// clients' limit, and the servers' unless set (summa-server --max_message_bytes).
-inline constexpr int kMaxMessageBytes = 256 << 20;
 
 struct RunningServer {
   std::unique_ptr<HealthService> health;

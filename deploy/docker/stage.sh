@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The image's build stage, after scripts/build.sh --binaries: puts what the runtime stage takes
 # under STAGE, and nothing else:
-#   STAGE/opt/summa/bin/   summa-server, summa-worker (stripped) and, when CUDA was built, the
+#   STAGE/opt/summa/bin/   summa-server, summa-worker (stripped; a summa-worker built with fault
+#                          injection, the test suite's, is refused) and, when CUDA was built, the
 #                          worker's plugin in cuda/libsumma_cuda.so (where the worker looks for it)
 #   STAGE/packages         the distribution's packages that own every shared library they load,
 #                          one a line, found with ldd and dpkg: the runtime stage installs these
@@ -18,6 +19,14 @@ from=${2:-build}
 bin=$stage/opt/summa/bin
 mkdir -p "$bin"
 install -m 0755 -s "$from"/server/summa-server "$from"/worker/summa-worker "$bin/"
+# A production image: a summa-worker with the test-only --fault_* flags (a build configured with
+# -DSUMMA_FAULT_INJECTION=ON, as scripts/build.sh makes the test suite's) is refused.
+help=$("$bin/summa-worker" --helpfull 2>&1 || true)
+if grep -q -- '--fault_' <<<"$help"; then
+  echo "stage: $from/worker/summa-worker is a test build with fault injection (its --fault_* flags):" \
+    "not for an image; build it with scripts/build.sh --binaries (-DSUMMA_FAULT_INJECTION=OFF)" >&2
+  exit 1
+fi
 if [[ -f "$from"/worker/compute/cuda/libsumma_cuda.so ]]; then
   install -D -m 0644 -s "$from"/worker/compute/cuda/libsumma_cuda.so "$bin/cuda/libsumma_cuda.so"
 fi

@@ -67,28 +67,7 @@ absl::StatusOr<PartitionSnapshot> DecodePartition(const CheckpointHeader& h, con
   return p;
 }
 
-// The partitions of a whole Checkpoint message in memory.
-class MessagePartitions : public PartitionSource {
- public:
-  explicit MessagePartitions(const summa::v1::Checkpoint& c) : c_(c) {}
-  absl::StatusOr<bool> Next(summa::v1::PartitionCheckpoint* out) override {
-    if (next_ == c_.partitions_size()) return false;
-    *out = c_.partitions(next_++);
-    return true;
-  }
-
- private:
-  const summa::v1::Checkpoint& c_;
-  int next_ = 0;
-};
-
 }  // namespace
-
-uint64_t ServerSnapshot::version() const {
-  uint64_t low = partitions.empty() ? 0 : UINT64_MAX;
-  for (const PartitionSnapshot& p : partitions) low = std::min(low, p.version);
-  return low;
-}
 
 summa::v1::Checkpoint EncodeCheckpointHeader(const JobDescription& job, const std::vector<TensorSpec>& specs,
                                              uint64_t version, absl::Time created) {
@@ -218,26 +197,6 @@ absl::StatusOr<std::optional<GroupView>> DecodeGroup(const summa::v1::Checkpoint
     g.ranks.push_back(r);
   }
   return g;
-}
-
-summa::v1::Checkpoint EncodeCheckpoint(const ServerSnapshot& s) {
-  summa::v1::Checkpoint c = EncodeCheckpointHeader(s.job, s.specs, s.version(), s.created);
-  for (const PartitionSnapshot& p : s.partitions) *c.add_partitions() = EncodePartition(p);
-  return c;
-}
-
-absl::StatusOr<ServerSnapshot> DecodeCheckpoint(const summa::v1::Checkpoint& c, const JobDescription& ours) {
-  SUMMA_ASSIGN_OR_RETURN(CheckpointHeader h, DecodeCheckpointHeader(c, ours));
-  ServerSnapshot s;
-  MessagePartitions source(c);
-  SUMMA_RETURN_IF_ERROR(DecodePartitions(h, source, [&](PartitionSnapshot p) {
-    s.partitions.push_back(std::move(p));
-    return absl::OkStatus();
-  }));
-  s.job = std::move(h.job);
-  s.specs = h.map.specs();
-  s.created = h.created;
-  return s;
 }
 
 }  // namespace summa::server

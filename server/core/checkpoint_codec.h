@@ -44,15 +44,6 @@ struct PartitionSnapshot {
   std::vector<uint64_t> next_steps;       // per rank
 };
 
-struct ServerSnapshot {
-  JobDescription job;
-  std::vector<TensorSpec> specs;
-  std::vector<PartitionSnapshot> partitions;
-  absl::Time created = absl::InfinitePast();
-  // The lowest partition version.
-  uint64_t version() const;
-};
-
 // Everything in a checkpoint but its partitions. `version`: no partition is below it (in sync
 // mode every partition is at it).
 summa::v1::Checkpoint EncodeCheckpointHeader(const JobDescription& job, const std::vector<TensorSpec>& specs,
@@ -84,12 +75,6 @@ absl::Status DecodePartitions(const CheckpointHeader& header, PartitionSource& s
 // (every rank in); DATA_LOSS for ranks outside [0, world_size) or out of order.
 void EncodeGroup(const GroupView& group, summa::v1::Checkpoint* header);
 absl::StatusOr<std::optional<GroupView>> DecodeGroup(const summa::v1::Checkpoint& header, int world_size);
-
-// The whole checkpoint as one message and back, in memory: for small checkpoints and tests.
-// Files go through CheckpointWriter and CheckpointReader.
-summa::v1::Checkpoint EncodeCheckpoint(const ServerSnapshot& snapshot);
-absl::StatusOr<ServerSnapshot> DecodeCheckpoint(const summa::v1::Checkpoint& checkpoint,
-                                                const JobDescription& ours);
 
 }  // namespace summa::server
 

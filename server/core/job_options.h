@@ -39,7 +39,7 @@ absl::StatusOr<Mode> ModeFromProto(summa::v1::Mode mode);
 struct ServerOptions {
   int world_size = 1;
   Mode mode = Mode::kSync;
-  int staleness = 0;  // ssp: how many steps a worker may run ahead of the slowest
+  int staleness = 2;  // ssp: how many steps a worker may run ahead of the slowest
   OptimizerOptions optimizer;
   NonFinite nonfinite = NonFinite::kReject;
   // Sync only: each step's pushes are summed in rank order, whatever order they arrive in, so the
@@ -72,7 +72,7 @@ struct ServerOptions {
   // Steps between checkpoints; 0: only at shutdown. In a sharded sync job the checkpoints are of
   // the versions that are multiples of it, each partition copied as it reaches that version, so
   // that shards (which step together) keep checkpoints of the same versions.
-  int64_t checkpoint_every = 0;
+  int64_t checkpoint_every = 100;
   int keep_checkpoints = 2;  // the newest this many are kept
   // Called with each step's duration (partition 0, under its lock: keep it cheap), or null.
   std::function<void(absl::Duration)> step_observer;

@@ -28,13 +28,14 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/message_size.h"
 
 namespace summa::server {
 
 // Every limit is a flag of summa-server's, named in the status a refusal carries.
 struct LimitOptions {
   // gRPC refuses a larger message in its transport (its status names no flag; the clients add it).
-  int64_t max_message_bytes = 256 << 20;
+  int64_t max_message_bytes = kMaxMessageBytes;
   // The biggest model a Join may declare: the server allocates it (twice, with the optimizer's
   // state) before any value arrives.
   int64_t max_model_bytes = int64_t{16} << 30;

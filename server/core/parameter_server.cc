@@ -346,16 +346,4 @@ StatusSnapshot ParameterServer::Status() const {
   return s;
 }
 
-std::vector<float> ParameterServer::WeightsForTest() const {
-  const Model* m = model();
-  if (m == nullptr) return {};
-  std::vector<float> flat;
-  flat.reserve(m->map.num_elements());
-  for (const auto& p : m->partitions) {
-    absl::ReaderMutexLock lock(&p->mu);
-    flat.insert(flat.end(), p->weights.begin(), p->weights.end());
-  }
-  return flat;
-}
-
 }  // namespace summa::server

@@ -214,11 +214,10 @@ class ParameterServer {
   // those fields set: no clock, no membership, so the daemon may log them as it shuts down.
   StatusSnapshot Traffic() const;
 
-  // A copy of the full flat weights, for tests; empty before the model exists.
-  std::vector<float> WeightsForTest() const;
   const ServerOptions& options() const { return options_; }
 
  private:
+  friend class ParameterServerPeer;  // tests/parameter_server_peer.h: reads the weights
   // Immutable once published, apart from the partitions' own locked state.
   struct Model {
     explicit Model(PartitionMap m) : map(std::move(m)) {}

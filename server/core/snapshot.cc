@@ -13,12 +13,6 @@ void Snapshot::Unref(Buffer* b) {
   if (b != nullptr && b->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete b;
 }
 
-Snapshot Snapshot::Copy(absl::Span<const float> values) {
-  auto* b = new Buffer;
-  b->data.assign(values.begin(), values.end());
-  return Snapshot(b);
-}
-
 absl::Span<const float> Snapshot::values() const {
   if (buffer_ == nullptr) return {};
   return buffer_->data;

@@ -37,9 +37,6 @@ class Snapshot {
   }
   ~Snapshot() { Unref(buffer_); }
 
-  // A snapshot of `values`, in a buffer of its own (tests, and callers without a pool).
-  static Snapshot Copy(absl::Span<const float> values);
-
   bool empty() const { return buffer_ == nullptr; }
   absl::Span<const float> values() const;
 

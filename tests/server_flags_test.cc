@@ -1,0 +1,147 @@
+// summa-server's flags (server/flags.cc) against the options they fill: each flag's default is its
+// field's default in a default-constructed struct, and the default flags give the default options,
+// so that `summa-server` and a test's `ServerOptions()` run the same job.
+#include "server/flags.h"
+
+#include <cstdlib>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/flags/commandlineflag.h"
+#include "absl/flags/marshalling.h"
+#include "absl/flags/reflection.h"
+#include "absl/strings/match.h"
+#include "common/byte_size.h"
+#include "common/compression.h"
+#include "gtest/gtest.h"
+
+namespace summa::server {
+namespace {
+
+template <typename T>
+std::string Text(const T& value) {
+  return absl::UnparseFlag<T>(value);
+}
+
+// Every flag that fills a field, with that field's value in `o` as the flag would spell it.
+std::vector<std::pair<std::string, std::string>> AsFlags(const ServerOptions& o) {
+  const OptimizerOptions& opt = o.optimizer;
+  const LimitOptions& l = o.limits;
+  return {
+      {"workers", Text(o.world_size)},
+      {"mode", ModeName(o.mode)},
+      {"staleness", Text(o.staleness)},
+      {"lease", Text(o.lease)},
+      {"on_worker_loss", OnWorkerLossName(o.on_worker_loss)},
+      {"rejoin_deadline", Text(o.rejoin_deadline)},
+      {"checkpoint_dir", o.checkpoint_dir},
+      {"checkpoint_every", Text(o.checkpoint_every)},
+      {"keep_checkpoints", Text(o.keep_checkpoints)},
+      {"optimizer", opt.name},
+      {"lr", Text(opt.learning_rate)},
+      {"momentum", Text(opt.momentum)},
+      {"nesterov", Text(opt.nesterov)},
+      {"weight_decay", Text(opt.weight_decay)},
+      {"beta1", Text(opt.beta1)},
+      {"beta2", Text(opt.beta2)},
+      {"eps", Text(opt.eps)},
+      {"lr_schedule", LrScheduleName(opt.schedule)},
+      {"lr_step_size", Text(opt.step_size)},
+      {"lr_gamma", Text(opt.gamma)},
+      {"lr_warmup_steps", Text(opt.warmup_steps)},
+      {"lr_total_steps", Text(opt.total_steps)},
+      {"nonfinite", NonFiniteName(o.nonfinite)},
+      {"deterministic", Text(o.deterministic)},
+      {"wire_dtype", std::string(WireDTypeName(o.wire_dtype))},
+      {"compress", CompressionName(o.compression)},
+      {"partition_bytes", Text(o.partition_bytes)},
+      {"shards", Text(o.shards)},
+      {"shard", Text(o.shard)},
+      {"barrier_deadline", Text(o.barrier_deadline)},
+      {"require_sessions", Text(o.require_sessions)},
+      {"max_message_bytes", FormatByteSize(l.max_message_bytes)},
+      {"max_model_bytes", FormatByteSize(l.max_model_bytes)},
+      {"max_parked_calls", Text(l.max_parked_calls)},
+      {"max_parked_calls_per_peer", Text(l.max_parked_calls_per_peer)},
+      {"max_collectives", Text(l.max_collectives)},
+      {"max_open_collectives_per_peer", Text(l.max_open_collectives_per_peer)},
+      {"max_allreduce_bytes", FormatByteSize(l.max_allreduce_bytes)},
+      {"max_bytes_in_flight_per_peer", FormatByteSize(l.max_bytes_in_flight_per_peer)},
+      {"join_rate", Text(l.join_rate)},
+  };
+}
+
+std::vector<std::pair<std::string, std::string>> AsFlags(const TlsFiles& tls, const Coordinator& c) {
+  return {{"tls_cert", tls.cert}, {"tls_key", tls.key}, {"tls_ca", tls.ca}, {"coordinator", c.address}};
+}
+
+// Flags whose default stands for something no field can hold, and what it is.
+const std::vector<std::pair<std::string, std::string>> kSentinels = {
+    {"shard", "-1"},  // find the shard: 0 unsharded, else $HOSTNAME's ordinal
+};
+
+// Flags that fill no options struct: the listeners main starts (SummaServer::Start's arguments,
+// all but --address empty by default there too), the files tokens are read from, a switch of
+// TokenCheck's constructor.
+const std::set<std::string> kNoField = {
+    "address",        "port_file",        "metrics_address", "metrics_port_file", "health_address",
+    "health_port_file", "data_address",   "data_port_file",  "trace_file",        "token_file",
+    "admin_token_file", "status_needs_token"};
+
+std::string DefaultOf(const std::string& name) {
+  const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+  EXPECT_NE(flag, nullptr) << "--" << name << " is not a flag of summa-server";
+  return flag != nullptr ? flag->DefaultValue() : "";
+}
+
+std::string SentinelOf(const std::string& name) {
+  for (const auto& [flag, value] : kSentinels) {
+    if (flag == name) return value;
+  }
+  return "";
+}
+
+TEST(ServerFlagsTest, EachFlagDefaultsToItsFieldsDefault) {
+  std::vector<std::pair<std::string, std::string>> fields = AsFlags(ServerOptions());
+  for (auto& f : AsFlags(TlsFiles(), Coordinator())) fields.push_back(f);
+  for (const auto& [name, field] : fields) {
+    const std::string sentinel = SentinelOf(name);
+    EXPECT_EQ(DefaultOf(name), sentinel.empty() ? field : sentinel)
+        << "--" << name << ": the flag's default is not its field's (" << field << ")";
+  }
+}
+
+TEST(ServerFlagsTest, TheDefaultFlagsGiveTheDefaultOptions) {
+  ::unsetenv("HOSTNAME");  // unsharded, --shard's default is shard 0 whatever the host
+  absl::StatusOr<ServerOptions> options = ServerOptionsFromFlags();
+  ASSERT_TRUE(options.ok()) << options.status();
+  const std::vector<std::pair<std::string, std::string>> got = AsFlags(*options), want = AsFlags(ServerOptions());
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].second, want[i].second) << "--" << got[i].first << " by default";
+  }
+  absl::StatusOr<EndpointSecurity> security = SecurityFromFlags();
+  ASSERT_TRUE(security.ok()) << security.status();
+  absl::StatusOr<Coordinator> coordinator = CoordinatorFromFlags();
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  EXPECT_EQ(AsFlags(security->tls, *coordinator), AsFlags(TlsFiles(), Coordinator()));
+}
+
+// A new flag is either one of a field, and checked above, or named in kNoField.
+TEST(ServerFlagsTest, EveryFlagIsCheckedOrFillsNoField) {
+  std::set<std::string> checked = kNoField;
+  for (const auto& f : AsFlags(ServerOptions())) checked.insert(f.first);
+  for (const auto& f : AsFlags(TlsFiles(), Coordinator())) checked.insert(f.first);
+  int ours = 0;
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    if (!absl::EndsWith(flag->Filename(), "server/flags.cc")) continue;
+    ++ours;
+    EXPECT_TRUE(checked.count(std::string(name)) > 0) << "--" << name << " is neither checked nor in kNoField";
+  }
+  EXPECT_EQ(ours, static_cast<int>(checked.size())) << "a name above is no flag of server/flags.cc";
+}
+
+}  // namespace
+}  // namespace summa::server

@@ -19,6 +19,7 @@
 
 #include "common/logging.h"
 #include "fuzz/checkpoint_jobs.h"
+#include "server/checkpoint/checkpoint_file.h"
 #include "server/core/checkpoint_codec.h"
 #include "server/core/parameter_server.h"
 #include "summa/v1/summa.pb.h"
@@ -28,6 +29,20 @@ namespace {
 
 namespace fs = std::filesystem;
 namespace pb = ::summa::v1;
+
+// The checkpoint file at `path` as one message: its header with every partition.
+absl::StatusOr<pb::Checkpoint> ReadWholeCheckpoint(const std::string& path) {
+  absl::StatusOr<std::unique_ptr<summa::server::CheckpointReader>> reader = summa::server::CheckpointReader::Open(path);
+  if (!reader.ok()) return reader.status();
+  pb::Checkpoint whole = (*reader)->header();
+  for (;;) {
+    pb::PartitionCheckpoint partition;
+    absl::StatusOr<bool> more = (*reader)->Next(&partition);
+    if (!more.ok()) return more.status();
+    if (!*more) return whole;
+    *whole.add_partitions() = std::move(partition);
+  }
+}
 
 void Die(const std::string& what) {
   std::cerr << "summa-fuzz-seeds: " << what << "\n";
@@ -90,7 +105,7 @@ void Checkpoints(const fs::path& corpus) {
     if (absl::Status s = server.MaybeCheckpoint(/*force=*/true); !s.ok()) Die(s.ToString());
     const std::string path = server.Status().checkpoint.path;
     const std::string file = ReadFile(path);
-    absl::StatusOr<pb::Checkpoint> read = ReadCheckpoint(path);
+    absl::StatusOr<pb::Checkpoint> read = ReadWholeCheckpoint(path);
     if (!read.ok()) Die(read.status().ToString());
     const std::string name = "job" + std::to_string(job);
     WriteFile(corpus / "checkpoint_fuzzer" / (name + "-file"), std::string(1, char(job << 1)) + file);

@@ -363,6 +363,28 @@ TEST_P(RawPathTest, TheProtocolHoldsWhenEveryMessageIsReworded) {
 }
 #endif
 
+// The request buffers the gRPC data path's threads keep between calls are counted in GetStatus;
+// the socket plane reads requests into buffers of its own, so over it they stay empty.
+TEST_P(RawPathTest, TheRequestBuffersThreadsKeepAreCountedInTheStatus) {
+  StartServer(1, /*partition_bytes=*/12);  // 8 floats in partitions of 3, 3, 2
+  EXPECT_EQ(Status().request_buffer_bytes(), 0);
+  const std::vector<TensorSpec> specs = {{"w", DType::kFloat32, {8}}};
+  const std::vector<float> initial = {0, 1, 2, 3, 4, 5, 6, 7};
+  std::unique_ptr<worker::ParameterClient> client = Client(1);
+  ASSERT_TRUE(client->Join(0, 1, specs, initial.data(), "").ok());
+  std::vector<float> grad(8, 2.0f), w(8);
+  std::vector<int> live;
+  ASSERT_TRUE(client->PushPull(0, 1, grad.data(), w.data(), &live).ok());
+  const int64_t kept = Status().request_buffer_bytes();
+  if (plane_ == worker::DataPlane::kSocket) {
+    EXPECT_EQ(kept, 0);
+  } else {
+    // At least one thread read a whole partition's values; none keeps more than 16 MiB.
+    EXPECT_GE(kept, 12);
+    EXPECT_LE(kept, int64_t{64} * (16 << 20));
+  }
+}
+
 TEST_P(RawPathTest, WorkersOverSeveralChannelsTakeExactSyncSteps) {
   constexpr int kWorkers = 2;
   constexpr int kSteps = 4;

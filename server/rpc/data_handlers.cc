@@ -4,6 +4,7 @@
 // per-thread buffer, handed to the core, and answered from its snapshots without a copy.
 #include "server/rpc/service.h"
 
+#include <atomic>
 #include <cstring>
 #include <memory>
 
@@ -20,13 +21,25 @@ namespace {
 
 namespace pb = ::summa::v1;
 
+// What the data path's threads keep in their request buffers between calls: at most
+// kKeepRequestBytes a thread (TrimRequestValues), counted here for GetStatus.
+constexpr size_t kKeepRequestBytes = 16 << 20;
+std::atomic<int64_t> request_buffer_bytes{0};
+
+// A thread's request buffer and what of it is counted in request_buffer_bytes.
+struct ThreadValues {
+  Scratch scratch;
+  size_t counted = 0;
+  ~ThreadValues() { request_buffer_bytes.fetch_sub(static_cast<int64_t>(counted), std::memory_order_relaxed); }
+};
+thread_local ThreadValues thread_values;
+
 // The values of a request, read once out of gRPC's receive slices into this thread's buffer
 // (its capacity kept across calls, so a step allocates nothing). Valid until the handler
 // returns, which is all the core needs: it sums or applies pushed values before returning.
 Scratch& RequestValues() {
-  thread_local Scratch values;
-  values.Clear();
-  return values;
+  thread_values.scratch.Clear();
+  return thread_values.scratch;
 }
 
 // Parses `call`'s request into `header`, the values at `path` into `*view`, on a 4-byte boundary
@@ -53,10 +66,15 @@ absl::Status ParseRequest(DataCall& call, absl::Span<const int> path, Scratch* v
   return parsed;
 }
 
-// Gives back a buffer that an unusually large request grew (a whole tensor sent in one piece).
+// Gives back a buffer that an unusually large request grew (a whole tensor sent in one piece), and
+// counts what the thread keeps.
 void TrimRequestValues(Scratch& values) {
-  constexpr size_t kKeepBytes = 16 << 20;
-  if (values.capacity() > kKeepBytes) values.Release();
+  if (values.capacity() > kKeepRequestBytes) values.Release();
+  if (&values == &thread_values.scratch && values.capacity() != thread_values.counted) {
+    request_buffer_bytes.fetch_add(static_cast<int64_t>(values.capacity()) - static_cast<int64_t>(thread_values.counted),
+                                   std::memory_order_relaxed);
+    thread_values.counted = values.capacity();
+  }
 }
 
 // The snapshot's bytes in `dtype` as a slice that gRPC sends without a copy, holding a reference
@@ -120,6 +138,10 @@ std::shared_ptr<Parked> PullCall(const ParameterServer* core, DataCall* call, ui
 void Done(DataCall* call, const absl::Status& status) { call->Answer(ToGrpcStatus(status)); }
 
 }  // namespace
+
+int64_t ParameterServerService::request_buffer_bytes() {
+  return summa::server::request_buffer_bytes.load(std::memory_order_relaxed);
+}
 
 void ParameterServerService::ServeData(DataMethod method, DataCall* call) {
   const absl::string_view name = DataMethodName(method);

@@ -1,7 +1,7 @@
 // Who may call what: every method of summa.v1.ParameterServer with the role its caller's token
 // must hold (common/rpc/transport.h's TokenCheck decides whether a token holds a role). The one
 // table of it: the gRPC handlers and the data path (on gRPC and on the socket plane) authorize
-// through ParameterServerService::Authorize, which reads it, and service_test walks the service's
+// through ParameterServerService::Authorize, which reads it, and security_test walks the service's
 // descriptor to show that every method is in it and refused without the right token.
 #ifndef SUMMA_SERVER_RPC_METHOD_ROLES_H_
 #define SUMMA_SERVER_RPC_METHOD_ROLES_H_

@@ -196,6 +196,7 @@ grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context, con
   response->set_last_rollback_version(s.last_rollback_version);
   response->set_view(s.view);
   response->set_joins_refused(joins_.refused());
+  response->set_request_buffer_bytes(request_buffer_bytes());
   if (o.shards > 1 && o.shard == 0) {
     for (pb::ShardStatus& shard : shards_.Statuses(ReportOf(*core_, s), absl::Now())) {
       *response->add_shard_statuses() = std::move(shard);

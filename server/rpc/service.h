@@ -140,6 +140,9 @@ class ParameterServerService final : public ServiceBase {
   // A data-path call (from gRPC's data path, server/rpc/data_path.h, or the socket plane), on the
   // thread that read it: authorized by server/rpc/method_roles.h's table, then served.
   void ServeData(DataMethod method, DataCall* call);
+  // The bytes the data path's threads keep in their request buffers between calls (at most
+  // 16 MiB a thread): memory the limits do not hold per peer, shown in GetStatus.
+  static int64_t request_buffer_bytes();
 
   // Shard 0 of several: answers the Follow calls held at a view the membership has left (an
   // exclusion, the job's end). The daemon registers it as a membership observer.

@@ -12,7 +12,7 @@ inline constexpr int kCheckpointFuzzJobs = 3;
 inline ServerOptions CheckpointFuzzJob(int index) {
   ServerOptions o;
   switch (index % kCheckpointFuzzJobs) {
-    case 0:  // the shape of checkpoint_test's snapshot: async, Adam (two slots)
+    case 0:  // the shape of checkpoint_codec_test's snapshot: async, Adam (two slots)
       o.world_size = 2;
       o.mode = Mode::kAsync;
       o.partition_bytes = 16;

@@ -7,110 +7,28 @@
 // Comparisons are per tensor, relative to the tensor's largest |value| in the reference, and a
 // reference tensor that is all zero fails the check: a candidate that writes nothing must not pass
 // by matching zeros.
+//
+// The checks' means (the SUMMA_CHECK macros, Random, CloseScaled, Staging) are in
+// backend_comparison.h and the backends that wrap another (ForwardingBackend, DeviceHoppingBackend,
+// WithoutRelu) in forwarding_backend.h; this header includes both.
 #ifndef SUMMA_TESTS_BACKEND_CHECKS_H_
 #define SUMMA_TESTS_BACKEND_CHECKS_H_
 
 #include <algorithm>
 #include <cmath>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "common/status_macros.h"
+#include "tests/backend_comparison.h"
+#include "tests/forwarding_backend.h"
 #include "worker/compute/backend.h"
 #include "worker/models/model.h"
 
 namespace summa::worker::checks {
-
-// Returns a failure from the enclosing check when `expr` (a Status) is not OK.
-#define SUMMA_CHECK_OK(expr)                                                              \
-  do {                                                                                    \
-    const absl::Status summa_check_status_ = (expr);                                      \
-    if (!summa_check_status_.ok()) {                                                      \
-      return ::testing::AssertionFailure() << #expr << ": " << summa_check_status_;       \
-    }                                                                                     \
-  } while (0)
-#define SUMMA_CHECK_CONCAT_INNER(a, b) a##b
-#define SUMMA_CHECK_CONCAT(a, b) SUMMA_CHECK_CONCAT_INNER(a, b)
-#define SUMMA_CHECK_ASSIGN_IMPL(tmp, lhs, expr)                                           \
-  auto tmp = (expr);                                                                      \
-  if (!tmp.ok()) return ::testing::AssertionFailure() << #expr << ": " << tmp.status();   \
-  lhs = *std::move(tmp)
-// Assigns the value of `expr` (a StatusOr) to `lhs`, or returns a failure from the check.
-#define SUMMA_CHECK_ASSIGN(lhs, expr) \
-  SUMMA_CHECK_ASSIGN_IMPL(SUMMA_CHECK_CONCAT(summa_check_or_, __LINE__), lhs, expr)
-// Returns `result` from the enclosing check when it is a failure.
-#define SUMMA_CHECK(result)                                     \
-  do {                                                          \
-    ::testing::AssertionResult summa_check_result_ = (result);  \
-    if (!summa_check_result_) return summa_check_result_;       \
-  } while (0)
-
-inline std::vector<float> Random(size_t n, uint64_t seed, float lo = -1, float hi = 1) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = u(rng);
-  return v;
-}
-
-// max |got - want| <= tolerance * max |want|, with want not all zero.
-inline ::testing::AssertionResult CloseScaled(const std::vector<float>& got,
-                                              const std::vector<float>& want,
-                                              const std::string& what, double tolerance) {
-  if (got.size() != want.size()) {
-    return ::testing::AssertionFailure() << what << ": " << got.size() << " values, want "
-                                         << want.size();
-  }
-  double scale = 0, worst = 0;
-  size_t worst_at = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    scale = std::max(scale, std::abs(double{want[i]}));
-    const double d = std::abs(double{got[i]} - double{want[i]});
-    if (!(d <= worst)) {  // NaN counts as worst
-      worst = std::isnan(d) ? INFINITY : d;
-      worst_at = i;
-    }
-  }
-  if (!(scale > 0)) {
-    return ::testing::AssertionFailure()
-           << what << ": the reference is all zero, so the comparison would prove nothing";
-  }
-  if (!(worst <= tolerance * scale)) {
-    return ::testing::AssertionFailure()
-           << what << ": element " << worst_at << " is " << got[worst_at] << ", want "
-           << want[worst_at] << " (off by " << worst / scale << " of the tensor's largest |value| "
-           << scale << "; tolerance " << tolerance << ")";
-  }
-  return ::testing::AssertionSuccess();
-}
-
-// Host values to and from one backend's memory.
-class Staging {
- public:
-  explicit Staging(Backend* backend) : backend_(backend) {}
-  absl::StatusOr<std::unique_ptr<DeviceBuffer>> On(const std::vector<float>& host) {
-    auto b = backend_->Alloc(static_cast<int64_t>(host.size()));
-    if (!b.ok()) return b.status();
-    absl::Status s = backend_->Upload(host.data(), static_cast<int64_t>(host.size()), (*b)->data());
-    if (!s.ok()) return s;
-    return b;
-  }
-  absl::StatusOr<std::unique_ptr<DeviceBuffer>> Zeros(int64_t n) { return backend_->Alloc(n); }
-  absl::StatusOr<std::vector<float>> Back(const DeviceBuffer& b) {
-    std::vector<float> host(b.size());
-    absl::Status s = backend_->Download(b.data(), b.size(), host.data());
-    if (!s.ok()) return s;
-    return host;
-  }
-
- private:
-  Backend* backend_;  // Not owned.
-};
 
 // C = alpha op(A) op(B) + beta C in all four transpositions.
 inline ::testing::AssertionResult CheckGemm(Backend& ref, Backend& cand) {
@@ -383,150 +301,6 @@ inline ::testing::AssertionResult CheckPeerSum(Backend& dst, Backend& src) {
   }
   return ::testing::AssertionSuccess();
 }
-
-// A Backend that forwards every operation to another, for wrappers that change one thing
-// (a planted bug, a device switch before every call). The fused operations (Conv2dReluForward,
-// Conv2dReluPoolForward, AvgPool2ReluBackward) are not forwarded: Backend's defaults run them as
-// the forwarded operations, so that a wrapper that changes one of those (WithoutRelu) changes
-// the fused one too.
-class ForwardingBackend : public Backend {
- public:
-  explicit ForwardingBackend(Backend* target) : target_(target) {}
-  std::string name() const override { return target_->name(); }
-  int preferred_chunk() const override { return target_->preferred_chunk(); }
-  bool host_memory() const override { return target_->host_memory(); }
-  absl::StatusOr<std::unique_ptr<DeviceBuffer>> Alloc(int64_t floats) override {
-    Before();
-    return target_->Alloc(floats);
-  }
-  absl::StatusOr<std::unique_ptr<DeviceBuffer>> AllocHost(int64_t floats) override {
-    Before();
-    return target_->AllocHost(floats);
-  }
-  absl::Status Upload(const float* host, int64_t n, float* device) override {
-    Before();
-    return target_->Upload(host, n, device);
-  }
-  absl::Status Download(const float* device, int64_t n, float* host) override {
-    Before();
-    return target_->Download(device, n, host);
-  }
-  absl::Status Zero(float* device, int64_t n) override {
-    Before();
-    return target_->Zero(device, n);
-  }
-  absl::Status Gather(const float* table, int64_t row_floats, const float* rows, int n,
-                      float* out) override {
-    Before();
-    return target_->Gather(table, row_floats, rows, n, out);
-  }
-  absl::Status CopyFromPeer(const Backend& from, const float* src, int64_t n, float* dst) override {
-    Before();
-    return target_->CopyFromPeer(from, src, n, dst);
-  }
-  absl::Status Gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a,
-                    const float* b, float beta, float* c) override {
-    Before();
-    return target_->Gemm(ta, tb, m, n, k, alpha, a, b, beta, c);
-  }
-  absl::Status Conv2dForward(const ConvShape& shape, const float* x, const float* w,
-                             const float* bias, float* y, float* workspace) override {
-    Before();
-    return target_->Conv2dForward(shape, x, w, bias, y, workspace);
-  }
-  absl::Status Conv2dBackward(const ConvShape& shape, const float* x, const float* w,
-                              const float* dy, float* dx, float* dw, float* dbias,
-                              float* workspace, bool columns_ready) override {
-    Before();
-    return target_->Conv2dBackward(shape, x, w, dy, dx, dw, dbias, workspace, columns_ready);
-  }
-  absl::Status ReluForward(const float* x, float* y, int64_t n) override {
-    Before();
-    return target_->ReluForward(x, y, n);
-  }
-  absl::Status ReluBackward(const float* y, const float* dy, float* dx, int64_t n) override {
-    Before();
-    return target_->ReluBackward(y, dy, dx, n);
-  }
-  absl::Status AvgPool2Forward(const float* x, float* y, int planes, int h, int w) override {
-    Before();
-    return target_->AvgPool2Forward(x, y, planes, h, w);
-  }
-  absl::Status AvgPool2Backward(const float* dy, float* dx, int planes, int h, int w) override {
-    Before();
-    return target_->AvgPool2Backward(dy, dx, planes, h, w);
-  }
-  absl::Status LinearForward(const float* x, const float* w, const float* bias, float* y,
-                             int batch, int in, int out) override {
-    Before();
-    return target_->LinearForward(x, w, bias, y, batch, in, out);
-  }
-  absl::Status LinearBackward(const float* x, const float* w, const float* dy, float* dx,
-                              float* dw, float* dbias, int batch, int in, int out) override {
-    Before();
-    return target_->LinearBackward(x, w, dy, dx, dw, dbias, batch, in, out);
-  }
-  absl::Status SoftmaxCrossEntropy(const float* logits, const float* labels, float* dlogits,
-                                   int batch, int classes, float* totals) override {
-    Before();
-    return target_->SoftmaxCrossEntropy(logits, labels, dlogits, batch, classes, totals);
-  }
-  absl::StatusOr<int64_t> CountCorrect(const float* logits, const float* labels, int batch,
-                                       int classes) override {
-    Before();
-    return target_->CountCorrect(logits, labels, batch, classes);
-  }
-  absl::Status Axpy(float alpha, const float* x, float* y, int64_t n) override {
-    Before();
-    return target_->Axpy(alpha, x, y, n);
-  }
-
- protected:
-  // Runs before every forwarded operation.
-  virtual void Before() {}
-  Backend* target() const { return target_; }
-
- private:
-  Backend* target_;  // Not owned.
-};
-
-// Forwards to `target`, but first runs a small operation on `other` (another device's backend),
-// so that `target` finds another device current before each of its operations: one that launches
-// without selecting its own device then runs on the wrong one (on a machine with two GPUs).
-class DeviceHoppingBackend final : public ForwardingBackend {
- public:
-  DeviceHoppingBackend(Backend* target, Backend* other, float* other_buffer)
-      : ForwardingBackend(target), other_(other), other_buffer_(other_buffer) {}
-  bool ok() const { return status_.ok(); }
-  const absl::Status& status() const { return status_; }
-
- private:
-  void Before() override {
-    const absl::Status s = other_->Zero(other_buffer_, 1);
-    if (status_.ok()) status_ = s;
-  }
-  Backend* other_;       // Not owned.
-  float* other_buffer_;  // Not owned: one float on other_.
-  absl::Status status_;
-};
-
-// A backend whose ReLU is the identity (forward and backward), everything else forwarded: a
-// network without kinks, whose gradient two backends can match to rounding.
-class WithoutRelu final : public ForwardingBackend {
- public:
-  explicit WithoutRelu(Backend* target) : ForwardingBackend(target) {}
-  absl::Status ReluForward(const float* x, float* y, int64_t n) override { return Copy(x, y, n); }
-  absl::Status ReluBackward(const float*, const float* dy, float* dx, int64_t n) override {
-    return Copy(dy, dx, n);
-  }
-
- private:
-  absl::Status Copy(const float* from, float* to, int64_t n) {
-    if (from == to) return absl::OkStatus();
-    SUMMA_RETURN_IF_ERROR(target()->Zero(to, n));
-    return target()->Axpy(1.0f, from, to, n);
-  }
-};
 
 // `steps` SGD steps of the real LeNet (NewModel) on a batch of 64, each backend at its preferred
 // chunk. The weights are N(0, 0.1^2), large enough that every layer shapes the loss (at the

@@ -1,3 +1,6 @@
+// Checkpoint files and their directory (server/checkpoint/): written as the server writes them,
+// read partition by partition in blocks of any size, the newest whole one restored past torn and
+// corrupt ones, and every way a file can be cut or damaged refused as DATA_LOSS.
 #include "server/checkpoint/checkpoint_dir.h"
 #include "server/core/checkpoint_codec.h"
 
@@ -16,6 +19,7 @@
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/stubs/logging.h"
 #include "gtest/gtest.h"
+#include "tests/checkpoint_fixtures.h"
 
 namespace summa::server {
 namespace {
@@ -139,194 +143,6 @@ TEST_F(CheckpointTest, TornAndCorruptFilesAreIgnoredWithAWarning) {
   ASSERT_TRUE(restored.has_value());
   EXPECT_EQ(restored->version(), 10u);
   EXPECT_EQ(warnings.size(), 2u);
-}
-
-// A whole checkpoint in memory, made of the codec's pieces as the server's writer and reader use
-// them (its header, then each partition), so that the codec's tests round-trip it without files.
-struct ServerSnapshot {
-  JobDescription job;
-  std::vector<TensorSpec> specs;
-  std::vector<PartitionSnapshot> partitions;
-  absl::Time created = absl::InfinitePast();
-  // The lowest partition version.
-  uint64_t version() const {
-    uint64_t low = partitions.empty() ? 0 : UINT64_MAX;
-    for (const PartitionSnapshot& p : partitions) low = std::min(low, p.version);
-    return low;
-  }
-};
-
-summa::v1::Checkpoint EncodeCheckpoint(const ServerSnapshot& s) {
-  summa::v1::Checkpoint c = EncodeCheckpointHeader(s.job, s.specs, s.version(), s.created);
-  for (const PartitionSnapshot& p : s.partitions) *c.add_partitions() = EncodePartition(p);
-  return c;
-}
-
-// The partitions of a whole Checkpoint message.
-class MessagePartitions : public PartitionSource {
- public:
-  explicit MessagePartitions(const summa::v1::Checkpoint& c) : c_(c) {}
-  absl::StatusOr<bool> Next(summa::v1::PartitionCheckpoint* out) override {
-    if (next_ == c_.partitions_size()) return false;
-    *out = c_.partitions(next_++);
-    return true;
-  }
-
- private:
-  const summa::v1::Checkpoint& c_;
-  int next_ = 0;
-};
-
-absl::StatusOr<ServerSnapshot> DecodeCheckpoint(const summa::v1::Checkpoint& c, const JobDescription& ours) {
-  SUMMA_ASSIGN_OR_RETURN(CheckpointHeader h, DecodeCheckpointHeader(c, ours));
-  ServerSnapshot s;
-  MessagePartitions source(c);
-  SUMMA_RETURN_IF_ERROR(DecodePartitions(h, source, [&](PartitionSnapshot p) {
-    s.partitions.push_back(std::move(p));
-    return absl::OkStatus();
-  }));
-  s.job = std::move(h.job);
-  s.specs = h.map.specs();
-  s.created = h.created;
-  return s;
-}
-
-// Two tensors (4 + 2 floats) in partitions of 16 bytes, under Adam, 2 ranks.
-ServerSnapshot Snapshot() {
-  ServerSnapshot s;
-  s.job = {2, Mode::kAsync, 16, "adam", "adam(lr=0.001)", {"exp_avg", "exp_avg_sq"}};
-  s.specs = {{"w", DType::kFloat32, {2, 2}}, {"b", DType::kFloat32, {2}}};
-  s.partitions = {{0, 7, 7, {1, 2, 3, 4}, {{.1f, .2f, .3f, .4f}, {1, 1, 1, 1}}, {4, 3}},
-                  {1, 6, 5, {5, 6}, {{.5f, .6f}, {2, 2}}, {3, 3}}};
-  s.created = absl::FromUnixSeconds(1700000000);
-  return s;
-}
-
-TEST(CheckpointCodecTest, EveryPartitionRoundTrips) {
-  const ServerSnapshot s = Snapshot();
-  const summa::v1::Checkpoint c = EncodeCheckpoint(s);
-  EXPECT_EQ(c.version(), 6u);  // the lowest partition version
-  auto back = DecodeCheckpoint(c, s.job);
-  ASSERT_TRUE(back.ok()) << back.status();
-  ASSERT_EQ(back->partitions.size(), 2u);
-  for (size_t i = 0; i < 2; ++i) {
-    EXPECT_EQ(back->partitions[i].version, s.partitions[i].version);
-    EXPECT_EQ(back->partitions[i].updates, s.partitions[i].updates);
-    EXPECT_EQ(back->partitions[i].weights, s.partitions[i].weights);
-    EXPECT_EQ(back->partitions[i].slots, s.partitions[i].slots);
-    EXPECT_EQ(back->partitions[i].next_steps, s.partitions[i].next_steps);
-  }
-  EXPECT_EQ(back->specs, s.specs);
-  EXPECT_EQ(back->created, s.created);
-}
-
-TEST(CheckpointCodecTest, AJobThatDiffersIsRefusedNamingBothSides) {
-  const summa::v1::Checkpoint c = EncodeCheckpoint(Snapshot());
-  JobDescription ours = Snapshot().job;
-  ours.mode = Mode::kSync;
-  auto refused = DecodeCheckpoint(c, ours);
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(refused.status().message().find("async mode"), absl::string_view::npos) << refused.status();
-  EXPECT_NE(refused.status().message().find("sync mode"), absl::string_view::npos) << refused.status();
-  ours = Snapshot().job;
-  ours.optimizer_name = "sgd";
-  ours.slot_names = {"momentum_buffer"};
-  refused = DecodeCheckpoint(c, ours);
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(refused.status().message().find("optimizer adam with state [exp_avg, exp_avg_sq]"),
-            absl::string_view::npos) << refused.status();
-  EXPECT_NE(refused.status().message().find("optimizer sgd with state [momentum_buffer]"),
-            absl::string_view::npos) << refused.status();
-  // Hyperparameters may change across a restart (a lower rate, say).
-  ours = Snapshot().job;
-  ours.optimizer = "adam(lr=0.0001)";
-  EXPECT_TRUE(DecodeCheckpoint(c, ours).ok());
-}
-
-TEST(CheckpointCodecTest, AShardsCheckpointHoldsItsPartitionsAndOnlyThatShardRestoresIt) {
-  // Partition 0 (4 floats) is shard 0's of 2, partition 1 (2 floats) shard 1's.
-  ServerSnapshot s = Snapshot();
-  s.job.shard = 1;
-  s.job.shards = 2;
-  s.partitions.erase(s.partitions.begin());
-  const summa::v1::Checkpoint c = EncodeCheckpoint(s);
-  auto back = DecodeCheckpoint(c, s.job);
-  ASSERT_TRUE(back.ok()) << back.status();
-  ASSERT_EQ(back->partitions.size(), 1u);
-  EXPECT_EQ(back->partitions[0].id, 1u);
-  EXPECT_EQ(back->partitions[0].weights, (std::vector<float>{5, 6}));
-  JobDescription other = s.job;
-  other.shard = 0;
-  auto refused = DecodeCheckpoint(c, other);
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(refused.status().message().find("shard 1 of 2; this server runs"), absl::string_view::npos)
-      << refused.status();
-  EXPECT_NE(refused.status().message().find("shard 0 of 2"), absl::string_view::npos) << refused.status();
-  // Neither an unsharded server nor a shard takes the other's checkpoint.
-  EXPECT_EQ(DecodeCheckpoint(c, Snapshot().job).status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(DecodeCheckpoint(EncodeCheckpoint(Snapshot()), s.job).status().code(),
-            absl::StatusCode::kFailedPrecondition);
-}
-
-TEST(CheckpointCodecTest, SyncPartitionsAtDifferentVersionsAreDataLoss) {
-  ServerSnapshot s = Snapshot();
-  s.job.mode = Mode::kSync;
-  EXPECT_EQ(DecodeCheckpoint(EncodeCheckpoint(s), s.job).status().code(), absl::StatusCode::kDataLoss);
-  s.partitions[0].version = 6;
-  s.partitions[0].updates = 6;
-  s.partitions[0].next_steps = {6, 6};
-  s.partitions[1].next_steps = {6, 7};  // a push of step 6 recorded at version 6
-  EXPECT_EQ(DecodeCheckpoint(EncodeCheckpoint(s), s.job).status().code(), absl::StatusCode::kDataLoss);
-  s.partitions[1].next_steps = {6, 6};
-  EXPECT_TRUE(DecodeCheckpoint(EncodeCheckpoint(s), s.job).ok());
-}
-
-TEST(CheckpointCodecTest, PartitionsThatDoNotTileTheModelAreDataLoss) {
-  summa::v1::Checkpoint c = EncodeCheckpoint(Snapshot());
-  c.mutable_partitions(1)->mutable_slots(1)->resize(4);
-  EXPECT_EQ(DecodeCheckpoint(c, Snapshot().job).status().code(), absl::StatusCode::kDataLoss);
-  c = EncodeCheckpoint(Snapshot());
-  c.mutable_partitions()->RemoveLast();
-  EXPECT_EQ(DecodeCheckpoint(c, Snapshot().job).status().code(), absl::StatusCode::kDataLoss);
-}
-
-// A checkpoint's model is a claim until its partitions are there: one of 2^40 floats in 16-byte
-// partitions (2^38 of them) with two partitions in the file is DATA_LOSS at once; the partition
-// map was built first (and would not have fit in memory).
-TEST(CheckpointCodecTest, AModelFarLargerThanItsPartitionsIsDataLossBeforeAnyMapIsBuilt) {
-  summa::v1::Checkpoint c = EncodeCheckpoint(Snapshot());
-  c.mutable_params(0)->set_shape(0, int64_t{1} << 20);
-  c.mutable_params(0)->set_shape(1, int64_t{1} << 20);
-  const absl::Status s = DecodeCheckpoint(c, Snapshot().job).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-  EXPECT_NE(s.message().find("would be over 1048576 partitions"), absl::string_view::npos) << s;
-}
-
-// fuzz/corpus/checkpoint_fuzzer holds a checkpoint of each of the fuzzer's jobs, written by the
-// real writer (summa-fuzz-seeds) after a control byte: they stay files that the reader takes.
-TEST(CheckpointCodecTest, TheFuzzSeedsAreCheckpointsTheReaderTakes) {
-  for (const char* job : {"job0", "job1", "job2"}) {
-    std::ifstream in(std::string(SUMMA_SOURCE_DIR) + "/fuzz/corpus/checkpoint_fuzzer/" + job + "-file",
-                     std::ios::binary);
-    const std::string seed((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    ASSERT_GT(seed.size(), 1u) << job;
-    const std::string path = ::testing::TempDir() + "/fuzz-seed-" + job + ".summa";
-    std::ofstream(path, std::ios::binary | std::ios::trunc) << seed.substr(1);
-    absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(path);
-    ASSERT_TRUE(reader.ok()) << reader.status();
-    EXPECT_GE((*reader)->header().version(), 1u) << job;  // a step or more was taken
-    EXPECT_EQ((*reader)->header().params_size(), 2) << job;
-    summa::v1::PartitionCheckpoint partition;
-    int partitions = 0;
-    for (;;) {
-      absl::StatusOr<bool> more = (*reader)->Next(&partition);
-      ASSERT_TRUE(more.ok()) << job << ": " << more.status();
-      if (!*more) break;
-      ++partitions;
-    }
-    EXPECT_GE(partitions, 1) << job;
-    std::filesystem::remove(path);
-  }
 }
 
 TEST_F(CheckpointTest, EmptyOrMissingDirectoryHasNone) {

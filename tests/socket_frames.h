@@ -1,6 +1,7 @@
 // The socket data plane's frames (common/rpc/socket_frame.h), written and read by hand, for the
 // tests of the plane's server end: tests/socket_plane_test.cc (no gRPC server) and
-// tests/wire_test.cc (the daemon's plane beside its gRPC server).
+// tests/ps_client_test.cc and tests/socket_calls_test.cc (the daemon's plane beside its gRPC
+// server).
 #ifndef SUMMA_TESTS_SOCKET_FRAMES_H_
 #define SUMMA_TESTS_SOCKET_FRAMES_H_
 

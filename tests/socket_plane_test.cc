@@ -3,7 +3,8 @@
 // (tests/socket_frames.h) and the client's own SocketCalls, on 127.0.0.1 and ports the OS picks.
 // Nothing here starts gRPC's threads, so this test is labelled `unit`, not `unit-grpc`, and the
 // TSan pass runs it (tests/CMakeLists.txt). The plane's tests that need the daemon's gRPC server
-// (a worker::ParameterClient finds the plane through the DataPlane RPC) stay in wire_test.cc.
+// (a worker::ParameterClient finds the plane through the DataPlane RPC) are in socket_calls_test.cc
+// and ps_client_test.cc.
 #include "server/rpc/socket_plane.h"
 #include "tests/parameter_server_peer.h"
 

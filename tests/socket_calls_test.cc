@@ -1,0 +1,217 @@
+// The socket data plane of a daemon (tests/server_fixture.h), which its clients (client/
+// socket_calls.h) find through its gRPC server: choosing it, cancelling and ending its calls,
+// refusing malformed replies, listening on every address. The plane's tests that need no gRPC
+// server are in socket_plane_test.cc, which the TSan pass runs.
+#include "client/socket_calls.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "common/rpc/grpc_status.h"
+#include "common/rpc/socket_frame.h"
+#include "common/status_reason.h"
+#include "gtest/gtest.h"
+#include "server/daemon.h"
+#include "tests/server_fixture.h"
+#include "tests/socket_frames.h"
+
+namespace summa {
+namespace {
+
+using test::AllReduceMessage;
+using test::Eventually;
+using test::kAllReduceMethod;
+using test::RawConnect;
+using test::ReadReply;
+using test::SendBytes;
+using test::SendHello;
+using test::SendRequest;
+
+class SocketPlaneTest : public ServerFixture {
+ protected:
+  SocketPlaneTest() { plane_ = worker::DataPlane::kSocket; }
+
+  absl::Status AllReduceAlone(worker::ParameterClient& client) {
+    worker::Collective group;
+    group.name = "alone";
+    group.group_size = 1;
+    std::vector<float> values = {1, 2, 3};
+    return client.AllReduceInto(group, values, absl::MakeSpan(values));
+  }
+};
+
+TEST_F(SocketPlaneTest, RequiredWhereTheServerServesNoneItIsAnErrorAndAutoTakesGrpc) {
+  data_address_ = "";
+  StartServer(1, 4 << 20);
+  EXPECT_EQ(server_->data_port(), 0);
+  std::unique_ptr<worker::ParameterClient> client = Client(1);
+  const absl::Status refused = AllReduceAlone(*client);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "--data_address")) << refused;
+  plane_ = worker::DataPlane::kAuto;
+  client = Client(1);
+  ASSERT_TRUE(AllReduceAlone(*client).ok());
+  EXPECT_FALSE(client->on_socket_plane());
+  EXPECT_EQ(Status().allreduce_rounds(), 1u);
+}
+
+TEST_F(SocketPlaneTest, AutoTakesThePlaneWhereServed) {
+  StartServer(1, 4 << 20);
+  ASSERT_NE(server_->data_port(), 0);
+  plane_ = worker::DataPlane::kAuto;
+  std::unique_ptr<worker::ParameterClient> client = Client(1);
+  ASSERT_TRUE(AllReduceAlone(*client).ok());
+  EXPECT_TRUE(client->on_socket_plane());
+}
+
+// The round's own deadline is far off in these two: only the cancellation can let go of the call.
+constexpr absl::Duration kFarBarrierDeadline = absl::Minutes(5);
+
+TEST_F(SocketPlaneTest, AClientThatClosesItsConnectionCancelsItsWaitingCall) {
+  configure_ = [](server::ServerOptions& o) { o.barrier_deadline = kFarBarrierDeadline; };
+  StartServer(1, 4 << 20);
+  socket_plane::OwnedFd fd = RawConnect(server_->data_port());
+  SendHello(fd.get(), "");
+  ASSERT_TRUE(ReadReply(fd.get()).ok());
+  SendRequest(fd.get(), kAllReduceMethod, AllReduceMessage("pair", 2, 0, {1, 2}));
+  ASSERT_TRUE(Eventually([&] { return Status().parked_calls() == 1; }));
+  fd.Reset();
+  EXPECT_TRUE(Eventually([&] { return Status().parked_calls() == 0; })) << Status().parked_calls();
+}
+
+TEST_F(SocketPlaneTest, ACallPastItsDeadlineEndsAtTheClientAndIsCancelledAtTheServer) {
+  configure_ = [](server::ServerOptions& o) { o.barrier_deadline = kFarBarrierDeadline; };
+  StartServer(1, 4 << 20);
+  std::unique_ptr<worker::ParameterClient> client = Client(1, /*deadline=*/absl::Milliseconds(300));
+  worker::Collective group;
+  group.name = "pair";
+  group.group_size = 2;
+  std::vector<float> values = {1, 2, 3};
+  const absl::Status s = client->AllReduceInto(group, values, absl::MakeSpan(values));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_TRUE(Eventually([&] { return Status().parked_calls() == 0; })) << Status().parked_calls();
+}
+
+TEST_F(SocketPlaneTest, ShutdownAnswersAWaitingCallAndClosesThePlane) {
+  StartServer(1, 4 << 20);
+  const int port = server_->data_port();
+  absl::Status result;
+  std::thread waiting([&] {
+    std::unique_ptr<worker::ParameterClient> client = Client(1);
+    worker::Collective group;
+    group.name = "pair";
+    group.group_size = 2;
+    std::vector<float> values = {1, 2, 3};
+    result = client->AllReduceInto(group, values, absl::MakeSpan(values));
+  });
+  ASSERT_TRUE(Eventually([&] { return Status().parked_calls() == 1; }));
+  server_->Shutdown();
+  waiting.join();
+  EXPECT_EQ(result.code(), absl::StatusCode::kUnavailable) << result;
+  EXPECT_TRUE(absl::StrContains(result.message(), "shutting down")) << result;
+  EXPECT_FALSE(socket_plane::Connect("127.0.0.1", port, absl::Now() + absl::Seconds(5)).ok());
+}
+
+// A fake plane (a listener of the test's own) answers the hello, then a call with `reply`.
+absl::Status CallAFakePlane(const std::string& reply) {
+  int port = 0;
+  absl::StatusOr<socket_plane::OwnedFd> listener = socket_plane::Listen("127.0.0.1:0", &port);
+  if (!listener.ok()) return listener.status();
+  std::thread fake([&] {
+    const int fd = ::accept(listener->get(), nullptr, nullptr);
+    if (fd < 0) return;
+    socket_plane::OwnedFd conn(fd);
+    char hello[socket_plane::kHelloBytes];
+    if (!socket_plane::ReadFull(fd, hello, sizeof(hello), absl::Now() + absl::Seconds(10), "hello").ok()) return;
+    char ok[socket_plane::kHeaderBytes];
+    socket_plane::EncodeReplyHeader({0, 0, 0}, ok);
+    SendBytes(fd, std::string(ok, sizeof(ok)));
+    char head[socket_plane::kHeaderBytes];
+    if (!socket_plane::ReadFull(fd, head, sizeof(head), absl::Now() + absl::Seconds(10), "request").ok()) return;
+    std::string body(socket_plane::DecodeRequestHeader(head).length, '\0');
+    if (!socket_plane::ReadFull(fd, body.data(), body.size(), absl::Now() + absl::Seconds(10), "body").ok()) return;
+    SendBytes(fd, reply);
+    char byte;  // until the client closes
+    socket_plane::ReadFull(fd, &byte, 1, absl::Now() + absl::Seconds(10), "end").IgnoreError();
+  });
+  auto calls = std::make_unique<worker::SocketCalls>(std::vector<worker::SocketCalls::Endpoint>{{"127.0.0.1", port}}, "");
+  absl::Status result = calls->Open(0, absl::Now() + absl::Seconds(10));
+  if (result.ok()) {
+    grpc::Slice slice(std::string("request"));
+    grpc::ByteBuffer request(&slice, 1), response;
+    calls->Start(0, 0, socket_plane::DataMethod::kPull, &request, &response, absl::Now() + absl::Seconds(10));
+    size_t tag = 99;
+    if (!calls->Next(&tag, &result) || tag != 0) result = absl::InternalError("no call came back");
+  }
+  calls.reset();  // closes the connection: the fake ends
+  fake.join();
+  return result;
+}
+
+TEST(SocketCallsTest, MalformedRepliesEndTheCallAsDataLoss) {
+  char head[socket_plane::kHeaderBytes];
+  // An error whose body (its details) is past the limit.
+  socket_plane::EncodeReplyHeader(
+      {static_cast<uint32_t>(absl::StatusCode::kInternal), 0, socket_plane::kMaxStatusMessageBytes + 1}, head);
+  absl::Status s = CallAFakePlane(std::string(head, sizeof(head)));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  // A status message past the limit.
+  socket_plane::EncodeReplyHeader({static_cast<uint32_t>(absl::StatusCode::kInternal),
+                                   socket_plane::kMaxStatusMessageBytes + 1, 0}, head);
+  s = CallAFakePlane(std::string(head, sizeof(head)));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  // A well-formed refusal comes through as it is.
+  socket_plane::EncodeReplyHeader({static_cast<uint32_t>(absl::StatusCode::kOutOfRange), 4, 0}, head);
+  s = CallAFakePlane(std::string(head, sizeof(head)) + "late");
+  EXPECT_EQ(s, absl::OutOfRangeError("late"));
+  // ... and one with details keeps its reason, whatever its message says.
+  const std::string details = StatusDetails(WithReason(absl::AbortedError("x"), StatusReason::kStaleView));
+  socket_plane::EncodeReplyHeader({static_cast<uint32_t>(absl::StatusCode::kAborted), 4,
+                                   static_cast<uint64_t>(details.size())}, head);
+  s = CallAFakePlane(std::string(head, sizeof(head)) + "late" + details);
+  EXPECT_EQ(s.message(), "late");
+  EXPECT_TRUE(IsStaleView(s)) << s;
+}
+
+TEST(SocketFrameTest, AListenerOnEveryAddressTakesIpv4AndIpv6) {
+  int port = 0;
+  absl::StatusOr<socket_plane::OwnedFd> listener = socket_plane::Listen("[::]:0", &port);
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  ASSERT_NE(port, 0);
+  EXPECT_TRUE(socket_plane::Connect("127.0.0.1", port, absl::Now() + absl::Seconds(10)).ok());
+  absl::StatusOr<socket_plane::OwnedFd> bare = socket_plane::Listen(":0", &port);
+  ASSERT_TRUE(bare.ok()) << bare.status();
+  EXPECT_TRUE(socket_plane::Connect("127.0.0.1", port, absl::Now() + absl::Seconds(10)).ok());
+  EXPECT_EQ(socket_plane::Listen("no-port", &port).status().code(), absl::StatusCode::kInvalidArgument);
+  // And IPv6, where this machine has an IPv6 loopback (the resolver's wildcard list puts
+  // 0.0.0.0, IPv4 alone, first).
+  socket_plane::OwnedFd probe(::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in6 loopback = {};
+  loopback.sin6_family = AF_INET6;
+  loopback.sin6_addr = in6addr_loopback;
+  if (probe.valid() && ::bind(probe.get(), reinterpret_cast<sockaddr*>(&loopback), sizeof(loopback)) == 0) {
+    absl::StatusOr<socket_plane::OwnedFd> v6 = socket_plane::Connect("::1", port, absl::Now() + absl::Seconds(10));
+    EXPECT_TRUE(v6.ok()) << v6.status();
+  }
+}
+
+TEST_F(SocketPlaneTest, TlsAndThePlaneTogetherAreRefusedAtStart) {
+  security_.tls.cert = "/nonexistent/cert.pem";
+  security_.tls.key = "/nonexistent/key.pem";
+  server::ServerOptions o;
+  auto s = server::SummaServer::Start("127.0.0.1:0", o, "", security_, "", {}, "127.0.0.1:0");
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(s.status().message(), "plaintext")) << s.status();
+}
+
+}  // namespace
+}  // namespace summa

@@ -4,7 +4,8 @@
 # they win).
 #   scripts/build.sh [--binaries] [CMAKE_ARGS...]
 # By default: everything, as the test suite runs it, with fault injection (summa-worker's
-# test-only --fault_* flags, which tests/fault_process_test.py and train_process_test.py use).
+# test-only --fault_* flags, which tests/fault_process_test.py, shard_fault_process_test.py and
+# train_process_test.py use).
 # --binaries builds only summa-server, summa-worker and, with CUDA, the worker's plugin
 # libsumma_cuda.so (no tests, benchmarks or Python package), and without fault injection: the
 # container image's build stage.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The test suite's summa-worker has the test-only --fault_* flags (tests/fault_process_test.py and
-# train_process_test.py drive the real binary through them), exactly when its build was
-# configured with -DSUMMA_FAULT_INJECTION=ON:
+# The test suite's summa-worker has the test-only --fault_* flags (tests/fault_process_test.py,
+# shard_fault_process_test.py and train_process_test.py drive the real binary through them),
+# exactly when its build was configured with -DSUMMA_FAULT_INJECTION=ON:
 #   tests/fault_injection_build_test.sh SUMMA_WORKER ON|OFF
 # ON: --helpfull lists every fault flag. OFF (a production build, as the image's): it lists none
 # and --fault_exit_after_push is refused as an unknown flag; the test then fails all the same,

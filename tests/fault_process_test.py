@@ -1,9 +1,11 @@
-"""Fault tests with real processes: the harness starts summa-server and summa-worker on
-127.0.0.1 (OS-chosen ports), kills them with SIGKILL mid-epoch, restarts them, and checks that
-training finishes in the accuracy band of an undisturbed run, that no update is lost or counted
-twice, and that no process is left behind."""
-import argparse
-import base64
+"""Fault tests with real processes on one server: the harness (tools/fault_job.py) starts
+summa-server and summa-worker on 127.0.0.1 (OS-chosen ports), kills them with SIGKILL mid-epoch,
+restarts them, and checks that training finishes in the accuracy band of an undisturbed run, that
+no update is lost or counted twice, and that no process is left behind. The faults of jobs on
+server shards are in shard_fault_process_test.py.
+
+  fault_process_test.py --bin BUILD_DIR [unittest args]
+"""
 import os
 import re
 import signal
@@ -11,158 +13,12 @@ import sys
 import time
 import unittest
 
-import grpc
-
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "tools"))
-from grpc_reflect import Reflector  # noqa: E402
+from fault_job import STEPS, Job, JobCases, accuracies, configure  # noqa: E402
 from procs import ProcessGroup, alive  # noqa: E402
 
-ARGS = None
-# A small job that still learns: 8000 examples in batches of 64 (125 steps an epoch), 3 epochs,
-# with Adam: SGD at lr 0.5 sits on LeNet's first-epoch plateau, where one perturbed step decides
-# whether the run ever leaves it.
-JOB = ["--batch_size=64", "--epochs=3", "--train_limit=8000", "--test_limit=1000", "--seed=1"]
-STEPS = 3 * 125
 
-
-def accuracies(text):
-    return [float(a) for a in re.findall(r"test acc ([0-9.]+)", text)]
-
-
-class Job:
-    """A server and its workers inside one ProcessGroup."""
-
-    def __init__(self, group, world, server_flags=(), port=None, shards=1):
-        self.g, self.world = group, world
-        # The data path on the socket data plane (the workers find it): a restarted server serves
-        # it on a new port, which the workers must find again.
-        self.server_flags = ["--workers=%d" % world, "--optimizer=adam", "--lr=0.001", "--lease=1s",
-                             "--data_address=127.0.0.1:0", *server_flags]
-        if shards == 1:
-            self.start_server(port)
-            self.ports = [self.port]
-        else:
-            # Shard i of `shards`, each on its own port; shard 0 answers status(), and the others
-            # follow it (--coordinator).
-            self.ports, self.shards = [], []
-            for i in range(shards):
-                proc, p = group.start_server(ARGS.server, *self.server_flags, *self.shard_flags(i, shards),
-                                             name=f"shard{i}")
-                self.shards.append(proc)
-                self.ports.append(p)
-            self.server, self.port = self.shards[0], self.ports[0]
-        self.workers = {}
-
-    def start_server(self, port=None):
-        if port is None:
-            self.server, self.port = self.g.start_server(ARGS.server, *self.server_flags)
-        else:
-            self.server = self.restart_on(port, self.server_flags)
-            self.port = port
-        return self.server
-
-    def restart_on(self, port, flags):
-        port_file = os.path.join(self.g.dir, f"server-{time.monotonic_ns()}.port")
-        proc = self.g.start(f"server-{port}-{time.monotonic_ns()}", [
-            ARGS.server, f"--address=127.0.0.1:{port}", f"--port_file={port_file}", *flags])
-        self.g.wait_for_file(port_file, proc)
-        return proc
-
-    def shard_flags(self, i, shards):
-        flags = [f"--shards={shards}", f"--shard={i}"]
-        return flags + ([f"--coordinator=127.0.0.1:{self.ports[0]}"] if i > 0 else [])
-
-    def restart_shard(self, i):
-        """Starts shard i again on its port (after it was killed)."""
-        self.shards[i] = self.restart_on(self.ports[i], [*self.server_flags, *self.shard_flags(i, len(self.ports))])
-        if i == 0:
-            self.server = self.shards[0]
-        return self.shards[i]
-
-    def shard_status(self, i):
-        return Reflector(f"127.0.0.1:{self.ports[i]}", timeout=5).call("summa.v1.ParameterServer/GetStatus")
-
-    def start_worker(self, rank, *extra):
-        name = f"worker{rank}-{time.monotonic_ns()}"
-        self.workers[rank] = self.g.start(name, [
-            ARGS.worker, "--server=" + ",".join(f"127.0.0.1:{p}" for p in self.ports), f"--rank={rank}",
-            f"--world_size={self.world}", "--status_address=127.0.0.1:0", "--progress=never",
-            "--retry_deadline=60s", *JOB, *extra])
-        return self.workers[rank]
-
-    def start_and_freeze(self, at_version):
-        """Starts every worker, and freezes them all (SIGSTOP) once `at_version` is reached;
-        thaw() lets them go on."""
-        for r in range(self.world):
-            self.start_worker(r)
-        self.wait_version(at_version)
-        for w in self.workers.values():
-            w.send_signal(signal.SIGSTOP)
-
-    def thaw(self):
-        for w in self.workers.values():
-            w.send_signal(signal.SIGCONT)
-
-    def status(self, seconds=15):
-        """The server's status. A connection to the server's port that an earlier server left
-        behind fails the first call with UNAVAILABLE ("Broken pipe") while gRPC reconnects:
-        retried, for at most `seconds`."""
-        deadline = time.monotonic() + seconds
-        while True:
-            try:
-                return Reflector(f"127.0.0.1:{self.port}", timeout=5).call("summa.v1.ParameterServer/GetStatus")
-            except grpc.RpcError as e:
-                if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-
-    def wait_version(self, at_least, seconds=120):
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            try:
-                if int(self.status().get("version", 0)) >= at_least:
-                    return
-            except Exception:  # noqa: BLE001 - the server may be restarting
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"version {at_least} not reached in {seconds} s")
-
-    def weights(self):
-        """The whole flat weights, every partition, from the shard that holds it."""
-        shards = [Reflector(f"127.0.0.1:{p}", timeout=5) for p in self.ports]
-        parts = sum(int(r.call("summa.v1.ParameterServer/GetStatus").get("partitionCount", 1)) for r in shards)
-        out = b""
-        for p in range(parts):
-            for r in shards:
-                try:
-                    reply = r.call("summa.v1.ParameterServer/Pull", '{"rank": -1, "partition": %d}' % p)
-                except grpc.RpcError as e:
-                    if "held by shard" in (e.details() or ""):
-                        continue
-                    raise
-                out += base64.b64decode(reply["data"])
-                break
-            else:
-                raise AssertionError(f"no shard holds partition {p}")
-        return out
-
-
-class FaultProcessTest(unittest.TestCase):
-    def finish(self, g, job, seconds=240):
-        outs = {}
-        for rank, proc in job.workers.items():
-            self.assertEqual(g.wait(proc, seconds), 0, g.log(proc))
-            outs[rank] = g.log(proc)
-        return outs
-
-    def undisturbed(self, server_flags=(), shards=1):
-        with ProcessGroup() as g:
-            job = Job(g, 2, server_flags, shards=shards)
-            for r in range(2):
-                job.start_worker(r)
-            outs = self.finish(g, job)
-            return accuracies(outs[0]), job.weights()
-
+class FaultProcessTest(JobCases, unittest.TestCase):
     def test_worker_killed_under_wait_rejoins_and_the_job_matches_an_undisturbed_run(self):
         baseline_acc, baseline_weights = self.undisturbed()
         with ProcessGroup() as g:
@@ -433,16 +289,6 @@ class FaultProcessTest(unittest.TestCase):
             self.assertNotEqual(code, 0, g.log(job.workers[0]))
             self.assertIn("the job has ended", g.log(job.workers[0]))
 
-    def thirty_steps_one_late(self, g, job, late_rank):
-        """Three workers, one epoch of 1920 examples (30 steps), `late_rank`'s pushes held back
-        20 ms each so that they arrive last; their logs."""
-        for r in range(3):
-            extra = ["--epochs=1", "--train_limit=1920"]
-            if r == late_rank:
-                extra.append("--fault_delay_push=20ms")
-            job.start_worker(r, *extra)
-        return self.finish(g, job)
-
     def test_deterministic_sums_give_the_same_weights_whatever_order_pushes_arrive_in(self):
         # Three workers (from three on, the order of a sum's additions shows in its last bits),
         # summa-server --deterministic: one run with rank 0's pushes held back 20 ms each, so that
@@ -457,123 +303,6 @@ class FaultProcessTest(unittest.TestCase):
 
         self.assertEqual(run(late_rank=0), run(late_rank=2))
 
-    def test_two_shards_give_the_weights_of_one_server_whatever_order_pushes_arrive_in(self):
-        # LeNet in 8 partitions of at most 64 KiB, --deterministic, three workers: one server,
-        # then two shards (4 partitions each, by bytes) with rank 0's pushes arriving last, then
-        # with rank 2's. Each partition's sum and step are the same arithmetic wherever it is
-        # held: the weights agree bit for bit.
-        def run(shards, late_rank):
-            with ProcessGroup() as g:
-                job = Job(g, 3, server_flags=("--deterministic", "--partition_bytes=65536"), shards=shards)
-                outs = self.thirty_steps_one_late(g, job, late_rank)
-                self.assertIn("epoch 1/1", outs[0])
-                counts = []
-                for i, port in enumerate(job.ports):
-                    status = Reflector(f"127.0.0.1:{port}", timeout=5).call("summa.v1.ParameterServer/GetStatus")
-                    self.assertEqual(int(status.get("version", 0)), 30)
-                    self.assertEqual((int(status.get("shard", 0)), int(status.get("shards", 0))), (i, shards))
-                    counts.append(int(status.get("partitionCount", 0)))
-                self.assertEqual(counts, [8] if shards == 1 else [4, 4])
-                return job.weights()
-
-        one = run(1, late_rank=0)
-        self.assertEqual(len(one), 129068 * 4)
-        self.assertEqual(run(2, late_rank=0), one)
-        self.assertEqual(run(2, late_rank=2), one)
-
-    def test_shard_killed_and_restored_from_an_older_checkpoint_rolls_the_other_back(self):
-        # Two shards, two workers, sync under `wait`, a checkpoint every 5 steps (every shard
-        # writes the same versions). Both workers are frozen mid-epoch, shard 1 is SIGKILLed and
-        # its newest checkpoints lost, so that it restarts 10 or more steps behind shard 0. The
-        # workers rejoin, find the shards apart, and roll shard 0 back to the version shard 1
-        # restored (a version both keep); the steps are redone and the job ends with an
-        # undisturbed run's weights, bit for bit.
-        flags = ["--partition_bytes=65536"]
-        _, baseline_weights = self.undisturbed(flags, shards=2)
-        with ProcessGroup() as g:
-            ckpt = os.path.join(g.dir, "ckpt")
-            job = Job(g, 2, [*flags, f"--checkpoint_dir={ckpt}", "--checkpoint_every=5", "--keep_checkpoints=20",
-                             "--lease=60s"], shards=2)
-            job.start_and_freeze(150)
-            try:
-                dirs = [os.path.join(ckpt, f"shard-{i}-of-2") for i in range(2)]
-
-                def versions(d):
-                    return sorted(int(f[5:17]) for f in os.listdir(d) if f.startswith("ckpt-") and f.endswith(".summa"))
-
-                # The shards write the multiples of 5 they reach: wait for the frozen ones.
-                deadline = time.monotonic() + 30
-                while True:
-                    at = [int(job.shard_status(i).get("version", 0)) for i in range(2)]
-                    kept = [versions(d) for d in dirs]
-                    if all(k and k[-1] == v - v % 5 for k, v in zip(kept, at)):
-                        break
-                    self.assertLess(time.monotonic(), deadline, f"shards at {at} keep {kept}")
-                    time.sleep(0.05)
-                common = sorted(set(kept[0]) & set(kept[1]))
-                self.assertGreaterEqual(len(common), 3, kept)
-                older = common[-3]  # at least 10 steps behind shard 0
-                job.shards[1].send_signal(signal.SIGKILL)
-                job.shards[1].wait()
-                for v in kept[1]:
-                    if v > older:
-                        os.remove(os.path.join(dirs[1], "ckpt-%012d.summa" % v))
-                job.restart_shard(1)
-                self.assertIn(f"at version {older}", g.log(job.shards[1]))
-            finally:
-                job.thaw()
-            outs = self.finish(g, job)
-            for out in outs.values():
-                rejoined = [int(s) for s in re.findall(r"rejoined at step (\d+) ", out)]
-                self.assertTrue(rejoined, out)
-                self.assertEqual(set(rejoined), {older}, out)
-            zero, one = job.shard_status(0), job.shard_status(1)
-            self.assertEqual((int(zero["version"]), int(one["version"])), (STEPS, STEPS))
-            self.assertEqual((int(zero.get("rollbacks", 0)), int(zero.get("lastRollbackVersion", 0))), (1, older))
-            self.assertEqual(int(one.get("rollbacks", 0)), 0)
-            rolled = [int(v) for v in re.findall(rf"rolled back from version (\d+) to version {older} ", g.log(job.shards[0]))]
-            self.assertEqual(len(rolled), 1, g.log(job.shards[0]))
-            self.assertGreaterEqual(rolled[0], older + 10)
-            self.assertEqual(job.weights(), baseline_weights)
-
-    def test_shards_follow_shard_zeros_view_and_shard_zero_shows_every_shard(self):
-        # Two shards under shrink, two workers; rank 1 is SIGKILLed mid-run. Shard 0 drops it
-        # when its lease lapses; shard 1 leaves that to shard 0 and drops it when shard 0's view
-        # says so. Rank 0 finishes alone; shard 0's status shows both shards, healthy, 4
-        # partitions each.
-        with ProcessGroup() as g:
-            job = Job(g, 2, ["--partition_bytes=65536", "--on_worker_loss=shrink"], shards=2)
-            job.start_worker(0)
-            job.start_worker(1)
-            job.wait_version(60)
-            job.workers[1].send_signal(signal.SIGKILL)
-            job.workers[1].wait()
-            self.assertEqual(g.wait(job.workers[0], 240), 0, g.log(job.workers[0]))
-            zero, one = job.shard_status(0), job.shard_status(1)
-            self.assertEqual((int(zero["version"]), int(one["version"])), (STEPS, STEPS))
-            self.assertEqual(int(zero.get("view", 0)), 2, "rank 1 dropped, then rank 0 left")
-            deadline = time.monotonic() + 20
-            while int(one.get("view", 0)) != 2:  # shard 1 reports every half second
-                self.assertLess(time.monotonic(), deadline, one)
-                time.sleep(0.1)
-                one = job.shard_status(1)
-            states = {int(m.get("rank", 0)): m["state"] for m in one["members"]}
-            self.assertEqual(states[1], "dropped")
-            log = g.log(job.shards[1])
-            self.assertIn("rank 1 is out of the group in shard 0's view 1; dropping it here too", log)
-            self.assertNotIn("dropping it and going on without it", log)
-            while True:  # shard 1's report of the last step reaches shard 0 within half a second
-                shards = job.shard_status(0)["shardStatuses"]
-                if len(shards) == 2 and int(shards[1].get("version", 0)) == STEPS:
-                    break
-                self.assertLess(time.monotonic(), deadline, shards)
-                time.sleep(0.1)
-            self.assertEqual([int(s.get("shard", 0)) for s in shards], [0, 1])
-            self.assertTrue(all(s.get("healthy") for s in shards), shards)
-            self.assertEqual([int(s["partitionCount"]) for s in shards], [4, 4])
-            self.assertEqual(sum(int(s["partitionBytesHeld"]) for s in shards), 129068 * 4)
-            self.assertEqual([int(s["version"]) for s in shards], [STEPS, STEPS])
-
     def test_no_process_left_behind(self):
         with ProcessGroup() as g:
             job = Job(g, 1)
@@ -584,9 +313,5 @@ class FaultProcessTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", required=True)
-    ARGS, rest = ap.parse_known_args()
-    ARGS.server = os.path.join(ARGS.bin, "server/summa-server")
-    ARGS.worker = os.path.join(ARGS.bin, "worker/summa-worker")
+    rest = configure(sys.argv[1:])
     unittest.main(argv=[sys.argv[0], *rest], verbosity=2)

@@ -19,6 +19,7 @@
 #include "common/tensor_proto.h"
 #include "common/rpc/wire.h"
 #include "client/grpc_transport.h"
+#include "client/server_reasons.h"
 
 namespace summa::worker {
 
@@ -266,7 +267,7 @@ absl::Status ParameterClient::SendPushes(DataMethod method, const char* trace_na
       },
       trace_name,
       [&](size_t i, absl::Status* refused) {
-        if (!IsStaleView(*refused)) return false;
+        if (!RefusedForStaleView(*refused)) return false;
         if (++refreshes[i] > kRefreshes) {
           *refused = absl::UnavailableError(absl::StrCat(refused->message(), " (still stale after ", kRefreshes,
                                                          " refreshes: joining again)"));

@@ -11,6 +11,7 @@
 #include "common/status_macros.h"
 #include "common/status_reason.h"
 #include "common/tensor_proto.h"
+#include "client/server_reasons.h"
 #include "client/shard_agreement.h"
 
 namespace summa::worker {
@@ -31,7 +32,7 @@ absl::StatusOr<pb::JoinResponse> ParameterClient::JoinShard(size_t index, const 
     // A server over its join rate (summa-server --join_rate) takes us a moment later; its other
     // RESOURCE_EXHAUSTED refusals (a model over its limit) stand.
     absl::Status st = FromGrpcStatus(s);
-    const bool retry = absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st) || IsJoinRateLimited(st);
+    const bool retry = absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st) || RefusedForJoinRate(st);
     if (!retry || absl::Now() + backoff >= give_up) {
       return absl::Status(st.code(), absl::StrCat("join ", shard.address, " as rank ", request.rank(),
                                                   " failed after ", attempt, " attempts: ", st.message()));

@@ -63,6 +63,35 @@ TEST_F(MembershipTest, CheckpointRestoresWeightsVersionAndAsksMembersToRejoin) {
 // The group is part of the job's state (server/core/group_view.h): a checkpoint written after a
 // rank was dropped restores into a server that leaves that rank out, at the view it had reached,
 // so the next step completes with the ranks left instead of waiting for one that is gone.
+// Every rank leaves at a job's end; a checkpoint written then (the daemon's last, at SIGTERM) still
+// lets a restarted server's members join again: only dropped ranks stay out.
+TEST_F(MembershipTest, ACheckpointOfAJobWhoseRanksAllLeftRestoresIntoOneTheyCanJoin) {
+  const std::string dir =
+      std::filesystem::temp_directory_path() / ("summa-ps-left-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  ServerOptions o;
+  o.require_sessions = false;
+  o.checkpoint_dir = dir;
+  auto ps = Make(o);
+  ASSERT_TRUE(ps->Push(Push(0, 0, twos_, 2)).ok());
+  ASSERT_TRUE(ps->Push(Push(1, 0, twos_, 2)).ok());
+  ASSERT_TRUE(ps->Leave(0, 0).ok());
+  ASSERT_TRUE(ps->Leave(1, 0).ok());
+  ASSERT_TRUE(ps->LiveRanks().empty());
+  ASSERT_TRUE(ps->MaybeCheckpoint(true).ok());
+  ServerOptions o2 = o;
+  o2.world_size = 2;
+  o2.optimizer.learning_rate = 1.0;
+  o2.clock = &clock_;
+  ParameterServer again(o2);
+  ASSERT_TRUE(RestoreNewest(again, dir).ok());
+  EXPECT_EQ(again.LiveRanks(), (std::vector<int>{0, 1}));
+  ASSERT_TRUE(again.Join(Rejoin(0)).ok());
+  ASSERT_TRUE(again.Join(Rejoin(1)).ok());
+  EXPECT_EQ(again.Status().version, 1u);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_F(MembershipTest, ACheckpointKeepsTheGroupAndARestoredServerStepsWithoutTheDroppedRank) {
   const std::string dir =
       std::filesystem::temp_directory_path() / ("summa-ps-group-" + std::to_string(::getpid()));

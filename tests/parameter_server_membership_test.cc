@@ -198,6 +198,31 @@ TEST_F(MembershipTest, ALeaveThatArrivesAfterShardZerosViewIsOk) {
   }
 }
 
+// On a follower a rank's Leave excludes it without moving the view's number (that is shard 0's to
+// move): the step that waited only for it completes all the same, and shard 0's view, arriving
+// after, finds nothing left to do. A step's group follows exclusions, not the number.
+TEST_F(MembershipTest, ALeaveThatReachesAFollowerFirstCompletesTheStepItWaitedFor) {
+  ServerOptions o;
+  o.require_sessions = false;
+  o.follower = true;
+  auto follower = Make(o);
+  auto pull = std::make_shared<FakeCall>();
+  follower->PushPull(Push(0, 0, twos_, 2), pull);
+  EXPECT_FALSE(pull->answered());
+  ASSERT_TRUE(follower->Leave(1, 0).ok());
+  EXPECT_EQ(follower->Status().view, 0u);  // the number is shard 0's
+  ASSERT_TRUE(pull->Wait().ok());
+  EXPECT_EQ(pull->counter(), 1u);
+  EXPECT_EQ(Weights(*follower), std::vector<float>(4, -1));
+  follower->membership().Follow(99, 1, {1}, "");
+  EXPECT_EQ(follower->Status().view, 1u);
+  // The next step runs under the group without rank 1.
+  auto next = std::make_shared<FakeCall>();
+  follower->PushPull(Push(0, 1, twos_, 2), next);
+  ASSERT_TRUE(next->Wait().ok());
+  EXPECT_EQ(Weights(*follower), std::vector<float>(4, -2));
+}
+
 TEST_F(MembershipTest, AShardFollowingShardZeroDropsAndEndsOnlyInShardZerosView) {
   // Shard 0 under shrink: rank 1's lease lapses, it is dropped, and the view moves on.
   ServerOptions zero_options;

@@ -1,5 +1,5 @@
 // The data path's methods of summa.v1.ParameterServer, the one home of their names, gRPC paths,
-// socket-plane numbers and required roles: the gRPC data path (server/rpc/data_path.h), the socket
+// socket-plane numbers (the roles they require are server/rpc/method_roles.h's): the gRPC data path (server/rpc/data_path.h), the socket
 // plane (server/rpc/socket_plane.h) and the client (client/) all take them from here.
 #ifndef SUMMA_COMMON_RPC_DATA_METHOD_H_
 #define SUMMA_COMMON_RPC_DATA_METHOD_H_

@@ -24,7 +24,7 @@ std::string StatusDetails(const absl::Status& status) {
   info.set_domain(std::string(kStatusReasonDomain));
   summa::v1::RpcStatus rpc;
   rpc.set_code(static_cast<int>(status.code()));
-  rpc.set_message(std::string(status.message()));
+  // No message: the status carries it already, and only the reason is read from here.
   google::protobuf::Any* any = rpc.add_details();
   any->set_type_url(std::string(kErrorInfoUrl));
   any->set_value(info.SerializeAsString());

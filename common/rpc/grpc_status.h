@@ -17,7 +17,8 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::Status FromGrpcStatus(const grpc::Status& status);
 
 // A refused status's details: a serialized summa.v1.RpcStatus (google.rpc.Status) holding its
-// reason as an ErrorInfo, or "" when it has no reason. StatusFromDetails puts the reason of such
+// code and its reason as an ErrorInfo (not the message, which travels beside them), or "" when it
+// has no reason. StatusFromDetails puts the reason of such
 // details back on a status of `code` and `message` (none when the details are empty or not ours).
 std::string StatusDetails(const absl::Status& status);
 absl::Status StatusFromDetails(absl::StatusCode code, absl::string_view message, absl::string_view details);

@@ -119,11 +119,16 @@ ReplyHeader DecodeReplyHeader(const char in[kHeaderBytes]) {
   return header;
 }
 
-void EncodeHello(uint32_t authorization_length, char out[kHelloBytes]) {
+void EncodeHello(uint32_t authorization_length, char out[kHelloBytes], uint32_t flags) {
   std::memcpy(out, kHelloMagic, sizeof(kHelloMagic));
   out += sizeof(kHelloMagic);
   Put<uint32_t>(out, authorization_length);
-  Put<uint32_t>(out, 0);
+  Put<uint32_t>(out, flags);
+}
+
+uint32_t HelloFlags(const char in[kHelloBytes]) {
+  const char* flags = in + sizeof(kHelloMagic) + 4;
+  return Get<uint32_t>(flags);
 }
 
 absl::StatusOr<uint32_t> DecodeHello(const char in[kHelloBytes]) {

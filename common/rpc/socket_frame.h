@@ -6,7 +6,8 @@
 // with a data plane says where it is (the DataPlane RPC), and a client uses it where offered.
 //
 // On a connection, all integers little-endian:
-//   hello (client):  "SUMMADP1", u32 length of the authorization value, u32 0, the value
+//   hello (client):  "SUMMADP1", u32 length of the authorization value, u32 flags (0 from a client
+//                    before them, ignored by a server before them: kHelloRefusalDetails), the value
 //                    ("Bearer <token>", or nothing)
 //   answer (server): a reply header with length 0: OK, or why the connection is refused (then
 //                    closed)
@@ -69,8 +70,14 @@ void EncodeRequestHeader(const RequestHeader& header, char out[kHeaderBytes]);
 RequestHeader DecodeRequestHeader(const char in[kHeaderBytes]);
 void EncodeReplyHeader(const ReplyHeader& header, char out[kHeaderBytes]);
 ReplyHeader DecodeReplyHeader(const char in[kHeaderBytes]);
+// The hello's flags. kHelloRefusalDetails: this client reads a refusal's body as its details
+// (common/rpc/grpc_status.h); a server sends a body with a refusal only to such a client, so that
+// an older client, which takes a refusal with a body for a malformed reply, still works.
+inline constexpr uint32_t kHelloRefusalDetails = 1;
 // The hello's fixed part; its authorization value follows it.
-void EncodeHello(uint32_t authorization_length, char out[kHelloBytes]);
+void EncodeHello(uint32_t authorization_length, char out[kHelloBytes], uint32_t flags = kHelloRefusalDetails);
+// The hello's flags (0 from a client before them).
+uint32_t HelloFlags(const char in[kHelloBytes]);
 // The authorization value's length, or INVALID_ARGUMENT: not a hello (another protocol, another
 // version), or a value over kMaxAuthorizationBytes.
 absl::StatusOr<uint32_t> DecodeHello(const char in[kHelloBytes]);

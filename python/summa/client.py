@@ -15,7 +15,7 @@ import grpc
 import numpy as np
 
 from . import _wire
-from .errors import SummaError, from_rpc, reason_of
+from .errors import SummaError, from_rpc, refused_for_join_rate
 from .v1 import summa_pb2 as pb
 from .v1 import summa_pb2_grpc as pb_grpc
 
@@ -122,7 +122,7 @@ class Client:
                 # Not up yet, the model's values still coming, or over --join_rate: try again;
                 # any other refusal (a model over its limit, a different model) stands.
                 retry = e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) or (
-                    e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and reason_of(e) == "JOIN_RATE")
+                    e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and refused_for_join_rate(e))
                 if not retry or time.monotonic() + backoff >= give_up:
                     raise from_rpc(e, f"join {self.server} as rank {self.rank} failed after "
                                       f"{attempt} attempts") from None

@@ -25,10 +25,23 @@ def reason_of(error):
             if any_detail.type_url != _ERROR_INFO_URL:
                 continue
             info = pb.ErrorInfo()
-            info.ParseFromString(any_detail.value)
+            try:
+                info.ParseFromString(any_detail.value)
+            except Exception:
+                continue
             if info.domain == "summa.v1":
                 return info.reason
     return ""
+
+
+def refused_for_join_rate(error):
+    """Whether a Join was refused for coming faster than summa-server --join_rate (try again a
+    moment later): the reason says so, or, from a server before reasons, its message names the
+    flag (for one release)."""
+    reason = reason_of(error)
+    if reason:
+        return reason == "JOIN_RATE"
+    return "--join_rate" in (error.details() or "")
 
 
 class SummaError(Exception):

@@ -227,10 +227,12 @@ void AllReduceHub::MaybeComplete(Collective& col, CallsToFinish& done) {
 }
 
 const GroupView& AllReduceHub::RoundGroup(Collective& col) const {
-  if (col.members && col.group.view != members_->view()) {
+  if (!col.members) return col.group;
+  if (const uint64_t epoch = members_->group_epoch(); col.group_epoch != epoch) {
     // Narrowed during a round; a round that has not begun takes the group as it is.
     const GroupView now = members_->group();
     col.group = col.barrier.arrived() == 0 ? now : col.group.Narrowed(now);
+    col.group_epoch = epoch;
   }
   return col.group;
 }

@@ -102,8 +102,11 @@ class SyncPolicy final : public ConsistencyPolicy {
     p.aggregator.Reset();
     p.barrier.Reset();
     p.skip_step = false;
-    // The next step runs under the group as it is now (the same unless the view moved).
-    if (p.step_group.view != ctx_.members->view()) p.step_group = ctx_.members->group();
+    // The next step runs under the group as it is now (the same unless a rank was excluded).
+    if (const uint64_t epoch = ctx_.members->group_epoch(); p.step_group_epoch != epoch) {
+      p.step_group = ctx_.members->group();
+      p.step_group_epoch = epoch;
+    }
   }
 };
 
@@ -204,9 +207,12 @@ void ConsistencyPolicy::Advance(Partition& p, absl::Span<const float> grad_sum, 
 
 const GroupView& ConsistencyPolicy::StepGroup(Partition& p, bool narrow) const
     ABSL_NO_THREAD_SAFETY_ANALYSIS {  // the callers hold p.mu
-  if (p.step_group.view != ctx_.members->view()) {
-    const GroupView now = ctx_.members->group();
+  // The epoch, not the view's number: on a follower the number is shard 0's and may stay put (or
+  // go back) while ranks are excluded here.
+  if (const uint64_t epoch = ctx_.members->group_epoch(); p.step_group_epoch != epoch) {
+    const GroupView now = ctx_.members->group();  // read after the epoch: at least its exclusions
     p.step_group = narrow ? p.step_group.Narrowed(now) : now;
+    p.step_group_epoch = epoch;
   }
   return p.step_group;
 }

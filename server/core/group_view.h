@@ -1,8 +1,8 @@
 // GroupView: the job's group as a versioned value, published by Membership (server/core/
 // membership.h): the view number, which moves each time the group changes, and the ranks in it.
 // A sync step runs under the group it started with (Partition::step_group): a rank excluded
-// since leaves the step (it completes with the ranks left), a rank admitted since takes part
-// from the next step. Shrink, rejoin, shards and the AllReduce's members' rounds read it instead
+// since leaves the step (it completes with the ranks left); a rank admitted since (growth, the
+// elastic jobs' to build) would take part from the next step. Shrink, rejoin, shards and the AllReduce's members' rounds read it instead
 // of a fixed world size; growth (the elastic jobs) is one more view, not a new mechanism.
 // A plain value; thread-compatible.
 #ifndef SUMMA_SERVER_CORE_GROUP_VIEW_H_

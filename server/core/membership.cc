@@ -49,6 +49,7 @@ void Membership::SetState(int rank, MemberState s) {
   slots_[rank].state.store(static_cast<int>(s), std::memory_order_release);
   if (s == MemberState::kDropped || s == MemberState::kLeft) {
     const bool was = slots_[rank].excluded.exchange(true, std::memory_order_acq_rel);
+    if (!was) group_epoch_.fetch_add(1, std::memory_order_acq_rel);
     if (!was && !follower()) view_.fetch_add(1, std::memory_order_acq_rel);
   }
 }
@@ -272,13 +273,24 @@ void Membership::Tick(absl::Time now) {
 GroupView Membership::group() const {
   GroupView g;
   g.ranks.reserve(world_size_);
+  uint64_t epoch;
   do {
+    epoch = group_epoch();
     g.view = view();
     g.ranks.clear();
     for (int r = 0; r < world_size_; ++r) {
       if (!excluded(r)) g.ranks.push_back(r);
     }
-  } while (g.view != view());  // the view moved while the ranks were read: read them again
+  } while (epoch != group_epoch() || g.view != view());  // moved while read: read again
+  return g;
+}
+
+GroupView Membership::CheckpointGroup() const {
+  GroupView g;
+  g.view = view();
+  for (int r = 0; r < world_size_; ++r) {
+    if (state(r) != MemberState::kDropped) g.ranks.push_back(r);
+  }
   return g;
 }
 
@@ -286,10 +298,7 @@ void Membership::Restore(const GroupView& group) {
   {
     absl::MutexLock lock(&mu_);
     for (int r = 0; r < world_size_; ++r) {
-      if (!group.Contains(r) && !excluded(r)) {
-        slots_[r].state.store(static_cast<int>(MemberState::kDropped), std::memory_order_release);
-        slots_[r].excluded.store(true, std::memory_order_release);
-      }
+      if (!group.Contains(r) && !excluded(r)) SetState(r, MemberState::kDropped);
     }
     if (!follower() && group.view > view()) view_.store(group.view, std::memory_order_release);
   }

@@ -79,8 +79,15 @@ class Membership {
   // The group as of a view: its number and the ranks not excluded. Lock-free (it may already
   // lack a rank whose exclusion the next view makes: exclusions only ever grow).
   GroupView group() const;
-  // Takes a checkpoint's group back after a restart: the ranks it lacks are excluded (they had
-  // left or been dropped), and the view goes on from its number. Before any member joins.
+  // Moves on each time a rank is excluded here, whatever the view's number does (on a follower
+  // the number is shard 0's and may stay, or go back when shard 0 restarts): what holders of a
+  // GroupView compare to know theirs is old. Lock-free; read it before group().
+  uint64_t group_epoch() const { return group_epoch_.load(std::memory_order_acquire); }
+  // What a checkpoint keeps of the group: the ranks not dropped (a rank that left, as every rank
+  // does at a job's end, may join again after a restart), at the current view.
+  GroupView CheckpointGroup() const;
+  // Takes a checkpoint's group back after a restart: the ranks it lacks are dropped, and the view
+  // goes on from its number. Before any member joins.
   void Restore(const GroupView& group);
   // The ranks excluded (dropped or departed), ascending.
   std::vector<int> ExcludedRanks() const;
@@ -163,6 +170,7 @@ class Membership {
   const int world_size_;
   std::atomic<bool> follower_{false};
   std::atomic<uint64_t> view_{0};
+  std::atomic<uint64_t> group_epoch_{0};
   uint64_t incarnation_ = 0;  // set once, at construction
   const bool require_sessions_;
   const OnWorkerLoss on_loss_;

@@ -205,8 +205,10 @@ absl::StatusOr<JoinResult> ParameterServer::Join(const JoinRequestView& request)
     result.version = std::min(result.version, p->version);
     result.next_step = std::min(result.next_step, policy_->NextStep(*p, rank));
   }
-  result.live_ranks = LiveRanks();
-  result.view = membership_.view();
+  // One value: the ranks a worker shards its data over and the view its pushes are stamped with.
+  const GroupView group = membership_.group();
+  result.live_ranks = group.ranks;
+  result.view = group.view;
   result.initialize = pending > 0;
   if (options_.shards > 1 && options_.mode == Mode::kSync && !options_.checkpoint_dir.empty()) {
     result.checkpoint_versions = CheckpointVersions(options_.checkpoint_dir);

@@ -236,7 +236,7 @@ absl::Status ParameterServer::MaybeCheckpoint(bool force) {
   summa::v1::Checkpoint header = EncodeCheckpointHeader(Job(), m->map.specs(), low, created);
   // The group as it is now (a sync shard's frozen copies may be of an earlier version: a rank
   // excluded since stays excluded, which is what a restore should find).
-  EncodeGroup(membership_.group(), &header);
+  EncodeGroup(membership_.CheckpointGroup(), &header);
   SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointWriter> writer,
                          CheckpointWriter::Create(options_.checkpoint_dir, header));
   for (size_t i = 0; i < m->partitions.size(); ++i) {

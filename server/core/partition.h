@@ -60,6 +60,7 @@ struct Partition {
   // The group the current step runs under (sync: taken at the step's start, then narrowed by
   // exclusions; async and ssp: the current group). ConsistencyPolicy::StepGroup keeps it.
   GroupView step_group ABSL_GUARDED_BY(mu);
+  uint64_t step_group_epoch ABSL_GUARDED_BY(mu) = 0;  // Membership::group_epoch() it was read at
   bool skip_step ABSL_GUARDED_BY(mu) = false;            // sync: a push under --nonfinite=skip_step
   ParkingLot parked ABSL_GUARDED_BY(mu);        // waiting for a version
   ParkingLot clock_parked ABSL_GUARDED_BY(mu);  // ssp: waiting for the slowest member

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <memory>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/rpc/grpc_status.h"
 #include "common/rpc/wire.h"
@@ -127,8 +128,9 @@ std::shared_ptr<Parked> PullCall(const ParameterServer* core, DataCall* call, ui
     header.set_partition(partition);
     header.set_version(version);
     header.set_dtype(WireDTypeToProto(dtype));
-    for (int r : core->LiveRanks()) header.add_live_ranks(r);
-    header.set_view(core->view());
+    const GroupView group = core->membership().group();  // the ranks and their view, one value
+    for (int r : group.ranks) header.add_live_ranks(r);
+    header.set_view(group.view);
     *response = EncodeWithBytes(header, pb::PullResponse::kDataFieldNumber, SliceOf(w, dtype));
   }, wait, std::move(holds), WireDTypeBytes(dtype));
   call->Parks(parked);
@@ -165,13 +167,13 @@ void ParameterServerService::ServeData(DataMethod method, DataCall* call) {
 void ParameterServerService::ServePush(DataCall* call) {
   pb::PushRequest header;
   Scratch& values = RequestValues();
+  absl::Cleanup trim = [&values] { TrimRequestValues(values); };  // on every path, refusals too
   absl::StatusOr<PushRequestView> view =
       ParsePush(*call, &header, &values, core_->options().tracer);
   if (!view.ok()) return Done(call, view.status());
   absl::StatusOr<PeerBudget::Hold> bytes = in_flight_.Take(PeerKey(view->rank, view->peer), view->data.size());
   if (!bytes.ok()) return Done(call, bytes.status());
   absl::StatusOr<bool> completed = core_->Push(*view);
-  TrimRequestValues(values);
   if (completed.ok()) {
     pb::PushResponse reply;
     reply.set_completed_step(*completed);
@@ -183,6 +185,7 @@ void ParameterServerService::ServePush(DataCall* call) {
 void ParameterServerService::ServeInitialize(DataCall* call) {
   pb::InitializeRequest header;
   Scratch& values = RequestValues();
+  absl::Cleanup trim = [&values] { TrimRequestValues(values); };  // on every path, refusals too
   constexpr int kDataPath[] = {pb::InitializeRequest::kDataFieldNumber};
   absl::string_view data;
   absl::Status parsed = ParseRequest(*call, kDataPath, &values, &data, &header);
@@ -197,7 +200,6 @@ void ParameterServerService::ServeInitialize(DataCall* call) {
       in_flight_.Take(PeerKey(view.rank, call->peer()), view.data.size());
   if (!bytes.ok()) return Done(call, bytes.status());
   absl::StatusOr<bool> applied = core_->Initialize(view);
-  TrimRequestValues(values);
   if (applied.ok()) {
     pb::InitializeResponse reply;
     reply.set_applied(*applied);
@@ -225,6 +227,7 @@ void ParameterServerService::ServePull(DataCall* call) {
 void ParameterServerService::ServePushPull(DataCall* call) {
   pb::PushRequest header;
   Scratch& values = RequestValues();
+  absl::Cleanup trim = [&values] { TrimRequestValues(values); };  // on every path, refusals too
   absl::StatusOr<PushRequestView> view =
       ParsePush(*call, &header, &values, core_->options().tracer);
   if (!view.ok()) return Done(call, view.status());
@@ -237,12 +240,12 @@ void ParameterServerService::ServePushPull(DataCall* call) {
   // the push is refused, and the reply carries only that status).
   core_->PushPull(*view, PullCall(core_, call, header.partition(), view->dtype.value_or(WireDType::kFloat32),
                                   {*std::move(parked), {}}));
-  TrimRequestValues(values);
 }
 
 void ParameterServerService::ServeAllReduce(DataCall* call) {
   pb::AllReduceRequest header;
   Scratch& values = RequestValues();
+  absl::Cleanup trim = [&values] { TrimRequestValues(values); };  // on every path, refusals too
   constexpr int kDataPath[] = {pb::AllReduceRequest::kTensorFieldNumber, pb::Tensor::kDataFieldNumber};
   absl::string_view data;
   absl::Status parsed = ParseRequest(*call, kDataPath, &values, &data, &header);
@@ -280,7 +283,6 @@ void ParameterServerService::ServeAllReduce(DataCall* call) {
   c.data = data;
   c.peer = peer;
   hub_->Contribute(c, std::move(answer));
-  TrimRequestValues(values);
 }
 
 }  // namespace summa::server

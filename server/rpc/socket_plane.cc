@@ -58,10 +58,11 @@ std::string PeerOf(int fd) {
 }
 
 // Writes a reply frame to `fd` within `deadline`: `status`, and `response` when it is OK, or the
-// status's details (its reason) as the body when it is not.
-// `slices` and `iov` are the caller's, kept across replies.
+// status's details (its reason) as the body when it is not and the client said it reads them
+// (`details`: its hello's kHelloRefusalDetails). `slices` and `iov` are the caller's, kept across
+// replies.
 absl::Status WriteReply(int fd, const grpc::Status& status, const grpc::ByteBuffer& response, absl::Time deadline,
-                        std::vector<grpc::Slice>& slices, std::vector<iovec>& iov) {
+                        std::vector<grpc::Slice>& slices, std::vector<iovec>& iov, bool details_ok = false) {
   const std::string& message = status.error_message();
   const uint32_t message_length =
       static_cast<uint32_t>(std::min<size_t>(message.size(), socket_plane::kMaxStatusMessageBytes));
@@ -69,7 +70,8 @@ absl::Status WriteReply(int fd, const grpc::Status& status, const grpc::ByteBuff
   header.code = static_cast<uint32_t>(status.error_code());
   header.message_length = message_length;
   const std::string& details = status.error_details();
-  const bool with_details = !status.ok() && !details.empty() && details.size() <= socket_plane::kMaxStatusMessageBytes;
+  const bool with_details =
+      details_ok && !status.ok() && !details.empty() && details.size() <= socket_plane::kMaxStatusMessageBytes;
   header.length = status.ok() && response.Valid() ? response.Length() : with_details ? details.size() : 0;
   char head[socket_plane::kHeaderBytes];
   socket_plane::EncodeReplyHeader(header, head);
@@ -259,6 +261,7 @@ class SocketPlane::Connection {
     SUMMA_RETURN_IF_ERROR(socket_plane::ReadFull(fd_.get(), fixed, sizeof(fixed), deadline, "the hello"));
     absl::StatusOr<uint32_t> length = socket_plane::DecodeHello(fixed);
     if (!length.ok()) return Refuse(length.status());
+    details_ok_ = (socket_plane::HelloFlags(fixed) & socket_plane::kHelloRefusalDetails) != 0;
     authorization_.resize(*length);
     SUMMA_RETURN_IF_ERROR(
         socket_plane::ReadFull(fd_.get(), authorization_.data(), authorization_.size(), deadline, "the hello's token"));
@@ -331,7 +334,7 @@ class SocketPlane::Connection {
   }
 
   absl::Status Reply(const grpc::Status& status, const grpc::ByteBuffer& response) {
-    return WriteReply(fd_.get(), status, response, absl::Now() + kFrameTimeout, slices_, iov_);
+    return WriteReply(fd_.get(), status, response, absl::Now() + kFrameTimeout, slices_, iov_, details_ok_);
   }
 
 
@@ -342,6 +345,7 @@ class SocketPlane::Connection {
   const std::string peer_;
   std::string authorization_;  // from the hello
   bool counted_in_hello_ = true;  // in the plane's in_hello_; the connection's thread's alone
+  bool details_ok_ = false;       // its hello's kHelloRefusalDetails: refusals carry their details
   std::vector<grpc::Slice> slices_;
   std::vector<iovec> iov_;
   std::thread thread_;

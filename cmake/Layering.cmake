@@ -65,5 +65,9 @@ endfunction()
 
 summa_forbid_link(summa_server_core "the server core is RPC-free: gRPC belongs in server/rpc"
   "gRPC::grpc\\+\\+" "gRPC::grpc\\+\\+_reflection" "gRPC::grpc" "summa_grpc_proto" "summa_rpc")
+summa_forbid_link(summa_common "common/ is below gRPC: gRPC glue belongs in common/rpc"
+  "gRPC::grpc\\+\\+" "gRPC::grpc\\+\\+_reflection" "gRPC::grpc" "summa_grpc_proto" "summa_rpc")
+summa_forbid_link(summa_checkpoint "checkpoint files are below gRPC and below the core"
+  "gRPC::grpc\\+\\+" "gRPC::grpc" "summa_grpc_proto" "summa_rpc" "summa_server_core")
 summa_forbid_link(summa_client "the client carries no linear algebra: BLAS belongs in worker/compute"
   "PkgConfig::OPENBLAS" "summa_compute" "summa_models")

@@ -50,8 +50,8 @@ ABSL_FLAG(std::string, tls_key, summa::TlsFiles().key, "PEM private key of --tls
 ABSL_FLAG(std::string, tls_ca, summa::TlsFiles().ca,
           "PEM CA: require every client to present a certificate it signed (mutual TLS)");
 ABSL_FLAG(std::string, token_file, "",
-          "file holding the bearer token members must send (Join, Push, Pull, PushPull, "
-          "Heartbeat, Leave, Initialize, AllReduce); empty: those calls are open");
+          "file holding the bearer token members must send (every call but Checkpoint and "
+          "GetStatus: server/rpc/method_roles.h); empty: those calls are open");
 ABSL_FLAG(std::string, admin_token_file, "",
           "file holding the operators' bearer token, needed for Checkpoint (and accepted for every "
           "member call); with any token set and no admin token, admin calls are refused");

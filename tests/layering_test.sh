@@ -19,9 +19,13 @@ check() {  # check <what> <extended regex of forbidden includes> <files...>
 }
 rpc_free=(common/*.h common/*.cc server/core/*.h server/core/*.cc server/checkpoint/*.h server/checkpoint/*.cc)
 check "these files are below gRPC (common/, server/core/, server/checkpoint/)" \
-  'grpcpp/|grpc/|[^"]*\.grpc\.pb\.h|common/rpc/|server/rpc/' "${rpc_free[@]}"
-check "the client links no BLAS and no worker code (client/)" \
-  'cblas\.h|worker/' client/*.h client/*.cc
+  'grpcpp/|grpc\+\+/|grpc/|[^"]*\.grpc\.pb\.h|common/rpc/|server/rpc/' "${rpc_free[@]}"
+check "the client links no BLAS and no worker or server code (client/)" \
+  'cblas\.h|worker/|server/' client/*.h client/*.cc
+check "common/ is the lowest floor: it includes nothing of the server, the client or the worker" \
+  'server/|client/|worker/' common/*.h common/*.cc common/rpc/*.h common/rpc/*.cc
+check "checkpoint files are below the core (server/checkpoint/)" \
+  'server/core/|server/rpc/' server/checkpoint/*.h server/checkpoint/*.cc
 check "the server's core knows nothing of the client or the worker" \
   'client/|worker/' "${rpc_free[@]}" server/rpc/*.h server/rpc/*.cc
 [[ $status == 0 ]] && echo "layering: the includes keep to the floors"

@@ -6,6 +6,8 @@
 // (a worker::ParameterClient finds the plane through the DataPlane RPC) are in socket_calls_test.cc
 // and ps_client_test.cc.
 #include "server/rpc/socket_plane.h"
+#include "common/rpc/grpc_status.h"
+#include "common/status_reason.h"
 #include "tests/parameter_server_peer.h"
 
 #include <cstring>
@@ -283,6 +285,51 @@ TEST_F(SocketPlaneTest, ValuesAtAnyOffsetInTheRequestAreReadAsFloats) {
 // of the first to push is answered from the other's connection thread as its push completes the
 // step, with the partition's snapshot lent to the reply. Every step's sum is applied once and
 // every reply carries its step's weights. The plane's concurrency that the TSan pass checks.
+// A refusal's reason travels in its body only to a client whose hello asked for it
+// (kHelloRefusalDetails): an older client, which sends 0 there, takes a refusal with a body for a
+// malformed reply.
+TEST_F(SocketPlaneTest, ARefusalCarriesItsReasonOnlyToAClientWhoseHelloAsksForIt) {
+  StartPlane({}, {}, /*world_size=*/2);
+  const std::string initial_bytes(16, '\0');
+  uint64_t sessions[2];
+  for (int rank : {0, 1}) {
+    JoinRequestView join;
+    join.rank = rank;
+    join.world_size = 2;
+    join.params = {{{"w", DType::kFloat32, {4}}, rank == 0 ? absl::string_view(initial_bytes) : absl::string_view()}};
+    absl::StatusOr<JoinResult> joined = core_->Join(join);
+    ASSERT_TRUE(joined.ok()) << joined.status();
+    sessions[rank] = joined->session;
+  }
+  ASSERT_TRUE(core_->Leave(1, sessions[1]).ok());  // the view moves on: rank 0's view 0 is stale
+  pb::PushRequest push;
+  push.set_rank(0);
+  push.set_session(sessions[0]);
+  push.set_view(0);
+  push.set_num_examples(1);
+  push.set_dtype(pb::DTYPE_FLOAT32);
+  push.set_data(std::string(16, '\0'));
+  for (uint32_t flags : {socket_plane::kHelloRefusalDetails, 0u}) {
+    SCOPED_TRACE(flags);
+    socket_plane::OwnedFd fd = RawConnect(plane_->port());
+    char hello[socket_plane::kHelloBytes];
+    socket_plane::EncodeHello(0, hello, flags);
+    SendBytes(fd.get(), std::string(hello, sizeof(hello)));
+    absl::StatusOr<RawReply> answer = ReadReply(fd.get());
+    ASSERT_TRUE(answer.ok()) << answer.status();
+    ASSERT_EQ(answer->header.code, 0u) << answer->message;
+    SendRequest(fd.get(), static_cast<uint32_t>(socket_plane::DataMethod::kPush), push.SerializeAsString());
+    absl::StatusOr<RawReply> refused = ReadReply(fd.get());
+    ASSERT_TRUE(refused.ok()) << refused.status();
+    EXPECT_EQ(refused->header.code, static_cast<uint32_t>(absl::StatusCode::kAborted)) << refused->message;
+    if (flags != 0) {
+      EXPECT_TRUE(IsStaleView(StatusFromDetails(absl::StatusCode::kAborted, refused->message, refused->body)));
+    } else {
+      EXPECT_TRUE(refused->body.empty());
+    }
+  }
+}
+
 TEST_F(SocketPlaneTest, WorkersInThreadsTakeExactSyncStepsThroughPushPull) {
   StartPlane({}, {}, /*world_size=*/2);
   const std::vector<float> initial = {1, 2, 3, 4};

@@ -60,9 +60,6 @@ TEST_F(MembershipTest, CheckpointRestoresWeightsVersionAndAsksMembersToRejoin) {
   std::filesystem::remove_all(dir);
 }
 
-// The group is part of the job's state (server/core/group_view.h): a checkpoint written after a
-// rank was dropped restores into a server that leaves that rank out, at the view it had reached,
-// so the next step completes with the ranks left instead of waiting for one that is gone.
 // Every rank leaves at a job's end; a checkpoint written then (the daemon's last, at SIGTERM) still
 // lets a restarted server's members join again: only dropped ranks stay out.
 TEST_F(MembershipTest, ACheckpointOfAJobWhoseRanksAllLeftRestoresIntoOneTheyCanJoin) {
@@ -92,6 +89,9 @@ TEST_F(MembershipTest, ACheckpointOfAJobWhoseRanksAllLeftRestoresIntoOneTheyCanJ
   std::filesystem::remove_all(dir);
 }
 
+// The group is part of the job's state (server/core/group_view.h): a checkpoint written after a
+// rank was dropped restores into a server that leaves that rank out, at the view it had reached,
+// so the next step completes with the ranks left instead of waiting for one that is gone.
 TEST_F(MembershipTest, ACheckpointKeepsTheGroupAndARestoredServerStepsWithoutTheDroppedRank) {
   const std::string dir =
       std::filesystem::temp_directory_path() / ("summa-ps-group-" + std::to_string(::getpid()));

@@ -102,6 +102,20 @@ class SocketPlaneFixture : public ::testing::Test {
     return sum;
   }
 
+  // Ranks 0 and 1 join the core, rank 0 with `initial` (a tensor "w" of 4 floats); their sessions.
+  void JoinTwo(const std::vector<float>& initial, uint64_t sessions[2]) {
+    const std::string initial_bytes(reinterpret_cast<const char*>(initial.data()), initial.size() * sizeof(float));
+    for (int rank : {0, 1}) {
+      JoinRequestView join;
+      join.rank = rank;
+      join.world_size = 2;
+      join.params = {{{"w", DType::kFloat32, {4}}, rank == 0 ? absl::string_view(initial_bytes) : absl::string_view()}};
+      absl::StatusOr<JoinResult> joined = core_->Join(join);
+      ASSERT_TRUE(joined.ok()) << joined.status();
+      sessions[rank] = joined->session;
+    }
+  }
+
   // A connection that has passed its hello.
   socket_plane::OwnedFd Greeted() {
     socket_plane::OwnedFd fd = RawConnect(plane_->port());
@@ -290,17 +304,8 @@ TEST_F(SocketPlaneTest, ValuesAtAnyOffsetInTheRequestAreReadAsFloats) {
 // malformed reply.
 TEST_F(SocketPlaneTest, ARefusalCarriesItsReasonOnlyToAClientWhoseHelloAsksForIt) {
   StartPlane({}, {}, /*world_size=*/2);
-  const std::string initial_bytes(16, '\0');
   uint64_t sessions[2];
-  for (int rank : {0, 1}) {
-    JoinRequestView join;
-    join.rank = rank;
-    join.world_size = 2;
-    join.params = {{{"w", DType::kFloat32, {4}}, rank == 0 ? absl::string_view(initial_bytes) : absl::string_view()}};
-    absl::StatusOr<JoinResult> joined = core_->Join(join);
-    ASSERT_TRUE(joined.ok()) << joined.status();
-    sessions[rank] = joined->session;
-  }
+  ASSERT_NO_FATAL_FAILURE(JoinTwo(std::vector<float>(4, 0.0f), sessions));
   ASSERT_TRUE(core_->Leave(1, sessions[1]).ok());  // the view moves on: rank 0's view 0 is stale
   pb::PushRequest push;
   push.set_rank(0);
@@ -333,17 +338,8 @@ TEST_F(SocketPlaneTest, ARefusalCarriesItsReasonOnlyToAClientWhoseHelloAsksForIt
 TEST_F(SocketPlaneTest, WorkersInThreadsTakeExactSyncStepsThroughPushPull) {
   StartPlane({}, {}, /*world_size=*/2);
   const std::vector<float> initial = {1, 2, 3, 4};
-  const std::string initial_bytes(reinterpret_cast<const char*>(initial.data()), 16);
   uint64_t sessions[2];
-  for (int rank : {0, 1}) {
-    JoinRequestView join;
-    join.rank = rank;
-    join.world_size = 2;
-    join.params = {{{"w", DType::kFloat32, {4}}, rank == 0 ? absl::string_view(initial_bytes) : absl::string_view()}};
-    absl::StatusOr<JoinResult> joined = core_->Join(join);
-    ASSERT_TRUE(joined.ok()) << joined.status();
-    sessions[rank] = joined->session;
-  }
+  ASSERT_NO_FATAL_FAILURE(JoinTwo(initial, sessions));
   constexpr uint64_t kSteps = 20;
   auto worker = [&](int rank) {
     worker::SocketCalls calls({{"127.0.0.1", plane_->port()}}, "");

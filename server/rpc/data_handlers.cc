@@ -8,7 +8,6 @@
 #include <cstring>
 #include <memory>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/rpc/grpc_status.h"
 #include "common/rpc/wire.h"
@@ -23,7 +22,7 @@ namespace {
 namespace pb = ::summa::v1;
 
 // What the data path's threads keep in their request buffers between calls: at most
-// kKeepRequestBytes a thread (TrimRequestValues), counted here for GetStatus.
+// kKeepRequestBytes a thread (RequestValues), counted here for GetStatus.
 constexpr size_t kKeepRequestBytes = 16 << 20;
 std::atomic<int64_t> request_buffer_bytes{0};
 
@@ -37,11 +36,27 @@ thread_local ThreadValues thread_values;
 
 // The values of a request, read once out of gRPC's receive slices into this thread's buffer
 // (its capacity kept across calls, so a step allocates nothing). Valid until the handler
-// returns, which is all the core needs: it sums or applies pushed values before returning.
-Scratch& RequestValues() {
-  thread_values.scratch.Clear();
-  return thread_values.scratch;
-}
+// returns, which is all the core needs: it sums or applies pushed values before returning. When
+// the handler is done, on every path (refusals too), a buffer that an unusually large request
+// grew (a whole tensor sent in one piece) is given back, and what the thread keeps is counted.
+class RequestValues {
+ public:
+  RequestValues() { thread_values.scratch.Clear(); }
+  ~RequestValues() {
+    Scratch& values = thread_values.scratch;
+    if (values.capacity() > kKeepRequestBytes) values.Release();
+    if (values.capacity() != thread_values.counted) {
+      request_buffer_bytes.fetch_add(
+          static_cast<int64_t>(values.capacity()) - static_cast<int64_t>(thread_values.counted),
+          std::memory_order_relaxed);
+      thread_values.counted = values.capacity();
+    }
+  }
+  RequestValues(const RequestValues&) = delete;
+  RequestValues& operator=(const RequestValues&) = delete;
+
+  Scratch& scratch() { return thread_values.scratch; }
+};
 
 // Parses `call`'s request into `header`, the values at `path` into `*view`, on a 4-byte boundary
 // (the core reads them as floats): read in place where the request is one piece of memory (the
@@ -65,17 +80,6 @@ absl::Status ParseRequest(DataCall& call, absl::Span<const int> path, Scratch* v
   absl::Status parsed = ParseWithBytes(call.request(), path, IntoScratch(values), header);
   *view = values->view();
   return parsed;
-}
-
-// Gives back a buffer that an unusually large request grew (a whole tensor sent in one piece), and
-// counts what the thread keeps.
-void TrimRequestValues(Scratch& values) {
-  if (values.capacity() > kKeepRequestBytes) values.Release();
-  if (&values == &thread_values.scratch && values.capacity() != thread_values.counted) {
-    request_buffer_bytes.fetch_add(static_cast<int64_t>(values.capacity()) - static_cast<int64_t>(thread_values.counted),
-                                   std::memory_order_relaxed);
-    thread_values.counted = values.capacity();
-  }
 }
 
 // The snapshot's bytes in `dtype` as a slice that gRPC sends without a copy, holding a reference
@@ -166,8 +170,8 @@ void ParameterServerService::ServeData(DataMethod method, DataCall* call) {
 
 void ParameterServerService::ServePush(DataCall* call) {
   pb::PushRequest header;
-  Scratch& values = RequestValues();
-  absl::Cleanup trim = [&values] { TrimRequestValues(values); };  // on every path, refusals too
+  RequestValues request_values;  // given back and counted when the handler returns
+  Scratch& values = request_values.scratch();
   absl::StatusOr<PushRequestView> view =
       ParsePush(*call, &header, &values, core_->options().tracer);
   if (!view.ok()) return Done(call, view.status());
@@ -184,8 +188,8 @@ void ParameterServerService::ServePush(DataCall* call) {
 
 void ParameterServerService::ServeInitialize(DataCall* call) {
   pb::InitializeRequest header;
-  Scratch& values = RequestValues();
-  absl::Cleanup trim = [&values] { TrimRequestValues(values); };  // on every path, refusals too
+  RequestValues request_values;  // given back and counted when the handler returns
+  Scratch& values = request_values.scratch();
   constexpr int kDataPath[] = {pb::InitializeRequest::kDataFieldNumber};
   absl::string_view data;
   absl::Status parsed = ParseRequest(*call, kDataPath, &values, &data, &header);
@@ -226,8 +230,8 @@ void ParameterServerService::ServePull(DataCall* call) {
 
 void ParameterServerService::ServePushPull(DataCall* call) {
   pb::PushRequest header;
-  Scratch& values = RequestValues();
-  absl::Cleanup trim = [&values] { TrimRequestValues(values); };  // on every path, refusals too
+  RequestValues request_values;  // given back and counted when the handler returns
+  Scratch& values = request_values.scratch();
   absl::StatusOr<PushRequestView> view =
       ParsePush(*call, &header, &values, core_->options().tracer);
   if (!view.ok()) return Done(call, view.status());
@@ -244,8 +248,8 @@ void ParameterServerService::ServePushPull(DataCall* call) {
 
 void ParameterServerService::ServeAllReduce(DataCall* call) {
   pb::AllReduceRequest header;
-  Scratch& values = RequestValues();
-  absl::Cleanup trim = [&values] { TrimRequestValues(values); };  // on every path, refusals too
+  RequestValues request_values;  // given back and counted when the handler returns
+  Scratch& values = request_values.scratch();
   constexpr int kDataPath[] = {pb::AllReduceRequest::kTensorFieldNumber, pb::Tensor::kDataFieldNumber};
   absl::string_view data;
   absl::Status parsed = ParseRequest(*call, kDataPath, &values, &data, &header);

@@ -25,8 +25,14 @@ class DataTransport {
   // call `tag` starts again. A tag is started again only after it ended.
   virtual void Start(size_t tag, int shard, DataMethod method, const grpc::ByteBuffer* request,
                      grpc::ByteBuffer* reply, absl::Time deadline) = 0;
-  // Waits for the next call to end: its tag and status. False when none is in flight.
+  // Waits for the next call to end: its tag and status. False when none is in flight. True
+  // with *tag == kWoken when Wake was called since the last Next returned (the caller has other
+  // work: calls to start); a caller that never wakes it skips such a tag.
   virtual bool Next(size_t* tag, absl::Status* status) = 0;
+  static constexpr size_t kWoken = ~size_t{0};
+  // Makes a Next in progress, or the next one, return kWoken. Thread-safe: the one method
+  // another thread may call.
+  virtual void Wake() = 0;
 
   // Whether it is the socket data plane.
   virtual bool socket_plane() const = 0;

@@ -35,11 +35,26 @@ void GrpcTransport::Start(size_t tag, int shard, DataMethod method, const grpc::
   ++in_flight_;
 }
 
+namespace {
+// The alarm's tag on the queue: no call's (calls' tags are their indexes).
+void* const kWakeTag = reinterpret_cast<void*>(DataTransport::kWoken);
+}  // namespace
+
+void GrpcTransport::Wake() {
+  if (!wake_set_.exchange(true)) wake_.Set(&queue_, gpr_now(GPR_CLOCK_MONOTONIC), kWakeTag);
+}
+
 bool GrpcTransport::Next(size_t* tag, absl::Status* status) {
   if (in_flight_ == 0) return false;
   void* t;
   bool ok;
   if (!queue_.Next(&t, &ok)) return false;
+  if (t == kWakeTag) {
+    wake_set_ = false;
+    *tag = kWoken;
+    *status = absl::OkStatus();
+    return true;
+  }
   --in_flight_;
   *tag = reinterpret_cast<size_t>(t);
   *status = FromGrpcStatus(calls_[*tag].status);

@@ -6,7 +6,10 @@
 #define SUMMA_CLIENT_GRPC_TRANSPORT_H_
 
 #include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/alarm.h>
 #include <grpcpp/grpcpp.h>
+
+#include <atomic>
 
 #include <deque>
 #include <memory>
@@ -28,6 +31,7 @@ class GrpcTransport final : public DataTransport {
   void Start(size_t tag, int shard, DataMethod method, const grpc::ByteBuffer* request, grpc::ByteBuffer* reply,
              absl::Time deadline) override;
   bool Next(size_t* tag, absl::Status* status) override;
+  void Wake() override;
   bool socket_plane() const override { return false; }
 
  private:
@@ -45,6 +49,9 @@ class GrpcTransport final : public DataTransport {
   std::deque<Call> calls_;
   std::vector<size_t> next_channel_;  // per shard
   size_t in_flight_ = 0;
+  // Wake sets the alarm to fire on queue_ at once, unless it is set already.
+  grpc::Alarm wake_;
+  std::atomic<bool> wake_set_{false};
 };
 
 }  // namespace summa::worker

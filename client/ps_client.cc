@@ -157,6 +157,7 @@ absl::Status ParameterClient::ForEach(size_t n, absl::FunctionRef<CallSpec(size_
     absl::Status st;
     // Every call has a deadline, so every call comes back.
     if (!transport_->Next(&i, &st)) return absl::InternalError("the client lost track of its calls in flight");
+    if (i == DataTransport::kWoken) continue;  // a wake meant for a staged step's thread
     if (tracer_ != nullptr) tracer_->Complete(trace_name, "client", call_begun_[i], absl::Now(), static_cast<int64_t>(i));
     if (!st.ok()) {
       if (again != nullptr && again(i, &st)) {
@@ -228,6 +229,15 @@ absl::Status ParameterClient::DecodePull(size_t i, float* weights) {
   return absl::OkStatus();
 }
 
+absl::Status ParameterClient::DecodePushPull(size_t i, uint64_t step, float* weights) {
+  SUMMA_RETURN_IF_ERROR(DecodePull(i, weights));
+  if (mode_ == pb::MODE_SYNC && pull_headers_[i].version() != step + 1) {
+    return absl::InternalError(absl::StrCat("asked for version ", step + 1, " of partition ", partitions_[i].id,
+                                            ", got ", pull_headers_[i].version()));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<uint64_t> ParameterClient::PullAll(uint64_t min_version, float* weights) {
   if (rank_ < 0) return absl::FailedPreconditionError("PullAll before Join");
   SUMMA_RETURN_IF_ERROR(ForEachPartition([&](size_t i) -> CallSpec {
@@ -258,7 +268,6 @@ void ParameterClient::EncodePush(size_t i, uint64_t step, int64_t num_examples, 
 
 absl::Status ParameterClient::SendPushes(DataMethod method, const char* trace_name, uint64_t step,
                                         int64_t num_examples, const float* gradients) {
-  constexpr int kRefreshes = 3;  // per partition and step
   std::vector<int> refreshes(partitions_.size(), 0);
   return ForEachPartition(
       [&](size_t i) -> CallSpec {
@@ -266,30 +275,32 @@ absl::Status ParameterClient::SendPushes(DataMethod method, const char* trace_na
         return {method, &requests_[i], &replies_[i]};
       },
       trace_name,
-      [&](size_t i, absl::Status* refused) {
-        if (!RefusedForStaleView(*refused)) return false;
-        if (++refreshes[i] > kRefreshes) {
-          *refused = absl::UnavailableError(absl::StrCat(refused->message(), " (still stale after ", kRefreshes,
-                                                         " refreshes: joining again)"));
-          return false;
-        }
-        Shard& shard = *shards_[shard_of_[i]];
-        // Another refused push to this shard refreshed the view since this one was stamped.
-        if (shard.view != push_headers_[i].view()) return true;
-        pb::HeartbeatResponse heard;
-        if (absl::Status asked = CallShard(shard, rank_, absl::Seconds(5), &pb::ParameterServer::Stub::Heartbeat, &heard);
-            !asked.ok()) {
-          *refused = std::move(asked);
-          return false;
-        }
-        if (heard.view() != shard.view) {
-          SUMMA_LOG(INFO) << "shard " << shard_of_[i] << " is at membership view " << heard.view()
-                          << " (this worker had " << shard.view.load() << "); pushing step " << step
-                          << " to it again";
-        }
-        shard.view = heard.view();
-        return true;
-      });
+      [&](size_t i, absl::Status* refused) { return RetryRefusedPush(i, step, &refreshes[i], refused); });
+}
+
+bool ParameterClient::RetryRefusedPush(size_t i, uint64_t step, int* refreshes, absl::Status* refused) {
+  constexpr int kRefreshes = 3;  // per partition and step
+  if (!RefusedForStaleView(*refused)) return false;
+  if (++*refreshes > kRefreshes) {
+    *refused = absl::UnavailableError(absl::StrCat(refused->message(), " (still stale after ", kRefreshes,
+                                                   " refreshes: joining again)"));
+    return false;
+  }
+  Shard& shard = *shards_[shard_of_[i]];
+  // Another refused push to this shard refreshed the view since this one was stamped.
+  if (shard.view != push_headers_[i].view()) return true;
+  pb::HeartbeatResponse heard;
+  if (absl::Status asked = CallShard(shard, rank_, absl::Seconds(5), &pb::ParameterServer::Stub::Heartbeat, &heard);
+      !asked.ok()) {
+    *refused = std::move(asked);
+    return false;
+  }
+  if (heard.view() != shard.view) {
+    SUMMA_LOG(INFO) << "shard " << shard_of_[i] << " is at membership view " << heard.view()
+                    << " (this worker had " << shard.view.load() << "); pushing step " << step << " to it again";
+  }
+  shard.view = heard.view();
+  return true;
 }
 
 absl::Status ParameterClient::PushPull(uint64_t step, int64_t num_examples, const float* gradients,
@@ -297,13 +308,7 @@ absl::Status ParameterClient::PushPull(uint64_t step, int64_t num_examples, cons
   if (rank_ < 0) return absl::FailedPreconditionError("PushPull before Join");
   encoder_.Encode(step, num_examples, gradients);
   SUMMA_RETURN_IF_ERROR(SendPushes(DataMethod::kPushPull, "pushpull", step, num_examples, gradients));
-  for (size_t i = 0; i < partitions_.size(); ++i) {
-    SUMMA_RETURN_IF_ERROR(DecodePull(i, weights));
-    if (mode_ == pb::MODE_SYNC && pull_headers_[i].version() != step + 1) {
-      return absl::InternalError(absl::StrCat("asked for version ", step + 1, " of partition ",
-                                              partitions_[i].id, ", got ", pull_headers_[i].version()));
-    }
-  }
+  for (size_t i = 0; i < partitions_.size(); ++i) SUMMA_RETURN_IF_ERROR(DecodePushPull(i, step, weights));
   if (live_ranks != nullptr && !pull_headers_.empty()) {
     live_ranks->assign(pull_headers_[0].live_ranks().begin(), pull_headers_[0].live_ranks().end());
   }

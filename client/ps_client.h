@@ -104,6 +104,29 @@ class ParameterClient final : public ParameterStore {
   static AllReducePlan PlanAllReduce(int64_t floats, int shards, bool members);
   static constexpr int64_t kMinSpreadChunkBytes = 256 << 10;
 
+  // A step exchanged partition by partition, overlapping the caller's compute (StepExchange,
+  // client/step_exchange.h, drives it from a thread of its own). BeginStaged readies step `step`
+  // (no call yet): `gradients` and `weights` stay alive until every staged call has ended, and
+  // partition i's gradients unchanged from StartStaged(i) until its call ends. StartStaged(i)
+  // push-pulls partition i; NextStaged collects the calls as they end, each partition's new
+  // weights written into `weights` before it is handed back. A push refused for a stale view
+  // goes again as in PushPull. In a job whose pushes are encoded (--wire_dtype, --compress), the
+  // whole gradient is encoded at once: StartStaged only marks partitions until the last, then
+  // starts them all. Not thread-safe, except WakeStaged.
+  absl::Status BeginStaged(uint64_t step, int64_t num_examples, const float* gradients, float* weights);
+  void StartStaged(size_t i);
+  // Waits for the next staged call to end: true with its partition and outcome (OK once its
+  // weights are in). False when none is in flight, or when WakeStaged was called.
+  bool NextStaged(size_t* partition, absl::Status* status);
+  // Makes a NextStaged in progress (or the next) return false. Thread-safe, but only between
+  // BeginStaged and the end of the step's calls.
+  void WakeStaged() { transport_->Wake(); }
+  size_t staged_in_flight() const { return staged_in_flight_; }
+  // The group the last staged reply named (the step's live ranks).
+  const std::vector<int>& staged_live_ranks() const { return staged_live_ranks_; }
+  // Where the server cut the model (after Join), in offset order.
+  const std::vector<PartitionRange>& partitions() const { return partitions_; }
+
   // Records every partition's push-pull (from its start to its reply) when not null. Not owned;
   // outlives the client.
   void set_tracer(Tracer* tracer) { tracer_ = tracer; }
@@ -179,10 +202,15 @@ class ParameterClient final : public ParameterStore {
   // a partition's pushes take at most 4 call deadlines and 3 Heartbeats' 5 s.
   absl::Status SendPushes(DataMethod method, const char* trace_name, uint64_t step, int64_t num_examples,
                           const float* gradients);
+  // Whether a push of `step` to partition i refused with `*refused` goes again (refreshing the
+  // shard's view from a Heartbeat; `*refreshes` counts them); false with `*refused` the error.
+  bool RetryRefusedPush(size_t i, uint64_t step, int* refreshes, absl::Status* refused);
   // Partition i's push: its header, then its slice of `gradients`, sent without a copy.
   void EncodePush(size_t i, uint64_t step, int64_t num_examples, const float* gradients);
   // Reads partition i's pull reply: the header into pull_headers_[i], the values into `weights`.
   absl::Status DecodePull(size_t i, float* weights);
+  // DecodePull of a push-pull of `step`: in sync mode the reply must be version step + 1.
+  absl::Status DecodePushPull(size_t i, uint64_t step, float* weights);
   // Sets up the wire format the server asked for at a Join that resumes this rank at
   // `next_step` (see PushEncoder::Rejoined for top-k's residuals).
   void SetWireFormat(WireDType dtype, Compression compression, uint64_t next_step);
@@ -215,6 +243,18 @@ class ParameterClient final : public ParameterStore {
   PushEncoder encoder_;
   std::vector<std::vector<uint16_t>> pulled_;
   Tracer* tracer_ = nullptr;
+  // The staged step (BeginStaged).
+  struct Staged {
+    uint64_t step = 0;
+    int64_t num_examples = 0;
+    const float* gradients = nullptr;
+    float* weights = nullptr;
+    std::vector<int> refreshes;  // per partition
+    std::vector<bool> marked;    // encoded pushes: partitions StartStaged named, not yet started
+    size_t unmarked = 0;
+  } staged_;
+  size_t staged_in_flight_ = 0;
+  std::vector<int> staged_live_ranks_;
 };
 
 }  // namespace summa::worker

@@ -1,7 +1,9 @@
 #include "client/socket_calls.h"
 
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -36,7 +38,14 @@ struct SocketCalls::Connection {
 SocketCalls::SocketCalls(std::vector<Endpoint> shards, std::string authorization)
     : shards_(std::move(shards)),
       authorization_(std::move(authorization)),
-      caps_(shards_.size(), kMaxConnectionsPerShard) {}
+      caps_(shards_.size(), kMaxConnectionsPerShard),
+      wake_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
+
+void SocketCalls::Wake() {
+  const uint64_t one = 1;
+  // A full counter (never, in practice) is already a pending wake.
+  [[maybe_unused]] const ssize_t n = ::write(wake_.get(), &one, sizeof(one));
+}
 
 SocketCalls::~SocketCalls() = default;
 
@@ -268,13 +277,19 @@ bool SocketCalls::Next(size_t* tag, absl::Status* status) {
       deadline = std::min(deadline, calls_[c->tag].deadline);
     }
     for (size_t t : waiting_) deadline = std::min(deadline, calls_[t].deadline);
+    fds.push_back({wake_.get(), POLLIN, 0});  // last, with no connection in polled
     int timeout = -1;
     if (deadline != absl::InfiniteFuture()) {
       timeout = static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(deadline - absl::Now()) + 1, 0, 1 << 30));
     }
     const int ready = ::poll(fds.data(), fds.size(), timeout);
+    bool woken = false;
+    if (ready > 0 && fds.back().revents != 0) {
+      uint64_t count;
+      woken = ::read(wake_.get(), &count, sizeof(count)) == sizeof(count);
+    }
     if (ready > 0) {
-      for (size_t k = 0; k < fds.size(); ++k) {
+      for (size_t k = 0; k < polled.size(); ++k) {
         Connection& c = *polled[k];
         if (fds[k].revents == 0 || !c.busy) continue;
         if (c.stage == Connection::Stage::kSend && (fds[k].revents & POLLIN)) {
@@ -301,6 +316,11 @@ bool SocketCalls::Next(size_t* tag, absl::Status* status) {
       } else {
         waiting_.push_back(t);
       }
+    }
+    if (woken && ended_.empty()) {
+      *tag = kWoken;
+      *status = absl::OkStatus();
+      return true;
     }
   }
 }

@@ -52,6 +52,7 @@ class SocketCalls final : public DataTransport {
              absl::Time deadline) override;
   // Waits for the next call to end; false when none is in flight.
   bool Next(size_t* tag, absl::Status* status) override;
+  void Wake() override;
   bool socket_plane() const override { return true; }
 
   // True once a connection could not be opened (the plane moved or went away, as when its
@@ -91,6 +92,8 @@ class SocketCalls final : public DataTransport {
   std::vector<int> caps_;
   size_t in_flight_ = 0;
   bool lost_ = false;
+  // An eventfd Next polls beside the connections: Wake writes it.
+  socket_plane::OwnedFd wake_;
 };
 
 }  // namespace summa::worker

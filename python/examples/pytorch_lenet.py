@@ -72,15 +72,16 @@ class LocalSGD:
 
     def __init__(self, model, lr):
         self.params, self.lr, self.next_step, self.live_ranks = list(model.parameters()), lr, 0, [0]
+        self.num_examples = 1
 
     def zero_grad(self):
         for p in self.params:
             p.grad = None
 
     @torch.no_grad()
-    def step(self, num_examples):
+    def step(self):
         for p in self.params:
-            p -= self.lr * p.grad / num_examples
+            p -= self.lr * p.grad / self.num_examples
         self.next_step += 1
 
 
@@ -105,6 +106,9 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--data_dir", default="/usr/share/datasets/fashion-mnist")
     ap.add_argument("--dump_weights", default=None, help="write the final flat weights (.npy)")
+    ap.add_argument("--no_overlap", action="store_true",
+                    help="exchange the whole gradient after backward instead of overlapping it with "
+                         "backward and the next forward")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -118,13 +122,13 @@ def main():
         summa.init(args.server, rank=args.rank, world_size=args.world_size, token=token,  # Summa 1/3
                    tls=args.tls_ca)
         if args.optimizer == "ps":
-            opt = summa.ParameterServerOptimizer(model.named_parameters())  # Summa 2/3
+            opt = summa.ParameterServerOptimizer(model, overlap=not args.no_overlap)  # Summa 2/3
         else:
             summa.broadcast_parameters(model, root_rank=0)
             # SGD on the summed gradient at lr / batch: the seed's update (a short last batch
             # takes a slightly smaller step than the seed's).
             opt = summa.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr / args.batch_size),
-                                             model, op="sum")
+                                             model, op="sum", overlap=not args.no_overlap)
         world, rank = summa.world_size(), summa.rank()
 
     n, batch = len(y_train), args.batch_size
@@ -147,12 +151,10 @@ def main():
             me, members = opt.live_ranks.index(rank), len(opt.live_ranks)  # split_batch over the live
             lo, hi = me * size // members, (me + 1) * size // members
             opt.zero_grad()
+            opt.num_examples = hi - lo  # the examples behind this gradient (its pushes start in backward)
             loss = F.cross_entropy(model(x_train[idx[lo:hi]]), y_train[idx[lo:hi]], reduction="sum")
             loss.backward()
-            if args.optimizer == "distributed" and not args.reference:
-                opt.step()
-            else:
-                opt.step(hi - lo)  # Summa 3/3 (the examples behind this gradient)
+            opt.step()  # Summa 3/3
             loss_sum += loss.item()
             seen += hi - lo
             if opt.next_step != epoch * steps_per_epoch + b + 1:
@@ -165,6 +167,8 @@ def main():
             print(f"epoch {epoch + 1}/{args.epochs}: loss {loss_sum / max(1, seen):.3f} (rank 0's shard), "
                   f"test acc {acc:.3f}, {seconds:.1f} sec/epoch, {world} processes", flush=True)
     if args.dump_weights:
+        if hasattr(opt, "synchronize"):
+            opt.synchronize()  # the last step's weights may still be arriving
         np.save(args.dump_weights, torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy())
     if rank == 0 and epochs:
         print("RESULT " + json.dumps({"sec_per_epoch": sum(e["seconds"] for e in epochs) / len(epochs),

@@ -1,9 +1,12 @@
-"""Client: one process's connection to summa-server, the Python twin of client/ps_client.cc.
+"""Client: one process's connection to summa-server.
 
-Joins (retrying while the server is not up, the model not yet defined, or the join rate is
-exceeded), sends the initial values partition by partition, heartbeats on a thread at a third of
-the lease, and moves the flat gradient and weight buffers a partition per call, every partition
-in flight at once. The data path is raw (summa/_wire.py): one copy per direction in Python.
+Backed by the C++ client (summa._native, client/ps_client.h through pybind11) wherever the
+extension was built: the socket data plane with gRPC as the fallback, tokens and TLS, shards,
+the job's wire format, leases renewed on a C++ thread, buffers crossing without a copy and the
+GIL released while it waits, and the overlapped step (begin/ready/wait/finish). Where the
+extension could not be built (no pybind11-dev), or with native=False, the same calls go
+through grpcio (the data path raw, summa/_wire.py: one copy per direction in Python; no
+overlap, no shards). status() is a control call and always goes through grpcio.
 Thread-safe only for the heartbeat thread it runs itself; one training thread calls the rest.
 """
 import collections
@@ -15,11 +18,18 @@ import grpc
 import numpy as np
 
 from . import _wire
-from .errors import SummaError, from_rpc, refused_for_join_rate
+from .errors import SummaError, from_native, from_rpc, refused_for_join_rate
 from .v1 import summa_pb2 as pb
 from .v1 import summa_pb2_grpc as pb_grpc
 
 log = logging.getLogger("summa")
+
+try:
+    from . import _native
+    NATIVE_IMPORT_ERROR = None
+except ImportError as e:  # built without pybind11: the grpcio client
+    _native = None
+    NATIVE_IMPORT_ERROR = e
 
 _SERVICE = "/summa.v1.ParameterServer/"
 # Tensors over this go to AllReduce in chunks, each a collective named "<name>/<k>of<n>",
@@ -60,7 +70,10 @@ class Client:
     counted from the last good step."""
 
     def __init__(self, server, rank=-1, world_size=1, token=None, tls=None, call_timeout=660.0,
-                 join_timeout=120.0, retry_timeout=300.0):
+                 join_timeout=120.0, retry_timeout=300.0, data_plane="auto", channels=1, native=None):
+        """`data_plane`: "auto" (the socket plane where the server offers one), "grpc" or "socket"
+        (summa-worker --data_plane); `channels`: TCP connections per shard for gRPC. `native`:
+        None uses the C++ client where it was built, True requires it, False takes grpcio."""
         self.server = server
         self.rank = rank
         self.world_size = world_size
@@ -69,13 +82,29 @@ class Client:
         self.retry_timeout = retry_timeout
         self.session = 0
         self.joined = None
+        if native is None:
+            native = _native is not None and tls is not True
+        if native and _native is None:
+            raise ImportError(f"summa: the C++ client (summa._native) is not built: {NATIVE_IMPORT_ERROR}")
+        if native and tls is True:
+            raise ValueError("summa: the C++ client needs the CA file to trust (tls=ca_path); tls=True "
+                             "(the system roots) is the grpcio client's (native=False)")
+        self.native = None
+        if native:
+            files = TLS(ca=tls) if isinstance(tls, str) else (tls or TLS())
+            try:
+                self.native = _native.Client(server, float(call_timeout), float(join_timeout), token or "",
+                                             files.ca or "", files.cert or "", files.key or "",
+                                             data_plane, int(channels))
+            except _native.NativeError as e:
+                raise from_native(e, "client") from None
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         # The server enforces its own --max_message_bytes; this side takes what it is sent.
         options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
         if tls:
-            self._channel = grpc.secure_channel(server, _credentials(tls), options)
+            self._channel = grpc.secure_channel(server.split(",")[0], _credentials(tls), options)
         else:
-            self._channel = grpc.insecure_channel(server, options)
+            self._channel = grpc.insecure_channel(server.split(",")[0], options)
         self._stub = pb_grpc.ParameterServerStub(self._channel)
         raw = lambda m: self._channel.unary_unary(_SERVICE + m)  # bytes in, bytes out
         self._push_pull = raw("PushPull")
@@ -103,6 +132,8 @@ class Client:
         """Joins as self.rank with the model `specs` ([(name, shape)], float32, in the flat order).
         `initial` (a float32 array of every value, or None) is sent partition by partition when
         the server asks for it (the first joiner of a model). Returns Joined."""
+        if self.native is not None:
+            return self._join_native(specs, initial)
         request = pb.JoinRequest(rank=self.rank, world_size=self.world_size,
                                  values_follow=initial is not None)
         total = 0
@@ -162,6 +193,25 @@ class Client:
         self._start_heartbeat(response.lease_seconds)
         return self.joined
 
+    def _join_native(self, specs, initial):
+        try:
+            j = self.native.join(self.rank, self.world_size, [(n, list(s)) for n, s in specs],
+                                 None if initial is None else np.ascontiguousarray(initial, np.float32))
+        except _native.NativeError as e:
+            raise from_native(e, f"join {self.server} as rank {self.rank}") from None
+        self.rank = j["rank"]
+        self._specs = specs
+        self.joined = Joined(j["rank"], self.world_size, j["mode"], j["version"], j["next_step"],
+                             [Partition(*p) for p in j["partitions"]], list(j["live_ranks"]),
+                             j["lease_seconds"], j["staleness"])
+        return self.joined
+
+    def _native_call(self, what, fn, *args):
+        try:
+            return fn(*args)
+        except _native.NativeError as e:
+            raise from_native(e, what) from None
+
     def _send_initial_values(self, initial):
         parts = self.joined.partitions
         for first in range(0, len(parts), _INITIALIZE_WINDOW):
@@ -207,12 +257,17 @@ class Client:
     def leave(self):
         """Leaves the group for good (the others go on without this rank)."""
         self._stop_heartbeat()
+        if self.joined is not None and self.native is not None:
+            self._native_call("Leave", self.native.leave, self.rank)
+            self.joined = None
         if self.joined is not None:
             self._call(self._stub.Leave, pb.LeaveRequest(rank=self.rank, session=self.session), "Leave", 10)
             self.joined = None
 
     def close(self):
         self._stop_heartbeat()
+        if self.native is not None:
+            self.native.close()
         self._channel.close()
 
     # --- the data path -------------------------------------------------------------------------
@@ -248,6 +303,8 @@ class Client:
         """Every partition at version >= min_version into `weights` (float32, the whole model).
         Returns the lowest version pulled."""
         self._require_join("pull")
+        if self.native is not None:
+            return self._native_call("pull", self.native.pull, min_version, weights)
         headers = self._decode_pulls(self._each_partition(
             self._pull, lambda p: pb.PullRequest(rank=self.rank, session=self.session, partition=p.id,
                                                  min_version=min_version).SerializeToString(),
@@ -259,6 +316,9 @@ class Client:
         `step` and writes the weights the server answers with into `weights`; in sync mode those
         are version step + 1. Returns the live ranks the server reports."""
         self._require_join("push_pull")
+        if self.native is not None:
+            return self._native_call(f"push-pull of step {step}", self.native.push_pull, step,
+                                     int(num_examples), gradients, weights)
 
         def encode(p):
             header = pb.PushRequest(rank=self.rank, session=self.session, step=step, partition=p.id,
@@ -287,6 +347,9 @@ class Client:
             raise SummaError(grpc.StatusCode.FAILED_PRECONDITION,
                              "allreduce needs this process's rank: pass rank= to summa.init, set "
                              "$RANK, or join first", f"allreduce '{name}'")
+        if self.native is not None:
+            return self._native_call(f"allreduce '{name}'", self.native.allreduce, values, out_flat,
+                                     name, int(group_size), int(rank), bool(members), int(round))
         total = values.size
         chunk = ALLREDUCE_CHUNK_BYTES // 4
         n = max(1, -(-total // chunk))
@@ -319,6 +382,47 @@ class Client:
                 raise SummaError(grpc.StatusCode.DATA_LOSS, "came back without values",
                                  f"allreduce '{chunk_name}'")
             out_flat[begin:end] = _wire.floats(data, end - begin, f"allreduce '{chunk_name}'")
+
+    # --- the overlapped step (the C++ client only) ----------------------------------------------
+
+    @property
+    def overlaps(self):
+        """Whether begin/ready/wait/finish are there (the C++ client)."""
+        return self.native is not None
+
+    @property
+    def on_socket_plane(self):
+        return self.native is not None and self.native.on_socket_plane
+
+    def begin(self, step, num_examples, gradients, weights):
+        """Starts `step`'s exchange, partition by partition as ready() names them; `gradients` and
+        `weights` (the flat float32 buffers) are held until finish()."""
+        self._require_join("begin")
+        self._native_call(f"begin step {step}", self.native.begin, step, int(num_examples), gradients, weights)
+
+    def ready(self, partition):
+        """Partition `partition`'s gradients are final: its push-pull starts now."""
+        self.native.ready(partition)
+
+    def ready_all(self):
+        self.native.ready_all()
+
+    def wait(self, partition):
+        """Until partition `partition`'s new weights are in `weights` (SummaError if the step failed)."""
+        self._native_call(f"partition {partition}", self.native.wait, partition)
+
+    def finish(self):
+        """Ends the step (every call ended); its live ranks."""
+        return self._native_call("the overlapped step", self.native.finish)
+
+    @property
+    def step_active(self):
+        return self.native is not None and self.native.active
+
+    def timeline(self):
+        """Per partition of the last overlapped step: (ready_ns, start_ns, end_ns), time.monotonic_ns()
+        clock, -1 where it did not happen."""
+        return self.native.timeline() if self.native is not None else []
 
     def _require_join(self, what):
         if self.joined is None:

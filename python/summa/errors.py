@@ -67,3 +67,13 @@ def from_rpc(error, what):
             message += " (summa-server --max_message_bytes)"
         return SummaError(error.code(), message, what, reason_of(error))
     return SummaError(grpc.StatusCode.UNKNOWN, str(error), what)
+
+
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def from_native(error, what):
+    """The SummaError for summa._native.NativeError(code, message, reason) (the C++ client's
+    absl status: the same code numbers as gRPC's)."""
+    code, message, reason = error.args
+    return SummaError(_CODES.get(code, grpc.StatusCode.UNKNOWN), message, what, reason)

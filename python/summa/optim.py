@@ -3,11 +3,26 @@
 ParameterServerOptimizer: the server owns the weights and the optimizer. The model's parameters
 become views of one flat float32 buffer (and their .grad views of another), laid out in the
 order the server partitions them, so a step pushes and pulls with no gathering or scattering.
+Given the model, it overlaps the exchange with the compute: each partition's push-pull starts as
+soon as backward has finished its gradients (a hook on each parameter's gradient accumulator, the
+last layers' first: DDP's buckets, which here are the server's partitions), and each module's
+forward waits, in a pre-hook, only for its own parameters' new weights (ByteScheduler's idea), so
+the next forward starts while the last partitions are still in flight.
 
-DistributedOptimizer (Horovod's shape): the gradients are summed through the AllReduce RPC,
-then the wrapped torch optimizer steps locally.
+DistributedOptimizer (Horovod's shape): the gradients are summed through the AllReduce RPC in
+buckets as backward finishes them (on a thread of the optimizer's, each bucket's AllReduce
+releasing the GIL), then the wrapped torch optimizer steps locally.
+
+Both: gradient accumulation over several backwards (with opt.no_sync(): DDP's), parameters that
+get no gradient in a step (their buckets go at step()), frozen parameters (requires_grad=False:
+not part of what is exchanged, so never pushed nor decayed by the server), and, with a
+torch.distributed group of the processes on one host (local_group=), a hierarchical exchange:
+the host's processes sum their gradients first and one of them exchanges with the server.
 """
+import contextlib
 import logging
+import queue
+import threading
 import time
 
 import grpc
@@ -37,9 +52,10 @@ def _named(params, prefix):
 
 class _FlatBuffers:
     """The parameters' values and gradients, each one flat CPU float32 buffer the parameters'
-    .data and .grad are views of."""
+    .data and .grad are views of. Two gradient buffers when `double`: zero_grad() while a step's
+    exchange is still reading one turns the .grad views to the other."""
 
-    def __init__(self, named):
+    def __init__(self, named, double=False):
         self.named = named
         self.params = [p for _, p in named]
         for name, p in named:
@@ -50,14 +66,18 @@ class _FlatBuffers:
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
         total = int(self.offsets[-1])
         self.weights = torch.empty(total, dtype=torch.float32)
-        self.grads = torch.zeros(total, dtype=torch.float32)
+        self.buffers = [torch.zeros(total, dtype=torch.float32) for _ in range(2 if double else 1)]
+        self.grads = self.buffers[0]
         with torch.no_grad():
             for p, a, n in zip(self.params, self.offsets, self.sizes):
                 self.weights[a:a + n].copy_(p.detach().reshape(-1))
                 p.data = self.weights[a:a + n].view_as(p)
                 p.grad = self.grads[a:a + n].view_as(p)
         self.weights_np = self.weights.numpy()  # shares memory
-        self.grads_np = self.grads.numpy()
+
+    @property
+    def grads_np(self):
+        return self.grads.numpy()
 
     def gather_grads(self):
         """Makes every .grad a view of the flat buffer again (after zero_grad(set_to_none=True),
@@ -76,36 +96,166 @@ class _FlatBuffers:
                 raise RuntimeError("summa: a parameter's .data was replaced after the optimizer "
                                    "was built; its weights would no longer be the server's")
 
-    def zero_grad(self):
+    def zero_grad(self, in_use=None):
+        """Zeros the gradients; `in_use`, a buffer an exchange still reads, is left alone (the
+        .grad views move to the other buffer)."""
+        if in_use is not None and self.grads is in_use and len(self.buffers) == 2:
+            self.grads = self.buffers[1] if self.grads is self.buffers[0] else self.buffers[0]
         self.grads.zero_()
         for p, a, n in zip(self.params, self.offsets, self.sizes):
             if p.grad is None or p.grad.data_ptr() != self.grads[a:a + n].data_ptr():
                 p.grad = self.grads[a:a + n].view_as(p)
 
 
-class ParameterServerOptimizer:
-    """Trains `params` (model.parameters() or model.named_parameters(); float32 on the CPU) with
-    summa-server's optimizer (its --optimizer, --lr, --mode...). Joins at construction: rank 0
-    (or a rank the server assigns) sends its initial weights, every rank then pulls them.
+def _split(model_or_params):
+    """(module or None, [(name, parameter)] that train, [(name, parameter)] frozen)."""
+    module = model_or_params if isinstance(model_or_params, torch.nn.Module) else None
+    named = _named(list(module.named_parameters() if module is not None else model_or_params), "param")
+    return module, [(n, p) for n, p in named if p.requires_grad], [(n, p) for n, p in named if not p.requires_grad]
 
-    step(num_examples) pushes the gradient for this optimizer's step with the number of examples
-    it covers and loads the weights the server answers with. The server divides the summed
-    gradient by the examples pushed: with a loss summed over the shard, pass the shard's size
-    (the seed's split_batch); with a mean loss, leave num_examples at 1 (each rank's mean
-    counts once: the average over ranks).
+
+class _GradientHooks:
+    """Calls on_ready(bucket) the moment backward has accumulated the gradient of every parameter
+    of `bucket` (a post-hook on each parameter's AccumulateGrad node, as Horovod does on torch
+    1.x). `buckets_of[i]`: the buckets parameter i's values fall in. Off while `enabled` is false
+    (opt.no_sync()); reset() starts the count of a new backward."""
+
+    def __init__(self, params, buckets_of, bucket_count, on_first, on_ready):
+        self.enabled = True
+        self._on_first = on_first
+        self._on_ready = on_ready
+        self._buckets_of = buckets_of
+        self._need = [0] * bucket_count
+        for bs in buckets_of:
+            for b in bs:
+                self._need[b] += 1
+        self._left = list(self._need)
+        self._fired = [False] * len(params)
+        self.readied = [False] * bucket_count
+        self._started = False
+        self._skip = False
+        self._accumulators = []  # kept alive: a hook lives as long as its node
+        for i, p in enumerate(params):
+            acc = p.expand_as(p).grad_fn.next_functions[0][0]
+            acc.register_hook(self._hook(i))
+            self._accumulators.append(acc)
+
+    def _hook(self, i):
+        def hook(*_):
+            if not self.enabled or self._fired[i] or self._skip:
+                return
+            if not self._started:
+                self._started = True
+                if self._on_first() is False:  # this backward's gradient is not to go
+                    self._skip = True
+                    return
+            self._fired[i] = True
+            for b in self._buckets_of[i]:
+                self._left[b] -= 1
+                if self._left[b] == 0:
+                    self.readied[b] = True
+                    self._on_ready(b)
+        return hook
+
+    @property
+    def started(self):
+        return self._started
+
+    def reset(self):
+        self._left = list(self._need)
+        self._fired = [False] * len(self._fired)
+        self.readied = [False] * len(self.readied)
+        self._started = False
+        self._skip = False
+
+
+def _buckets_by_range(offsets, sizes, ranges):
+    """For each parameter (flat offset, size), the indexes of `ranges` [(offset, length)] it
+    overlaps."""
+    out = []
+    for a, n in zip(offsets, sizes):
+        out.append([k for k, (o, l) in enumerate(ranges) if o < a + n and a < o + l] if n else [])
+    return out
+
+
+class _LocalGroup:
+    """The processes of one host (a torch.distributed group, gloo on CPUs): they sum their
+    gradients locally and the group's first rank (the leader) exchanges with the server, then
+    hands the weights (or summed gradients) back to the others: BytePS's and the seed's design."""
+
+    def __init__(self, group):
+        import torch.distributed as dist
+        self.dist = dist
+        self.group = group
+        self.ranks = dist.get_process_group_ranks(group) if hasattr(dist, "get_process_group_ranks") else None
+        self.leader = self.ranks[0] if self.ranks else 0
+        self.is_leader = dist.get_rank() == self.leader
+
+    def sum_to_leader(self, tensor):
+        self.dist.reduce(tensor, self.leader, group=self.group)
+
+    def from_leader(self, tensor):
+        self.dist.broadcast(tensor, self.leader, group=self.group)
+
+    def sum_examples(self, n):
+        t = torch.tensor([float(n)])
+        self.dist.all_reduce(t, group=self.group)
+        return int(t.item())
+
+
+class ParameterServerOptimizer:
+    """Trains a model (an nn.Module: overlapped; or model.parameters() / named_parameters():
+    not) with summa-server's optimizer (its --optimizer, --lr, --mode...). Joins at construction:
+    rank 0 (or a rank the server assigns) sends its initial weights, every rank then pulls them.
+    Parameters with requires_grad=False stay out of the server's model.
+
+    step(num_examples) ends the step: the gradient of the last backward goes to the server with
+    the number of examples it covers, and the weights it answers with are loaded (with overlap,
+    as they arrive: each module's next forward waits for its own). The server divides the summed
+    gradient by the examples pushed: with a loss summed over the shard, pass the shard's size (the
+    seed's split_batch; with overlap, set opt.num_examples before backward, since the pushes start
+    during it); with a mean loss, leave it at 1 (each rank's mean counts once: the average).
 
     After a lost server or a lapsed lease (UNAVAILABLE, NOT_FOUND) it rejoins and pushes the same
     step again (the server counts a push once), for up to client.retry_timeout. `next_step` is
     the step it pushes next: a restarted process starts there (its place in the data).
-    Not thread-safe."""
+    `overlap=False` exchanges the whole gradient at step(), after backward. `local_group`: see
+    the module's docstring (the server then counts one member per host). Not thread-safe."""
 
-    def __init__(self, params, client=None):
+    def __init__(self, model, client=None, overlap=True, num_examples=1, local_group=None):
         from . import _default_client
         self.client = client or _default_client()
-        self.flat = _FlatBuffers(_named(list(params), "param"))
+        module, named, self.frozen = _split(model)
+        self.local = _LocalGroup(local_group) if local_group is not None else None
+        self.overlap = bool(overlap) and self.client.overlaps and self.local is None
+        self.num_examples = num_examples
+        self.flat = _FlatBuffers(named, double=self.overlap)
         self.specs = [(name, tuple(p.shape)) for name, p in self.flat.named]
         self.live_ranks = []
-        self._join()
+        self._exchanging = None  # the gradient buffer of the step in flight (overlap)
+        # Set when a recovery found the server at another step than the one this process is
+        # computing: that step's gradient does not go, and step() leaves next_step at the server's.
+        self._discard = False
+        self._pushed_examples = None
+        self._last_timeline = []
+        if self.local is not None:
+            # Every process of the host starts from its leader's weights; only the leader joins.
+            self.local.from_leader(self.flat.weights)
+            if self.local.is_leader:
+                self._join()
+            self._share_from_leader()
+        else:
+            self._join()
+        self._hooks = None
+        if self.overlap:
+            ranges = [(p.offset, p.length) for p in self.partitions]
+            self._hooks = _GradientHooks(self.flat.params, _buckets_by_range(self.flat.offsets, self.flat.sizes, ranges),
+                                         len(ranges), self._begin, self.client.ready)
+            self._modules = []
+            if module is not None:
+                self._watch_forward(module, ranges)
+
+    # --- joining -------------------------------------------------------------------------------
 
     def _join(self):
         c = self.client
@@ -113,65 +263,207 @@ class ParameterServerOptimizer:
         joined = c.join(self.specs, initial)
         self.mode = joined.mode
         self.live_ranks = joined.live_ranks
+        self.partitions = joined.partitions
         self.version = c.pull(joined.version, self.flat.weights_np)
         self.next_step = joined.next_step
         return joined
+
+    def _share_from_leader(self):
+        """The leader's step, version and weights to the host's other processes."""
+        state = torch.zeros(3, dtype=torch.float64)
+        if self.local.is_leader:
+            state[:] = torch.tensor([self.next_step, self.version, self.mode], dtype=torch.float64)
+        self.local.from_leader(state)
+        self.next_step, self.version, self.mode = int(state[0]), int(state[1]), int(state[2])
+        self.local.from_leader(self.flat.weights)
 
     @property
     def rank(self):
         return self.client.rank
 
+    # --- overlap -------------------------------------------------------------------------------
+
+    def _watch_forward(self, module, ranges):
+        """A forward pre-hook on every module that holds parameters of its own: it waits for the
+        partitions those parameters fall in."""
+        where = {id(p): i for i, p in enumerate(self.flat.params)}
+        buckets_of = _buckets_by_range(self.flat.offsets, self.flat.sizes, ranges)
+        for m in module.modules():
+            own = [where[id(p)] for p in m.parameters(recurse=False) if id(p) in where]
+            if not own:
+                continue
+            parts = sorted({b for i in own for b in buckets_of[i]})
+            self._modules.append(m.register_forward_pre_hook(self._waiter(parts)))
+
+    def _waiter(self, parts):
+        def pre_hook(*_):
+            if self._exchanging is None:
+                return
+            try:
+                for k in parts:
+                    self.client.wait(k)
+            except SummaError:
+                self._end_step(mid_step=True)  # recovers, or raises what it cannot
+        return pre_hook
+
+    def _begin(self):
+        """The first gradient of a backward: the last step ends (if it has not), this one begins.
+        False when this backward's gradient is not to go (see _end_step)."""
+        if self._exchanging is not None:
+            self._end_step(mid_step=True)
+        if self._discard:
+            return False
+        self._pushed_examples = int(self.num_examples)
+        self._exchanging = self.flat.grads
+        self.client.begin(self.next_step, self._pushed_examples, self.flat.grads.numpy(), self.flat.weights_np)
+
+    def _end_step(self, mid_step=False):
+        """Waits for the step in flight to end; after a lost server, rejoins and pushes it again.
+        `mid_step`: called while this process computes the next step (in its forward or backward):
+        if the server resumed at another step than that one, the computation is for nothing and
+        its gradient must not go (step() then leaves next_step at the server's, and the loop
+        follows it)."""
+        grads, self._exchanging = self._exchanging, None
+        step = self.next_step - 1
+        try:
+            self.live_ranks = self.client.finish()
+            self._last_timeline = self.client.timeline()
+            return
+        except SummaError as e:
+            if e.code not in _REJOIN:
+                raise
+            first_error = e
+        if self._push_pull_retrying(step, self._pushed_examples, grads.numpy(), first_error=first_error):
+            self.next_step = max(self.next_step, step + 1)
+        self.version = self.next_step if self.mode == pb.MODE_SYNC else self.version
+        if mid_step and self.next_step != step + 1:
+            self._discard = True
+
+    def synchronize(self):
+        """Waits until the last step's weights are all in (before reading them other than by a
+        forward: a checkpoint, an evaluation outside the model's forward)."""
+        if self._exchanging is not None:
+            self._end_step()
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backwards inside only accumulate gradients (DDP's no_sync); the first backward after it
+        exchanges the sum."""
+        if self._hooks is None:
+            yield
+            return
+        self._hooks.enabled = False
+        try:
+            yield
+        finally:
+            self._hooks.enabled = True
+
+    def timeline(self):
+        """The last finished overlapped step, per partition: {"partition", "ready_ns", "start_ns",
+        "end_ns"} (time.monotonic_ns(); -1 where it did not happen)."""
+        return [{"partition": k, "ready_ns": r, "start_ns": s, "end_ns": e}
+                for k, (r, s, e) in enumerate(self._last_timeline)]
+
+    # --- the step ------------------------------------------------------------------------------
+
     def zero_grad(self, set_to_none=False):
-        self.flat.zero_grad()
+        self.flat.zero_grad(in_use=self._exchanging)
 
     @torch.no_grad()
-    def step(self, num_examples=1):
+    def step(self, num_examples=None):
+        if num_examples is None:
+            num_examples = self.num_examples
+        if self._discard:
+            # A recovery moved this process to the server's step: this step's gradient is dropped.
+            self._discard = False
+            if self._hooks is not None:
+                self._hooks.reset()
+            return
+        if self._hooks is not None and self._hooks.started:
+            if int(num_examples) != self._pushed_examples:
+                raise ValueError(f"summa: step({num_examples}) after pushes of {self._pushed_examples} examples "
+                                 "began during backward; set opt.num_examples before backward")
+            self._hooks.reset()
+            self.client.ready_all()  # the partitions of parameters that had no gradient
+            self.next_step += 1
+            self.version = self.next_step if self.mode == pb.MODE_SYNC else self.version + 1
+            if not self._modules:
+                self._end_step()  # no forward to overlap with: the weights are needed now
+            return
         self.flat.gather_grads()
         step = self.next_step
+        if self.local is not None:
+            self._hierarchical_step(step, int(num_examples))
+        elif self._push_pull_retrying(step, int(num_examples), self.flat.grads_np) is False:
+            return
+        self.next_step = max(self.next_step, step + 1)
+        self.version = self.next_step if self.mode == pb.MODE_SYNC else self.version + 1
+
+    def _hierarchical_step(self, step, num_examples):
+        examples = self.local.sum_examples(num_examples)
+        self.local.sum_to_leader(self.flat.grads)
+        if self.local.is_leader:
+            self._push_pull_retrying(step, examples, self.flat.grads_np)
+        self.local.from_leader(self.flat.weights)
+
+    def _push_pull_retrying(self, step, num_examples, grads, first_error=None):
+        """push_pull of `step`, rejoining through a lost server; False when the server resumed
+        before this step (the gradient belongs to weights that no longer exist)."""
         failing_since = time.monotonic()
         backoff = 0.2
+        error = first_error
         while True:
-            try:
-                self.live_ranks = self.client.push_pull(step, int(num_examples), self.flat.grads_np,
-                                                        self.flat.weights_np)
-                break
-            except SummaError as e:
-                if e.code not in _REJOIN:
-                    raise
-                if time.monotonic() - failing_since > self.client.retry_timeout:
-                    raise SummaError(e.code, f"gave up after {self.client.retry_timeout:.0f} s of "
-                                             f"retries: {e.message}", e.what) from None
-                log.warning("rank %d lost the server (%s); rejoining in %.1f s", self.rank, e, backoff)
-                time.sleep(backoff)
-                backoff = min(backoff * 2, 3.0)
+            if error is None:
                 try:
-                    joined = self._join()
-                except SummaError as again:
-                    if again.code not in _REJOIN:
+                    self.live_ranks = self.client.push_pull(step, num_examples, grads, self.flat.weights_np)
+                    return True
+                except SummaError as e:
+                    if e.code not in _REJOIN:
                         raise
-                    continue
-                if joined.next_step < step:
-                    # A server restored from an older checkpoint: this gradient belongs to weights
-                    # that no longer exist. Take the server's, and its step.
-                    log.warning("rank %d: the server resumed at step %d; dropping step %d's gradient",
-                                self.rank, joined.next_step, step)
-                    return
-        self.next_step = step + 1
-        self.version = self.next_step if self.mode == pb.MODE_SYNC else self.version + 1
+                    error = e
+            if time.monotonic() - failing_since > self.client.retry_timeout:
+                raise SummaError(error.code, f"gave up after {self.client.retry_timeout:.0f} s of "
+                                             f"retries: {error.message}", error.what) from None
+            log.warning("rank %d lost the server (%s); rejoining in %.1f s", self.rank, error, backoff)
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 3.0)
+            error = None
+            try:
+                joined = self._join()
+            except SummaError as again:
+                if again.code not in _REJOIN:
+                    raise
+                error = again
+                continue
+            if joined.next_step < step:
+                # A server restored from an older checkpoint: this gradient belongs to weights
+                # that no longer exist. Take the server's, and its step.
+                log.warning("rank %d: the server resumed at step %d; dropping step %d's gradient",
+                            self.rank, joined.next_step, step)
+                return False
+            if joined.next_step > step:
+                # It has this step already (the pushes reached it before it went): its weights
+                # are what this step would have pulled.
+                self.next_step = joined.next_step
+                return True
 
     def leave(self):
         """Leaves the job (the others go on without this rank)."""
+        self.synchronize()
         self.client.leave()
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
     """Horovod's shape: wraps a torch optimizer; step() sums every parameter's gradient over the
-    ranks through summa-server's AllReduce (one flat buffer, in chunks of 4 MiB), divides by the
-    world size when `op` is "average" (the default; "sum" leaves the sum), then steps the wrapped
-    optimizer. The gradients are views of the flat buffer, so backward() accumulates straight
-    into what is sent. Every rank must step the same number of times."""
+    ranks through summa-server's AllReduce, divides by the world size when `op` is "average"
+    (the default; "sum" leaves the sum), then steps the wrapped optimizer. The gradients are
+    views of one flat buffer, so backward() accumulates straight into what is sent; with overlap
+    (the default), buckets of about `bucket_bytes` (in reverse parameter order, DDP's) go as soon as
+    backward has finished them, each its own collective. Every rank must step the same number of
+    times; parameters the wrapped optimizer holds with requires_grad=False are left out."""
 
-    def __init__(self, optimizer, model=None, op="average", name="summa.gradients", client=None):
+    def __init__(self, optimizer, model=None, op="average", name="summa.gradients", client=None,
+                 overlap=True, bucket_bytes=4 << 20, local_group=None):
         from . import _default_client
         if op not in ("average", "sum"):
             raise ValueError(f"op must be 'average' or 'sum', not {op!r}")
@@ -179,15 +471,33 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.client = client or _default_client()
         self.op = op
         self.name = name
-        params = [p for g in optimizer.param_groups for p in g["params"]]
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         if model is not None:
             known = {id(p) for p in params}
             missing = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in known]
             if missing:
                 raise ValueError(f"summa: the optimizer does not hold the model's {missing}")
+        self.local = _LocalGroup(local_group) if local_group is not None else None
         self.flat = _FlatBuffers([(f"param{i}", p) for i, p in enumerate(params)])
         self.next_step = 0  # steps taken (every rank takes the same)
         self.live_ranks = list(range(self.client.world_size))
+        self._hooks = None
+        if overlap and self.local is None:
+            # Buckets: runs of whole parameters from the last backwards, each about bucket_bytes
+            # (bucket 0 holds the last parameters: backward finishes it first).
+            self.buckets = []
+            end = int(self.flat.offsets[-1])
+            for i in reversed(range(len(params))):
+                a = int(self.flat.offsets[i])
+                if (end - a) * 4 >= bucket_bytes or i == 0:
+                    self.buckets.append((a, end - a))
+                    end = a
+            self.buckets = [(a, n) for a, n in self.buckets if n > 0]
+            self._queue = queue.Queue()
+            self._error = None
+            self._thread = None
+            self._hooks = _GradientHooks(params, _buckets_by_range(self.flat.offsets, self.flat.sizes, self.buckets),
+                                         len(self.buckets), self._begin, self._queue.put)
 
     def __getattr__(self, name):
         return getattr(self.__dict__["_inner"], name)
@@ -209,12 +519,67 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def zero_grad(self, set_to_none=False):
         self.flat.zero_grad()
 
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backwards inside only accumulate (DDP's no_sync)."""
+        if self._hooks is None:
+            yield
+            return
+        self._hooks.enabled = False
+        try:
+            yield
+        finally:
+            self._hooks.enabled = True
+
+    def _begin(self):
+        self._error = None
+        self._thread = threading.Thread(target=self._exchange, name="summa-buckets", daemon=True)
+        self._thread.start()
+
+    def _exchange(self):
+        """The bucket thread: bucket 0, 1, ... each summed as soon as backward has finished it (the
+        C++ call releases the GIL). In bucket order on every rank, whatever order they became
+        ready in, so that no two ranks ever wait on different collectives."""
+        g = self.flat.grads_np
+        ready = set()
+        try:
+            for b in range(len(self.buckets)):
+                while b not in ready:
+                    ready.add(self._queue.get())
+                a, n = self.buckets[b]
+                view = g[a:a + n]
+                self.client.allreduce(view, view, f"{self.name}.b{b}")
+        except BaseException as e:  # handed to step()
+            self._error = e
+
     @torch.no_grad()
     def step(self, closure=None):
-        self.flat.gather_grads()
-        g = self.flat.grads_np
-        self.client.allreduce(g, g, self.name)
+        if self._hooks is not None and self._hooks.started:
+            for b, named in enumerate(self._hooks.readied):  # buckets of parameters with no gradient
+                if not named:
+                    self._queue.put(b)
+            self._hooks.reset()
+            self._thread.join()
+            self._thread = None
+            if self._error is not None:
+                raise self._error
+        else:
+            self.flat.gather_grads()
+            g = self.flat.grads_np
+            if self.local is not None:
+                self.local.sum_to_leader(self.flat.grads)
+                if self.local.is_leader:
+                    self.client.allreduce(g, g, self.name)
+                self.local.from_leader(self.flat.grads)
+            else:
+                self.client.allreduce(g, g, self.name)
         if self.op == "average":
-            self.flat.grads.div_(self.client.world_size)
+            self.flat.grads.div_(self._world())
         self.next_step += 1
         return self._inner.step(closure)
+
+    def _world(self):
+        if self.local is None:
+            return self.client.world_size
+        import torch.distributed as dist
+        return dist.get_world_size()

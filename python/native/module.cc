@@ -1,0 +1,281 @@
+// summa._native: the C++ client (client/ps_client.h) for Python, through pybind11. The summa
+// package (python/summa) wraps it; nothing on its data path runs Python: buffers cross by the
+// buffer protocol without a copy (NumPy arrays; a torch CPU tensor's .numpy() shares its
+// memory), the GIL is released for every call that waits on the network, and a step's
+// overlapped exchange runs on StepExchange's thread (client/step_exchange.h).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "client/lease_keeper.h"
+#include "client/ps_client.h"
+#include "client/step_exchange.h"
+#include "common/status_reason.h"
+
+namespace py = pybind11;
+
+namespace summa::worker {
+namespace {
+
+// Raised for every failed call: summa.errors turns it into SummaError with the gRPC code.
+PyObject* g_error = nullptr;
+
+[[noreturn]] void Raise(const absl::Status& s) {
+  py::object error = py::reinterpret_borrow<py::object>(g_error);
+  py::object e = error(static_cast<int>(s.code()), std::string(s.message()), std::string(StatusReasonName(ReasonOf(s))));
+  PyErr_SetObject(g_error, e.ptr());
+  throw py::error_already_set();
+}
+
+void Check(const absl::Status& s) {
+  if (!s.ok()) Raise(s);
+}
+
+// A writable (or read-only) C-contiguous float32 buffer of `floats` values (any when < 0).
+struct Floats {
+  float* data = nullptr;
+  int64_t size = 0;
+};
+Floats FloatBuffer(const py::buffer& b, bool writable, int64_t floats, const char* what) {
+  py::buffer_info info = b.request(writable);
+  if (info.format != py::format_descriptor<float>::format() || info.itemsize != sizeof(float)) {
+    throw py::type_error(absl::StrCat(what, ": float32 values are needed, not format '", info.format, "'"));
+  }
+  int64_t expected_stride = sizeof(float);
+  for (int d = static_cast<int>(info.ndim) - 1; d >= 0; --d) {
+    if (info.shape[d] > 1 && info.strides[d] != expected_stride) {
+      throw py::value_error(absl::StrCat(what, ": the buffer is not C-contiguous"));
+    }
+    expected_stride *= info.shape[d];
+  }
+  if (floats >= 0 && info.size != floats) {
+    throw py::value_error(absl::StrCat(what, ": ", info.size, " values; the model has ", floats));
+  }
+  return {static_cast<float*>(info.ptr), info.size};
+}
+
+class NativeClient {
+ public:
+  NativeClient(const std::string& address, double call_timeout, double join_timeout, const std::string& token,
+               const std::string& ca, const std::string& cert, const std::string& key, const std::string& plane,
+               int channels) {
+    absl::StatusOr<DataPlane> parsed = ParseDataPlane(plane);
+    Check(parsed.status());
+    client_ = std::make_unique<ParameterClient>(address, absl::Seconds(call_timeout), absl::Seconds(join_timeout),
+                                                channels, ClientSecurity{TlsFiles{cert, key, ca}, token});
+    client_->set_data_plane(*parsed);
+    leases_ = std::make_unique<LeaseKeeper>(client_.get());
+  }
+  ~NativeClient() { Close(); }
+
+  py::dict Join(int rank, int world, const std::vector<std::pair<std::string, std::vector<int64_t>>>& specs,
+                const std::optional<py::buffer>& initial) {
+    std::vector<TensorSpec> tensors;
+    int64_t total = 0;
+    for (const auto& [name, shape] : specs) {
+      TensorSpec spec{name, DType::kFloat32, shape};
+      total += spec.num_elements();
+      tensors.push_back(std::move(spec));
+    }
+    const float* values = nullptr;
+    if (initial.has_value()) values = FloatBuffer(*initial, false, total, "initial values").data;
+    absl::StatusOr<JoinInfo> joined;
+    {
+      py::gil_scoped_release release;
+      StopExchange();
+      joined = client_->Join(rank, world, tensors, values, "");
+      if (joined.ok()) leases_->Start(joined->rank, joined->lease);
+    }
+    Check(joined.status());
+    floats_ = total;
+    py::list partitions;
+    for (const PartitionRange& p : joined->partitions) partitions.append(py::make_tuple(p.id, p.offset, p.length));
+    py::dict d;
+    d["rank"] = joined->rank;
+    d["version"] = joined->version;
+    d["next_step"] = joined->next_step;
+    d["mode"] = static_cast<int>(joined->mode);
+    d["staleness"] = joined->staleness;
+    d["lease_seconds"] = absl::ToDoubleSeconds(joined->lease);
+    d["partitions"] = partitions;
+    d["live_ranks"] = joined->live_ranks;
+    d["wire_dtype"] = std::string(WireDTypeName(joined->wire_dtype));
+    return d;
+  }
+
+  uint64_t Pull(uint64_t min_version, const py::buffer& weights) {
+    float* w = FloatBuffer(weights, true, floats_, "weights").data;
+    absl::StatusOr<uint64_t> version;
+    {
+      py::gil_scoped_release release;
+      version = client_->PullAll(min_version, w);
+    }
+    Check(version.status());
+    return *version;
+  }
+
+  std::vector<int> PushPull(uint64_t step, int64_t num_examples, const py::buffer& gradients, const py::buffer& weights) {
+    const float* g = FloatBuffer(gradients, false, floats_, "gradients").data;
+    float* w = FloatBuffer(weights, true, floats_, "weights").data;
+    std::vector<int> live;
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = client_->PushPull(step, num_examples, g, w, &live);
+    }
+    Check(s);
+    return live;
+  }
+
+  bool Push(uint64_t step, int64_t num_examples, const py::buffer& gradients) {
+    const float* g = FloatBuffer(gradients, false, floats_, "gradients").data;
+    absl::StatusOr<bool> completed;
+    {
+      py::gil_scoped_release release;
+      completed = client_->Push(step, num_examples, g);
+    }
+    Check(completed.status());
+    return *completed;
+  }
+
+  void AllReduce(const py::buffer& values, const py::buffer& out, const std::string& name, int group_size, int rank,
+                 bool members, uint64_t round) {
+    const Floats in = FloatBuffer(values, false, -1, "allreduce values");
+    const Floats sum = FloatBuffer(out, true, in.size, "allreduce output");
+    Collective group{name, rank, group_size, members, round};
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = client_->AllReduceInto(group, absl::MakeConstSpan(in.data, in.size), absl::MakeSpan(sum.data, sum.size));
+    }
+    Check(s);
+  }
+
+  void Heartbeat(int rank) {
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = client_->Heartbeat(rank);
+    }
+    Check(s);
+  }
+
+  void Leave(int rank) {
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      StopExchange();
+      leases_->Stop();
+      s = client_->Leave(rank);
+    }
+    Check(s);
+  }
+
+  void Close() {
+    if (client_ == nullptr) return;
+    py::gil_scoped_release release;
+    StopExchange();
+    leases_->Stop();
+  }
+
+  bool on_socket_plane() const { return client_->on_socket_plane(); }
+
+  // The overlapped step (client/step_exchange.h). The buffers are held until Finish.
+  void Begin(uint64_t step, int64_t num_examples, const py::buffer& gradients, const py::buffer& weights) {
+    const float* g = FloatBuffer(gradients, false, floats_, "gradients").data;
+    float* w = FloatBuffer(weights, true, floats_, "weights").data;
+    if (exchange_ == nullptr) exchange_ = std::make_unique<StepExchange>(client_.get());
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = exchange_->Begin(step, num_examples, g, w);
+    }
+    Check(s);
+    held_ = {gradients, weights};
+  }
+  void Ready(size_t i) { Exchange().Ready(i); }
+  void ReadyAll() { Exchange().ReadyAll(); }
+  void Wait(size_t i) {
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = Exchange().Wait(i);
+    }
+    Check(s);
+  }
+  std::vector<int> Finish() {
+    std::vector<int> live;
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = Exchange().Finish(&live);
+    }
+    held_.clear();
+    Check(s);
+    return live;
+  }
+  bool active() const { return exchange_ != nullptr && exchange_->active(); }
+  std::vector<std::tuple<int64_t, int64_t, int64_t>> Timeline() const {
+    std::vector<std::tuple<int64_t, int64_t, int64_t>> out;
+    if (exchange_ == nullptr) return out;
+    for (const StepExchange::Times& t : exchange_->timeline()) out.emplace_back(t.ready_ns, t.start_ns, t.end_ns);
+    return out;
+  }
+
+ private:
+  StepExchange& Exchange() {
+    if (exchange_ == nullptr) throw py::value_error("no overlapped step has begun");
+    return *exchange_;
+  }
+  // Ends a step still in flight (its calls all have deadlines) before the client is used
+  // otherwise. Called without the GIL.
+  void StopExchange() {
+    if (exchange_ != nullptr && exchange_->active()) exchange_->Finish().IgnoreError();
+  }
+
+  std::unique_ptr<ParameterClient> client_;
+  std::unique_ptr<LeaseKeeper> leases_;
+  std::unique_ptr<StepExchange> exchange_;
+  std::vector<py::buffer> held_;
+  int64_t floats_ = -1;
+};
+
+}  // namespace
+}  // namespace summa::worker
+
+PYBIND11_MODULE(_native, m) {
+  using summa::worker::NativeClient;
+  m.doc() = "Summa's C++ client (summa/client.py wraps it)";
+  // NativeError(code, message, reason): code is an absl/gRPC status code number.
+  static py::exception<std::runtime_error> error(m, "NativeError");
+  summa::worker::g_error = error.ptr();
+  py::class_<NativeClient>(m, "Client")
+      .def(py::init<const std::string&, double, double, const std::string&, const std::string&, const std::string&,
+                    const std::string&, const std::string&, int>(),
+           py::arg("address"), py::arg("call_timeout"), py::arg("join_timeout"), py::arg("token") = "",
+           py::arg("ca") = "", py::arg("cert") = "", py::arg("key") = "", py::arg("data_plane") = "auto",
+           py::arg("channels") = 1)
+      .def("join", &NativeClient::Join, py::arg("rank"), py::arg("world"), py::arg("specs"), py::arg("initial"))
+      .def("pull", &NativeClient::Pull)
+      .def("push_pull", &NativeClient::PushPull)
+      .def("push", &NativeClient::Push)
+      .def("allreduce", &NativeClient::AllReduce, py::arg("values"), py::arg("out"), py::arg("name"),
+           py::arg("group_size"), py::arg("rank"), py::arg("members") = false, py::arg("round") = 0)
+      .def("heartbeat", &NativeClient::Heartbeat)
+      .def("leave", &NativeClient::Leave)
+      .def("close", &NativeClient::Close)
+      .def_property_readonly("on_socket_plane", &NativeClient::on_socket_plane)
+      .def("begin", &NativeClient::Begin)
+      .def("ready", &NativeClient::Ready)
+      .def("ready_all", &NativeClient::ReadyAll)
+      .def("wait", &NativeClient::Wait)
+      .def("finish", &NativeClient::Finish)
+      .def_property_readonly("active", &NativeClient::active)
+      .def("timeline", &NativeClient::Timeline);
+}

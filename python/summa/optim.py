@@ -150,7 +150,7 @@ class _GradientHooks:
                     self._skip = True
                     return
             self._fired[i] = True
-            for b in self._buckets_of[i]:
+            for b in reversed(self._buckets_of[i]):  # the later partitions first, as backward goes
                 self._left[b] -= 1
                 if self._left[b] == 0:
                     self.readied[b] = True

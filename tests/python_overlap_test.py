@@ -4,7 +4,8 @@ weights bit for bit; each partition goes once a step, during backward, last laye
 module's forward waits for its own partitions' new weights; 2 processes follow 1 process on the
 whole batch with each optimizer (DistributedOptimizer's averaging, several parameter groups),
 through gradient accumulation, frozen and unused parameters; and a host's processes summed
-locally (gloo), one of them pushing, give what each pushing on its own gives."""
+locally (gloo), one of them pushing, give what each pushing on its own gives. Where a GPU is
+there, the same on cuda:0 (the gradients and weights through pinned host copies)."""
 import argparse
 import json
 import os
@@ -167,6 +168,19 @@ class PythonOverlapTest(unittest.TestCase):
                 # One member (the host's leader) pushed for both processes.
                 self.assertEqual(len(status.members), 1 if optimizer == "ps" else 0)
                 self.assert_follows(local, self.reference(g, *steps[:1]), self.initial(g))
+
+    def test_gpu_parameters_train_as_on_the_cpu(self):
+        import torch
+        if not torch.cuda.is_available():
+            self.skipTest("no GPU on this machine")
+        cases = [("ps, overlapped", []), ("ps, not overlapped", ["--overlap=0"]),
+                 ("distributed", ["--optimizer=distributed"])]
+        with ProcessGroup() as g:
+            for name, flags in cases:
+                with self.subTest(name):
+                    cpu = self.run_job(g, 2, "--steps=8", *flags)
+                    gpu = self.run_job(g, 2, "--steps=8", "--device=cuda", *flags)
+                    self.assertLess(float(np.abs(cpu - gpu).max()), 1e-5)
 
 
 def main():

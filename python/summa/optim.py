@@ -58,22 +58,23 @@ class _FlatBuffers:
     def __init__(self, named, double=False):
         self.named = named
         self.params = [p for _, p in named]
+        self.device = self.params[0].device if self.params else torch.device("cpu")
         for name, p in named:
-            if p.dtype != torch.float32 or p.device.type != "cpu":
-                raise TypeError(f"summa: parameter {name} is {p.dtype} on {p.device}; "
-                                "Summa trains float32 CPU tensors")
+            if p.dtype != torch.float32 or p.device != self.device:
+                raise TypeError(f"summa: parameter {name} is {p.dtype} on {p.device}; Summa trains float32 "
+                                f"tensors, all on one device ({self.device} here)")
         self.sizes = [p.numel() for p in self.params]
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
         total = int(self.offsets[-1])
-        self.weights = torch.empty(total, dtype=torch.float32)
-        self.buffers = [torch.zeros(total, dtype=torch.float32) for _ in range(2 if double else 1)]
+        self.weights = torch.empty(total, dtype=torch.float32, device=self.device)
+        self.buffers = [torch.zeros(total, dtype=torch.float32, device=self.device) for _ in range(2 if double else 1)]
         self.grads = self.buffers[0]
         with torch.no_grad():
             for p, a, n in zip(self.params, self.offsets, self.sizes):
                 self.weights[a:a + n].copy_(p.detach().reshape(-1))
                 p.data = self.weights[a:a + n].view_as(p)
                 p.grad = self.grads[a:a + n].view_as(p)
-        self.weights_np = self.weights.numpy()  # shares memory
+        self.weights_np = self.weights.numpy() if self.device.type == "cpu" else None  # shares memory
 
     @property
     def grads_np(self):
@@ -229,7 +230,15 @@ class ParameterServerOptimizer:
         self.local = _LocalGroup(local_group) if local_group is not None else None
         self.overlap = bool(overlap) and self.client.overlaps and self.local is None
         self.num_examples = num_examples
-        self.flat = _FlatBuffers(named, double=self.overlap)
+        self.flat = _FlatBuffers(named, double=self.overlap and named[0][1].device.type == "cpu" if named else False)
+        # GPU parameters: the exchange reads and writes pinned host copies (summa/_cuda.py).
+        self.staging = None
+        if self.flat.device.type == "cuda":
+            if self.local is not None:
+                raise ValueError("summa: local_group with GPU parameters: sum on the GPUs first (NCCL), then "
+                                 "give the summed gradient's process the optimizer")
+            from ._cuda import DeviceStaging
+            self.staging = DeviceStaging(self.flat.weights, self.flat.device)
         self.specs = [(name, tuple(p.shape)) for name, p in self.flat.named]
         self.live_ranks = []
         self._exchanging = None  # the gradient buffer of the step in flight (overlap)
@@ -249,22 +258,33 @@ class ParameterServerOptimizer:
         self._hooks = None
         if self.overlap:
             ranges = [(p.offset, p.length) for p in self.partitions]
+            on_ready = self.client.ready
+            if self.staging is not None:
+                on_ready = lambda k: self.staging.download(self.client, k, *ranges[k], self.flat.grads)  # noqa: E731
+            self._ranges = ranges
             self._hooks = _GradientHooks(self.flat.params, _buckets_by_range(self.flat.offsets, self.flat.sizes, ranges),
-                                         len(ranges), self._begin, self.client.ready)
+                                         len(ranges), self._begin, on_ready)
             self._modules = []
             if module is not None:
                 self._watch_forward(module, ranges)
 
     # --- joining -------------------------------------------------------------------------------
 
+    @property
+    def _weights_np(self):
+        """What the exchange writes the weights into: the flat weights, or their host copy."""
+        return self.flat.weights_np if self.staging is None else self.staging.host_weights.numpy()
+
     def _join(self):
         c = self.client
-        initial = self.flat.weights_np if c.rank <= 0 else None
+        initial = self._weights_np if c.rank <= 0 else None
         joined = c.join(self.specs, initial)
         self.mode = joined.mode
         self.live_ranks = joined.live_ranks
         self.partitions = joined.partitions
-        self.version = c.pull(joined.version, self.flat.weights_np)
+        self.version = c.pull(joined.version, self._weights_np)
+        if self.staging is not None:
+            self.staging.upload_all(self.flat.weights)
         self.next_step = joined.next_step
         return joined
 
@@ -302,6 +322,8 @@ class ParameterServerOptimizer:
             try:
                 for k in parts:
                     self.client.wait(k)
+                    if self.staging is not None:
+                        self.staging.upload(k, *self._ranges[k], self.flat.weights)
             except SummaError:
                 self._end_step(mid_step=True)  # recovers, or raises what it cannot
         return pre_hook
@@ -314,8 +336,12 @@ class ParameterServerOptimizer:
         if self._discard:
             return False
         self._pushed_examples = int(self.num_examples)
-        self._exchanging = self.flat.grads
-        self.client.begin(self.next_step, self._pushed_examples, self.flat.grads.numpy(), self.flat.weights_np)
+        if self.staging is not None:
+            self.staging.next_buffer()
+            self._exchanging = self.staging.host_grads_now
+        else:
+            self._exchanging = self.flat.grads
+        self.client.begin(self.next_step, self._pushed_examples, self._exchanging.numpy(), self._weights_np)
 
     def _end_step(self, mid_step=False):
         """Waits for the step in flight to end; after a lost server, rejoins and pushes it again.
@@ -335,6 +361,8 @@ class ParameterServerOptimizer:
             first_error = e
         if self._push_pull_retrying(step, self._pushed_examples, grads.numpy(), first_error=first_error):
             self.next_step = max(self.next_step, step + 1)
+        if self.staging is not None:
+            self.staging.upload_all(self.flat.weights)
         self.version = self.next_step if self.mode == pb.MODE_SYNC else self.version
         if mid_step and self.next_step != step + 1:
             self._discard = True
@@ -344,6 +372,8 @@ class ParameterServerOptimizer:
         forward: a checkpoint, an evaluation outside the model's forward)."""
         if self._exchanging is not None:
             self._end_step()
+            if self.staging is not None:
+                self.staging.upload_all(self.flat.weights)
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -367,6 +397,11 @@ class ParameterServerOptimizer:
     # --- the step ------------------------------------------------------------------------------
 
     def zero_grad(self, set_to_none=False):
+        if self.staging is not None:
+            # The side stream's copies of the last gradients are read before they are zeroed.
+            torch.cuda.current_stream(self.flat.device).wait_stream(self.staging.stream)
+            self.flat.zero_grad()
+            return
         self.flat.zero_grad(in_use=self._exchanging)
 
     @torch.no_grad()
@@ -383,19 +418,33 @@ class ParameterServerOptimizer:
             if int(num_examples) != self._pushed_examples:
                 raise ValueError(f"summa: step({num_examples}) after pushes of {self._pushed_examples} examples "
                                  "began during backward; set opt.num_examples before backward")
+            # The partitions of parameters that had no gradient (on a GPU: copied, then ready).
+            if self.staging is not None:
+                for k, named in enumerate(self._hooks.readied):
+                    if not named:
+                        self.staging.download(self.client, k, *self._ranges[k], self.flat.grads)
+            else:
+                self.client.ready_all()
             self._hooks.reset()
-            self.client.ready_all()  # the partitions of parameters that had no gradient
             self.next_step += 1
             self.version = self.next_step if self.mode == pb.MODE_SYNC else self.version + 1
             if not self._modules:
-                self._end_step()  # no forward to overlap with: the weights are needed now
+                self.synchronize()  # no forward to overlap with: the weights are needed now
             return
         self.flat.gather_grads()
         step = self.next_step
+        grads = self.flat.grads_np if self.staging is None else None
+        if self.staging is not None:
+            self.staging.download_all(self.flat.grads)
+            grads = self.staging.host_grads_now.numpy()
         if self.local is not None:
             self._hierarchical_step(step, int(num_examples))
-        elif self._push_pull_retrying(step, int(num_examples), self.flat.grads_np) is False:
-            return
+        else:
+            pushed = self._push_pull_retrying(step, int(num_examples), grads)
+            if self.staging is not None:
+                self.staging.upload_all(self.flat.weights)
+            if pushed is False:
+                return
         self.next_step = max(self.next_step, step + 1)
         self.version = self.next_step if self.mode == pb.MODE_SYNC else self.version + 1
 
@@ -415,7 +464,7 @@ class ParameterServerOptimizer:
         while True:
             if error is None:
                 try:
-                    self.live_ranks = self.client.push_pull(step, num_examples, grads, self.flat.weights_np)
+                    self.live_ranks = self.client.push_pull(step, num_examples, grads, self._weights_np)
                     return True
                 except SummaError as e:
                     if e.code not in _REJOIN:
@@ -482,6 +531,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.next_step = 0  # steps taken (every rank takes the same)
         self.live_ranks = list(range(self.client.world_size))
         self._hooks = None
+        # GPU gradients are summed through a pinned host copy, after backward.
+        self._host = None
+        if self.flat.device.type == "cuda":
+            self._host = torch.zeros(self.flat.grads.numel(), dtype=torch.float32, pin_memory=True)
+            overlap = False
         if overlap and self.local is None:
             # Buckets: runs of whole parameters from the last backwards, each about bucket_bytes
             # (bucket 0 holds the last parameters: backward finishes it first).
@@ -565,7 +619,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 raise self._error
         else:
             self.flat.gather_grads()
-            g = self.flat.grads_np
+            if self._host is not None:
+                self._host.copy_(self.flat.grads)
+                g = self._host.numpy()
+            else:
+                g = self.flat.grads_np
             if self.local is not None:
                 self.local.sum_to_leader(self.flat.grads)
                 if self.local.is_leader:
@@ -573,6 +631,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 self.local.from_leader(self.flat.grads)
             else:
                 self.client.allreduce(g, g, self.name)
+            if self._host is not None:
+                self.flat.grads.copy_(self._host)
         if self.op == "average":
             self.flat.grads.div_(self._world())
         self.next_step += 1

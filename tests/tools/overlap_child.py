@@ -62,12 +62,13 @@ def main():
     ap.add_argument("--delay_rank", type=int, default=-1)
     ap.add_argument("--delay", type=float, default=0.0, help="seconds --delay_rank sleeps before each backward")
     ap.add_argument("--local_group", type=int, default=0, help="gloo port: hierarchical on one host")
+    ap.add_argument("--device", default="cpu", help="where the model lives (cuda: the GPU path)")
     ap.add_argument("--reference", action="store_true")
     ap.add_argument("--dump", required=True)
     ap.add_argument("--record", default=None, help="a JSON of each step's timeline and forward starts")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    model = Net(args.frozen, args.unused)
+    model = Net(args.frozen, args.unused).to(args.device)
     trained = [p for p in model.parameters() if p.requires_grad]
 
     def groups(lr):
@@ -111,7 +112,7 @@ def main():
                 m.register_forward_pre_hook(began)
     steps = []
     for step in range(args.steps):
-        x, y = batch(step, args.batch)
+        x, y = (t.to(args.device) for t in batch(step, args.batch))
         lo, hi = rank * args.batch // world, (rank + 1) * args.batch // world
         x, y = x[lo:hi], y[lo:hi]
         opt.zero_grad()
@@ -120,7 +121,7 @@ def main():
         if not args.reference and args.optimizer == "ps":
             opt.num_examples = hi - lo
         for k, idx in enumerate(micro):
-            idx = torch.from_numpy(idx)
+            idx = torch.from_numpy(idx).to(args.device)
             loss = ((model(x[idx]) - y[idx]) ** 2).sum()
             if args.optimizer == "distributed" and args.op == "average" and not args.reference:
                 loss = loss / (hi - lo)
@@ -140,7 +141,7 @@ def main():
         opt.step()
     if hasattr(opt, "synchronize"):
         opt.synchronize()
-    np.save(args.dump, torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy())
+    np.save(args.dump, torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu().numpy())
     if args.record:
         layout = {}
         if hasattr(opt, "flat"):

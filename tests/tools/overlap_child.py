@@ -62,6 +62,7 @@ def main():
     ap.add_argument("--delay_rank", type=int, default=-1)
     ap.add_argument("--delay", type=float, default=0.0, help="seconds --delay_rank sleeps before each backward")
     ap.add_argument("--local_group", type=int, default=0, help="gloo port: hierarchical on one host")
+    ap.add_argument("--data_plane", default="auto", help="summa.init's: auto (the socket plane here) or grpc")
     ap.add_argument("--device", default="cpu", help="where the model lives (cuda: the GPU path)")
     ap.add_argument("--reference", action="store_true")
     ap.add_argument("--dump", required=True)
@@ -90,7 +91,8 @@ def main():
         world, rank = 1, 0
     else:
         server_world = 1 if local is not None else args.world
-        summa.init(args.server, rank=0 if local is not None else args.rank, world_size=server_world)
+        summa.init(args.server, rank=0 if local is not None else args.rank, world_size=server_world,
+                   data_plane=args.data_plane)
         world, rank = args.world, args.rank
         if args.optimizer == "ps":
             opt = summa.ParameterServerOptimizer(trained if args.params_only else model, overlap=bool(args.overlap),

@@ -195,7 +195,7 @@ def run(args, name, model, batch):
                   "step_seconds": step_s, "forward_seconds": fwd, "backward_seconds": bwd,
                   "step_call_seconds": call, "wait_seconds": wait,
                   "compute_seconds": fwd - wait + bwd, "exchange_seconds": wait + call,
-                  "compute_alone_seconds": alone_s,
+                  "compute_alone_seconds": alone_s, "compute_alone_each": alone,
                   "exposed_seconds": None if alone_s is None else step_s - alone_s,
                   "exchange_busy_seconds": busy,
                   "exchange_bytes_per_second": 2 * model_bytes / busy if busy else None,

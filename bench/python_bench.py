@@ -39,7 +39,6 @@ import json
 import os
 import platform
 import shlex
-import statistics
 import subprocess
 import sys
 import tempfile

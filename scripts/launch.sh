@@ -113,7 +113,12 @@ for ((i = 0; i < shards; i++)); do
 done
 port=$(cat "$run_dir/server.port")
 servers=$(IFS=,; echo "${addresses[*]}")
-echo "launch: summa-server on $servers, $workers workers, batch $batch, lr $lr, $epochs epochs; logs in $run_dir"
+if [[ -n "$python_script" ]]; then
+  # The script keeps its own batch and length unless --batch_size or --epochs were given.
+  echo "launch: summa-server on $servers (lr $lr), $workers processes of $python_script${given[*]:+ ${given[*]}}; logs in $run_dir"
+else
+  echo "launch: summa-server on $servers, $workers workers, batch $batch, lr $lr, $epochs epochs; logs in $run_dir"
+fi
 
 declare -A rank_of
 for ((r = 0; r < workers; r++)); do

@@ -9,7 +9,8 @@
 #               (scripts/build.sh --binaries): the container image's build stage
 # PyTorch and NumPy are in the base set: the Python client's tests (tests/python_client_test.py)
 # train with them; python3-venv and setuptools let that test pip-install the package into a
-# virtualenv. python3-mpi4py (with Open MPI's openmpi-bin) runs the AllReduce benchmark's mpi rows,
+# virtualenv; pybind11-dev and python3-dev build its C++ extension (summa._native, in build/ and
+# under pip). python3-mpi4py (with Open MPI's openmpi-bin) runs the AllReduce benchmark's mpi rows,
 # which its smoke test checks.
 set -euo pipefail
 
@@ -19,7 +20,7 @@ packages=(
   libabsl-dev libgtest-dev libgmock-dev
   libopenblas-dev zlib1g-dev prometheus-cpp-dev
   dataset-fashion-mnist grpc-proto openssl
-  python3 python3-grpcio python3-protobuf python3-yaml
+  python3 python3-grpcio python3-protobuf python3-yaml python3-dev pybind11-dev
   python3-torch python3-numpy python3-venv python3-setuptools python3-wheel
   python3-mpi4py
 )

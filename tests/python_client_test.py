@@ -364,7 +364,11 @@ class PythonClientTest(unittest.TestCase):
             anonymous.close()
 
     def test_pip_installs_the_package_with_stubs_generated_from_the_proto(self):
+        """pip install generates the stubs and builds summa._native through CMake (in this build
+        tree, SUMMA_CMAKE_BUILD_DIR, where the target is up to date: a fresh configure and build
+        of the client takes minutes); the installed extension joins and steps a real server."""
         with ProcessGroup() as g:
+            server, port = g.start_server(ARGS.server, "--workers=1")
             # A copy of python/ and proto/, so that pip's in-place build leaves the checkout alone.
             src = os.path.join(g.dir, "src")
             shutil.copytree(os.path.join(ARGS.source, "python"), os.path.join(src, "python"),
@@ -373,18 +377,33 @@ class PythonClientTest(unittest.TestCase):
             venv = os.path.join(g.dir, "venv")
             subprocess.run(["/usr/bin/python3", "-m", "venv", "--system-site-packages", venv], check=True)
             pip = g.start("pip", [os.path.join(venv, "bin/pip"), "install", "--no-index",
-                                  os.path.join(src, "python")], env={"PYTHONPATH": ""})
+                                  os.path.join(src, "python")],
+                          env={"PYTHONPATH": "", "SUMMA_CMAKE_BUILD_DIR": ARGS.bin,
+                               "SUMMA_REQUIRE_NATIVE": "1"})
             self.assertEqual(g.wait(pip, 240), 0, g.log(pip))
-            probe = g.start("probe", [os.path.join(venv, "bin/python"), "-c",
-                                      "import summa, summa.v1.summa_pb2 as pb; print(summa.__file__); "
-                                      "print(' '.join(m.name for m in pb.DESCRIPTOR.services_by_name"
-                                      "['ParameterServer'].methods))"],
-                            env={"PYTHONPATH": ""})
+            probe = g.start("probe", [os.path.join(venv, "bin/python"), "-c", f"""
+import numpy as np, summa, summa._native, summa.v1.summa_pb2 as pb
+print('package:', summa.__file__)
+print('methods:', ' '.join(m.name for m in pb.DESCRIPTOR.services_by_name['ParameterServer'].methods))
+print('native:', summa._native.__file__)
+client = summa.Client('127.0.0.1:{port}', rank=0, world_size=1)
+assert client.native is not None
+client.join([('w', (3,))], initial=np.ones(3, np.float32))
+weights = np.zeros(3, np.float32)
+client.push_pull(0, 2, np.full(3, 2.0, np.float32), weights)
+print('weights:', weights.tolist())
+client.close()
+"""], env={"PYTHONPATH": ""})
             self.assertEqual(g.wait(probe, 60), 0, g.log(probe))
-            lines = g.log(probe).split("\n")
-            self.assertTrue(lines[0].startswith(os.path.join(venv, "lib")), lines)
-            self.assertEqual(lines[1], "Join Heartbeat Leave Push Pull PushPull AllReduce GetStatus "
-                                       "Checkpoint Initialize RollBack Follow DataPlane")
+            # The C++ client logs to stderr, which shares the log: the probe's lines by their tags.
+            got = dict(line.split(": ", 1) for line in g.log(probe).split("\n")
+                       if line.split(":")[0] in ("package", "methods", "native", "weights"))
+            self.assertTrue(got["package"].startswith(os.path.join(venv, "lib")), got)
+            self.assertEqual(got["methods"], "Join Heartbeat Leave Push Pull PushPull AllReduce GetStatus "
+                                             "Checkpoint Initialize RollBack Follow DataPlane")
+            self.assertTrue(got["native"].startswith(os.path.join(venv, "lib")), got)
+            # sgd at the default lr 0.1 from ones: 1 - 0.1 * 2 / 2, in float32.
+            self.assertEqual(got["weights"], str(np.full(3, 0.9, np.float32).tolist()), got)
 
     def test_the_data_path_copies_once_each_way(self):
         """tracemalloc sees every bytes object and numpy buffer Python allocates: encoding a

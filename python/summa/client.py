@@ -10,6 +10,7 @@ overlap, no shards). status() is a control call and always goes through grpcio.
 Thread-safe only for the heartbeat thread it runs itself; one training thread calls the rest.
 """
 import collections
+import importlib
 import logging
 import threading
 import time
@@ -25,7 +26,8 @@ from .v1 import summa_pb2_grpc as pb_grpc
 log = logging.getLogger("summa")
 
 try:
-    from . import _native
+    # Not `from . import _native`: where the extension is missing, that error reads as a circular import.
+    _native = importlib.import_module(f"{__package__}._native")
     NATIVE_IMPORT_ERROR = None
 except ImportError as e:  # built without pybind11: the grpcio client
     _native = None

@@ -148,15 +148,17 @@ absl::Status Trainer::Run() {
   absl::Duration backoff = absl::Milliseconds(200);
   for (int attempt = 0;; ++attempt) {
     result = JoinAndTrain(initial_weights_, attempt > 0);
+    if (overlap_ != nullptr) overlap_->Abandon();  // a step in flight when it failed
     if (result.ok()) break;
     // The server went away (UNAVAILABLE) or came back without us (NOT_FOUND): rejoin, and resume
     // at the version it has (a restored checkpoint's, or the one we were at).
     if (!absl::IsUnavailable(result) && !absl::IsNotFound(result)) break;
     if (rank_ < 0) break;  // never joined: Join already retried for --join_deadline
     const absl::Time now = absl::Now();
-    if (failing_since == absl::InfiniteFuture() || steps_done_ != steps_at_failure) {
+    const uint64_t done = steps_done_ + (overlap_ != nullptr ? overlap_->steps_finished() : 0);
+    if (failing_since == absl::InfiniteFuture() || done != steps_at_failure) {
       failing_since = now;
-      steps_at_failure = steps_done_;
+      steps_at_failure = done;
       backoff = absl::Milliseconds(200);
     }
     if (now - failing_since > options_.retry_deadline) {
@@ -201,6 +203,20 @@ absl::StatusOr<std::vector<float>> Trainer::EpochLoss(int epoch, double loss_sum
   return mine;
 }
 
+absl::Status Trainer::PlanOverlap(const JoinInfo& joined) {
+  ParameterClient* const client = store_->staged_client();
+  // An encoded push (--wire_dtype, --compress) takes the whole gradient at once, and a model on
+  // several devices has its gradient only once theirs are summed: nothing to overlap.
+  overlapping_ = options_.overlap && client != nullptr && models_.size() == 1 && models_[0]->weights() != nullptr &&
+                 joined.wire_dtype == WireDType::kFloat32 && !joined.compression.sparse();
+  if (!overlapping_) return absl::OkStatus();
+  if (overlap_ == nullptr) {
+    overlap_ = std::make_unique<LayerExchange>(client, models_[0].get(), backends_[0], weights_->data(),
+                                               gradients_->data(), options_.tracer);
+  }
+  return overlap_->Plan();
+}
+
 absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoining) {
   const int64_t n = train_->count;
   const int64_t batch = options_.batch_size;
@@ -219,6 +235,7 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
   leases_.Start(rank_, joined.lease);
   SUMMA_RETURN_IF_ERROR(store_->PullAll(joined.version, weights_->data()).status());
   SUMMA_RETURN_IF_ERROR(LoadWeights());
+  SUMMA_RETURN_IF_ERROR(PlanOverlap(joined));
   uint64_t step = joined.next_step;
   const int64_t steps_per_epoch = StepsPerEpoch(n, batch);
   if (step > 0 && step % steps_per_epoch == 0) {
@@ -242,9 +259,9 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
     absl::StatusOr<std::vector<std::string>> names = DeviceNames();
     if (names.ok()) device_names_ = *std::move(names);  // else the epoch line says "[cpu ...]"
   }
-  std::fprintf(out_, "rank %d of %d %s at step %llu (model %s, %s)\n", rank_, options_.world_size,
+  std::fprintf(out_, "rank %d of %d %s at step %llu (model %s, %s%s)\n", rank_, options_.world_size,
                rejoining ? "rejoined" : "joined", static_cast<unsigned long long>(step),
-               options_.model.c_str(), mode_.c_str());
+               options_.model.c_str(), mode_.c_str(), overlapping_ ? ", overlapped" : "");
   std::fflush(out_);
   board_->Update([&](WorkerState& s) {
     s.rank = rank_;
@@ -263,6 +280,8 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
     int64_t examples = 0;
     int64_t global_examples = 0;
     for (int64_t b = static_cast<int64_t>(step) - int64_t{epoch} * steps_per_epoch; b < steps_per_epoch; ++b) {
+      // Overlapped, the last step's exchange still runs: its first reply names this step's group.
+      if (overlapping_) SUMMA_RETURN_IF_ERROR(overlap_->AwaitGroup(&live_));
       // split_batch over the members still in the group.
       const auto me = std::find(live_.begin(), live_.end(), rank_);
       if (me == live_.end()) {
@@ -276,21 +295,30 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
                                                 max_shard_, " prepared for"));
       }
       Tracer* const tracer = options_.tracer;
-      std::optional<TraceSpan> compute(std::in_place, tracer, "compute", "worker");
-      SUMMA_RETURN_IF_ERROR(ComputeGradients(shard.begin, static_cast<int>(shard.size())));
-      SUMMA_RETURN_IF_ERROR(models_[0]->GetGradients(gradients_->data()));
-      compute.reset();
-      {
-        TraceSpan exchange(tracer, "exchange", "worker");
-        SUMMA_RETURN_IF_ERROR(
-            store_->PushPull(step, shard.size(), gradients_->data(), weights_->data(), &live_));
-      }
-      {
+      if (overlapping_) {
+        // This step's exchange runs on into the next step's forward, which waits per layer.
+        TraceSpan compute(tracer, "compute", "worker");
+        const Resident& r = resident_[0];
+        overlap_->BeginCompute(step, shard.size());
+        SUMMA_RETURN_IF_ERROR(models_[0]->ComputeGradientsPerLayer(
+            Examples::Resident(r.image_table, r.label_table, r.rows + shard.begin), static_cast<int>(shard.size()),
+            *overlap_));
+        SUMMA_RETURN_IF_ERROR(overlap_->EndCompute());
+      } else {
+        std::optional<TraceSpan> compute(std::in_place, tracer, "compute", "worker");
+        SUMMA_RETURN_IF_ERROR(ComputeGradients(shard.begin, static_cast<int>(shard.size())));
+        SUMMA_RETURN_IF_ERROR(models_[0]->GetGradients(gradients_->data()));
+        compute.reset();
+        {
+          TraceSpan exchange(tracer, "exchange", "worker");
+          SUMMA_RETURN_IF_ERROR(
+              store_->PushPull(step, shard.size(), gradients_->data(), weights_->data(), &live_));
+        }
         TraceSpan load(tracer, "load", "worker");
         SUMMA_RETURN_IF_ERROR(LoadWeights());
+        ++steps_done_;  // overlapped, counted as its exchange ends (overlap_->steps_finished())
       }
       ++step;
-      ++steps_done_;
       examples += shard.size();
       global_examples += std::min(batch, n - b * batch);
       const absl::Time now = absl::Now();
@@ -306,6 +334,8 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
         last_draw = now;
       }
     }
+    // The epoch's last exchange ends before the loss collective, the evaluation and the end.
+    if (overlapping_) SUMMA_RETURN_IF_ERROR(overlap_->Settle(&live_));
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
     SUMMA_ASSIGN_OR_RETURN(const double loss_sum, TakeLoss());
     if (options_.progress_bar) std::fprintf(out_, "\r\033[K");

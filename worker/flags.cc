@@ -85,8 +85,8 @@ ABSL_FLAG(absl::Duration, retry_deadline, TrainerOptions().retry_deadline,
           "the last step that succeeded");
 ABSL_FLAG(std::string, trace_file, WorkerOptions().trace_file,
           "if set, write a timeline of every step (compute, exchange, load, and each "
-          "partition's push-pull; with --overlap, loads are inside compute and exchange is the "
-          "wait for the last step's first reply) to this file as Chrome trace JSON when the "
+          "partition's push-pull; with --overlap, loads are inside compute, exchange is the "
+          "wait for the last step's first reply and wait each layer's in the forward) to this file as Chrome trace JSON when the "
           "worker ends (open it in chrome://tracing or ui.perfetto.dev, with the server's)");
 ABSL_FLAG(std::string, tls_ca, WorkerOptions().tls.ca,
           "PEM CA that signed the server's certificate: talk TLS to the server (needed for TLS)");

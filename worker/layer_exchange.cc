@@ -68,7 +68,10 @@ absl::Status LayerExchange::CheckLayer(int layer) const {
 absl::Status LayerExchange::BeforeForward(int layer) {
   SUMMA_RETURN_IF_ERROR(CheckLayer(layer));
   if (loaded_[layer]) return absl::OkStatus();
-  for (size_t p : partitions_of_[layer]) SUMMA_RETURN_IF_ERROR(exchange_.Wait(p));
+  {
+    TraceSpan wait(tracer_, "wait", "worker");
+    for (size_t p : partitions_of_[layer]) SUMMA_RETURN_IF_ERROR(exchange_.Wait(p));
+  }
   const LayerRange& r = layers_[layer];
   SUMMA_RETURN_IF_ERROR(backend_->Upload(weights_ + r.offset, r.length, model_->weights()->data() + r.offset));
   loaded_[layer] = 1;

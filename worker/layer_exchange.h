@@ -36,7 +36,8 @@ class LayerExchange final : public LayerHooks {
  public:
   // `weights` and `gradients`: the host staging buffers (model->num_params() floats each,
   // Backend::AllocHost of `backend`, the model's device) that the exchange pulls into and pushes
-  // from. `tracer` (or null) records the waits as "exchange" spans.
+  // from. `tracer` (or null) records the waits: before a step and at the epoch's end as
+  // "exchange" spans, before each layer's forward as "wait" spans.
   LayerExchange(ParameterClient* client, Model* model, Backend* backend, float* weights, float* gradients,
                 Tracer* tracer);
 

@@ -72,6 +72,8 @@ absl::Status LayerExchange::BeforeForward(int layer) {
     TraceSpan wait(tracer_, "wait", "worker");
     for (size_t p : partitions_of_[layer]) SUMMA_RETURN_IF_ERROR(exchange_.Wait(p));
   }
+  // An Upload may still read the weights after it returns (CUDA's): the exchange writes them
+  // again only for a partition made ready after a Download, which waits for the device.
   const LayerRange& r = layers_[layer];
   SUMMA_RETURN_IF_ERROR(backend_->Upload(weights_ + r.offset, r.length, model_->weights()->data() + r.offset));
   loaded_[layer] = 1;

@@ -55,8 +55,9 @@ ABSL_FLAG(bool, overlap, TrainerOptions().overlap,
           "which exchanges the whole gradient after backward. Taken only with one device computing the whole "
           "model and a dense float32 wire (no summa-server --wire_dtype or --compress). The "
           "model is cut where summa-server --partition_bytes says: LeNet fits in one partition "
-          "of the default 4 MiB, and nothing then overlaps. The join line says \"overlapped\" "
-          "where it is on");
+          "of the default 4 MiB, and nothing then overlaps. It pays where the compute leaves the "
+          "cores free (GPUs); CPU workers that fill every core gain nothing (see "
+          "bench/results-train.md). The join line says \"overlapped\" where it is on");
 ABSL_FLAG(std::string, data_dir, WorkerOptions().data_dir,
           "directory with the Fashion-MNIST (or MNIST) IDX files, gzipped or not");
 ABSL_FLAG(uint64_t, seed, TrainerOptions().seed, "seed of the initial weights and of every epoch's shuffle");

@@ -51,6 +51,8 @@ struct Collective {
   uint64_t round = 0;
 };
 
+class ParameterClient;
+
 class ParameterStore {
  public:
   virtual ~ParameterStore() = default;
@@ -84,6 +86,11 @@ class ParameterStore {
 
   // Where the store is, for people ("127.0.0.1:50051").
   virtual std::string address() const = 0;
+
+  // The client a step can be exchanged through partition by partition (StepExchange,
+  // client/step_exchange.h) while the trainer computes, or null (the default) where the store
+  // exchanges whole steps only: a test's store, or one that wraps the client.
+  virtual ParameterClient* staged_client() { return nullptr; }
 };
 
 }  // namespace summa::worker

@@ -75,6 +75,7 @@ class ParameterClient final : public ParameterStore {
   absl::StatusOr<std::vector<float>> AllReduce(const Collective& group,
                                                const std::vector<float>& values) override;
   std::string address() const override { return address_; }
+  ParameterClient* staged_client() override { return this; }
 
   // The AllReduce of `values` into `sum` (of the same length; it may be `values` itself).
   // Tensors over kAllReduceChunkBytes travel as chunks, each a collective of its own (named
@@ -124,6 +125,11 @@ class ParameterClient final : public ParameterStore {
   size_t staged_in_flight() const { return staged_in_flight_; }
   // The group the last staged reply named (the step's live ranks).
   const std::vector<int>& staged_live_ranks() const { return staged_live_ranks_; }
+  // The group partition i's staged reply named. Thread-safe once that call has ended OK (its
+  // NextStaged returned), until the partition's next call starts.
+  std::vector<int> staged_live_ranks_of(size_t i) const {
+    return {pull_headers_[i].live_ranks().begin(), pull_headers_[i].live_ranks().end()};
+  }
   // Where the server cut the model (after Join), in offset order.
   const std::vector<PartitionRange>& partitions() const { return partitions_; }
 

@@ -88,6 +88,13 @@ absl::Status StepExchange::Wait(size_t i) {
   return error_;
 }
 
+std::vector<int> StepExchange::live_ranks(size_t i) const {
+  absl::MutexLock lock(&mu_);
+  // A partition's call that ended OK is not started again in this step.
+  if (!active_ || i >= done_.size() || !done_[i] || !error_.ok()) return {};
+  return client_->staged_live_ranks_of(i);
+}
+
 absl::Status StepExchange::Finish(std::vector<int>* live_ranks) {
   absl::MutexLock lock(&mu_);
   if (!active_) return absl::OkStatus();

@@ -40,6 +40,9 @@ class StepExchange {
   void ReadyAll();
   // Waits until partition i's new weights are in, or the step has failed (its error).
   absl::Status Wait(size_t i);
+  // The group partition i's reply named (the next step's, in sync mode), once Wait(i) returned
+  // OK in this step; empty before.
+  std::vector<int> live_ranks(size_t i) const;
   // Waits for every call of the step to end and ends it: its first error, or FAILED_PRECONDITION
   // naming partitions never made ready. `live_ranks` (where given): the group the replies named.
   absl::Status Finish(std::vector<int>* live_ranks = nullptr);

@@ -2,8 +2,11 @@
 #include "worker/models/model.h"
 
 #include <cmath>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 
 namespace summa::worker {
@@ -105,6 +108,86 @@ TEST(ModelTest, ResidentExamplesMatchHostArraysAndLossesAddUp) {
       const auto refused = (*host)->TakeLoss();
       EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
       EXPECT_EQ(*(*host)->TakeLoss(), 0.0);  // and the total starts again
+    }
+  }
+}
+
+// Hooks that hand each layer its weights only when the model asks (BeforeForward: the model
+// starts with garbage), and keep what each layer's gradients were when reported final.
+class HandingHooks final : public LayerHooks {
+ public:
+  HandingHooks(Backend& backend, Model& model, const std::vector<float>& weights)
+      : backend_(backend), model_(model), weights_(weights), layers_(model.layers()),
+        reported_(model.num_params(), -1.0f) {}
+  absl::Status BeforeForward(int l) override {
+    calls.push_back(absl::StrCat("forward ", l));
+    if (l == fail_before) return absl::AbortedError("no weights today");
+    const LayerRange& r = layers_[l];
+    return backend_.Upload(weights_.data() + r.offset, r.length, model_.weights()->data() + r.offset);
+  }
+  absl::Status GradientReady(int l) override {
+    calls.push_back(absl::StrCat("backward ", l));
+    const LayerRange& r = layers_[l];
+    return backend_.Download(model_.gradients()->data() + r.offset, r.length, reported_.data() + r.offset);
+  }
+  std::vector<std::string> calls;
+  int fail_before = -1;
+  const std::vector<float>& reported() const { return reported_; }
+
+ private:
+  Backend& backend_;
+  Model& model_;
+  const std::vector<float>& weights_;
+  const std::vector<LayerRange> layers_;
+  std::vector<float> reported_;
+};
+
+// ComputeGradientsPerLayer, whole and in chunks, and for no examples: the layers cover the flat
+// buffer end to end; each is asked for before its weights are read (the model starts with
+// garbage, the hooks hand each layer its weights) and reported once its gradients are final
+// (what the hook saw is the end result); forward first to last, backward last to first; the
+// gradients are ComputeGradients', bit for bit. A hook's error ends the computation.
+TEST(ModelTest, PerLayerHooksHandEachLayerItsWeightsAndSeeItsFinalGradients) {
+  auto backend = NewCpuBackend(1);
+  for (const std::string& name : ModelNames()) {
+    for (int chunk : {0, 2}) {
+      for (int n : {5, 0}) {
+        SCOPED_TRACE(absl::StrCat(name, " chunk ", chunk, " n ", n));
+        auto plain = NewModel(name, backend.get(), 5, chunk);
+        auto hooked = NewModel(name, backend.get(), 5, chunk);
+        ASSERT_TRUE(plain.ok() && hooked.ok());
+        const std::vector<LayerRange> layers = (*hooked)->layers();
+        ASSERT_GE(layers.size(), 2u);
+        int64_t end = 0;
+        for (const LayerRange& r : layers) {
+          EXPECT_EQ(r.offset, end);
+          end += r.length;
+        }
+        EXPECT_EQ(end, (*hooked)->num_params());
+        const std::vector<float> w = (*plain)->InitialWeights(4);
+        ASSERT_TRUE((*plain)->SetWeights(w.data()).ok());
+        ASSERT_TRUE((*hooked)->SetWeights(std::vector<float>(w.size(), 7.0f).data()).ok());
+        std::vector<float> images(5 * 784);
+        for (size_t i = 0; i < images.size(); ++i) images[i] = float(i % 97) / 97;
+        const std::vector<float> labels = {0, 3, 3, 9, 1};
+        const Examples examples = Examples::Host(images.data(), labels.data());
+        ASSERT_TRUE((*plain)->ComputeGradients(examples, n).ok());
+        HandingHooks hooks(*backend, **hooked, w);
+        ASSERT_TRUE((*hooked)->ComputeGradientsPerLayer(examples, n, hooks).ok());
+        std::vector<std::string> expected;
+        for (size_t l = 0; l < layers.size(); ++l) expected.push_back(absl::StrCat("forward ", l));
+        for (size_t l = layers.size(); l-- > 0;) expected.push_back(absl::StrCat("backward ", l));
+        EXPECT_EQ(absl::StrJoin(hooks.calls, ", "), absl::StrJoin(expected, ", "));
+        std::vector<float> g1(w.size()), g2(w.size());
+        ASSERT_TRUE((*plain)->GetGradients(g1.data()).ok());
+        ASSERT_TRUE((*hooked)->GetGradients(g2.data()).ok());
+        EXPECT_EQ(g1, g2);
+        EXPECT_EQ(hooks.reported(), g2);
+        EXPECT_EQ(*(*plain)->TakeLoss(), *(*hooked)->TakeLoss());
+        HandingHooks failing(*backend, **hooked, w);
+        failing.fail_before = 1;
+        EXPECT_EQ((*hooked)->ComputeGradientsPerLayer(examples, n, failing).code(), absl::StatusCode::kAborted);
+      }
     }
   }
 }

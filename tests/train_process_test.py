@@ -299,9 +299,14 @@ class TrainProcessTest(unittest.TestCase):
             with open(os.path.join(trace_dir, name + ".json")) as f:
                 events = json.load(f)["traceEvents"]
             spans[name] = collections.Counter(e["name"] for e in events if e.get("ph") == "X")
+        # The workers overlap (--overlap, the default): the forward loads each layer's weights
+        # as they come, inside compute, and exchange is the wait for the last step's first reply
+        # (the steps after the first, and the epoch's end).
+        self.assertIn("sync mode, overlapped)", ok.stdout)
         for worker in ("worker0", "worker1"):
-            for stage in ("compute", "exchange", "load", "pushpull"):
+            for stage in ("compute", "exchange", "pushpull"):
                 self.assertEqual(spans[worker][stage], steps, (worker, stage, spans[worker]))
+            self.assertEqual(spans[worker]["load"], 0, (worker, spans[worker]))
         self.assertEqual(spans["server"]["sum"], 2 * steps, spans["server"])
         self.assertEqual(spans["server"]["optimizer"], steps, spans["server"])
         # Every push-pull's wait, and each worker's first pull after its join.

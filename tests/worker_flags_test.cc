@@ -41,6 +41,7 @@ Rows AsFlags(const WorkerOptions& o) {
       {"device", o.device},
       {"model_parallel", Text(t.model_parallel)},
       {"micro_batches", Text(t.micro_batches)},
+      {"overlap", Text(t.overlap)},
       {"data_dir", o.data_dir},
       {"seed", Text(t.seed)},
       {"threads", Text(o.threads)},

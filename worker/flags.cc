@@ -47,6 +47,17 @@ ABSL_FLAG(int, model_parallel, TrainerOptions().model_parallel,
 ABSL_FLAG(int, micro_batches, TrainerOptions().micro_batches,
           "--model_parallel=2: micro-batches each batch is cut into (GPipe's schedule: more "
           "shrink the pipeline's bubble, each is a smaller pass)");
+ABSL_FLAG(bool, overlap, TrainerOptions().overlap,
+          "overlap each step's push-pull with the compute: each partition's gradient goes to the "
+          "server as soon as backward has finished every layer in it (the last layers' first), "
+          "and the next forward waits, layer by layer, only for the partitions holding that "
+          "layer's weights. In sync mode the same weights, bit for bit, as --overlap=false, "
+          "which exchanges the whole gradient after backward. Taken only with one device computing the whole "
+          "model and a dense float32 wire (no summa-server --wire_dtype or --compress). The "
+          "model is cut where summa-server --partition_bytes says: LeNet fits in one partition "
+          "of the default 4 MiB, and nothing then overlaps. It pays where the compute leaves the "
+          "cores free (GPUs); CPU workers that fill every core gain nothing (see "
+          "bench/results-train.md). The join line says \"overlapped\" where it is on");
 ABSL_FLAG(std::string, data_dir, WorkerOptions().data_dir,
           "directory with the Fashion-MNIST (or MNIST) IDX files, gzipped or not");
 ABSL_FLAG(uint64_t, seed, TrainerOptions().seed, "seed of the initial weights and of every epoch's shuffle");
@@ -75,8 +86,9 @@ ABSL_FLAG(absl::Duration, retry_deadline, TrainerOptions().retry_deadline,
           "the last step that succeeded");
 ABSL_FLAG(std::string, trace_file, WorkerOptions().trace_file,
           "if set, write a timeline of every step (compute, exchange, load, and each "
-          "partition's push-pull) to this file as Chrome trace JSON when the worker ends (open it "
-          "in chrome://tracing or ui.perfetto.dev, with the server's)");
+          "partition's push-pull; with --overlap, loads are inside compute, exchange is the "
+          "wait for the last step's first reply and wait each layer's in the forward) to this file as Chrome trace JSON when the "
+          "worker ends (open it in chrome://tracing or ui.perfetto.dev, with the server's)");
 ABSL_FLAG(std::string, tls_ca, WorkerOptions().tls.ca,
           "PEM CA that signed the server's certificate: talk TLS to the server (needed for TLS)");
 ABSL_FLAG(std::string, tls_cert, WorkerOptions().tls.cert,
@@ -205,6 +217,7 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags() {
     return absl::InvalidArgumentError("--micro_batches applies only with --model_parallel=2");
   }
   o.trainer.seed = absl::GetFlag(FLAGS_seed);
+  o.trainer.overlap = absl::GetFlag(FLAGS_overlap);
   const std::string progress = absl::GetFlag(FLAGS_progress);
   if (progress != "auto" && progress != "always" && progress != "never") {
     return absl::InvalidArgumentError("--progress must be auto, always or never");

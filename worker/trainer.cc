@@ -80,110 +80,6 @@ absl::Status Trainer::Prepare(int max_shard) {
   return absl::OkStatus();
 }
 
-absl::Status Trainer::PrepareResident() {
-  const int64_t n = train_->count;
-  const int classes = models_[0]->classes();
-  if (n > (int64_t{1} << 24)) {
-    return absl::InvalidArgumentError(absl::StrCat("the training set's ", n, " examples exceed 2^24 ",
-                                                   "(row indices are kept as floats)"));
-  }
-  train_labels_.resize(n);
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t label = train_->labels[i];
-    if (label < 0 || label >= classes) {
-      return absl::InvalidArgumentError(absl::StrCat("training example ", i, " has label ", label, "; model ",
-                                                     options_.model, " has classes 0..", classes - 1));
-    }
-    train_labels_[i] = static_cast<float>(label);
-  }
-  order_rows_.assign(n, 0.0f);
-  const int64_t image_floats = int64_t{train_->rows} * train_->cols;
-  resident_.clear();
-  for (size_t d = 0; d < models_.size(); ++d) {  // a split model takes its examples on its first device
-    Backend* const b = backends_[d];
-    Resident r;
-    if (b->host_memory()) {
-      r.image_table = train_->images.data();
-      r.label_table = train_labels_.data();
-      r.rows = order_rows_.data();
-    } else {
-      SUMMA_ASSIGN_OR_RETURN(r.images, b->Alloc(n * image_floats));
-      SUMMA_ASSIGN_OR_RETURN(r.labels, b->Alloc(n));
-      SUMMA_ASSIGN_OR_RETURN(r.order, b->Alloc(n));
-      SUMMA_RETURN_IF_ERROR(b->Upload(train_->images.data(), n * image_floats, r.images->data()));
-      SUMMA_RETURN_IF_ERROR(b->Upload(train_labels_.data(), n, r.labels->data()));
-      r.image_table = r.images->data();
-      r.label_table = r.labels->data();
-      r.rows = r.order->data();
-    }
-    resident_.push_back(std::move(r));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Trainer::SetOrder(const std::vector<int64_t>& order) {
-  // order_rows_ is pageable host memory: an Upload from it has read it before returning (CUDA
-  // stages pageable copies), so rewriting it next epoch cannot race the device.
-  for (size_t i = 0; i < order.size(); ++i) order_rows_[i] = static_cast<float>(order[i]);
-  for (size_t d = 0; d < resident_.size(); ++d) {
-    if (resident_[d].order != nullptr) {
-      SUMMA_RETURN_IF_ERROR(backends_[d]->Upload(order_rows_.data(), static_cast<int64_t>(order.size()),
-                                                 resident_[d].order->data()));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<double> Trainer::TakeLoss() {
-  double loss = 0;
-  for (auto& model : models_) {
-    SUMMA_ASSIGN_OR_RETURN(double part, model->TakeLoss());
-    loss += part;
-  }
-  return loss;
-}
-
-absl::Status Trainer::LoadWeights() {
-  for (auto& model : models_) SUMMA_RETURN_IF_ERROR(model->SetWeights(weights_->data()));
-  return absl::OkStatus();
-}
-
-absl::Status Trainer::ComputeGradients(int64_t begin, int n) {
-  const int devices = static_cast<int>(models_.size());
-  const int64_t params = models_[0]->num_params();
-  // split_batch again, each device's part on its own thread.
-  SUMMA_RETURN_IF_ERROR(device_threads_->Run([&](int d) {
-    const int from = d * n / devices, to = (d + 1) * n / devices;
-    const Resident& r = resident_[d];
-    return models_[d]->ComputeGradients(
-        Examples::Resident(r.image_table, r.label_table, r.rows + begin + from), to - from);
-  }));
-  // The seed's allreduce inside one worker: sum every device's gradient onto the first.
-  Backend& first = *backends_[0];
-  for (int d = 1; d < devices; ++d) {
-    SUMMA_RETURN_IF_ERROR(first.CopyFromPeer(*backends_[d], models_[d]->gradients()->data(),
-                                             params, peer_gradients_->data()));
-    SUMMA_RETURN_IF_ERROR(first.Axpy(1.0f, peer_gradients_->data(), models_[0]->gradients()->data(),
-                                     params));
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<double> Trainer::TestAccuracy() {
-  Model& model = *models_[0];
-  std::vector<float> labels(model.max_batch());
-  int64_t correct = 0;
-  for (int64_t begin = 0; begin < test_->count; begin += model.max_batch()) {
-    const int n = static_cast<int>(std::min<int64_t>(model.max_batch(), test_->count - begin));
-    for (int i = 0; i < n; ++i) labels[i] = static_cast<float>(test_->labels[begin + i]);
-    SUMMA_ASSIGN_OR_RETURN(int64_t c, model.CountCorrect(
-                                          test_->images.data() + begin * model.image_floats(),
-                                          labels.data(), n));
-    correct += c;
-  }
-  return test_->count == 0 ? 0.0 : static_cast<double>(correct) / test_->count;
-}
-
 // Every worker's device, gathered with the server's AllReduce: each rank writes a code into its
 // own slot (1 for cpu, 2 + g for cuda:g).
 absl::StatusOr<std::vector<std::string>> Trainer::DeviceNames() {
@@ -252,15 +148,17 @@ absl::Status Trainer::Run() {
   absl::Duration backoff = absl::Milliseconds(200);
   for (int attempt = 0;; ++attempt) {
     result = JoinAndTrain(initial_weights_, attempt > 0);
+    if (overlap_ != nullptr) overlap_->Abandon();  // a step in flight when it failed
     if (result.ok()) break;
     // The server went away (UNAVAILABLE) or came back without us (NOT_FOUND): rejoin, and resume
     // at the version it has (a restored checkpoint's, or the one we were at).
     if (!absl::IsUnavailable(result) && !absl::IsNotFound(result)) break;
     if (rank_ < 0) break;  // never joined: Join already retried for --join_deadline
     const absl::Time now = absl::Now();
-    if (failing_since == absl::InfiniteFuture() || steps_done_ != steps_at_failure) {
+    const uint64_t done = steps_done_ + (overlap_ != nullptr ? overlap_->steps_finished() : 0);
+    if (failing_since == absl::InfiniteFuture() || done != steps_at_failure) {
       failing_since = now;
-      steps_at_failure = steps_done_;
+      steps_at_failure = done;
       backoff = absl::Milliseconds(200);
     }
     if (now - failing_since > options_.retry_deadline) {
@@ -305,6 +203,20 @@ absl::StatusOr<std::vector<float>> Trainer::EpochLoss(int epoch, double loss_sum
   return mine;
 }
 
+absl::Status Trainer::PlanOverlap(const JoinInfo& joined) {
+  ParameterClient* const client = store_->staged_client();
+  // An encoded push (--wire_dtype, --compress) takes the whole gradient at once, and a model on
+  // several devices has its gradient only once theirs are summed: nothing to overlap.
+  overlapping_ = options_.overlap && client != nullptr && models_.size() == 1 && models_[0]->weights() != nullptr &&
+                 joined.wire_dtype == WireDType::kFloat32 && !joined.compression.sparse();
+  if (!overlapping_) return absl::OkStatus();
+  if (overlap_ == nullptr) {
+    overlap_ = std::make_unique<LayerExchange>(client, models_[0].get(), backends_[0], weights_->data(),
+                                               gradients_->data(), options_.tracer);
+  }
+  return overlap_->Plan();
+}
+
 absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoining) {
   const int64_t n = train_->count;
   const int64_t batch = options_.batch_size;
@@ -323,6 +235,7 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
   leases_.Start(rank_, joined.lease);
   SUMMA_RETURN_IF_ERROR(store_->PullAll(joined.version, weights_->data()).status());
   SUMMA_RETURN_IF_ERROR(LoadWeights());
+  SUMMA_RETURN_IF_ERROR(PlanOverlap(joined));
   uint64_t step = joined.next_step;
   const int64_t steps_per_epoch = StepsPerEpoch(n, batch);
   if (step > 0 && step % steps_per_epoch == 0) {
@@ -346,9 +259,9 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
     absl::StatusOr<std::vector<std::string>> names = DeviceNames();
     if (names.ok()) device_names_ = *std::move(names);  // else the epoch line says "[cpu ...]"
   }
-  std::fprintf(out_, "rank %d of %d %s at step %llu (model %s, %s)\n", rank_, options_.world_size,
+  std::fprintf(out_, "rank %d of %d %s at step %llu (model %s, %s%s)\n", rank_, options_.world_size,
                rejoining ? "rejoined" : "joined", static_cast<unsigned long long>(step),
-               options_.model.c_str(), mode_.c_str());
+               options_.model.c_str(), mode_.c_str(), overlapping_ ? ", overlapped" : "");
   std::fflush(out_);
   board_->Update([&](WorkerState& s) {
     s.rank = rank_;
@@ -367,6 +280,8 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
     int64_t examples = 0;
     int64_t global_examples = 0;
     for (int64_t b = static_cast<int64_t>(step) - int64_t{epoch} * steps_per_epoch; b < steps_per_epoch; ++b) {
+      // Overlapped, the last step's exchange still runs: its first reply names this step's group.
+      if (overlapping_) SUMMA_RETURN_IF_ERROR(overlap_->AwaitGroup(&live_));
       // split_batch over the members still in the group.
       const auto me = std::find(live_.begin(), live_.end(), rank_);
       if (me == live_.end()) {
@@ -380,21 +295,30 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
                                                 max_shard_, " prepared for"));
       }
       Tracer* const tracer = options_.tracer;
-      std::optional<TraceSpan> compute(std::in_place, tracer, "compute", "worker");
-      SUMMA_RETURN_IF_ERROR(ComputeGradients(shard.begin, static_cast<int>(shard.size())));
-      SUMMA_RETURN_IF_ERROR(models_[0]->GetGradients(gradients_->data()));
-      compute.reset();
-      {
-        TraceSpan exchange(tracer, "exchange", "worker");
-        SUMMA_RETURN_IF_ERROR(
-            store_->PushPull(step, shard.size(), gradients_->data(), weights_->data(), &live_));
-      }
-      {
+      if (overlapping_) {
+        // This step's exchange runs on into the next step's forward, which waits per layer.
+        TraceSpan compute(tracer, "compute", "worker");
+        const Resident& r = resident_[0];
+        overlap_->BeginCompute(step, shard.size());
+        SUMMA_RETURN_IF_ERROR(models_[0]->ComputeGradientsPerLayer(
+            Examples::Resident(r.image_table, r.label_table, r.rows + shard.begin), static_cast<int>(shard.size()),
+            *overlap_));
+        SUMMA_RETURN_IF_ERROR(overlap_->EndCompute());
+      } else {
+        std::optional<TraceSpan> compute(std::in_place, tracer, "compute", "worker");
+        SUMMA_RETURN_IF_ERROR(ComputeGradients(shard.begin, static_cast<int>(shard.size())));
+        SUMMA_RETURN_IF_ERROR(models_[0]->GetGradients(gradients_->data()));
+        compute.reset();
+        {
+          TraceSpan exchange(tracer, "exchange", "worker");
+          SUMMA_RETURN_IF_ERROR(
+              store_->PushPull(step, shard.size(), gradients_->data(), weights_->data(), &live_));
+        }
         TraceSpan load(tracer, "load", "worker");
         SUMMA_RETURN_IF_ERROR(LoadWeights());
+        ++steps_done_;  // overlapped, counted as its exchange ends (overlap_->steps_finished())
       }
       ++step;
-      ++steps_done_;
       examples += shard.size();
       global_examples += std::min(batch, n - b * batch);
       const absl::Time now = absl::Now();
@@ -410,6 +334,8 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
         last_draw = now;
       }
     }
+    // The epoch's last exchange ends before the loss collective, the evaluation and the end.
+    if (overlapping_) SUMMA_RETURN_IF_ERROR(overlap_->Settle(&live_));
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
     SUMMA_ASSIGN_OR_RETURN(const double loss_sum, TakeLoss());
     if (options_.progress_bar) std::fprintf(out_, "\r\033[K");

@@ -21,6 +21,7 @@
 #include "worker/compute/backend.h"
 #include "worker/compute/device_threads.h"
 #include "client/lease_keeper.h"
+#include "worker/layer_exchange.h"
 #include "worker/models/model.h"
 #include "client/parameter_store.h"
 #include "worker/status_board.h"
@@ -41,6 +42,11 @@ struct TrainerOptions {
   bool progress_bar = false;   // redraw a bar with examples/s (on a terminal)
   bool evaluate = true;        // test accuracy after each epoch
   std::string status_address;  // told to the server, for operators
+  // Overlap each step's exchange with the compute (LayerExchange): push each partition as soon
+  // as backward has finished it, and let the next forward wait per layer for its weights. Only
+  // where the store is a ParameterClient, the job's wire format dense float32, and one device
+  // computes the whole model; elsewhere the exchange follows the compute.
+  bool overlap = true;
   // How long to keep rejoining while the server is unreachable or has forgotten this worker
   // (a server restart), counted from the last step that succeeded.
   absl::Duration retry_deadline = absl::Minutes(5);
@@ -86,6 +92,8 @@ class Trainer {
   // Forward and backward of the `n` examples at `begin` in this epoch's order, split across the
   // devices; the summed gradient lands in the first model's gradients. Waits for no device.
   absl::Status ComputeGradients(int64_t begin, int n);
+  // Whether this attempt's steps overlap their exchange (overlapping_), after its Join.
+  absl::Status PlanOverlap(const JoinInfo& joined);
   // Makes `order` (this epoch's order of the training set) every device's row indices.
   absl::Status SetOrder(const std::vector<int64_t>& order);
   // The summed loss of every device's steps since the last call (waits for the devices).
@@ -135,7 +143,10 @@ class Trainer {
   std::vector<int> live_;      // the group the data is sharded over
   std::vector<std::string> device_names_;  // by rank; empty when not gathered
   std::string mode_;           // "sync mode", "async mode" or "ssp mode, staleness K"
-  uint64_t steps_done_ = 0;    // steps this process completed, over all attempts
+  // Steps this process completed, over all attempts: these, and overlap_'s steps_finished().
+  uint64_t steps_done_ = 0;
+  std::unique_ptr<LayerExchange> overlap_;  // made at the first Join that can overlap
+  bool overlapping_ = false;                // this attempt's steps go through overlap_
   LeaseKeeper leases_;
 };
 

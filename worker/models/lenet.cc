@@ -33,18 +33,20 @@ absl::StatusOr<std::unique_ptr<LeNetFeatures>> LeNetFeatures::Create(Backend* ba
   return f;
 }
 
-absl::Status LeNetFeatures::Forward(const float* x, int at, int n, const float* params) {
+absl::Status LeNetFeatures::Forward(const float* x, int at, int n, const float* params, LayerHooks* hooks) {
   Backend& be = *backend_;
   float* const c1 = c1_->data() + int64_t{at} * kC1 * 26 * 26;
   float* const p1 = p1_->data() + int64_t{at} * kC1 * 13 * 13;
   float* const c2 = c2_->data() + int64_t{at} * kC2 * 9 * 9;
+  SUMMA_RETURN_IF_ERROR(HookBeforeForward(hooks, kLeNetConv1));
   SUMMA_RETURN_IF_ERROR(be.Conv2dReluPoolForward(Conv1(n), x, params + kW1, params + kB1, c1, p1, workspace_->data()));
+  SUMMA_RETURN_IF_ERROR(HookBeforeForward(hooks, kLeNetConv2));
   SUMMA_RETURN_IF_ERROR(be.Conv2dReluForward(Conv2(n), p1, params + kW2, params + kB2, c2, workspace_->data()));
   return be.AvgPool2Forward(c2, out(at), n * kC2, 9, 9);
 }
 
 absl::Status LeNetFeatures::Backward(const float* x, int at, int n, const float* params, float* grads,
-                                     bool columns_ready) {
+                                     bool columns_ready, LayerHooks* hooks) {
   Backend& be = *backend_;
   const float* const c1 = c1_->data() + int64_t{at} * kC1 * 26 * 26;
   const float* const p1 = p1_->data() + int64_t{at} * kC1 * 13 * 13;
@@ -55,9 +57,11 @@ absl::Status LeNetFeatures::Backward(const float* x, int at, int n, const float*
   SUMMA_RETURN_IF_ERROR(be.AvgPool2ReluBackward(c2, dout(at), dc2, n * kC2, 9, 9));
   SUMMA_RETURN_IF_ERROR(be.Conv2dBackward(Conv2(n), p1, params + kW2, dc2, dp1, grads + kW2, grads + kB2,
                                           workspace_->data(), columns_ready));
+  SUMMA_RETURN_IF_ERROR(HookGradientReady(hooks, kLeNetConv2));
   SUMMA_RETURN_IF_ERROR(be.AvgPool2ReluBackward(c1, dp1, dc1, n * kC1, 26, 26));
-  return be.Conv2dBackward(Conv1(n), x, params + kW1, dc1, /*dx=*/nullptr, grads + kW1, grads + kB1,
-                           workspace_->data(), /*columns_ready=*/false);
+  SUMMA_RETURN_IF_ERROR(be.Conv2dBackward(Conv1(n), x, params + kW1, dc1, /*dx=*/nullptr, grads + kW1, grads + kB1,
+                                          workspace_->data(), /*columns_ready=*/false));
+  return HookGradientReady(hooks, kLeNetConv1);
 }
 
 absl::StatusOr<std::unique_ptr<LeNetHead>> LeNetHead::Create(Backend* backend, int capacity, int max_pass) {
@@ -68,17 +72,19 @@ absl::StatusOr<std::unique_ptr<LeNetHead>> LeNetHead::Create(Backend* backend, i
   return h;
 }
 
-absl::Status LeNetHead::Forward(const float* in, int at, int n, const float* params) {
+absl::Status LeNetHead::Forward(const float* in, int at, int n, const float* params, LayerHooks* hooks) {
   Backend& be = *backend_;
   float* const h3 = h3_->data() + int64_t{at} * kHidden;
+  SUMMA_RETURN_IF_ERROR(HookBeforeForward(hooks, kLeNetLinear3));
   SUMMA_RETURN_IF_ERROR(be.LinearForward(in, params + kW3, params + kB3, h3, n, kFlat, kHidden));
   SUMMA_RETURN_IF_ERROR(be.ReluForward(h3, h3, int64_t{n} * kHidden));
+  SUMMA_RETURN_IF_ERROR(HookBeforeForward(hooks, kLeNetLinear4));
   return be.LinearForward(h3, params + kW4, params + kB4, logits_->data() + int64_t{at} * LeNet::kClasses, n,
                           kHidden, LeNet::kClasses);
 }
 
 absl::Status LeNetHead::Backward(const float* in, const float* labels, int at, int n, const float* params,
-                                 float* din, float* grads, float* loss_totals) {
+                                 float* din, float* grads, float* loss_totals, LayerHooks* hooks) {
   Backend& be = *backend_;
   const float* const h3 = h3_->data() + int64_t{at} * kHidden;
   float* const dlogits = dlogits_->data();
@@ -87,8 +93,10 @@ absl::Status LeNetHead::Backward(const float* in, const float* labels, int at, i
                                                n, LeNet::kClasses, loss_totals));
   SUMMA_RETURN_IF_ERROR(be.LinearBackward(h3, params + kW4, dlogits, dh3, grads + kW4, grads + kB4, n, kHidden,
                                           LeNet::kClasses));
+  SUMMA_RETURN_IF_ERROR(HookGradientReady(hooks, kLeNetLinear4));
   SUMMA_RETURN_IF_ERROR(be.ReluBackward(h3, dh3, dh3, int64_t{n} * kHidden));
-  return be.LinearBackward(in, params + kW3, dh3, din, grads + kW3, grads + kB3, n, kFlat, kHidden);
+  SUMMA_RETURN_IF_ERROR(be.LinearBackward(in, params + kW3, dh3, din, grads + kW3, grads + kB3, n, kFlat, kHidden));
+  return HookGradientReady(hooks, kLeNetLinear3);
 }
 
 absl::StatusOr<int64_t> LeNetHead::CountCorrect(const float* labels, int at, int n) {
@@ -100,6 +108,13 @@ std::vector<TensorSpec> LeNet::Specs() {
           {"W2", DType::kFloat32, {kC2, kC1, 5, 5}}, {"b2", DType::kFloat32, {kC2}},
           {"W3", DType::kFloat32, {kFlat, kHidden}}, {"b3", DType::kFloat32, {kHidden}},
           {"W4", DType::kFloat32, {kHidden, kClasses}}, {"b4", DType::kFloat32, {kClasses}}};
+}
+
+absl::Span<const LayerRange> LeNet::Layers() {
+  static constexpr int64_t kHead = LeNetFeatures::kParams;
+  static constexpr LayerRange kLayers[kLeNetLayers] = {
+      {kW1, kW2 - kW1}, {kW2, kHead - kW2}, {kHead + kW3, kW4 - kW3}, {kHead + kW4, LeNetHead::kParams - kW4}};
+  return kLayers;
 }
 
 int64_t LeNet::NumParams() {
@@ -136,22 +151,27 @@ absl::Status LeNet::GetGradients(float* host_flat) {
   return backend_->Download(grads_->data(), NumParams(), host_flat);
 }
 
-absl::Status LeNet::Forward(const Examples& examples, int n) {
+absl::Status LeNet::Forward(const Examples& examples, int n, LayerHooks* hooks) {
   SUMMA_RETURN_IF_ERROR(LoadExamples(*backend_, examples, n, kImageFloats, x_->data(), labels_->data()));
-  SUMMA_RETURN_IF_ERROR(features_->Forward(x_->data(), 0, n, params_->data()));
-  return head_->Forward(features_->out(0), 0, n, params_->data() + LeNetFeatures::kParams);
+  SUMMA_RETURN_IF_ERROR(features_->Forward(x_->data(), 0, n, params_->data(), hooks));
+  return head_->Forward(features_->out(0), 0, n, params_->data() + LeNetFeatures::kParams, hooks);
 }
 
-absl::Status LeNet::Backward(int n, DeviceBuffer& grads) {
+absl::Status LeNet::Backward(int n, DeviceBuffer& grads, LayerHooks* hooks) {
   SUMMA_RETURN_IF_ERROR(head_->Backward(features_->out(0), labels_->data(), 0, n,
                                         params_->data() + LeNetFeatures::kParams, features_->dout(0),
-                                        grads.data() + LeNetFeatures::kParams, loss_totals_->data()));
-  return features_->Backward(x_->data(), 0, n, params_->data(), grads.data(), /*columns_ready=*/true);
+                                        grads.data() + LeNetFeatures::kParams, loss_totals_->data(), hooks));
+  return features_->Backward(x_->data(), 0, n, params_->data(), grads.data(), /*columns_ready=*/true, hooks);
 }
 
 absl::Status LeNet::ComputeGradients(const Examples& examples, int n) {
   return ChunkedGradients(*backend_, {max_batch_, chunk_, kImageFloats}, *this, examples, n, *grads_,
                           *chunk_grads_);
+}
+
+absl::Status LeNet::ComputeGradientsPerLayer(const Examples& examples, int n, LayerHooks& hooks) {
+  return ChunkedGradients(*backend_, {max_batch_, chunk_, kImageFloats, Layers()}, *this, examples, n, *grads_,
+                          *chunk_grads_, &hooks);
 }
 
 absl::StatusOr<double> LeNet::TakeLoss() { return TakeLossTotals(*backend_, *loss_totals_, kClasses); }

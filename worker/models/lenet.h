@@ -17,6 +17,9 @@
 
 namespace summa::worker {
 
+// LeNet's layers (Model::layers()), in forward order, as its halves report them to LayerHooks.
+enum LeNetLayer : int { kLeNetConv1, kLeNetConv2, kLeNetLinear3, kLeNetLinear4, kLeNetLayers };
+
 // LeNet's two halves, each on one backend with activations for `capacity` examples kept from a
 // forward pass to its backward pass (rows [at, at + n) of them), and scratch for passes of up
 // to `max_pass` examples. LeNet runs both on one device; PipelinedLeNet (pipeline.h) runs them
@@ -30,12 +33,14 @@ class LeNetFeatures {
   static constexpr int kOut = 800;
   static absl::StatusOr<std::unique_ptr<LeNetFeatures>> Create(Backend* backend, int capacity, int max_pass);
 
-  // x: n images (on the device) -> out(at) .. out(at + n).
-  absl::Status Forward(const float* x, int at, int n, const float* params);
+  // x: n images (on the device) -> out(at) .. out(at + n). `hooks` (or null) hears of
+  // kLeNetConv1 and kLeNetConv2, here and in Backward.
+  absl::Status Forward(const float* x, int at, int n, const float* params, LayerHooks* hooks = nullptr);
   // From dout(at) (the loss's gradient at the output rows, filled by the caller) to the
   // parameters' gradient in `grads` (overwritten). `x` as given to Forward. `columns_ready`: the
   // last call of this object was the Forward of these same rows (its workspace is reused).
-  absl::Status Backward(const float* x, int at, int n, const float* params, float* grads, bool columns_ready);
+  absl::Status Backward(const float* x, int at, int n, const float* params, float* grads, bool columns_ready,
+                        LayerHooks* hooks = nullptr);
   float* out(int at) { return p2_->data() + int64_t{at} * kOut; }
   float* dout(int at) { return dp2_->data() + int64_t{at} * kOut; }
 
@@ -53,12 +58,13 @@ class LeNetHead {
   static constexpr int64_t kParams = 800 * 128 + 128 + 128 * 10 + 10;
   static absl::StatusOr<std::unique_ptr<LeNetHead>> Create(Backend* backend, int capacity, int max_pass);
 
-  // in: the features of rows [at, at + n) -> the logits of those rows.
-  absl::Status Forward(const float* in, int at, int n, const float* params);
+  // in: the features of rows [at, at + n) -> the logits of those rows. `hooks` (or null) hears
+  // of kLeNetLinear3 and kLeNetLinear4, here and in Backward.
+  absl::Status Forward(const float* in, int at, int n, const float* params, LayerHooks* hooks = nullptr);
   // The summed loss of rows [at, at + n) against `labels` (n, on the device) is added to
   // `loss_totals`; its gradient goes to `grads` (overwritten) and to `din` (n x 800).
   absl::Status Backward(const float* in, const float* labels, int at, int n, const float* params, float* din,
-                        float* grads, float* loss_totals);
+                        float* grads, float* loss_totals, LayerHooks* hooks = nullptr);
   absl::StatusOr<int64_t> CountCorrect(const float* labels, int at, int n);
 
  private:
@@ -77,6 +83,8 @@ class LeNet final : public Model, private ChunkPasses {
 
   // W1 [20,1,3,3], b1 [20], W2 [50,20,5,5], b2 [50], W3 [800,128], b3 [128], W4 [128,10], b4 [10].
   static std::vector<TensorSpec> Specs();
+  // Each LeNetLayer's weights and biases: {W1 b1}, {W2 b2}, {W3 b3}, {W4 b4}.
+  static absl::Span<const LayerRange> Layers();
   static int64_t NumParams();
   // Weights drawn from N(0, 0.01^2) with `seed`, biases zero; flat, in Specs() order.
   static std::vector<float> SeedWeights(uint64_t seed);
@@ -98,6 +106,8 @@ class LeNet final : public Model, private ChunkPasses {
   int max_batch() const override { return max_batch_; }
   absl::Status SetWeights(const float* host_flat) override;
   absl::Status ComputeGradients(const Examples& examples, int n) override;
+  std::vector<LayerRange> layers() const override { return {Layers().begin(), Layers().end()}; }
+  absl::Status ComputeGradientsPerLayer(const Examples& examples, int n, LayerHooks& hooks) override;
   absl::StatusOr<double> TakeLoss() override;
   absl::Status GetGradients(float* host_flat) override;
   absl::StatusOr<int64_t> CountCorrect(const float* images, const float* labels, int n) override;
@@ -108,8 +118,8 @@ class LeNet final : public Model, private ChunkPasses {
   LeNet(Backend* backend, int max_batch, int chunk)
       : backend_(backend), max_batch_(max_batch), chunk_(chunk) {}
   // ChunkPasses, for n <= chunk_ examples; logits land in logits_.
-  absl::Status Forward(const Examples& examples, int n) override;
-  absl::Status Backward(int n, DeviceBuffer& grads) override;
+  absl::Status Forward(const Examples& examples, int n, LayerHooks* hooks) override;
+  absl::Status Backward(int n, DeviceBuffer& grads, LayerHooks* hooks) override;
   absl::StatusOr<int64_t> CountLastCorrect(int n) override;
   Backend* const backend_;  // Not owned.
   const int max_batch_;

@@ -25,6 +25,11 @@ std::vector<TensorSpec> Mlp::Specs() {
           {"b2", DType::kFloat32, {kClasses}}};
 }
 
+absl::Span<const LayerRange> Mlp::Layers() {
+  static constexpr LayerRange kLayers[] = {{kW1, kW2 - kW1}, {kW2, kParams - kW2}};
+  return kLayers;
+}
+
 int64_t Mlp::NumParams() { return kParams; }
 
 std::vector<float> Mlp::SeedWeights(uint64_t seed) { return NormalWeights(Specs(), seed, 0.01f); }
@@ -58,17 +63,19 @@ absl::Status Mlp::GetGradients(float* host_flat) {
   return backend_->Download(grads_->data(), kParams, host_flat);
 }
 
-absl::Status Mlp::Forward(const Examples& examples, int n) {
+absl::Status Mlp::Forward(const Examples& examples, int n, LayerHooks* hooks) {
   Backend& be = *backend_;
   const float* w = params_->data();
   SUMMA_RETURN_IF_ERROR(LoadExamples(be, examples, n, kImageFloats, x_->data(), labels_->data()));
+  SUMMA_RETURN_IF_ERROR(HookBeforeForward(hooks, 0));
   SUMMA_RETURN_IF_ERROR(be.LinearForward(x_->data(), w + kW1, w + kB1, h1_->data(), n,
                                          kImageFloats, kHidden));
   SUMMA_RETURN_IF_ERROR(be.ReluForward(h1_->data(), h1_->data(), int64_t{n} * kHidden));
+  SUMMA_RETURN_IF_ERROR(HookBeforeForward(hooks, 1));
   return be.LinearForward(h1_->data(), w + kW2, w + kB2, logits_->data(), n, kHidden, kClasses);
 }
 
-absl::Status Mlp::Backward(int n, DeviceBuffer& grads) {
+absl::Status Mlp::Backward(int n, DeviceBuffer& grads, LayerHooks* hooks) {
   Backend& be = *backend_;
   const float* w = params_->data();
   float* g = grads.data();
@@ -76,15 +83,21 @@ absl::Status Mlp::Backward(int n, DeviceBuffer& grads) {
                                              n, kClasses, loss_totals_->data()));
   SUMMA_RETURN_IF_ERROR(be.LinearBackward(h1_->data(), w + kW2, dlogits_->data(), dh1_->data(),
                                           g + kW2, g + kB2, n, kHidden, kClasses));
+  SUMMA_RETURN_IF_ERROR(HookGradientReady(hooks, 1));
   SUMMA_RETURN_IF_ERROR(be.ReluBackward(h1_->data(), dh1_->data(), dh1_->data(), int64_t{n} * kHidden));
   SUMMA_RETURN_IF_ERROR(be.LinearBackward(x_->data(), w + kW1, dh1_->data(), /*dx=*/nullptr,
                                           g + kW1, g + kB1, n, kImageFloats, kHidden));
-  return absl::OkStatus();
+  return HookGradientReady(hooks, 0);
 }
 
 absl::Status Mlp::ComputeGradients(const Examples& examples, int n) {
   return ChunkedGradients(*backend_, {max_batch_, chunk_, kImageFloats}, *this, examples, n, *grads_,
                           *chunk_grads_);
+}
+
+absl::Status Mlp::ComputeGradientsPerLayer(const Examples& examples, int n, LayerHooks& hooks) {
+  return ChunkedGradients(*backend_, {max_batch_, chunk_, kImageFloats, Layers()}, *this, examples, n, *grads_,
+                          *chunk_grads_, &hooks);
 }
 
 absl::StatusOr<double> Mlp::TakeLoss() { return TakeLossTotals(*backend_, *loss_totals_, kClasses); }

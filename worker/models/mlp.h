@@ -26,6 +26,8 @@ class Mlp final : public Model, private ChunkPasses {
 
   // W1 [784,256], b1 [256], W2 [256,10], b2 [10].
   static std::vector<TensorSpec> Specs();
+  // Its two layers' weights and biases: {W1 b1}, {W2 b2}.
+  static absl::Span<const LayerRange> Layers();
   static int64_t NumParams();
   // Weights drawn from N(0, 0.01^2) with `seed`, biases zero; flat, in Specs() order.
   static std::vector<float> SeedWeights(uint64_t seed);
@@ -44,6 +46,8 @@ class Mlp final : public Model, private ChunkPasses {
   int max_batch() const override { return max_batch_; }
   absl::Status SetWeights(const float* host_flat) override;
   absl::Status ComputeGradients(const Examples& examples, int n) override;
+  std::vector<LayerRange> layers() const override { return {Layers().begin(), Layers().end()}; }
+  absl::Status ComputeGradientsPerLayer(const Examples& examples, int n, LayerHooks& hooks) override;
   absl::StatusOr<double> TakeLoss() override;
   absl::Status GetGradients(float* host_flat) override;
   absl::StatusOr<int64_t> CountCorrect(const float* images, const float* labels, int n) override;
@@ -54,8 +58,8 @@ class Mlp final : public Model, private ChunkPasses {
   Mlp(Backend* backend, int max_batch, int chunk)
       : backend_(backend), max_batch_(max_batch), chunk_(chunk) {}
   // ChunkPasses, for n <= chunk_ examples; logits land in logits_.
-  absl::Status Forward(const Examples& examples, int n) override;
-  absl::Status Backward(int n, DeviceBuffer& grads) override;
+  absl::Status Forward(const Examples& examples, int n, LayerHooks* hooks) override;
+  absl::Status Backward(int n, DeviceBuffer& grads, LayerHooks* hooks) override;
   absl::StatusOr<int64_t> CountLastCorrect(int n) override;
 
   Backend* const backend_;  // Not owned.

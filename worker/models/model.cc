@@ -73,22 +73,83 @@ absl::Status CheckBatch(int n, int max_batch) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The hooks of the last chunk's backward in a batch of several: each layer's gradient is summed
+// into the batch's as soon as the pass has written it, and only then reported.
+class SumThenReport final : public LayerHooks {
+ public:
+  SumThenReport(Backend& backend, absl::Span<const LayerRange> layers, DeviceBuffer& chunk_grads,
+                DeviceBuffer& grads, LayerHooks& hooks)
+      : backend_(backend), layers_(layers), chunk_grads_(chunk_grads), grads_(grads), hooks_(hooks),
+        summed_(layers.size(), 0) {}
+
+  absl::Status BeforeForward(int) override {
+    return absl::InternalError("a backward pass asked for a layer's weights");
+  }
+  absl::Status GradientReady(int layer) override {
+    if (layer < 0 || static_cast<size_t>(layer) >= layers_.size() || summed_[layer]) {
+      return absl::InternalError(absl::StrCat("layer ", layer, " reported twice or out of range"));
+    }
+    const LayerRange& r = layers_[layer];
+    SUMMA_RETURN_IF_ERROR(backend_.Axpy(1.0f, chunk_grads_.data() + r.offset, grads_.data() + r.offset, r.length));
+    summed_[layer] = 1;
+    return hooks_.GradientReady(layer);
+  }
+  // Every layer was summed (a pass that skipped one would lose that chunk's share).
+  absl::Status CheckAll() const {
+    for (size_t l = 0; l < summed_.size(); ++l) {
+      if (!summed_[l]) return absl::InternalError(absl::StrCat("the backward pass never reported layer ", l));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  Backend& backend_;
+  const absl::Span<const LayerRange> layers_;
+  DeviceBuffer& chunk_grads_;
+  DeviceBuffer& grads_;
+  LayerHooks& hooks_;
+  std::vector<char> summed_;
+};
+
+}  // namespace
+
 absl::Status ChunkedGradients(Backend& backend, const ChunkShape& shape, ChunkPasses& passes,
                               const Examples& examples, int n, DeviceBuffer& grads,
-                              DeviceBuffer& chunk_grads) {
+                              DeviceBuffer& chunk_grads, LayerHooks* hooks) {
   SUMMA_RETURN_IF_ERROR(CheckBatch(n, shape.max_batch));
-  if (n == 0) return backend.Zero(grads.data(), grads.size());
+  const int layers = static_cast<int>(shape.layers.size());
+  if (n == 0) {
+    for (int l = 0; l < layers; ++l) SUMMA_RETURN_IF_ERROR(HookBeforeForward(hooks, l));
+    SUMMA_RETURN_IF_ERROR(backend.Zero(grads.data(), grads.size()));
+    for (int l = layers - 1; l >= 0; --l) SUMMA_RETURN_IF_ERROR(HookGradientReady(hooks, l));
+    return absl::OkStatus();
+  }
   if (n <= shape.chunk) {
-    SUMMA_RETURN_IF_ERROR(passes.Forward(examples, n));
-    return passes.Backward(n, grads);
+    SUMMA_RETURN_IF_ERROR(passes.Forward(examples, n, hooks));
+    return passes.Backward(n, grads, hooks);
   }
   SUMMA_RETURN_IF_ERROR(backend.Zero(grads.data(), grads.size()));
   for (int begin = 0; begin < n; begin += shape.chunk) {
     const int m = std::min(shape.chunk, n - begin);
-    SUMMA_RETURN_IF_ERROR(passes.Forward(examples.From(begin, shape.image_floats), m));
-    SUMMA_RETURN_IF_ERROR(passes.Backward(m, chunk_grads));
+    SUMMA_RETURN_IF_ERROR(passes.Forward(examples.From(begin, shape.image_floats), m, begin == 0 ? hooks : nullptr));
+    if (hooks != nullptr && begin + m == n) {
+      SumThenReport last(backend, shape.layers, chunk_grads, grads, *hooks);
+      SUMMA_RETURN_IF_ERROR(passes.Backward(m, chunk_grads, &last));
+      return last.CheckAll();
+    }
+    SUMMA_RETURN_IF_ERROR(passes.Backward(m, chunk_grads, nullptr));
     SUMMA_RETURN_IF_ERROR(backend.Axpy(1.0f, chunk_grads.data(), grads.data(), grads.size()));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Model::ComputeGradientsPerLayer(const Examples& examples, int n, LayerHooks& hooks) {
+  const int layers = static_cast<int>(this->layers().size());
+  for (int l = 0; l < layers; ++l) SUMMA_RETURN_IF_ERROR(hooks.BeforeForward(l));
+  SUMMA_RETURN_IF_ERROR(ComputeGradients(examples, n));
+  for (int l = layers - 1; l >= 0; --l) SUMMA_RETURN_IF_ERROR(hooks.GradientReady(l));
   return absl::OkStatus();
 }
 
@@ -98,7 +159,7 @@ absl::StatusOr<int64_t> ChunkedCountCorrect(const ChunkShape& shape, ChunkPasses
   int64_t correct = 0;
   for (int begin = 0; begin < n; begin += shape.chunk) {
     const int m = std::min(shape.chunk, n - begin);
-    SUMMA_RETURN_IF_ERROR(passes.Forward(Examples::Host(images, labels).From(begin, shape.image_floats), m));
+    SUMMA_RETURN_IF_ERROR(passes.Forward(Examples::Host(images, labels).From(begin, shape.image_floats), m, nullptr));
     SUMMA_ASSIGN_OR_RETURN(int64_t c, passes.CountLastCorrect(m));
     correct += c;
   }

@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "common/tensor.h"
 #include "worker/compute/backend.h"
 
@@ -44,6 +45,36 @@ struct Examples {
   }
 };
 
+// One layer's run of a model's flat buffers (its weights and biases), in floats.
+struct LayerRange {
+  int64_t offset = 0;
+  int64_t length = 0;
+};
+
+// What Model::ComputeGradientsPerLayer tells its caller as its passes reach each layer
+// (Model::layers()), on the calling thread: what lets a trainer overlap a step's exchange with
+// its compute. An error from a hook ends the computation with that error.
+class LayerHooks {
+ public:
+  // Layer `layer`'s weights are about to be read for the first time: they must be in weights()
+  // when the hook returns (it may write them there now).
+  virtual absl::Status BeforeForward(int layer) = 0;
+  // Layer `layer`'s gradients in gradients() are final: nothing of this computation writes them
+  // again.
+  virtual absl::Status GradientReady(int layer) = 0;
+
+ protected:
+  ~LayerHooks() = default;
+};
+// hooks->BeforeForward(layer) and hooks->GradientReady(layer), or OK when `hooks` is null: how
+// the passes call them, at the cost of a comparison where nobody listens.
+inline absl::Status HookBeforeForward(LayerHooks* hooks, int layer) {
+  return hooks == nullptr ? absl::OkStatus() : hooks->BeforeForward(layer);
+}
+inline absl::Status HookGradientReady(LayerHooks* hooks, int layer) {
+  return hooks == nullptr ? absl::OkStatus() : hooks->GradientReady(layer);
+}
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -65,6 +96,14 @@ class Model {
   // in gradients(); the summed loss is added to a total on the device that TakeLoss reads. Waits
   // for nothing on the device (GetGradients does). n = 0 gives zero gradients.
   virtual absl::Status ComputeGradients(const Examples& examples, int n) = 0;
+  // The layers' runs of the flat buffers, in forward order, end to end from 0 to num_params().
+  virtual std::vector<LayerRange> layers() const { return {{0, num_params()}}; }
+  // ComputeGradients (the same gradients, bit for bit) telling `hooks` of each layer as the
+  // passes reach it: BeforeForward of every layer, first to last, each before that layer's
+  // weights are first read, then GradientReady of every layer, last to first, each as soon as
+  // its gradients are final; each exactly once, also for n = 0. The default (a model that
+  // cannot tell): every BeforeForward, ComputeGradients, then every GradientReady.
+  virtual absl::Status ComputeGradientsPerLayer(const Examples& examples, int n, LayerHooks& hooks);
   // The summed loss of every ComputeGradients since the last TakeLoss, which starts the total
   // again at zero. Waits for the device. INVALID_ARGUMENT if any of those examples had a label
   // outside [0, classes()) (its loss and gradient counted as zero).
@@ -99,11 +138,13 @@ absl::StatusOr<std::vector<TensorSpec>> ModelSpecs(const std::string& name);
 // The chunk loop every implementation shares runs these passes of a model, n <= its chunk each.
 class ChunkPasses {
  public:
-  // Forward of n examples; logits stay on the device.
-  virtual absl::Status Forward(const Examples& examples, int n) = 0;
+  // Forward of n examples; logits stay on the device. HookBeforeForward(hooks, layer) before
+  // each layer reads its weights (hooks may be null).
+  virtual absl::Status Forward(const Examples& examples, int n, LayerHooks* hooks) = 0;
   // Backward of the last forward's n examples: the summed loss's gradient overwrites `grads`;
-  // the summed loss is added to the model's total on the device.
-  virtual absl::Status Backward(int n, DeviceBuffer& grads) = 0;
+  // the summed loss is added to the model's total on the device. HookGradientReady(hooks, layer)
+  // as soon as each layer's gradient in `grads` is written.
+  virtual absl::Status Backward(int n, DeviceBuffer& grads, LayerHooks* hooks) = 0;
   // How many of the last forward's n examples are classified right.
   virtual absl::StatusOr<int64_t> CountLastCorrect(int n) = 0;
 
@@ -114,14 +155,17 @@ struct ChunkShape {
   int max_batch = 0;
   int chunk = 0;  // examples per pass; the whole batch when it is not smaller
   int image_floats = 0;
+  absl::Span<const LayerRange> layers;  // Model::layers(), for ChunkedGradients' hooks
 };
 // OK for a batch of 0 to max_batch examples; else INVALID_ARGUMENT saying which bound it broke.
 absl::Status CheckBatch(int n, int max_batch);
 // Model::ComputeGradients over chunks: each chunk's gradient lands in `chunk_grads` and is summed
-// into `grads` (one pass straight into `grads` when the batch fits one chunk).
+// into `grads` (one pass straight into `grads` when the batch fits one chunk). With `hooks`
+// (ComputeGradientsPerLayer): the first chunk's forward calls BeforeForward, and the last
+// chunk's backward sums each layer into `grads` as it is done, then calls GradientReady.
 absl::Status ChunkedGradients(Backend& backend, const ChunkShape& shape, ChunkPasses& passes,
                               const Examples& examples, int n, DeviceBuffer& grads,
-                              DeviceBuffer& chunk_grads);
+                              DeviceBuffer& chunk_grads, LayerHooks* hooks = nullptr);
 // Model::CountCorrect over chunks.
 absl::StatusOr<int64_t> ChunkedCountCorrect(const ChunkShape& shape, ChunkPasses& passes,
                                             const float* images, const float* labels, int n);

@@ -117,7 +117,8 @@ class ParameterClient final : public ParameterStore {
   absl::Status BeginStaged(uint64_t step, int64_t num_examples, const float* gradients, float* weights);
   void StartStaged(size_t i);
   // Waits for the next staged call to end: true with its partition and outcome (OK once its
-  // weights are in). False when none is in flight, or when WakeStaged was called.
+  // weights are in). False when none is in flight, when WakeStaged was called, or when a refused
+  // push went again (the caller looks for partitions made ready meanwhile).
   bool NextStaged(size_t* partition, absl::Status* status);
   // Makes a NextStaged in progress (or the next) return false. Thread-safe, but only between
   // BeginStaged and the end of the step's calls.

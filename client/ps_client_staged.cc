@@ -69,7 +69,9 @@ bool ParameterClient::NextStaged(size_t* partition, absl::Status* status) {
         transport_->Start(i, shard_of_[i], DataMethod::kPushPull, &requests_[i], &replies_[i],
                           absl::Now() + call_deadline_);
         ++staged_in_flight_;
-        continue;
+        // As if woken: the wait that took this refusal may also have taken a wake (the socket
+        // plane reads its eventfd in the same poll), so the caller looks for ready partitions.
+        return false;
       }
       *status = absl::Status(st.code(), absl::StrCat(partition_names_[i], ": ", st.message()));
     } else {

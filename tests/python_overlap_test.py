@@ -140,6 +140,8 @@ class PythonOverlapTest(unittest.TestCase):
             ("ps, gradient accumulation over 2 backwards", ["--accumulate=2"]),
             ("distributed, gradient accumulation", ["--optimizer=distributed", "--accumulate=2"]),
             ("ps, unused parameters", ["--unused"]),
+            ("ps, .grad set to None before backward", ["--set_to_none"]),
+            ("distributed, .grad set to None", ["--optimizer=distributed", "--set_to_none"]),
             ("distributed, unused parameters", ["--optimizer=distributed", "--unused"]),
         ]
         with ProcessGroup() as g:

@@ -110,6 +110,7 @@ class NativeClient {
   }
 
   uint64_t Pull(uint64_t min_version, const py::buffer& weights) {
+    RefuseMidStep("pull");
     float* w = FloatBuffer(weights, true, floats_, "weights").data;
     absl::StatusOr<uint64_t> version;
     {
@@ -121,6 +122,7 @@ class NativeClient {
   }
 
   std::vector<int> PushPull(uint64_t step, int64_t num_examples, const py::buffer& gradients, const py::buffer& weights) {
+    RefuseMidStep("push_pull");
     const float* g = FloatBuffer(gradients, false, floats_, "gradients").data;
     float* w = FloatBuffer(weights, true, floats_, "weights").data;
     std::vector<int> live;
@@ -134,6 +136,7 @@ class NativeClient {
   }
 
   bool Push(uint64_t step, int64_t num_examples, const py::buffer& gradients) {
+    RefuseMidStep("push");
     const float* g = FloatBuffer(gradients, false, floats_, "gradients").data;
     absl::StatusOr<bool> completed;
     {
@@ -146,6 +149,7 @@ class NativeClient {
 
   void AllReduce(const py::buffer& values, const py::buffer& out, const std::string& name, int group_size, int rank,
                  bool members, uint64_t round) {
+    RefuseMidStep("allreduce");
     const Floats in = FloatBuffer(values, false, -1, "allreduce values");
     const Floats sum = FloatBuffer(out, true, in.size, "allreduce output");
     Collective group{name, rank, group_size, members, round};
@@ -232,6 +236,13 @@ class NativeClient {
   StepExchange& Exchange() {
     if (exchange_ == nullptr) throw py::value_error("no overlapped step has begun");
     return *exchange_;
+  }
+  // The data path belongs to the exchange's thread while a step is in flight.
+  void RefuseMidStep(const char* what) const {
+    if (active()) {
+      Raise(absl::FailedPreconditionError(absl::StrCat(
+          what, " while an overlapped step is in flight (its optimizer's synchronize() ends it)")));
+    }
   }
   // Ends a step still in flight (its calls all have deadlines) before the client is used
   // otherwise. Called without the GIL.

@@ -52,8 +52,16 @@ class DeviceStaging:
     def _hand_over(self):
         while True:
             k, done = self._ready.get()
-            done.synchronize()  # releases the GIL
-            self._client.ready(k)
+            try:
+                done.synchronize()  # releases the GIL
+                self._client.ready(k)
+            finally:
+                self._ready.task_done()
+
+    def drain(self):
+        """Until every partition handed to download so far is copied and named ready (before the
+        step is finished, or its host gradients pushed again)."""
+        self._ready.join()
 
     def upload(self, k, offset, length, device_weights):
         """Partition k's new weights (in host_weights) to the device, before the current stream

@@ -80,6 +80,15 @@ class _FlatBuffers:
     def grads_np(self):
         return self.grads.numpy()
 
+    def bind_grad(self, i):
+        """Parameter i's .grad as a view of the flat buffer: a .grad that backward made anew (after
+        zero_grad(set_to_none=True), torch 2's default) is copied in."""
+        p, a, n = self.params[i], self.offsets[i], self.sizes[i]
+        view = self.grads[a:a + n]
+        if p.grad is not None and p.grad.data_ptr() != view.data_ptr():
+            view.copy_(p.grad.reshape(-1))
+            p.grad = view.view_as(p)
+
     def gather_grads(self):
         """Makes every .grad a view of the flat buffer again (after zero_grad(set_to_none=True),
         or a user who assigned .grad): copies only such gradients in."""
@@ -121,8 +130,9 @@ class _GradientHooks:
     1.x). `buckets_of[i]`: the buckets parameter i's values fall in. Off while `enabled` is false
     (opt.no_sync()); reset() starts the count of a new backward."""
 
-    def __init__(self, params, buckets_of, bucket_count, on_first, on_ready):
+    def __init__(self, params, buckets_of, bucket_count, on_first, on_ready, bind):
         self.enabled = True
+        self._bind = bind  # bind(i): parameter i's .grad into the flat buffer (a new .grad copied in)
         self._on_first = on_first
         self._on_ready = on_ready
         self._buckets_of = buckets_of
@@ -151,6 +161,7 @@ class _GradientHooks:
                     self._skip = True
                     return
             self._fired[i] = True
+            self._bind(i)
             for b in reversed(self._buckets_of[i]):  # the later partitions first, as backward goes
                 self._left[b] -= 1
                 if self._left[b] == 0:
@@ -168,6 +179,20 @@ class _GradientHooks:
         self.readied = [False] * len(self.readied)
         self._started = False
         self._skip = False
+
+
+@contextlib.contextmanager
+def _hooks_off(hooks):
+    """The optimizers' no_sync(): `hooks` (a _GradientHooks, or None without overlap) ignore the
+    backwards inside."""
+    if hooks is None:
+        yield
+        return
+    hooks.enabled = False
+    try:
+        yield
+    finally:
+        hooks.enabled = True
 
 
 def _buckets_by_range(offsets, sizes, ranges):
@@ -263,7 +288,7 @@ class ParameterServerOptimizer:
                 on_ready = lambda k: self.staging.download(self.client, k, *ranges[k], self.flat.grads)  # noqa: E731
             self._ranges = ranges
             self._hooks = _GradientHooks(self.flat.params, _buckets_by_range(self.flat.offsets, self.flat.sizes, ranges),
-                                         len(ranges), self._begin, on_ready)
+                                         len(ranges), self._begin, on_ready, self.flat.bind_grad)
             self._modules = []
             if module is not None:
                 self._watch_forward(module, ranges)
@@ -317,6 +342,10 @@ class ParameterServerOptimizer:
 
     def _waiter(self, parts):
         def pre_hook(*_):
+            if self._hooks.started:
+                raise RuntimeError(f"summa: a forward began while step {self.next_step}'s backward had started "
+                                   "its exchange and step() was not called (a backward that raised, or a "
+                                   "missing opt.step()); the job cannot go on from here")
             if self._exchanging is None:
                 return
             try:
@@ -338,10 +367,11 @@ class ParameterServerOptimizer:
         self._pushed_examples = int(self.num_examples)
         if self.staging is not None:
             self.staging.next_buffer()
-            self._exchanging = self.staging.host_grads_now
+            grads = self.staging.host_grads_now
         else:
-            self._exchanging = self.flat.grads
-        self.client.begin(self.next_step, self._pushed_examples, self._exchanging.numpy(), self._weights_np)
+            grads = self.flat.grads
+        self.client.begin(self.next_step, self._pushed_examples, grads.numpy(), self._weights_np)
+        self._exchanging = grads
 
     def _end_step(self, mid_step=False):
         """Waits for the step in flight to end; after a lost server, rejoins and pushes it again.
@@ -349,11 +379,16 @@ class ParameterServerOptimizer:
         if the server resumed at another step than that one, the computation is for nothing and
         its gradient must not go (step() then leaves next_step at the server's, and the loop
         follows it)."""
+        if self.staging is not None:
+            self.staging.drain()
         grads, self._exchanging = self._exchanging, None
         step = self.next_step - 1
         try:
             self.live_ranks = self.client.finish()
             self._last_timeline = self.client.timeline()
+            if self.staging is not None:  # partitions no module's forward has taken yet
+                for k in range(len(self._ranges)):
+                    self.staging.upload(k, *self._ranges[k], self.flat.weights)
             return
         except SummaError as e:
             if e.code not in _REJOIN:
@@ -375,18 +410,10 @@ class ParameterServerOptimizer:
             if self.staging is not None:
                 self.staging.upload_all(self.flat.weights)
 
-    @contextlib.contextmanager
     def no_sync(self):
         """Backwards inside only accumulate gradients (DDP's no_sync); the first backward after it
         exchanges the sum."""
-        if self._hooks is None:
-            yield
-            return
-        self._hooks.enabled = False
-        try:
-            yield
-        finally:
-            self._hooks.enabled = True
+        return _hooks_off(self._hooks)
 
     def timeline(self):
         """The last finished overlapped step, per partition: {"partition", "ready_ns", "start_ns",
@@ -415,9 +442,7 @@ class ParameterServerOptimizer:
                 self._hooks.reset()
             return
         if self._hooks is not None and self._hooks.started:
-            if int(num_examples) != self._pushed_examples:
-                raise ValueError(f"summa: step({num_examples}) after pushes of {self._pushed_examples} examples "
-                                 "began during backward; set opt.num_examples before backward")
+            mismatch = int(num_examples) != self._pushed_examples
             # The partitions of parameters that had no gradient (on a GPU: copied, then ready).
             if self.staging is not None:
                 for k, named in enumerate(self._hooks.readied):
@@ -430,7 +455,12 @@ class ParameterServerOptimizer:
             self.version = self.next_step if self.mode == pb.MODE_SYNC else self.version + 1
             if not self._modules:
                 self.synchronize()  # no forward to overlap with: the weights are needed now
+            if mismatch:
+                raise ValueError(f"summa: step({num_examples}) after pushes of {self._pushed_examples} examples "
+                                 "began during backward (they went as such); set opt.num_examples before backward")
             return
+        if self._exchanging is not None:
+            self._end_step()  # a step with no backward since the last one (all of it under no_sync)
         self.flat.gather_grads()
         step = self.next_step
         grads = self.flat.grads_np if self.staging is None else None
@@ -439,6 +469,7 @@ class ParameterServerOptimizer:
             grads = self.staging.host_grads_now.numpy()
         if self.local is not None:
             self._hierarchical_step(step, int(num_examples))
+            return
         else:
             pushed = self._push_pull_retrying(step, int(num_examples), grads)
             if self.staging is not None:
@@ -452,8 +483,10 @@ class ParameterServerOptimizer:
         examples = self.local.sum_examples(num_examples)
         self.local.sum_to_leader(self.flat.grads)
         if self.local.is_leader:
-            self._push_pull_retrying(step, examples, self.flat.grads_np)
-        self.local.from_leader(self.flat.weights)
+            if self._push_pull_retrying(step, examples, self.flat.grads_np):
+                self.next_step = max(self.next_step, step + 1)
+                self.version = self.next_step if self.mode == pb.MODE_SYNC else self.version + 1
+        self._share_from_leader()  # the leader's step, version and weights: the host follows it
 
     def _push_pull_retrying(self, step, num_examples, grads, first_error=None):
         """push_pull of `step`, rejoining through a lost server; False when the server resumed
@@ -551,7 +584,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._error = None
             self._thread = None
             self._hooks = _GradientHooks(params, _buckets_by_range(self.flat.offsets, self.flat.sizes, self.buckets),
-                                         len(self.buckets), self._begin, self._queue.put)
+                                         len(self.buckets), self._begin, lambda b: self._queue.put(b),
+                                         self.flat.bind_grad)
 
     def __getattr__(self, name):
         return getattr(self.__dict__["_inner"], name)
@@ -573,20 +607,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def zero_grad(self, set_to_none=False):
         self.flat.zero_grad()
 
-    @contextlib.contextmanager
     def no_sync(self):
-        """Backwards inside only accumulate (DDP's no_sync)."""
-        if self._hooks is None:
-            yield
-            return
-        self._hooks.enabled = False
-        try:
-            yield
-        finally:
-            self._hooks.enabled = True
+        """Backwards inside only accumulate (DDP's no_sync); the first backward after it sums."""
+        return _hooks_off(self._hooks)
 
     def _begin(self):
         self._error = None
+        self._queue = queue.Queue()  # nothing left over from a step that failed
         self._thread = threading.Thread(target=self._exchange, name="summa-buckets", daemon=True)
         self._thread.start()
 

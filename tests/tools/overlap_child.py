@@ -58,6 +58,8 @@ def main():
     ap.add_argument("--frozen", action="store_true")
     ap.add_argument("--unused", action="store_true")
     ap.add_argument("--groups", action="store_true", help="two param groups (the inner SGD's lr halved for one)")
+    ap.add_argument("--set_to_none", action="store_true",
+                    help="model.zero_grad(set_to_none=True) (torch 2's default): backward makes new .grad tensors")
     ap.add_argument("--params_only", action="store_true", help="give the optimizer parameters, not the model")
     ap.add_argument("--delay_rank", type=int, default=-1)
     ap.add_argument("--delay", type=float, default=0.0, help="seconds --delay_rank sleeps before each backward")
@@ -118,6 +120,8 @@ def main():
         lo, hi = rank * args.batch // world, (rank + 1) * args.batch // world
         x, y = x[lo:hi], y[lo:hi]
         opt.zero_grad()
+        if args.set_to_none:
+            model.zero_grad(set_to_none=True)
         forward_starts.clear()
         micro = np.array_split(np.arange(hi - lo), args.accumulate)
         if not args.reference and args.optimizer == "ps":

@@ -80,17 +80,7 @@ class FaultProcessTest(JobCases, unittest.TestCase):
             job = Job(g, 2, [f"--checkpoint_dir={ckpt}", "--checkpoint_every=25"])
             for r in range(2):
                 job.start_worker(r)
-            # Kill it once a checkpoint past 150 is on disk (an event, not a guess at timing).
-            deadline = time.monotonic() + 120
-            while int(job.status().get("lastCheckpointVersion", 0)) < 150:
-                self.assertLess(time.monotonic(), deadline, "no checkpoint past version 150")
-                time.sleep(0.05)
-            job.server.send_signal(signal.SIGKILL)
-            job.server.wait()
-            time.sleep(1)
-            job.start_server(job.port)
-            log = g.log(job.server)
-            self.assertIn(f"restored {ckpt}", log)
+            self.assertIn(f"restored {ckpt}", job.restart_server_after_checkpoint(150))
             outs = self.finish(g, job)
             self.assertIn("rejoined at step", outs[0])
             self.assertEqual(int(job.status()["version"]), STEPS)

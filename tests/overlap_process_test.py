@@ -7,9 +7,7 @@ the undisturbed run's.
   overlap_process_test.py --bin BUILD_DIR [unittest args]
 """
 import os
-import signal
 import sys
-import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "tools"))
@@ -52,17 +50,8 @@ class OverlapProcessTest(JobCases, unittest.TestCase):
             job = Job(g, 2, [*SMALL_PARTITIONS, f"--checkpoint_dir={ckpt}", "--checkpoint_every=25"])
             for r in range(2):
                 job.start_worker(r)
-            deadline = time.monotonic() + 120
-            while int(job.status().get("lastCheckpointVersion", 0)) < 150:
-                self.assertLess(time.monotonic(), deadline, "no checkpoint past version 150")
-                time.sleep(0.05)
-            job.server.send_signal(signal.SIGKILL)
-            job.server.wait()
-            time.sleep(1)
-            job.start_server(job.port)
-            self.assertIn(f"restored {ckpt}", g.log(job.server))
+            self.assertIn(f"restored {ckpt}", job.restart_server_after_checkpoint(150))
             outs = self.finish(g, job)
-            print(outs[0])
             for out in outs.values():
                 self.assertIn("overlapped)", out)
                 self.assertIn("rejoined at step", out)

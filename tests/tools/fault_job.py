@@ -128,6 +128,20 @@ class Job:
             time.sleep(0.1)
         raise AssertionError(f"version {at_least} not reached in {seconds} s")
 
+    def restart_server_after_checkpoint(self, version, seconds=120):
+        """SIGKILLs the server once a checkpoint at `version` or later is on disk (an event, not a
+        guess at timing) and starts a new one on its port; the new server's log."""
+        deadline = time.monotonic() + seconds
+        while int(self.status().get("lastCheckpointVersion", 0)) < version:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no checkpoint past version {version} in {seconds} s")
+            time.sleep(0.05)
+        self.server.send_signal(signal.SIGKILL)
+        self.server.wait()
+        time.sleep(1)
+        self.start_server(self.port)
+        return self.g.log(self.server)
+
     def weights(self):
         """The whole flat weights, every partition, from the shard that holds it."""
         shards = [Reflector(f"127.0.0.1:{p}", timeout=5) for p in self.ports]

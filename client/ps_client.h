@@ -216,6 +216,8 @@ class ParameterClient final : public ParameterStore {
   void EncodePush(size_t i, uint64_t step, int64_t num_examples, const float* gradients);
   // Reads partition i's pull reply: the header into pull_headers_[i], the values into `weights`.
   absl::Status DecodePull(size_t i, float* weights);
+  // Starts the staged step's push-pull of partition i (encoded, stamped with its shard's view).
+  void LaunchStaged(size_t i);
   // DecodePull of a push-pull of `step`: in sync mode the reply must be version step + 1.
   absl::Status DecodePushPull(size_t i, uint64_t step, float* weights);
   // Sets up the wire format the server asked for at a Join that resumes this rank at

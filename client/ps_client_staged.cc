@@ -33,15 +33,13 @@ void ParameterClient::StartStaged(size_t i) {
     encoder_.Encode(staged_.step, staged_.num_examples, staged_.gradients);
     std::fill(staged_.marked.begin(), staged_.marked.end(), false);
     staged_.unmarked = partitions_.size();
-    for (size_t k = 0; k < partitions_.size(); ++k) {
-      EncodePush(k, staged_.step, staged_.num_examples, staged_.gradients);
-      if (tracer_ != nullptr) call_begun_[k] = absl::Now();
-      transport_->Start(k, shard_of_[k], DataMethod::kPushPull, &requests_[k], &replies_[k],
-                        absl::Now() + call_deadline_);
-      ++staged_in_flight_;
-    }
+    for (size_t k = 0; k < partitions_.size(); ++k) LaunchStaged(k);
     return;
   }
+  LaunchStaged(i);
+}
+
+void ParameterClient::LaunchStaged(size_t i) {
   EncodePush(i, staged_.step, staged_.num_examples, staged_.gradients);
   if (tracer_ != nullptr) call_begun_[i] = absl::Now();
   transport_->Start(i, shard_of_[i], DataMethod::kPushPull, &requests_[i], &replies_[i], absl::Now() + call_deadline_);
@@ -65,10 +63,7 @@ bool ParameterClient::NextStaged(size_t* partition, absl::Status* status) {
     if (tracer_ != nullptr) tracer_->Complete("pushpull", "client", call_begun_[i], absl::Now(), static_cast<int64_t>(i));
     if (!st.ok()) {
       if (RetryRefusedPush(i, staged_.step, &staged_.refreshes[i], &st)) {
-        EncodePush(i, staged_.step, staged_.num_examples, staged_.gradients);
-        transport_->Start(i, shard_of_[i], DataMethod::kPushPull, &requests_[i], &replies_[i],
-                          absl::Now() + call_deadline_);
-        ++staged_in_flight_;
+        LaunchStaged(i);
         // As if woken: the wait that took this refusal may also have taken a wake (the socket
         // plane reads its eventfd in the same poll), so the caller looks for ready partitions.
         return false;

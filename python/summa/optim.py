@@ -92,15 +92,12 @@ class _FlatBuffers:
     def gather_grads(self):
         """Makes every .grad a view of the flat buffer again (after zero_grad(set_to_none=True),
         or a user who assigned .grad): copies only such gradients in."""
-        for p, a, n in zip(self.params, self.offsets, self.sizes):
-            view = self.grads[a:a + n]
+        for i, (p, a, n) in enumerate(zip(self.params, self.offsets, self.sizes)):
             if p.grad is None:
-                view.zero_()
-            elif p.grad.data_ptr() != view.data_ptr():
-                view.copy_(p.grad.reshape(-1))
+                self.grads[a:a + n].zero_()
+                p.grad = self.grads[a:a + n].view_as(p)
             else:
-                continue
-            p.grad = view.view_as(p)
+                self.bind_grad(i)
         for p, a, n in zip(self.params, self.offsets, self.sizes):
             if p.data.data_ptr() != self.weights[a:a + n].data_ptr():
                 raise RuntimeError("summa: a parameter's .data was replaced after the optimizer "
@@ -406,9 +403,7 @@ class ParameterServerOptimizer:
         """Waits until the last step's weights are all in (before reading them other than by a
         forward: a checkpoint, an evaluation outside the model's forward)."""
         if self._exchanging is not None:
-            self._end_step()
-            if self.staging is not None:
-                self.staging.upload_all(self.flat.weights)
+            self._end_step()  # on a GPU it also uploads the partitions no forward took
 
     def no_sync(self):
         """Backwards inside only accumulate gradients (DDP's no_sync); the first backward after it
@@ -463,10 +458,11 @@ class ParameterServerOptimizer:
             self._end_step()  # a step with no backward since the last one (all of it under no_sync)
         self.flat.gather_grads()
         step = self.next_step
-        grads = self.flat.grads_np if self.staging is None else None
         if self.staging is not None:
             self.staging.download_all(self.flat.grads)
             grads = self.staging.host_grads_now.numpy()
+        else:
+            grads = self.flat.grads_np
         if self.local is not None:
             self._hierarchical_step(step, int(num_examples))
             return
@@ -580,7 +576,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     self.buckets.append((a, end - a))
                     end = a
             self.buckets = [(a, n) for a, n in self.buckets if n > 0]
-            self._queue = queue.Queue()
             self._error = None
             self._thread = None
             self._hooks = _GradientHooks(params, _buckets_by_range(self.flat.offsets, self.flat.sizes, self.buckets),

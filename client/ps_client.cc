@@ -280,7 +280,7 @@ absl::Status ParameterClient::SendPushes(DataMethod method, const char* trace_na
 
 bool ParameterClient::RetryRefusedPush(size_t i, uint64_t step, int* refreshes, absl::Status* refused) {
   constexpr int kRefreshes = 3;  // per partition and step
-  if (!RefusedForStaleView(*refused)) return false;
+  if (!RefusedForStaleView(*refused) || recompute_on_stale_view_) return false;
   if (++*refreshes > kRefreshes) {
     *refused = absl::UnavailableError(absl::StrCat(refused->message(), " (still stale after ", kRefreshes,
                                                    " refreshes: joining again)"));

@@ -137,6 +137,12 @@ class ParameterClient final : public ParameterStore {
   // Records every partition's push-pull (from its start to its reply) when not null. Not owned;
   // outlives the client.
   void set_tracer(Tracer* tracer) { tracer_ = tracer; }
+  // A push refused for a stale membership view, or dropped with its step when the step started
+  // again under a new group, goes back to the caller (ABORTED, IsStaleView) instead of being
+  // sent again as it is: a caller that splits the batch over the group (summa-worker) computes
+  // its new shard of the step, so that every example is summed once. Off by default: the same
+  // gradient goes again (a caller that cannot redo a step, as a user's PyTorch loop).
+  void set_recompute_on_stale_view(bool on) { recompute_on_stale_view_ = on; }
   // The data path's transport (kAuto unless set). The choice is made at the first data-path
   // call and again after every Join (a restarted server may serve its plane on another port).
   void set_data_plane(DataPlane plane) {
@@ -263,6 +269,7 @@ class ParameterClient final : public ParameterStore {
     size_t unmarked = 0;
   } staged_;
   size_t staged_in_flight_ = 0;
+  bool recompute_on_stale_view_ = false;
   std::vector<int> staged_live_ranks_;
 };
 

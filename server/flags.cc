@@ -61,8 +61,12 @@ ABSL_FLAG(bool, require_sessions, ServerOptions().require_sessions,
           "refuse a member's call that carries no session id (its Join returns one; a newer Join "
           "for the same rank fences the older process). false takes session-less calls, from "
           "clients older than sessions, as the rank's");
-ABSL_FLAG(int, workers, ServerOptions().world_size,
-          "number of workers in the job (the sync barrier waits for all of them)");
+ABSL_FLAG(std::string, workers, "1",
+          "workers in the job: N (the sync barrier waits for all of them), or MIN:MAX for an "
+          "elastic job that starts with ranks 0..MIN-1 and admits up to MAX in all while it runs "
+          "(a worker with a new --rank, or --rank=-1, joins at the next step boundary and the "
+          "global batch is split over the larger group from that step; under --on_worker_loss="
+          "shrink the group shrinks again, down to any size; one server shard only)");
 ABSL_FLAG(std::string, mode, ModeName(ServerOptions().mode),
           "consistency mode: sync (a step completes when every worker pushed, as the seed), async "
           "(each push applied on arrival), or ssp (async, but a worker more than --staleness steps "
@@ -179,7 +183,10 @@ namespace summa::server {
 
 absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   ServerOptions o;
-  o.world_size = absl::GetFlag(FLAGS_workers);
+  absl::StatusOr<std::pair<int, int>> workers = ParseWorkers(absl::GetFlag(FLAGS_workers));
+  if (!workers.ok()) return workers.status();
+  o.min_workers = workers->first;
+  o.world_size = workers->second;
   absl::StatusOr<Mode> mode = ParseMode(absl::GetFlag(FLAGS_mode));
   if (!mode.ok()) return mode.status();
   o.mode = *mode;

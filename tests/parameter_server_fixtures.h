@@ -5,11 +5,13 @@
 #define SUMMA_TESTS_PARAMETER_SERVER_FIXTURES_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "common/clock.h"
 #include "gtest/gtest.h"
+#include "server/checkpoint/checkpoint_dir.h"
 #include "server/core/parameter_server.h"
 #include "tests/parameter_server_peer.h"
 
@@ -71,6 +73,18 @@ class ParameterServerTest : public ::testing::Test {
   const std::string b_ = Bytes({10, 20});
   ParameterServer ps_;
 };
+
+// Restores `ps` from the newest whole checkpoint in `dir`, streamed as the daemon does.
+inline absl::Status RestoreNewest(ParameterServer& ps, const std::string& dir,
+                                  std::vector<std::string>* warnings = nullptr) {
+  std::vector<std::string> ignored;
+  absl::StatusOr<std::optional<RestoredCheckpoint>> restored = RestoreNewestCheckpoint(
+      dir, [&](CheckpointReader& reader) { return ps.Restore(reader.header(), reader); },
+      warnings != nullptr ? warnings : &ignored);
+  if (!restored.ok()) return restored.status();
+  if (!restored->has_value()) return absl::NotFoundError("no checkpoint in " + dir);
+  return absl::OkStatus();
+}
 
 // One tensor of 4 floats in one partition, 2 workers, lr 1.
 class MembershipTest : public ::testing::Test {

@@ -67,7 +67,10 @@ TEST_F(MembershipTest, ANewerJoinFencesTheOlderProcessOfItsRank) {
   EXPECT_TRUE(ps.Heartbeat(0, b->session).ok());
 }
 
-TEST_F(MembershipTest, ShrinkDropsALapsedMemberAndFinishesTheStepWithoutIt) {
+// A member lost before it pushed a step leaves that step without its shard of the batch: the
+// step starts again under the group left (its sum dropped, the push-pulls told to compute their
+// shard again), so that every example of the batch is summed once.
+TEST_F(MembershipTest, ShrinkDropsALapsedMemberAndStartsItsStepAgainWithoutIt) {
   ServerOptions o;
   o.require_sessions = false;
   o.on_worker_loss = OnWorkerLoss::kShrink;
@@ -80,9 +83,23 @@ TEST_F(MembershipTest, ShrinkDropsALapsedMemberAndFinishesTheStepWithoutIt) {
   ASSERT_TRUE(ps->Heartbeat(0, 0).ok());
   clock_.Advance(absl::Milliseconds(500));
   ps->Tick(clock_.Now());
-  ASSERT_TRUE(pull->Wait().ok());
-  // The step completed with rank 0's push alone, divided by its 2 examples: w = 0 - 2/2.
+  const absl::Status restarted = pull->Wait();
+  EXPECT_TRUE(IsStaleView(restarted)) << restarted;
+  EXPECT_NE(restarted.message().find("step 0 of partition 0 starts again under view 1 (ranks 0)"),
+            absl::string_view::npos) << restarted;
+  EXPECT_EQ(ps->Status().version, 0u);
+  EXPECT_EQ(ps->Status().steps_restarted, 1u);
+  EXPECT_EQ(Weights(*ps), std::vector<float>(4, 0));  // nothing applied
+  // Rank 0 computes the whole batch now (4 examples) and pushes the step again, stamped with
+  // the new view: it completes alone, divided by its 4 examples: w = 0 - 4/4.
+  const std::string fours = Floats4(4);
+  PushRequestView again = Push(0, 0, fours, 4);
+  again.view = 1;
+  auto second = std::make_shared<FakeCall>();
+  ps->PushPull(again, second);
+  ASSERT_TRUE(second->Wait().ok());
   EXPECT_EQ(Weights(*ps), std::vector<float>(4, -1));
+  EXPECT_EQ(ps->Status().examples_applied, 4u);
   EXPECT_EQ(ps->LiveRanks(), std::vector<int>{0});
   auto refused = ps->Push(Push(1, 1, twos_, 2));
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -113,8 +130,14 @@ TEST_F(MembershipTest, APushStampedWithAnotherViewIsRefusedNamingBothViews) {
   PushRequestView first = Push(0, 0, twos_, 2);
   first.view = 0;
   ASSERT_TRUE(ps->Push(first).ok());
-  ASSERT_TRUE(ps->Leave(1, 0).ok());  // step 0 completes with rank 0's push alone
+  ASSERT_TRUE(ps->Leave(1, 0).ok());  // step 0 starts again without rank 1
   ASSERT_EQ(ps->view(), 1u);
+  ASSERT_EQ(ps->Status().version, 0u);
+  // Rank 0's push of step 0 was dropped with the step: pushed again (stamped with the new view),
+  // it completes the step alone.
+  PushRequestView redo = Push(0, 0, twos_, 2);
+  redo.view = 1;
+  ASSERT_TRUE(ps->Push(redo).ok());
   ASSERT_EQ(ps->Status().version, 1u);
   PushRequestView stale = Push(0, 1, twos_, 2);
   stale.view = 0;
@@ -199,18 +222,21 @@ TEST_F(MembershipTest, ALeaveThatArrivesAfterShardZerosViewIsOk) {
 }
 
 // On a follower a rank's Leave excludes it without moving the view's number (that is shard 0's to
-// move): the step that waited only for it completes all the same, and shard 0's view, arriving
-// after, finds nothing left to do. A step's group follows exclusions, not the number.
-TEST_F(MembershipTest, ALeaveThatReachesAFollowerFirstCompletesTheStepItWaitedFor) {
+// move): the step that waited for it starts again without it all the same, and shard 0's view,
+// arriving after, finds nothing left to do. A step's group follows exclusions, not the number.
+TEST_F(MembershipTest, ALeaveThatReachesAFollowerFirstStartsTheStepItWaitedForAgain) {
   ServerOptions o;
   o.require_sessions = false;
   o.follower = true;
   auto follower = Make(o);
-  auto pull = std::make_shared<FakeCall>();
-  follower->PushPull(Push(0, 0, twos_, 2), pull);
-  EXPECT_FALSE(pull->answered());
+  auto first = std::make_shared<FakeCall>();
+  follower->PushPull(Push(0, 0, twos_, 2), first);
+  EXPECT_FALSE(first->answered());
   ASSERT_TRUE(follower->Leave(1, 0).ok());
   EXPECT_EQ(follower->Status().view, 0u);  // the number is shard 0's
+  EXPECT_TRUE(IsStaleView(first->Wait()));
+  auto pull = std::make_shared<FakeCall>();
+  follower->PushPull(Push(0, 0, twos_, 2), pull);
   ASSERT_TRUE(pull->Wait().ok());
   EXPECT_EQ(pull->counter(), 1u);
   EXPECT_EQ(Weights(*follower), std::vector<float>(4, -1));
@@ -247,10 +273,16 @@ TEST_F(MembershipTest, AShardFollowingShardZeroDropsAndEndsOnlyInShardZerosView)
   EXPECT_EQ(follower->LiveRanks(), (std::vector<int>{0, 1}));
   EXPECT_EQ(follower->Status().members[1].state, MemberState::kLapsed);
   EXPECT_FALSE(pull->answered());
-  // Shard 0's view reaches it: rank 1 is dropped there too and the step completes without it.
+  // Shard 0's view reaches it: rank 1 is dropped there too and the step starts again without
+  // it; rank 0's push, sent again with shard 0's view, completes it.
   Membership& m = follower->membership();
   const uint64_t incarnation = zero->membership().incarnation();
   m.Follow(incarnation, zero->membership().view(), zero->membership().ExcludedRanks(), zero->job_error());
+  EXPECT_TRUE(IsStaleView(pull->Wait()));
+  pull = std::make_shared<FakeCall>();
+  PushRequestView again = Push(0, 0, twos_, 2);
+  again.view = 1;
+  follower->PushPull(again, pull);
   ASSERT_TRUE(pull->Wait().ok());
   EXPECT_EQ(follower->LiveRanks(), std::vector<int>{0});
   EXPECT_EQ(follower->Status().view, 1u);

@@ -55,6 +55,7 @@ Rows AsFlags(const WorkerOptions& o) {
       {"retry_deadline", Text(t.retry_deadline)},
       {"join_deadline", Text(o.join_deadline)},
       {"trace_file", o.trace_file},
+      {"example_log", o.example_log},
       {"tls_ca", o.tls.ca},
       {"tls_cert", o.tls.cert},
       {"tls_key", o.tls.key},

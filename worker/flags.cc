@@ -25,7 +25,9 @@ ABSL_FLAG(int, rank, -2,
           "this worker's rank in [0, world_size); default: $JOB_COMPLETION_INDEX if set, else "
           "-1 (the server assigns the lowest free rank)");
 ABSL_FLAG(int, world_size, TrainerOptions().world_size,
-          "number of workers in the job; must match summa-server --workers");
+          "number of workers in the job: summa-server --workers=N's N, or for an elastic job "
+          "(--workers=MIN:MAX) a number from MIN to MAX (MIN, say); each step's batch is split "
+          "over the group the server names for it, whatever this says");
 ABSL_FLAG(int64_t, batch_size, TrainerOptions().batch_size,
           "global minibatch size, split across all workers");
 ABSL_FLAG(int, epochs, TrainerOptions().epochs, "passes over the training set");
@@ -89,6 +91,11 @@ ABSL_FLAG(std::string, trace_file, WorkerOptions().trace_file,
           "partition's push-pull; with --overlap, loads are inside compute, exchange is the "
           "wait for the last step's first reply and wait each layer's in the forward) to this file as Chrome trace JSON when the "
           "worker ends (open it in chrome://tracing or ui.perfetto.dev, with the server's)");
+ABSL_FLAG(std::string, example_log, WorkerOptions().example_log,
+          "if set, append a line to this file for each attempt at each step: the step, its epoch, "
+          "this rank's index in the step's group, the group, and the range [begin, end) of the "
+          "epoch's shuffled order its shard covers (an audit that every example is seen once "
+          "across joins and losses: a step started again is written again)");
 ABSL_FLAG(std::string, tls_ca, WorkerOptions().tls.ca,
           "PEM CA that signed the server's certificate: talk TLS to the server (needed for TLS)");
 ABSL_FLAG(std::string, tls_cert, WorkerOptions().tls.cert,
@@ -164,7 +171,7 @@ absl::StatusOr<SyntheticOptions> SyntheticOptionsFromFlags() {
                                "micro_batches", "data_dir", "seed",
                                "threads", "train_limit", "test_limit", "progress", "status_address",
                                "status_port_file", "metrics_address", "metrics_port_file",
-                               "retry_deadline", "trace_file",
+                               "retry_deadline", "trace_file", "example_log",
                                // Test builds only; Changed is false for a flag not defined.
                                "fault_exit_after_push", "fault_repeat_pushpull_at",
                                "fault_exit_before_epoch_end", "fault_delay_push"}) {
@@ -240,6 +247,7 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags() {
   if (!plane.ok()) return plane.status();
   o.data_plane = *plane;
   o.trace_file = absl::GetFlag(FLAGS_trace_file);
+  o.example_log = absl::GetFlag(FLAGS_example_log);
   o.tls = {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca)};
   o.token_file = absl::GetFlag(FLAGS_token_file);
   o.trainer.retry_deadline = absl::GetFlag(FLAGS_retry_deadline);

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "common/status_reason.h"
 #include "worker/models/pipeline.h"
 #include "worker/sharding.h"
 
@@ -111,7 +112,10 @@ absl::StatusOr<std::vector<std::string>> Trainer::DeviceNames() {
 std::string Trainer::DevicesOf(const std::vector<int>& ranks) const {
   if (device_names_.empty()) return absl::StrCat("[", backends_[0]->name(), " ...]");
   std::vector<std::string> names;
-  for (int r : ranks) names.push_back(device_names_[r]);
+  for (int r : ranks) {
+    // A rank that joined after the names were gathered (an elastic job's) has none.
+    names.push_back(r < static_cast<int>(device_names_.size()) ? device_names_[r] : "?");
+  }
   return absl::StrCat("[", absl::StrJoin(names, ", "), "]");
 }
 
@@ -150,6 +154,16 @@ absl::Status Trainer::Run() {
     result = JoinAndTrain(initial_weights_, attempt > 0);
     if (overlap_ != nullptr) overlap_->Abandon();  // a step in flight when it failed
     if (result.ok()) break;
+    if (IsStaleView(result) && rank_ >= 0) {
+      // A member that had not pushed the step left the group, and the step starts again under
+      // the group left: join again (the same rank and session's state), and compute this rank's
+      // new shard of the same batch.
+      if (options_.progress_bar) std::fprintf(out_, "\r\033[K");
+      std::fprintf(out_, "rank %d: the group changed during step %llu; computing its shard again\n", rank_,
+                   static_cast<unsigned long long>(steps_done_));
+      std::fflush(out_);
+      continue;
+    }
     // The server went away (UNAVAILABLE) or came back without us (NOT_FOUND): rejoin, and resume
     // at the version it has (a restored checkpoint's, or the one we were at).
     if (!absl::IsUnavailable(result) && !absl::IsNotFound(result)) break;
@@ -238,8 +252,9 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
   SUMMA_RETURN_IF_ERROR(PlanOverlap(joined));
   uint64_t step = joined.next_step;
   const int64_t steps_per_epoch = StepsPerEpoch(n, batch);
-  if (step > 0 && step % steps_per_epoch == 0) {
-    // This member went away at an epoch's end (a crash, a lost server), so it may owe that
+  if (step >= static_cast<uint64_t>(steps_per_epoch) && (step % steps_per_epoch == 0 || !rejoining)) {
+    // This member went away at an epoch's end (a crash, a lost server), or joins a running job
+    // (an elastic job's new member, from the step it was admitted at), so it may owe the last
     // epoch's loss round, which the others may be waiting in: contribute nothing to release them.
     // A round already past says so (FAILED_PRECONDITION), as may a restarted server that has no
     // such round (OUT_OF_RANGE): the courtesy is then moot, and training goes on. A lost server
@@ -293,6 +308,14 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
       if (shard.size() > max_shard_) {
         return absl::InternalError(absl::StrCat("shard of ", shard.size(), " examples exceeds the ",
                                                 max_shard_, " prepared for"));
+      }
+      if (options_.example_log != nullptr) {
+        // Each attempt at the step: a step started again under a new group is written again.
+        std::fprintf(options_.example_log, "step %llu epoch %d rank %d index %d of %d group %s begin %lld end %lld\n",
+                     static_cast<unsigned long long>(step), epoch, rank_, static_cast<int>(me - live_.begin()),
+                     static_cast<int>(live_.size()), absl::StrJoin(live_, ",").c_str(),
+                     static_cast<long long>(shard.begin), static_cast<long long>(shard.end));
+        std::fflush(options_.example_log);
       }
       Tracer* const tracer = options_.tracer;
       if (overlapping_) {

@@ -54,6 +54,10 @@ struct TrainerOptions {
   std::function<void(absl::Duration)> step_observer;
   // Records each step's stages (stage, compute, exchange, load) when not null. Not owned.
   Tracer* tracer = nullptr;
+  // Each attempt at a step appends a line here when not null (summa-worker --example_log): the
+  // step, its epoch, this rank's index in the step's group, the group, and the range of the
+  // epoch's order its shard covers. Not owned.
+  std::FILE* example_log = nullptr;
 };
 
 struct EpochResult {

@@ -2,6 +2,10 @@
 
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -151,9 +155,20 @@ absl::Status RunWorker(const WorkerOptions& options) {
                                                 absl::StrCat("summa-worker rank ", options.trainer.rank)));
     trainer_options.tracer = tracer.get();
   }
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> example_log(nullptr, &std::fclose);
+  if (!options.example_log.empty()) {
+    example_log.reset(std::fopen(options.example_log.c_str(), "a"));
+    if (example_log == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("--example_log=", options.example_log, ": cannot open it for "
+                                                     "appending: ", std::strerror(errno)));
+    }
+    trainer_options.example_log = example_log.get();
+  }
   ParameterClient client(options.server, options.call_deadline, options.join_deadline, options.channels,
                          ClientSecurity{options.tls, token});
   client.set_tracer(tracer.get());
+  // A step the group changed under is computed again over the new group (every example once).
+  client.set_recompute_on_stale_view(true);
   client.set_data_plane(options.data_plane);
   ParameterStore* store = &client;
 #if SUMMA_FAULT_INJECTION

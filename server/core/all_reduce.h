@@ -107,7 +107,8 @@ class AllReduceHub {
     // by exclusions during the round and taken anew at its end (RoundGroup). A fixed group's
     // never changes.
     GroupView group ABSL_GUARDED_BY(mu);
-    uint64_t group_epoch ABSL_GUARDED_BY(mu) = 0;  // Membership::group_epoch() it was read at
+    // Membership::group_epoch() it was read at; none yet (a members' collective reads it first).
+    uint64_t group_epoch ABSL_GUARDED_BY(mu) = UINT64_MAX;
     TensorSpec spec ABSL_GUARDED_BY(mu);      // this round's shape (set by its first member)
     SnapshotPool pool ABSL_GUARDED_BY(mu);    // the sums' buffers, reused across rounds
     Snapshot sum ABSL_GUARDED_BY(mu);         // this round's, while it fills

@@ -43,6 +43,7 @@ absl::StatusOr<PartitionSnapshot> DecodePartition(const CheckpointHeader& h, con
   p.id = range.id;
   p.version = in.version();
   p.updates = in.updates();
+  p.examples_applied = in.examples_applied();
   if (p.updates > p.version) return absl::DataLossError(absl::StrCat(what, " has more updates than steps"));
   if (h.job.mode == Mode::kSync) {
     // A sync checkpoint is taken with every partition at one version, and no rank past it.
@@ -93,6 +94,7 @@ summa::v1::PartitionCheckpoint EncodePartition(const PartitionSnapshot& p) {
   out.set_id(p.id);
   out.set_version(p.version);
   out.set_updates(p.updates);
+  out.set_examples_applied(p.examples_applied);
   out.set_weights(Floats(p.weights));
   for (const std::vector<float>& slot : p.slots) out.add_slots(Floats(slot));
   for (uint64_t next : p.next_steps) out.add_next_steps(next);
@@ -185,18 +187,50 @@ void EncodeGroup(const GroupView& group, summa::v1::Checkpoint* header) {
   for (int r : group.ranks) out->add_ranks(r);
 }
 
-absl::StatusOr<std::optional<GroupView>> DecodeGroup(const summa::v1::Checkpoint& header, int world_size) {
-  if (!header.has_group()) return std::nullopt;
+namespace {
+
+absl::StatusOr<GroupView> GroupFrom(uint64_t view, const google::protobuf::RepeatedField<int32_t>& ranks,
+                                    int world_size, const char* what) {
   GroupView g;
-  g.view = header.group().view();
-  for (int r : header.group().ranks()) {
+  g.view = view;
+  for (int r : ranks) {
     if (r < 0 || r >= world_size || (!g.ranks.empty() && r <= g.ranks.back())) {
-      return absl::DataLossError(absl::StrCat("the checkpoint's group lists rank ", r, " out of order or outside the ",
+      return absl::DataLossError(absl::StrCat("the checkpoint's ", what, " lists rank ", r, " out of order or outside the ",
                                               world_size, " ranks of its job"));
     }
     g.ranks.push_back(r);
   }
   return g;
+}
+
+}  // namespace
+
+absl::StatusOr<std::optional<GroupView>> DecodeGroup(const summa::v1::Checkpoint& header, int world_size) {
+  if (!header.has_group()) return std::nullopt;
+  return GroupFrom(header.group().view(), header.group().ranks(), world_size, "group");
+}
+
+void EncodeGroupLog(const std::vector<GroupChange>& log, summa::v1::Checkpoint* header) {
+  header->clear_group_changes();
+  for (const GroupChange& change : log) {
+    summa::v1::GroupChange* out = header->add_group_changes();
+    out->set_from_step(change.from_step);
+    out->set_view(change.group.view);
+    for (int r : change.group.ranks) out->add_ranks(r);
+  }
+}
+
+absl::StatusOr<std::vector<GroupChange>> DecodeGroupLog(const summa::v1::Checkpoint& header, int world_size) {
+  std::vector<GroupChange> log;
+  for (const summa::v1::GroupChange& in : header.group_changes()) {
+    if (!log.empty() && in.from_step() <= log.back().from_step) {
+      return absl::DataLossError(absl::StrCat("the checkpoint's group changes go back from step ",
+                                              log.back().from_step, " to ", in.from_step()));
+    }
+    SUMMA_ASSIGN_OR_RETURN(GroupView g, GroupFrom(in.view(), in.ranks(), world_size, "group change"));
+    log.push_back({in.from_step(), std::move(g)});
+  }
+  return log;
 }
 
 }  // namespace summa::server

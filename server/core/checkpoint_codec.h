@@ -42,6 +42,7 @@ struct PartitionSnapshot {
   std::vector<float> weights;
   std::vector<std::vector<float>> slots;  // by JobDescription::slot_names
   std::vector<uint64_t> next_steps;       // per rank
+  uint64_t examples_applied = 0;          // sync: examples of the steps completed, summed
 };
 
 // Everything in a checkpoint but its partitions. `version`: no partition is below it (in sync
@@ -75,6 +76,10 @@ absl::Status DecodePartitions(const CheckpointHeader& header, PartitionSource& s
 // (every rank in); DATA_LOSS for ranks outside [0, world_size) or out of order.
 void EncodeGroup(const GroupView& group, summa::v1::Checkpoint* header);
 absl::StatusOr<std::optional<GroupView>> DecodeGroup(const summa::v1::Checkpoint& header, int world_size);
+// The steps' groups (ParameterServer::GroupLog), oldest first; DATA_LOSS for ranks out of order or
+// outside the job, or steps out of order.
+void EncodeGroupLog(const std::vector<GroupChange>& log, summa::v1::Checkpoint* header);
+absl::StatusOr<std::vector<GroupChange>> DecodeGroupLog(const summa::v1::Checkpoint& header, int world_size);
 
 }  // namespace summa::server
 

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_reason.h"
 
 namespace summa::server {
 namespace {
@@ -29,7 +30,7 @@ class SyncPolicy final : public ConsistencyPolicy {
                                                 r.partition, " is at step ", p.version));
     }
     if (p.barrier.has_arrived(r.rank)) return Duplicate(r);
-    if (const GroupView& group = StepGroup(p, /*narrow=*/true); !group.Contains(r.rank)) {
+    if (const GroupView& group = StepGroup(p); !group.Contains(r.rank)) {
       return absl::FailedPreconditionError(absl::StrCat("rank ", r.rank, " is not in the group of step ", r.step,
                                                         " (view ", group.view, "): it takes part from a later step"));
     }
@@ -48,7 +49,25 @@ class SyncPolicy final : public ConsistencyPolicy {
 
   void OnExcluded(Partition& p, absl::Time now, CallsToFinish& out) const override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu) {
+    // A rank of the step's group that had not pushed is out: the shards the others computed
+    // split the batch over a group that no longer holds, and the lost rank's examples would go
+    // unseen. The step starts again under the new group (its sums dropped, its push-pulls told
+    // ABORTED, stale view), and every member computes its new shard of the same batch, so
+    // that each example of the step is summed once. A step that every excluded rank had
+    // pushed to (or that nobody had) completes with what it holds.
+    const std::vector<int> before = p.step_group.ranks;  // rare: an exclusion, not a step
+    const GroupView& group = StepGroup(p);
+    bool lost_missing = false;
+    for (int r : before) lost_missing |= !group.Contains(r) && !p.barrier.has_arrived(r);
+    if (lost_missing && p.barrier.arrived() > 0) {
+      Restart(p, group, out);
+      return;
+    }
     MaybeComplete(p, now, out);
+  }
+
+  void OnAdmitted(Partition& p, int rank, uint64_t from_step) const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu) {
+    p.next_step[rank] = from_step;
   }
 
   void AnswerPushPull(Partition& p, uint64_t step, std::shared_ptr<ParkedCall> call,
@@ -59,15 +78,16 @@ class SyncPolicy final : public ConsistencyPolicy {
       call->Fill(p.version, p.Published());
       out.Add(std::move(call), absl::OkStatus());
     } else {
-      p.parked.Park(std::move(call), step + 1, deadline);
+      p.parked.Park(std::move(call), step + 1, deadline, /*after_push=*/true);
     }
   }
 
   absl::Status CheckPull(const Partition& p, uint64_t min_version) const override
       ABSL_SHARED_LOCKS_REQUIRED(p.mu) {
-    if (min_version > p.version + 1) {
+    // Two: a joiner admitted from the step after the next (parameter_server.cc) waits for it.
+    if (min_version > p.version + 2) {
       return absl::OutOfRangeError(absl::StrCat("version ", min_version, " of partition ", p.range.id,
-                                                " is more than one step ahead of the current version ",
+                                                " is more than two steps ahead of the current version ",
                                                 p.version));
     }
     return absl::OkStatus();
@@ -93,20 +113,34 @@ class SyncPolicy final : public ConsistencyPolicy {
   void MaybeComplete(Partition& p, absl::Time now, CallsToFinish& out) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu) {
     if (p.barrier.arrived() == 0) return;  // nothing pushed: an exclusion completes nothing
-    for (int r : StepGroup(p, /*narrow=*/true).ranks) {
+    for (int r : StepGroup(p).ranks) {
       if (!p.barrier.has_arrived(r)) return;
     }
     const bool skip = p.skip_step || p.aggregator.contributions() == 0;
     p.aggregator.Finish();
+    p.examples_applied += p.aggregator.num_examples();
     Advance(p, p.aggregator.sum(), p.aggregator.num_examples(), skip, now, out);
     p.aggregator.Reset();
     p.barrier.Reset();
     p.skip_step = false;
-    // The next step runs under the group as it is now (the same unless a rank was excluded).
-    if (const uint64_t epoch = ctx_.members->group_epoch(); p.step_group_epoch != epoch) {
-      p.step_group = ctx_.members->group();
-      p.step_group_epoch = epoch;
+    StepGroup(p);  // the next step's group: the same unless a rank was excluded or admitted
+  }
+
+  // Drops the step's pushes and tells their push-pulls (and the pulls waiting for the step) to
+  // compute it again under `group`.
+  void Restart(Partition& p, const GroupView& group, CallsToFinish& out) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu) {
+    for (int r = 0; r < p.barrier.group_size(); ++r) {
+      if (p.barrier.has_arrived(r)) p.next_step[r] = p.version;
     }
+    p.aggregator.Reset();
+    p.barrier.Reset();
+    p.skip_step = false;
+    ++p.restarts;
+    p.parked.FailPushesUpTo(p.version + 1, WithReason(absl::AbortedError(absl::StrCat(
+        "stale membership view: step ", p.version, " of partition ", p.range.id, " starts again under view ",
+        group.view, " (ranks ", absl::StrJoin(group.ranks, ", "), "): a member that had not pushed it left "
+        "the group; compute this worker's shard of the step over the new group and push again")),
+        StatusReason::kStaleView), out);
   }
 };
 
@@ -144,6 +178,16 @@ class AsyncPolicy final : public ConsistencyPolicy {
     p.Release(p.clock_parked, Slowest(p), out);
   }
 
+  void OnAdmitted(Partition& p, int rank, uint64_t) const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu) {
+    // Where the slowest member is: a joiner holds no one back under ssp, and its data position
+    // (its own step count) starts where the group's slowest is.
+    uint64_t slowest = UINT64_MAX;
+    for (int r : StepGroup(p).ranks) {
+      if (r != rank) slowest = std::min(slowest, p.next_step[r]);
+    }
+    p.next_step[rank] = slowest == UINT64_MAX ? 0 : slowest;
+  }
+
   void AnswerPushPull(Partition& p, uint64_t step, std::shared_ptr<ParkedCall> call,
                       absl::Time deadline, CallsToFinish& out) const override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu) {
@@ -175,7 +219,7 @@ class AsyncPolicy final : public ConsistencyPolicy {
   // The lowest next step over the ranks of the group.
   uint64_t Slowest(Partition& p) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu) {
     uint64_t slowest = UINT64_MAX;
-    for (int r : StepGroup(p, /*narrow=*/false).ranks) slowest = std::min(slowest, p.next_step[r]);
+    for (int r : StepGroup(p).ranks) slowest = std::min(slowest, p.next_step[r]);
     return slowest;
   }
 
@@ -205,13 +249,14 @@ void ConsistencyPolicy::Advance(Partition& p, absl::Span<const float> grad_sum, 
   p.Release(p.parked, p.version, out);
 }
 
-const GroupView& ConsistencyPolicy::StepGroup(Partition& p, bool narrow) const
+const GroupView& ConsistencyPolicy::StepGroup(Partition& p) const
     ABSL_NO_THREAD_SAFETY_ANALYSIS {  // the callers hold p.mu
   // The epoch, not the view's number: on a follower the number is shard 0's and may stay put (or
-  // go back) while ranks are excluded here.
-  if (const uint64_t epoch = ctx_.members->group_epoch(); p.step_group_epoch != epoch) {
-    const GroupView now = ctx_.members->group();  // read after the epoch: at least its exclusions
-    p.step_group = narrow ? p.step_group.Narrowed(now) : now;
+  // go back) while ranks are excluded here. An admission is always of a step no partition has
+  // reached (server/core/parameter_server.cc), so the group of a step under way only narrows.
+  if (const uint64_t epoch = ctx_.members->group_epoch();
+      p.step_group_epoch != epoch || p.version >= p.step_group_until) {
+    p.step_group = ctx_.members->GroupAt(p.version, &p.step_group_until);  // after the epoch: at least its changes
     p.step_group_epoch = epoch;
   }
   return p.step_group;

@@ -1,7 +1,9 @@
 // ConsistencyPolicy: what a push does to its partition and when a push-pull is answered, chosen
 // once per job from the mode:
 //  - sync: pushes are summed on arrival; when every rank of the group the step runs under
-//    (server/core/group_view.h) has pushed a partition for the step, the optimizer runs on the sum divided by the examples covered and
+//    (server/core/group_view.h: the ranks admitted by that step, less those excluded since; a
+//    step whose unpushed member is excluded starts again under the new group) has pushed a
+//    partition for the step, the optimizer runs on the sum divided by the examples covered and
 //    the version advances (the seed's bulk-synchronous step);
 //  - async: each push is applied on arrival with its own example count;
 //  - ssp: as async, but a push-pull more than `staleness` steps ahead of the slowest member waits.
@@ -67,8 +69,12 @@ class ConsistencyPolicy {
   // step. Refusals change nothing.
   virtual absl::StatusOr<bool> Push(Partition& p, const PushRequestView& r, absl::Span<const float> gradient,
                                     PushValues values, absl::Time now, CallsToFinish& out) const = 0;
-  // After the membership shrank: completes what that completes.
+  // After the membership shrank: completes what that completes (sync: or starts the step again
+  // under the new group, when a rank that had not pushed it is out).
   virtual void OnExcluded(Partition& p, absl::Time now, CallsToFinish& out) const = 0;
+  // `rank` joins the group from step `from_step` (sync; async and ssp: at once, where the slowest
+  // member is): the step it pushes next on `p`.
+  virtual void OnAdmitted(Partition& p, int rank, uint64_t from_step) const = 0;
   // Answers `call` with the weights a push-pull of `step` waits for, or parks it until `deadline`.
   virtual void AnswerPushPull(Partition& p, uint64_t step, std::shared_ptr<ParkedCall> call,
                               absl::Time deadline, CallsToFinish& out) const = 0;
@@ -89,9 +95,9 @@ class ConsistencyPolicy {
   void Advance(Partition& p, absl::Span<const float> grad_sum, int64_t examples, bool skip,
                absl::Time now, CallsToFinish& out) const;
   absl::Status Duplicate(const PushRequestView& r) const;
-  // `p.step_group`, brought up to the membership's view when it moved: narrowed (sync: a step
-  // keeps the group it started under, less the ranks excluded since) or replaced (async, ssp).
-  const GroupView& StepGroup(Partition& p, bool narrow) const;
+  // `p.step_group`, the group of the partition's current step (Membership::GroupAt), read again
+  // when the membership moved or the version reached an admission.
+  const GroupView& StepGroup(Partition& p) const;
 
   const PolicyContext ctx_;
 };

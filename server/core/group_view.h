@@ -2,7 +2,7 @@
 // membership.h): the view number, which moves each time the group changes, and the ranks in it.
 // A sync step runs under the group it started with (Partition::step_group): a rank excluded
 // since leaves the step (it completes with the ranks left); a rank admitted since (growth, the
-// elastic jobs' to build) would take part from the next step. Shrink, rejoin, shards and the AllReduce's members' rounds read it instead
+// elastic jobs) takes part from the step Membership admitted it from. Shrink, rejoin, shards and the AllReduce's members' rounds read it instead
 // of a fixed world size; growth (the elastic jobs) is one more view, not a new mechanism.
 // A plain value; thread-compatible.
 #ifndef SUMMA_SERVER_CORE_GROUP_VIEW_H_
@@ -38,6 +38,13 @@ struct GroupView {
     return g;
   }
   bool operator==(const GroupView& other) const { return view == other.view && ranks == other.ranks; }
+};
+
+// The group of the steps from `from_step` on (until the next change): one entry of a job's data
+// position, from which the examples each rank covered in every step follow.
+struct GroupChange {
+  uint64_t from_step = 0;
+  GroupView group;
 };
 
 }  // namespace summa::server

@@ -1,7 +1,10 @@
 #include "server/core/job_options.h"
 
+#include <vector>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace summa::server {
 namespace {
@@ -65,10 +68,33 @@ absl::StatusOr<int> ShardFromHostname(const char* hostname) {
   return ordinal;
 }
 
+absl::StatusOr<std::pair<int, int>> ParseWorkers(absl::string_view text) {
+  const std::vector<absl::string_view> parts = absl::StrSplit(text, ':');
+  int min = 0, max = 0;
+  const bool parsed = parts.size() <= 2 && absl::SimpleAtoi(parts[0], &min) &&
+                      absl::SimpleAtoi(parts.back(), &max);
+  if (!parsed || min < 1 || max < min) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--workers=", text, ": give N (a fixed group of N workers) or MIN:MAX with 1 <= MIN <= MAX "
+        "(an elastic job starting with MIN)"));
+  }
+  return std::make_pair(min, max);
+}
+
 absl::Status ValidateOptions(const ServerOptions& options) {
   if (options.world_size < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("the number of workers must be at least 1, got ", options.world_size));
+  }
+  if (options.min_workers < 0 || options.min_workers > options.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("--workers=", options.min_workers, ":", options.world_size,
+                                                   ": MIN must be between 1 and MAX"));
+  }
+  if (options.min_workers > 0 && options.min_workers < options.world_size && options.shards > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--workers=", options.min_workers, ":", options.world_size, " with --shards=", options.shards,
+        ": an elastic job runs on one server shard (the shards would have to agree on each joiner's "
+        "first step); give --workers=N, or one shard"));
   }
   if (options.partition_bytes < 4) {
     return absl::InvalidArgumentError(

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -37,7 +38,11 @@ summa::v1::Mode ModeToProto(Mode mode);
 absl::StatusOr<Mode> ModeFromProto(summa::v1::Mode mode);
 
 struct ServerOptions {
+  // The most ranks the job holds (--workers=MIN:MAX's MAX, or N).
   int world_size = 1;
+  // The group the job starts with, ranks 0..min_workers-1 (MIN); 0 or world_size: a job that
+  // cannot grow. Others join a running job, each from the next step boundary (sync).
+  int min_workers = 0;
   Mode mode = Mode::kSync;
   int staleness = 2;  // ssp: how many steps a worker may run ahead of the slowest
   OptimizerOptions optimizer;
@@ -86,6 +91,10 @@ struct ServerOptions {
 // A StatefulSet pod's ordinal, the number after the last '-' of its hostname (summa-server-1: 1),
 // for --shard's default; INVALID_ARGUMENT naming the hostname when it has none.
 absl::StatusOr<int> ShardFromHostname(const char* hostname);
+
+// --workers: "N" (N:N) or "MIN:MAX" (torchrun's spelling); {MIN, MAX}, or INVALID_ARGUMENT
+// naming the value.
+absl::StatusOr<std::pair<int, int>> ParseWorkers(absl::string_view text);
 
 absl::Status ValidateOptions(const ServerOptions& options);
 

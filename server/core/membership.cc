@@ -24,8 +24,10 @@ const char* MemberStateName(MemberState state) {
 }
 
 Membership::Membership(int world_size, OnWorkerLoss on_loss, absl::Duration lease,
-                       absl::Duration rejoin_deadline, const Clock* clock, bool require_sessions)
+                       absl::Duration rejoin_deadline, const Clock* clock, bool require_sessions,
+                       int initial_size)
     : world_size_(world_size),
+      initial_size_(initial_size > 0 && initial_size < world_size ? initial_size : world_size),
       require_sessions_(require_sessions),
       on_loss_(on_loss),
       lease_(lease),
@@ -33,6 +35,7 @@ Membership::Membership(int world_size, OnWorkerLoss on_loss, absl::Duration leas
       clock_(clock),
       slots_(new Slot[world_size]),
       details_(world_size) {
+  for (int r = initial_size_; r < world_size_; ++r) slots_[r].from_step.store(UINT64_MAX, std::memory_order_relaxed);
   absl::MutexLock lock(&mu_);
   do {
     incarnation_ = absl::Uniform<uint64_t>(session_bits_);
@@ -95,28 +98,53 @@ void Membership::Follow(uint64_t incarnation, uint64_t view, const std::vector<i
   }
 }
 
+int Membership::RankToAssign() const {
+  // The initial group's first: the job waits for them.
+  for (int r = 0; r < world_size_; ++r) {
+    if (state(r) == MemberState::kAbsent) return r;
+  }
+  if (elastic()) {
+    for (int r = 0; r < world_size_; ++r) {
+      if (excluded(r)) return r;
+    }
+  }
+  return world_size_;
+}
+
+bool Membership::WouldGrow(int rank) const {
+  if (rank == -1) {
+    absl::MutexLock lock(&mu_);
+    rank = RankToAssign();
+  }
+  if (rank < 0 || rank >= world_size_) return false;
+  return excluded(rank) || slots_[rank].from_step.load(std::memory_order_acquire) == UINT64_MAX;
+}
+
 absl::StatusOr<Admitted> Membership::Admit(int rank, const std::string& peer,
-                                           const std::string& status_address) {
+                                           const std::string& status_address, uint64_t grow_from) {
   absl::MutexLock lock(&mu_);
   if (rank == -1) {
-    for (rank = 0; rank < world_size_ && state(rank) != MemberState::kAbsent; ++rank) {
-    }
+    rank = RankToAssign();
     if (rank == world_size_) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("all ", world_size_, " ranks have joined already; pass --rank to rejoin"));
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "all ", world_size_, " ranks have joined already", elastic() ? " (the MAX of summa-server --workers=MIN:MAX)" : "",
+          "; pass --rank to rejoin"));
     }
   }
   if (rank < 0 || rank >= world_size_) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is outside ", RankRange(world_size_)));
   }
   const MemberState before = state(rank);
-  if (before == MemberState::kDropped || before == MemberState::kLeft) {
+  const bool out = before == MemberState::kDropped || before == MemberState::kLeft;
+  if (out && !elastic()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "rank ", rank, " ", before == MemberState::kDropped ? "was dropped from" : "left",
         " the group; the job goes on without it"));
   }
   const absl::Time now = clock_->Now();
   Details& d = details_[rank];
+  Slot& slot = slots_[rank];
+  const bool grows = out || slot.from_step.load(std::memory_order_acquire) == UINT64_MAX;
   if (before == MemberState::kAlive) {
     SUMMA_LOG(WARNING) << "rank " << rank << " joined again from " << peer
                        << " while its lease was still valid (a restart?)";
@@ -129,14 +157,24 @@ absl::StatusOr<Admitted> Membership::Admit(int rank, const std::string& peer,
   ++d.joins;
   uint64_t session = 0;
   while (session == 0) session = absl::Uniform<uint64_t>(session_bits_);
-  const uint64_t fenced = slots_[rank].session.exchange(session, std::memory_order_acq_rel);
-  if (fenced != 0) {
+  const uint64_t fenced = slot.session.exchange(session, std::memory_order_acq_rel);
+  if (fenced != 0 && !out) {
     SUMMA_LOG(WARNING) << "rank " << rank << ": the join from " << peer << " fences the rank's earlier "
                        << "session; calls from the process that held it are refused from now on";
   }
-  slots_[rank].last_seen_ns.store(absl::ToUnixNanos(now), std::memory_order_relaxed);
-  SetState(rank, MemberState::kAlive);
-  return Admitted{rank, session};
+  slot.last_seen_ns.store(absl::ToUnixNanos(now), std::memory_order_relaxed);
+  if (grows) {
+    // From its step on, and not before: the steps under way keep the group they started with.
+    slot.from_step.store(grow_from, std::memory_order_release);
+    if (out) slot.excluded.store(false, std::memory_order_release);
+    slot.state.store(static_cast<int>(MemberState::kAlive), std::memory_order_release);
+    group_epoch_.fetch_add(1, std::memory_order_acq_rel);
+    if (!follower()) view_.fetch_add(1, std::memory_order_acq_rel);
+    SUMMA_LOG(INFO) << "rank " << rank << " joins the group from step " << grow_from << " (from " << peer << ")";
+  } else {
+    SetState(rank, MemberState::kAlive);
+  }
+  return Admitted{rank, session, slot.from_step.load(std::memory_order_acquire), grows};
 }
 
 absl::Status Membership::CheckSession(int rank, uint64_t session) const {
@@ -270,18 +308,27 @@ void Membership::Tick(absl::Time now) {
   }
 }
 
-GroupView Membership::group() const {
+GroupView Membership::group() const { return GroupAt(UINT64_MAX - 1); }
+
+GroupView Membership::GroupAt(uint64_t step, uint64_t* until) const {
   GroupView g;
   g.ranks.reserve(world_size_);
   uint64_t epoch;
+  uint64_t next;
   do {
     epoch = group_epoch();
     g.view = view();
     g.ranks.clear();
+    next = UINT64_MAX;
     for (int r = 0; r < world_size_; ++r) {
-      if (!excluded(r)) g.ranks.push_back(r);
+      if (InGroupFrom(r, step)) {
+        g.ranks.push_back(r);
+      } else if (!excluded(r)) {
+        next = std::min(next, slots_[r].from_step.load(std::memory_order_acquire));
+      }
     }
   } while (epoch != group_epoch() || g.view != view());  // moved while read: read again
+  if (until != nullptr) *until = next;
   return g;
 }
 
@@ -289,7 +336,8 @@ GroupView Membership::CheckpointGroup() const {
   GroupView g;
   g.view = view();
   for (int r = 0; r < world_size_; ++r) {
-    if (state(r) != MemberState::kDropped) g.ranks.push_back(r);
+    const bool admitted = slots_[r].from_step.load(std::memory_order_acquire) != UINT64_MAX;
+    if (state(r) != MemberState::kDropped && admitted && !(elastic() && excluded(r))) g.ranks.push_back(r);
   }
   return g;
 }
@@ -298,8 +346,13 @@ void Membership::Restore(const GroupView& group) {
   {
     absl::MutexLock lock(&mu_);
     for (int r = 0; r < world_size_; ++r) {
-      if (!group.Contains(r) && !excluded(r)) SetState(r, MemberState::kDropped);
+      if (group.Contains(r)) {
+        slots_[r].from_step.store(0, std::memory_order_release);  // a grown rank is in from the start
+      } else if (r < initial_size_ && !excluded(r)) {
+        SetState(r, MemberState::kDropped);
+      }
     }
+    group_epoch_.fetch_add(1, std::memory_order_acq_rel);
     if (!follower() && group.view > view()) view_.store(group.view, std::memory_order_release);
   }
   Notify();
@@ -338,6 +391,7 @@ std::vector<MemberInfo> Membership::Snapshot() const {
     m.lease_expiry = m.last_seen + lease_;
     m.lapsed_at = details_[r].lapsed_at;
     m.joins = details_[r].joins;
+    m.from_step = slots_[r].from_step.load();
     out.push_back(std::move(m));
   }
   return out;

@@ -3,6 +3,12 @@
 // lapsed member is dropped (left out of every later step), under `wait` it is waited for until
 // the rejoin deadline, when the job ends. Leave takes a member out for good.
 //
+// Elastic jobs (summa-server --workers=MIN:MAX): ranks 0..MIN-1 are the group from step 0;
+// ranks MIN..MAX-1 (and, in an elastic job, a rank that left or was dropped) join a running job
+// as growth, admitted from a step the caller chooses (the next step boundary no worker has
+// passed: server/core/parameter_server.cc), so that every partition's step and every worker's
+// split of the batch agree on the group of each step (GroupAt).
+//
 // Sessions fence stale processes: every Admit gives the rank a new random session id, which
 // that member's later calls carry; a call with another id (an older process that held the rank,
 // or none) is refused, so a push can never be counted for a rank by a process that does not
@@ -47,11 +53,14 @@ struct MemberInfo {
   absl::Time lease_expiry = absl::InfinitePast();
   absl::Time lapsed_at = absl::InfinitePast();
   int joins = 0;
+  uint64_t from_step = 0;  // the first step it takes part in
 };
 
 struct Admitted {
   int rank = 0;
   uint64_t session = 0;  // never 0
+  uint64_t from_step = 0;  // the first step it takes part in
+  bool grew = false;       // it joined the group now (not a member before)
 };
 
 class Membership {
@@ -59,8 +68,11 @@ class Membership {
   // `clock` is not owned and outlives the membership. Without `require_sessions`, a call that
   // carries no session (a client from before sessions) is taken as the rank's; one that carries
   // an older session is refused all the same.
+  // `world_size` is the most ranks the job may hold (MAX); ranks below `initial_size` (MIN; 0:
+  // all of them) are the group from step 0.
   Membership(int world_size, OnWorkerLoss on_loss, absl::Duration lease,
-             absl::Duration rejoin_deadline, const Clock* clock, bool require_sessions = true);
+             absl::Duration rejoin_deadline, const Clock* clock, bool require_sessions = true,
+             int initial_size = 0);
   Membership(const Membership&) = delete;
   Membership& operator=(const Membership&) = delete;
 
@@ -76,18 +88,24 @@ class Membership {
   // The membership view: it moves on each time a rank is excluded or the job ends (on a
   // follower, it is the newest view of shard 0's that Follow applied). Lock-free.
   uint64_t view() const { return view_.load(std::memory_order_acquire); }
-  // The group as of a view: its number and the ranks not excluded. Lock-free (it may already
-  // lack a rank whose exclusion the next view makes: exclusions only ever grow).
+  // The group as of a view: its number and the ranks admitted (from any step, the ones still to
+  // come included) and not excluded. Lock-free (it may already lack a rank whose exclusion the
+  // next view makes).
   GroupView group() const;
-  // Moves on each time a rank is excluded here, whatever the view's number does (on a follower
+  // The group of step `step`: the ranks admitted from that step or before and not excluded.
+  // `until` (when given) is set to the first later step from which an admission made so far
+  // changes it (UINT64_MAX when none). Lock-free, as group().
+  GroupView GroupAt(uint64_t step, uint64_t* until = nullptr) const;
+  // Moves on each time a rank is excluded or admitted to the group here, whatever the view's number does (on a follower
   // the number is shard 0's and may stay, or go back when shard 0 restarts): what holders of a
   // GroupView compare to know theirs is old. Lock-free; read it before group().
   uint64_t group_epoch() const { return group_epoch_.load(std::memory_order_acquire); }
   // What a checkpoint keeps of the group: the ranks not dropped (a rank that left, as every rank
   // does at a job's end, may join again after a restart), at the current view.
   GroupView CheckpointGroup() const;
-  // Takes a checkpoint's group back after a restart: the ranks it lacks are dropped, and the view
-  // goes on from its number. Before any member joins.
+  // Takes a checkpoint's group back after a restart: the ranks it lacks are dropped, the ones it
+  // holds are in the group from the start (grown ranks too), and the view goes on from its
+  // number. Before any member joins.
   void Restore(const GroupView& group);
   // The ranks excluded (dropped or departed), ascending.
   std::vector<int> ExcludedRanks() const;
@@ -101,12 +119,22 @@ class Membership {
   uint64_t incarnation() const { return incarnation_; }
 
   int world_size() const { return world_size_; }
+  // MIN of --workers=MIN:MAX: the ranks 0..MIN-1 are the group from step 0.
+  int initial_size() const { return initial_size_; }
+  bool elastic() const { return initial_size_ < world_size_; }
 
-  // Admits (or readmits) `rank`, or assigns the lowest absent rank for -1. INVALID_ARGUMENT for a
-  // rank outside the group, RESOURCE_EXHAUSTED when every rank has joined, FAILED_PRECONDITION
-  // for a dropped or departed rank. Returns the rank and its new session, which fences every
-  // earlier session of the rank.
-  absl::StatusOr<Admitted> Admit(int rank, const std::string& peer, const std::string& status_address);
+  // Admits (or readmits) `rank`, or assigns one for -1: the lowest absent rank of the initial
+  // group, else (elastic) the lowest absent one above it, else one that left or was dropped.
+  // A rank that is not yet in the group (growth) is admitted from step `grow_from`, and takes
+  // part in the steps from it on. INVALID_ARGUMENT for a rank outside [0, world_size),
+  // RESOURCE_EXHAUSTED when every rank is taken, FAILED_PRECONDITION for a dropped or departed
+  // rank of a job that cannot grow. Returns the rank, its new session (which fences every
+  // earlier session of the rank) and the step it takes part from.
+  absl::StatusOr<Admitted> Admit(int rank, const std::string& peer, const std::string& status_address,
+                                 uint64_t grow_from = 0);
+  // Whether Admit(rank) would admit a rank not yet in the group (growth); -1 as Admit reads it.
+  // Under the caller's serialization of joins (the server's define lock).
+  bool WouldGrow(int rank) const;
 
   // OK when `session` is `rank`'s current session; FAILED_PRECONDITION naming the rank, the newer
   // peer and what to do when it is an older one (fenced) or none; NOT_FOUND when the rank never
@@ -153,6 +181,9 @@ class Membership {
     std::atomic<uint64_t> pushes{0};
     std::atomic<uint64_t> examples{0};
     std::atomic<uint64_t> session{0};  // 0: never joined
+    // The first step the rank takes part in; UINT64_MAX while it is not admitted (a rank above
+    // the initial group that has not joined).
+    std::atomic<uint64_t> from_step{0};
   };
   struct Details {
     std::string peer;
@@ -167,7 +198,14 @@ class Membership {
   void SetState(int rank, MemberState s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Notify();
 
+  // Picks the rank Admit(-1) takes; world_size_ when none is left.
+  int RankToAssign() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool InGroupFrom(int rank, uint64_t step) const {
+    return !excluded(rank) && slots_[rank].from_step.load(std::memory_order_acquire) <= step;
+  }
+
   const int world_size_;
+  const int initial_size_;
   std::atomic<bool> follower_{false};
   std::atomic<uint64_t> view_{0};
   std::atomic<uint64_t> group_epoch_{0};

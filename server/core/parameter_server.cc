@@ -31,11 +31,36 @@ ParameterServer::ParameterServer(ServerOptions options)
     : options_(std::move(options)),
       optimizer_(*Optimizer::Create(options_.optimizer)),
       membership_(options_.world_size, options_.on_worker_loss, options_.lease,
-                  options_.rejoin_deadline, options_.clock, options_.require_sessions),
+                  options_.rejoin_deadline, options_.clock, options_.require_sessions, options_.min_workers),
       policy_(ConsistencyPolicy::Create(options_.mode, MakeContext(options_, optimizer_.get(), &membership_))),
       started_(options_.clock->Now()) {
   if (options_.follower) membership_.set_follower(true);
   membership_.AddObserver([this] { OnMembershipChange(); });
+  LogGroupsFrom(0);
+}
+
+void ParameterServer::LogGroupsFrom(uint64_t step) {
+  // The groups from `step` on as the membership has them now (admissions still to come too).
+  std::vector<GroupChange> from_step;
+  for (uint64_t next = step; next != UINT64_MAX;) {
+    uint64_t until;
+    GroupView group = membership_.GroupAt(next, &until);
+    from_step.push_back({next, std::move(group)});
+    next = until;
+  }
+  absl::MutexLock lock(&info_mu_);
+  while (!group_log_.empty() && group_log_.back().from_step >= step) group_log_.pop_back();
+  for (GroupChange& change : from_step) {
+    if (!group_log_.empty() && group_log_.back().group.ranks == change.group.ranks) continue;
+    group_log_.push_back(std::move(change));
+  }
+  constexpr size_t kKept = 64;
+  if (group_log_.size() > kKept) group_log_.erase(group_log_.begin(), group_log_.end() - kKept);
+}
+
+std::vector<GroupChange> ParameterServer::GroupLog() const {
+  absl::MutexLock lock(&info_mu_);
+  return group_log_;
 }
 
 ParameterServer::~ParameterServer() { Shutdown(); }
@@ -81,6 +106,11 @@ absl::StatusOr<std::unique_ptr<ParameterServer::Model>> ParameterServer::NewMode
         slots, now, options_.deterministic));
   }
   model->partitions.front()->reports = true;  // there is one: shards <= partitions
+  for (const auto& p : model->partitions) {
+    absl::MutexLock lock(&p->mu);  // unpublished: for the analysis
+    p->step_group = membership_.GroupAt(0, &p->step_group_until);
+    p->step_group_epoch = membership_.group_epoch();
+  }
   if (flat.empty()) model->pending = static_cast<int>(model->partitions.size());
   return model;
 }
@@ -144,10 +174,11 @@ absl::Status ParameterServer::CheckSameModel(const Model& model, const JoinReque
 
 absl::StatusOr<JoinResult> ParameterServer::Join(const JoinRequestView& request) {
   SUMMA_RETURN_IF_ERROR(Answerable());
-  if (request.world_size != options_.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("this worker expects ", request.world_size,
-                                                   " workers but the server was started for ",
-                                                   options_.world_size));
+  if (request.world_size != options_.world_size &&
+      (!membership_.elastic() || request.world_size < options_.min_workers || request.world_size > options_.world_size)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "this worker expects ", request.world_size, " workers but the server was started for ",
+        membership_.elastic() ? absl::StrCat(options_.min_workers, " to ", options_.world_size) : absl::StrCat(options_.world_size)));
   }
   if (request.rank < -1 || request.rank >= options_.world_size) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", request.rank, " is outside the group of ",
@@ -191,8 +222,7 @@ absl::StatusOr<JoinResult> ParameterServer::Join(const JoinRequestView& request)
                                                m.partitions.size() - pending, " of ", m.partitions.size(),
                                                " partitions have them); retry"));
   }
-  SUMMA_ASSIGN_OR_RETURN(const Admitted admitted,
-                         membership_.Admit(request.rank, request.peer, request.status_address));
+  SUMMA_ASSIGN_OR_RETURN(const Admitted admitted, Admit(m, request));
   const int rank = admitted.rank;
   JoinResult result;
   result.rank = rank;
@@ -205,8 +235,13 @@ absl::StatusOr<JoinResult> ParameterServer::Join(const JoinRequestView& request)
     result.version = std::min(result.version, p->version);
     result.next_step = std::min(result.next_step, policy_->NextStep(*p, rank));
   }
+  if (options_.mode == Mode::kSync && admitted.from_step > result.next_step) {
+    // Admitted from a step the job has not reached: it pulls that step's weights (its pull waits
+    // for them) and pushes from there.
+    result.version = result.next_step = admitted.from_step;
+  }
   // One value: the ranks a worker shards its data over and the view its pushes are stamped with.
-  const GroupView group = membership_.group();
+  const GroupView group = membership_.GroupAt(result.next_step);
   result.live_ranks = group.ranks;
   result.view = group.view;
   result.initialize = pending > 0;
@@ -217,6 +252,29 @@ absl::StatusOr<JoinResult> ParameterServer::Join(const JoinRequestView& request)
   SUMMA_LOG(INFO) << "rank " << rank << " joined from " << request.peer << " at version "
                   << result.version << " (" << ModeName(options_.mode) << " mode)";
   return result;
+}
+
+absl::StatusOr<Admitted> ParameterServer::Admit(const Model& m, const JoinRequestView& request)
+    ABSL_NO_THREAD_SAFETY_ANALYSIS {  // every partition's lock, taken and released in id order
+  if (!membership_.elastic() || !membership_.WouldGrow(request.rank)) {
+    return membership_.Admit(request.rank, request.peer, request.status_address);
+  }
+  // A joiner of a running sync job takes part from the first step no worker can have started
+  // under the old group: workers learn a step's group from the replies of the step before, so
+  // the step after the newest any partition is at. With every partition's lock held no step
+  // completes meanwhile, and (one shard) partitions differ by at most one step. Async and ssp
+  // have no common step: the joiner is in at once, at the slowest member's step.
+  for (const auto& p : m.partitions) p->mu.Lock();
+  uint64_t newest = 0;
+  for (const auto& p : m.partitions) newest = std::max(newest, p->version);
+  const uint64_t from = options_.mode == Mode::kSync ? newest + 1 : 0;
+  absl::StatusOr<Admitted> admitted = membership_.Admit(request.rank, request.peer, request.status_address, from);
+  if (admitted.ok() && admitted->grew) {
+    for (const auto& p : m.partitions) policy_->OnAdmitted(*p, admitted->rank, admitted->from_step);
+  }
+  for (auto it = m.partitions.rbegin(); it != m.partitions.rend(); ++it) (*it)->mu.Unlock();
+  if (admitted.ok() && admitted->grew) LogGroupsFrom(admitted->from_step);
+  return admitted;
 }
 
 absl::Status ParameterServer::Heartbeat(int rank, uint64_t session) {
@@ -234,6 +292,7 @@ void ParameterServer::OnMembershipChange() {
     return;
   }
   const absl::Time now = options_.clock->Now();
+  uint64_t step = UINT64_MAX;
   for (const auto& p : m->partitions) {
     CallsToFinish released;
     {
@@ -245,9 +304,11 @@ void ParameterServer::OnMembershipChange() {
         MaybeFreeze(*m, *p);
         restored_.store(false, std::memory_order_release);
       }
+      step = std::min(step, p->version);
     }
     CountAnswers(released, p->range.length);
   }
+  if (step != UINT64_MAX) LogGroupsFrom(options_.mode == Mode::kSync ? step : 0);
 }
 
 void ParameterServer::FailParked(const absl::Status& status) {
@@ -311,6 +372,7 @@ StatusSnapshot ParameterServer::Status() const {
   s.uptime = options_.clock->Now() - started_;
   s.members = membership_.Snapshot();
   s.view = membership_.view();
+  s.group_log = GroupLog();
   {
     absl::MutexLock info(&info_mu_);
     s.checkpoint = checkpoint_;
@@ -330,6 +392,8 @@ StatusSnapshot ParameterServer::Status() const {
       absl::ReaderMutexLock lock(&p->mu);
       s.version = std::min(s.version, p->version);
       if (p->reports) {
+        s.steps_restarted = p->restarts;
+        s.examples_applied = p->examples_applied;
         s.last_step = p->last_step;
         s.learning_rate = optimizer_->LearningRate(p->version);
       }

@@ -109,6 +109,9 @@ struct StatusSnapshot {
   uint64_t last_rollback_version = 0;
   int64_t partition_bytes_held = 0;  // this server's partitions' bytes
   uint64_t view = 0;                 // the membership view (server/core/membership.h)
+  std::vector<GroupChange> group_log;  // oldest first (ParameterServer::GroupLog)
+  uint64_t steps_restarted = 0;        // sync: steps started again under a new group
+  uint64_t examples_applied = 0;       // sync: examples of the completed steps, summed
 };
 
 class ParameterServer {
@@ -210,6 +213,9 @@ class ParameterServer {
   // version, without the rest of a status (a heartbeat's answer).
   uint64_t version() const;
   StatusSnapshot Status() const;
+  // The group of each stretch of steps, oldest first (the last 64 changes): which ranks split
+  // each step's batch. Kept in checkpoints.
+  std::vector<GroupChange> GroupLog() const;
   // The data path's totals (pushes and bytes in, replies and bytes out) in a snapshot with only
   // those fields set: no clock, no membership, so the daemon may log them as it shuts down.
   StatusSnapshot Traffic() const;
@@ -278,6 +284,11 @@ class ParameterServer {
   absl::Status Answerable() const;
   JobDescription Job() const;
   void CountAnswers(const CallsToFinish& answered, int64_t floats);
+  // Membership::Admit, choosing the step a joiner of a running elastic job takes part from.
+  absl::StatusOr<Admitted> Admit(const Model& model, const JoinRequestView& request);
+  // Writes the group log again from `step` on, as the membership now has it (the changes of its
+  // ranks only).
+  void LogGroupsFrom(uint64_t step);
 
   const ServerOptions options_;
   const std::unique_ptr<const Optimizer> optimizer_;
@@ -298,6 +309,7 @@ class ParameterServer {
   CheckpointInfo checkpoint_ ABSL_GUARDED_BY(info_mu_);
   uint64_t rollbacks_ ABSL_GUARDED_BY(info_mu_) = 0;
   uint64_t last_rollback_version_ ABSL_GUARDED_BY(info_mu_) = 0;
+  std::vector<GroupChange> group_log_ ABSL_GUARDED_BY(info_mu_);  // the last 64, oldest first
 
   std::atomic<bool> shut_down_{false};
   // Restored or rolled back, and no step completed since (JoinResult::restored).

@@ -22,6 +22,7 @@ void CopyForSyncCheckpoint(const Partition& p, PartitionSnapshot& out) ABSL_NO_T
   out.id = p.range.id;
   out.version = p.version;
   out.updates = p.updates;
+  out.examples_applied = p.examples_applied;
   out.weights.assign(p.weights.begin(), p.weights.end());
   out.slots.resize(p.slots.size());
   for (size_t i = 0; i < p.slots.size(); ++i) out.slots[i].assign(p.slots[i].begin(), p.slots[i].end());
@@ -58,6 +59,7 @@ absl::StatusOr<std::pair<std::unique_ptr<ParameterServer::Model>, uint64_t>> Par
     p.initialized = true;
     p.version = snap.version;
     p.updates = snap.updates;
+    p.examples_applied = snap.examples_applied;
     p.next_step = std::move(snap.next_steps);
     low = std::min(low, snap.version);
     return absl::OkStatus();
@@ -72,10 +74,12 @@ absl::Status ParameterServer::Restore(const summa::v1::Checkpoint& header, Parti
   // Built unpublished, so a checkpoint found torn halfway leaves no model behind.
   SUMMA_ASSIGN_OR_RETURN(auto restored, ModelFrom(header, partitions));
   SUMMA_ASSIGN_OR_RETURN(const std::optional<GroupView> group, DecodeGroup(header, options_.world_size));
+  SUMMA_ASSIGN_OR_RETURN(std::vector<GroupChange> log, DecodeGroupLog(header, options_.world_size));
   PublishModel(std::move(restored.first));
   if (group.has_value()) membership_.Restore(*group);
   restored_.store(true, std::memory_order_release);
   absl::MutexLock info(&info_mu_);
+  if (!log.empty()) group_log_ = std::move(log);
   checkpoint_.version = restored.second;
   checkpoint_.written = absl::FromUnixSeconds(header.created_unix_seconds());
   return absl::OkStatus();
@@ -237,6 +241,7 @@ absl::Status ParameterServer::MaybeCheckpoint(bool force) {
   // The group as it is now (a sync shard's frozen copies may be of an earlier version: a rank
   // excluded since stays excluded, which is what a restore should find).
   EncodeGroup(membership_.CheckpointGroup(), &header);
+  EncodeGroupLog(GroupLog(), &header);
   SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointWriter> writer,
                          CheckpointWriter::Create(options_.checkpoint_dir, header));
   for (size_t i = 0; i < m->partitions.size(); ++i) {

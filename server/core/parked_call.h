@@ -72,12 +72,13 @@ class ParkingLot {
   // lot grows, every time it doubles: their parked-call holds went when they were answered, so
   // without this a caller that parks and cancels could grow the lot without a bound until the
   // counter moves.
-  void Park(std::shared_ptr<ParkedCall> call, uint64_t target, absl::Time deadline) {
+  // `after_push`: the call is a push-pull's, whose push was counted for the step it waits on.
+  void Park(std::shared_ptr<ParkedCall> call, uint64_t target, absl::Time deadline, bool after_push = false) {
     if (parked_.size() >= prune_at_) {
       DropClaimed();
       prune_at_ = std::max<size_t>(kMinPruneAt, 2 * parked_.size());
     }
-    parked_.push_back({std::move(call), target, deadline});
+    parked_.push_back({std::move(call), target, deadline, after_push});
   }
   size_t size() const { return parked_.size(); }
 
@@ -110,11 +111,19 @@ class ParkingLot {
     Sweep([](const Entry&) { return true; }, [&](ParkedCall&) { return status; }, out);
   }
 
+  // Claims every push-pull's call (Park's after_push) whose target is <= `target`; `status` is
+  // what each gets: their pushes were dropped.
+  void FailPushesUpTo(uint64_t target, const absl::Status& status, CallsToFinish& out) {
+    Sweep([&](const Entry& e) { return e.after_push && e.target <= target; },
+          [&](ParkedCall&) { return status; }, out);
+  }
+
  private:
   struct Entry {
     std::shared_ptr<ParkedCall> call;
     uint64_t target;
     absl::Time deadline;
+    bool after_push;
   };
 
   // Forgets the calls claimed already (answered by someone else: a timer, a cancellation).

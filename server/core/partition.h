@@ -57,10 +57,17 @@ struct Partition {
   Aggregator aggregator ABSL_GUARDED_BY(mu);
   StepBarrier barrier ABSL_GUARDED_BY(mu);               // sync: who pushed the current step
   std::vector<uint64_t> next_step ABSL_GUARDED_BY(mu);   // per rank: the step it pushes next
-  // The group the current step runs under (sync: taken at the step's start, then narrowed by
-  // exclusions; async and ssp: the current group). ConsistencyPolicy::StepGroup keeps it.
+  // The group the current step runs under (Membership::GroupAt the version: sync, the ranks
+  // admitted by the step less those excluded since; async and ssp, the current group).
+  // ConsistencyPolicy::StepGroup keeps it.
   GroupView step_group ABSL_GUARDED_BY(mu);
   uint64_t step_group_epoch ABSL_GUARDED_BY(mu) = 0;  // Membership::group_epoch() it was read at
+  // The step from which an admission known when it was read changes step_group.
+  uint64_t step_group_until ABSL_GUARDED_BY(mu) = 0;
+  // Sync: steps started again under a new group (ConsistencyPolicy::OnExcluded), and the
+  // examples of the steps completed (what the updates were divided by).
+  uint64_t restarts ABSL_GUARDED_BY(mu) = 0;
+  uint64_t examples_applied ABSL_GUARDED_BY(mu) = 0;
   bool skip_step ABSL_GUARDED_BY(mu) = false;            // sync: a push under --nonfinite=skip_step
   ParkingLot parked ABSL_GUARDED_BY(mu);        // waiting for a version
   ParkingLot clock_parked ABSL_GUARDED_BY(mu);  // ssp: waiting for the slowest member

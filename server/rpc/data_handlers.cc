@@ -121,8 +121,9 @@ absl::StatusOr<PushRequestView> ParsePush(DataCall& call, pb::PushRequest* heade
   return v;
 }
 
-// Fill runs under the partition's lock: the live ranks sent are those the step was answered
-// under (an exclusion completes steps under the same lock). The values go in `dtype`.
+// Fill runs under the partition's lock: the live ranks sent are the group of the step the
+// version starts (an exclusion completes or restarts steps, and an admission is made, under the
+// same lock). The values go in `dtype`.
 std::shared_ptr<Parked> PullCall(const ParameterServer* core, DataCall* call, uint32_t partition, WireDType dtype,
                                  Parked::Holds holds) {
   const Parked::WaitSpan wait{core->options().tracer, "wait", partition};
@@ -132,7 +133,8 @@ std::shared_ptr<Parked> PullCall(const ParameterServer* core, DataCall* call, ui
     header.set_partition(partition);
     header.set_version(version);
     header.set_dtype(WireDTypeToProto(dtype));
-    const GroupView group = core->membership().group();  // the ranks and their view, one value
+    // The group of the step this version starts: the ranks and their view, one value.
+    const GroupView group = core->membership().GroupAt(version);
     for (int r : group.ranks) header.add_live_ranks(r);
     header.set_view(group.view);
     *response = EncodeWithBytes(header, pb::PullResponse::kDataFieldNumber, SliceOf(w, dtype));

@@ -155,6 +155,7 @@ grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context, con
     out->set_status_address(m.status_address);
     out->set_pushes(m.pushes);
     out->set_examples(m.examples);
+    out->set_from_step(m.from_step);
     out->set_last_seen_seconds_ago(absl::ToDoubleSeconds(now - m.last_seen));
   }
   response->set_model_defined(s.model_defined);
@@ -195,6 +196,15 @@ grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context, con
   response->set_rollbacks(s.rollbacks);
   response->set_last_rollback_version(s.last_rollback_version);
   response->set_view(s.view);
+  response->set_min_workers(o.min_workers > 0 ? o.min_workers : o.world_size);
+  for (const GroupChange& change : s.group_log) {
+    pb::GroupChange* out = response->add_group_changes();
+    out->set_from_step(change.from_step);
+    out->set_view(change.group.view);
+    for (int r : change.group.ranks) out->add_ranks(r);
+  }
+  response->set_steps_restarted(s.steps_restarted);
+  response->set_examples_applied(s.examples_applied);
   response->set_joins_refused(joins_.refused());
   response->set_request_buffer_bytes(request_buffer_bytes());
   if (o.shards > 1 && o.shard == 0) {

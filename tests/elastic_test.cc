@@ -1,0 +1,235 @@
+// Elastic jobs in the core (summa-server --workers=MIN:MAX): a worker that joins a running job is
+// admitted from the first step no worker can have started under the old group, the steps before
+// it complete without it, the steps from it wait for it, the job's data position (the group of
+// each stretch of steps) is in status and in checkpoints, and async and ssp joiners start where
+// the slowest member is.
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "gtest/gtest.h"
+#include "server/core/parameter_server.h"
+#include "tests/fake_call.h"
+#include "tests/parameter_server_fixtures.h"
+
+namespace summa::server {
+namespace {
+
+// One tensor of 4 floats in two partitions of 2, lr 1, --workers=2:3.
+class ElasticTest : public ::testing::Test {
+ protected:
+  ServerOptions Options(Mode mode = Mode::kSync) {
+    ServerOptions o;
+    o.world_size = 3;
+    o.min_workers = 2;
+    o.mode = mode;
+    o.partition_bytes = 8;
+    o.optimizer.learning_rate = 1.0;
+    o.lease = absl::Seconds(1);
+    o.clock = &clock_;
+    o.require_sessions = false;
+    o.deterministic = mode == Mode::kSync;
+    return o;
+  }
+  absl::StatusOr<JoinResult> Join(ParameterServer& ps, int rank, int world_size = 2) {
+    JoinRequestView v;
+    v.rank = rank;
+    v.world_size = world_size;
+    v.params = {{{"w", DType::kFloat32, {4}}, absl::string_view(zeros_)}};
+    return ps.Join(v);
+  }
+  PushRequestView Push(int rank, uint64_t step, uint32_t partition, int64_t examples) {
+    PushRequestView v;
+    v.rank = rank;
+    v.step = step;
+    v.partition = partition;
+    v.data = ones_;
+    v.num_examples = examples;
+    return v;
+  }
+  // Every rank of `ranks` pushes both partitions of `step` (one example each).
+  void Step(ParameterServer& ps, uint64_t step, const std::vector<int>& ranks) {
+    for (int r : ranks) {
+      for (uint32_t p : {0u, 1u}) ASSERT_TRUE(ps.Push(Push(r, step, p, 1)).ok()) << r << " " << p;
+    }
+  }
+  static std::vector<std::pair<uint64_t, std::vector<int>>> Log(const ParameterServer& ps) {
+    std::vector<std::pair<uint64_t, std::vector<int>>> out;
+    for (const GroupChange& c : ps.GroupLog()) out.push_back({c.from_step, c.group.ranks});
+    return out;
+  }
+  const std::string zeros_ = Bytes({0, 0, 0, 0});
+  const std::string ones_ = Bytes({1, 1});
+  FakeClock clock_;
+};
+
+TEST_F(ElasticTest, AJoinerTakesPartFromTheNextStepBoundary) {
+  ParameterServer ps(Options());
+  ASSERT_TRUE(Join(ps, 0).ok());
+  ASSERT_TRUE(Join(ps, 1).ok());
+  EXPECT_EQ(ps.LiveRanks(), (std::vector<int>{0, 1}));  // rank 2 is no member until it joins
+  Step(ps, 0, {0, 1});  // only the initial group: step 0 completes
+  ASSERT_EQ(ps.version(), 1u);
+  ASSERT_TRUE(ps.Push(Push(0, 1, 0, 1)).ok());  // step 1 under way
+  // Rank -1 is assigned the lowest free rank, and is in from step 2: step 1 may already be
+  // computed over {0, 1}.
+  auto joined = Join(ps, -1);
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  EXPECT_EQ(joined->rank, 2);
+  EXPECT_EQ(joined->next_step, 2u);
+  EXPECT_EQ(joined->version, 2u);  // it pulls step 2's weights, waiting for them
+  EXPECT_EQ(joined->live_ranks, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(ps.Push(Push(2, 1, 0, 1)).status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(ps.Push(Push(1, 1, 0, 1)).ok());
+  ASSERT_TRUE(ps.Push(Push(0, 1, 1, 1)).ok());
+  ASSERT_TRUE(ps.Push(Push(1, 1, 1, 1)).ok());
+  ASSERT_EQ(ps.version(), 2u);  // without rank 2
+  // Step 2 waits for rank 2; its pull of version 2 is answered, and step 3's (a push-pull) waits.
+  auto pull = std::make_shared<FakeCall>();
+  ps.Pull(2, joined->session, 0, 2, pull);
+  ASSERT_TRUE(pull->Wait().ok());
+  Step(ps, 2, {0, 1});
+  EXPECT_EQ(ps.version(), 2u);
+  auto reply = std::make_shared<FakeCall>();
+  ps.PushPull(Push(2, 2, 0, 1), reply);
+  ASSERT_TRUE(ps.Push(Push(2, 2, 1, 1)).ok());
+  ASSERT_TRUE(reply->Wait().ok());
+  EXPECT_EQ(ps.version(), 3u);
+  // Each step divided by its own group's examples: -1 per step, three steps.
+  EXPECT_EQ(reply->values(), (std::vector<float>{-3, -3}));
+  EXPECT_EQ(ps.Status().examples_applied, 2u + 2u + 3u);
+  EXPECT_EQ(Log(ps), (std::vector<std::pair<uint64_t, std::vector<int>>>{{0, {0, 1}}, {2, {0, 1, 2}}}));
+  const StatusSnapshot s = ps.Status();
+  ASSERT_EQ(s.members.size(), 3u);
+  EXPECT_EQ(s.members[2].from_step, 2u);
+  EXPECT_EQ(s.members[0].from_step, 0u);
+}
+
+// Partitions one step apart (the newest finished step 0, the other has not): workers may already
+// compute step 1 over the old group, so the joiner is in from step 2, and may pull version 2 of
+// a partition still at version 0.
+TEST_F(ElasticTest, AJoinerWaitsForTheStepAfterTheNewestAnyPartitionReached) {
+  ParameterServer ps(Options());
+  ASSERT_TRUE(Join(ps, 0).ok());
+  ASSERT_TRUE(Join(ps, 1).ok());
+  ASSERT_TRUE(ps.Push(Push(0, 0, 0, 1)).ok());
+  ASSERT_TRUE(ps.Push(Push(1, 0, 0, 1)).ok());  // partition 0 at version 1; partition 1 at 0
+  auto joined = Join(ps, 2, 3);  // a world size from MIN to MAX is taken
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  EXPECT_EQ(joined->next_step, 2u);
+  auto early = std::make_shared<FakeCall>();
+  ps.Pull(2, joined->session, 1, 2, early);
+  EXPECT_FALSE(early->answered());
+  ASSERT_TRUE(ps.Push(Push(0, 0, 1, 1)).ok());
+  ASSERT_TRUE(ps.Push(Push(1, 0, 1, 1)).ok());
+  Step(ps, 1, {0, 1});
+  ASSERT_TRUE(early->Wait().ok());
+  EXPECT_EQ(early->counter(), 2u);
+  auto too_far = std::make_shared<FakeCall>();
+  ps.Pull(2, joined->session, 1, 5, too_far);
+  EXPECT_EQ(too_far->Wait().code(), absl::StatusCode::kOutOfRange);
+}
+
+TEST_F(ElasticTest, TheGroupIsBoundedByMaxAndARankThatLeftJoinsAgainAsGrowth) {
+  ParameterServer ps(Options());
+  ASSERT_TRUE(Join(ps, 0).ok());
+  ASSERT_TRUE(Join(ps, 1).ok());
+  ASSERT_TRUE(Join(ps, 2).ok());
+  EXPECT_EQ(Join(ps, -1).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(Join(ps, 3).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Join(ps, 0, 4).status().code(), absl::StatusCode::kInvalidArgument);  // above MAX
+  EXPECT_EQ(Join(ps, 0, 1).status().code(), absl::StatusCode::kInvalidArgument);  // below MIN
+  Step(ps, 0, {0, 1});  // rank 2 is in from step 1
+  ASSERT_EQ(ps.version(), 1u);
+  ASSERT_TRUE(ps.Leave(1, 0).ok());
+  Step(ps, 1, {0, 2});
+  ASSERT_EQ(ps.version(), 2u);
+  // Its slot is free again: -1 takes it, from the next step.
+  auto back = Join(ps, -1);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->rank, 1);
+  EXPECT_EQ(back->next_step, 3u);
+  // Rank 1 left before anyone pushed step 1: that step's group never held it.
+  EXPECT_EQ(Log(ps), (std::vector<std::pair<uint64_t, std::vector<int>>>{{0, {0, 1}}, {1, {0, 2}}, {3, {0, 1, 2}}}));
+}
+
+// A fixed job (--workers=N) cannot grow: a rank that left stays out, as before.
+TEST_F(ElasticTest, AFixedJobKeepsADepartedRankOut) {
+  ServerOptions o = Options();
+  o.min_workers = 0;
+  o.world_size = 2;
+  ParameterServer ps(o);
+  ASSERT_TRUE(Join(ps, 0).ok());
+  ASSERT_TRUE(Join(ps, 1).ok());
+  ASSERT_TRUE(ps.Leave(1, 0).ok());
+  EXPECT_EQ(Join(ps, 1).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Join(ps, -1).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST_F(ElasticTest, AnAsyncOrSspJoinerStartsWhereTheSlowestMemberIs) {
+  for (Mode mode : {Mode::kAsync, Mode::kSsp}) {
+    ParameterServer ps(Options(mode));
+    ASSERT_TRUE(Join(ps, 0).ok());
+    ASSERT_TRUE(Join(ps, 1).ok());
+    for (uint64_t step = 0; step < 3; ++step) ASSERT_TRUE(ps.Push(Push(0, step, 0, 1)).ok());
+    ASSERT_TRUE(ps.Push(Push(1, 0, 0, 1)).ok());  // on partition 0: rank 0 at step 3, rank 1 at 1
+    auto joined = Join(ps, -1);
+    ASSERT_TRUE(joined.ok()) << joined.status();
+    EXPECT_EQ(joined->rank, 2);
+    // Partition 1 has no pushes yet: the slowest there is at step 0.
+    EXPECT_EQ(joined->next_step, 0u) << ModeName(mode);
+    EXPECT_EQ(joined->live_ranks, (std::vector<int>{0, 1, 2}));
+    // On partition 0 it pushes from step 1 (rank 1's) on: step 0 there would be a duplicate.
+    EXPECT_EQ(ps.Push(Push(2, 0, 0, 1)).status().code(), absl::StatusCode::kAlreadyExists);
+    EXPECT_TRUE(ps.Push(Push(2, 1, 0, 1)).ok());
+  }
+}
+
+// The data position survives a restart: a checkpoint keeps the group log, the grown ranks and
+// the examples summed, and the restored server waits for the grown rank as for the others.
+TEST_F(ElasticTest, ACheckpointKeepsTheGroupLogAndTheGrownRanks) {
+  const std::string dir = ::testing::TempDir() + "/elastic-ckpt-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  ServerOptions o = Options();
+  o.checkpoint_dir = dir;
+  {
+    ParameterServer ps(o);
+    ASSERT_TRUE(Join(ps, 0).ok());
+    ASSERT_TRUE(Join(ps, 1).ok());
+    ASSERT_TRUE(Join(ps, 2).ok());  // from step 1
+    Step(ps, 0, {0, 1});
+    Step(ps, 1, {0, 1, 2});
+    ASSERT_TRUE(ps.MaybeCheckpoint(true).ok());
+  }
+  ParameterServer restored(o);
+  ASSERT_TRUE(RestoreNewest(restored, dir).ok());
+  EXPECT_EQ(Log(restored), (std::vector<std::pair<uint64_t, std::vector<int>>>{{0, {0, 1}}, {1, {0, 1, 2}}}));
+  EXPECT_EQ(restored.Status().examples_applied, 5u);
+  for (int r : {0, 1, 2}) ASSERT_TRUE(Join(restored, r).ok());
+  Step(restored, 2, {0, 1});
+  EXPECT_EQ(restored.version(), 2u);  // waits for rank 2
+  Step(restored, 2, {2});
+  EXPECT_EQ(restored.version(), 3u);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ParseWorkersTest, TakesNOrMinColonMax) {
+  EXPECT_EQ(*ParseWorkers("3"), std::make_pair(3, 3));
+  EXPECT_EQ(*ParseWorkers("2:5"), std::make_pair(2, 5));
+  for (const char* bad : {"", "0", "3:2", "1:2:3", "a", "2:", ":3", "-1:2"}) {
+    EXPECT_EQ(ParseWorkers(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  ServerOptions o;
+  o.min_workers = 2;
+  o.world_size = 4;
+  o.shards = 2;
+  o.shard = 0;
+  EXPECT_EQ(ValidateOptions(o).code(), absl::StatusCode::kInvalidArgument);  // one shard only
+  o.shards = 1;
+  EXPECT_TRUE(ValidateOptions(o).ok());
+}
+
+}  // namespace
+}  // namespace summa::server

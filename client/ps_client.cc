@@ -164,7 +164,7 @@ absl::Status ParameterClient::ForEach(size_t n, absl::FunctionRef<CallSpec(size_
         launch(i);
         continue;
       }
-      if (first_error.ok()) first_error = absl::Status(st.code(), absl::StrCat(what(i), ": ", st.message()));
+      if (first_error.ok()) first_error = Prefixed(what(i), st);
     }
     ++done;
   }

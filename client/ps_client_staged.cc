@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/status_reason.h"
 
 namespace summa::worker {
 
@@ -68,7 +69,7 @@ bool ParameterClient::NextStaged(size_t* partition, absl::Status* status) {
         // plane reads its eventfd in the same poll), so the caller looks for ready partitions.
         return false;
       }
-      *status = absl::Status(st.code(), absl::StrCat(partition_names_[i], ": ", st.message()));
+      *status = Prefixed(partition_names_[i], st);
     } else {
       *status = DecodePushPull(i, staged_.step, staged_.weights);
       if (status->ok()) {

@@ -1,6 +1,7 @@
 #include "common/status_reason.h"
 
 #include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
 
 namespace summa {
 namespace {
@@ -43,6 +44,11 @@ StatusReason ReasonOf(const absl::Status& status) {
   const auto payload = status.GetPayload(kPayloadUrl);  // absl::optional in this Abseil
   if (!payload) return StatusReason::kNone;
   return StatusReasonFromName(std::string(*payload));
+}
+
+absl::Status Prefixed(absl::string_view prefix, const absl::Status& status) {
+  if (status.ok()) return status;
+  return WithReason(absl::Status(status.code(), absl::StrCat(prefix, ": ", status.message())), ReasonOf(status));
 }
 
 }  // namespace summa

@@ -30,6 +30,8 @@ StatusReason StatusReasonFromName(absl::string_view name);
 // `status` with `reason` attached (an OK status stays OK and carries none).
 absl::Status WithReason(absl::Status status, StatusReason reason);
 StatusReason ReasonOf(const absl::Status& status);
+// `status` with `prefix` and ": " before its message, its reason kept.
+absl::Status Prefixed(absl::string_view prefix, const absl::Status& status);
 
 inline bool IsStaleView(const absl::Status& s) {
   return absl::IsAborted(s) && ReasonOf(s) == StatusReason::kStaleView;

@@ -383,6 +383,58 @@ TEST_F(ServiceTest, RetriedPushPullAndNonFiniteGradientsOverTheWire) {
   EXPECT_EQ(ParameterServerPeer::Weights(server_->core()), std::vector<float>(8, -1));
 }
 
+// An elastic job (--workers=2:3) whose partitions are a step apart when a worker joins: the
+// joiner is in from the step after next, and each reply names the group of the step its version
+// starts, not the group as it will be, so the workers split the next step over the ranks that
+// push it.
+TEST_F(ServiceTest, RepliesNameTheGroupOfTheStepTheyStartWhileAJoinerWaits) {
+  configure_ = [](ServerOptions& o) {
+    o.min_workers = 2;
+    o.world_size = 3;
+  };
+  StartServer(3, /*partition_bytes=*/16);  // the 8 floats in two partitions
+  auto stub = Stub();
+  JoinTwo(*stub);
+  auto push = [&](int rank, uint64_t step, uint32_t partition, pb::PullResponse* out) {
+    pb::PushRequest r;
+    r.set_rank(rank);
+    r.set_step(step);
+    r.set_partition(partition);
+    r.set_num_examples(1);
+    r.set_dtype(pb::DTYPE_FLOAT32);
+    r.set_data(Bytes({1, 1, 1, 1}));
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    return stub->PushPull(&ctx, r, out);
+  };
+  auto ranks = [](const pb::PullResponse& r) { return std::vector<int>(r.live_ranks().begin(), r.live_ranks().end()); };
+  pb::PullResponse p0, p1;
+  std::thread other([&] { ASSERT_TRUE(push(1, 0, 0, &p1).ok()); });
+  ASSERT_TRUE(push(0, 0, 0, &p0).ok());  // partition 0 at version 1, partition 1 at 0
+  other.join();
+  EXPECT_EQ(ranks(p0), (std::vector<int>{0, 1}));
+  grpc::ClientContext jctx;
+  Deadline(jctx);
+  pb::JoinResponse joined;
+  ASSERT_TRUE(stub->Join(&jctx, JoinMsg(-1, 2, false), &joined).ok());
+  EXPECT_EQ(joined.rank(), 2);
+  EXPECT_EQ(joined.next_step(), 2u);
+  EXPECT_EQ(std::vector<int>(joined.live_ranks().begin(), joined.live_ranks().end()), (std::vector<int>{0, 1, 2}));
+  // Partition 1 completes step 0 after the join: its reply starts step 1, still {0, 1}'s.
+  std::thread again([&] { ASSERT_TRUE(push(1, 0, 1, &p1).ok()); });
+  ASSERT_TRUE(push(0, 0, 1, &p0).ok());
+  again.join();
+  EXPECT_EQ(p0.version(), 1u);
+  EXPECT_EQ(ranks(p0), (std::vector<int>{0, 1}));
+  EXPECT_EQ(ranks(p1), (std::vector<int>{0, 1}));
+  // Step 1's replies start step 2, the joiner's first.
+  std::thread third([&] { ASSERT_TRUE(push(1, 1, 0, &p1).ok()); });
+  ASSERT_TRUE(push(0, 1, 0, &p0).ok());
+  third.join();
+  EXPECT_EQ(p0.version(), 2u);
+  EXPECT_EQ(ranks(p0), (std::vector<int>{0, 1, 2}));
+}
+
 TEST_F(ServiceTest, CheckpointRpcWritesFromTheDaemonsThread) {
   const std::string dir =
       std::filesystem::temp_directory_path() / ("summa-service-ckpt-" + std::to_string(::getpid()));

@@ -15,6 +15,8 @@
 #include "absl/flags/marshalling.h"
 #include "absl/flags/reflection.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 
 namespace summa::worker {
@@ -29,6 +31,20 @@ std::string Text(const T& value) {
 
 // Every flag that fills a field of WorkerOptions (and its TrainerOptions), with that field's
 // value in `o` as the flag would spell it.
+// --fault_pause's text for the field it fills.
+std::string Pauses(const std::vector<std::pair<int64_t, std::string>>& pauses) {
+  std::vector<std::string> items;
+  for (const auto& [step, file] : pauses) items.push_back(absl::StrCat(step, ":", file));
+  return absl::StrJoin(items, ",");
+}
+
+// --fault_replay_groups's text for the field it fills.
+std::string ReplayGroups(const std::vector<std::pair<uint64_t, int>>& groups) {
+  std::vector<std::string> items;
+  for (const auto& [from, n] : groups) items.push_back(absl::StrCat(from, ":", n));
+  return absl::StrJoin(items, ",");
+}
+
 Rows AsFlags(const WorkerOptions& o) {
   const TrainerOptions& t = o.trainer;
   Rows rows = {
@@ -67,7 +83,9 @@ Rows AsFlags(const WorkerOptions& o) {
   rows.insert(rows.end(), {{"fault_exit_after_push", Text(o.faults.exit_after_push)},
                            {"fault_repeat_pushpull_at", Text(o.faults.repeat_push_pull_at)},
                            {"fault_exit_before_epoch_end", Text(o.faults.exit_before_round)},
-                           {"fault_delay_push", Text(o.faults.delay_push)}});
+                           {"fault_delay_push", Text(o.faults.delay_push)},
+                           {"fault_replay_groups", ReplayGroups(o.trainer.replay_groups)},
+                           {"fault_pause", Pauses(o.faults.pauses)}});
 #endif
   return rows;
 }

@@ -1,5 +1,7 @@
 #include "worker/fault_injecting_store.h"
 
+#include <filesystem>
+
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
@@ -22,9 +24,20 @@ void FaultInjectingStore::Exit(const std::string& why) {
   std::_Exit(137);
 }
 
+void FaultInjectingStore::MaybePause(uint64_t step) {
+  for (const auto& [at, file] : plan_.pauses) {
+    if (static_cast<int64_t>(step) != at || std::filesystem::exists(file)) continue;
+    std::fprintf(out_, "rank %d: fault injection: pausing before the push of step %llu until %s exists\n", rank_,
+                 static_cast<unsigned long long>(step), file.c_str());
+    std::fflush(out_);
+    while (!std::filesystem::exists(file)) absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
 absl::Status FaultInjectingStore::PushPull(uint64_t step, int64_t num_examples,
                                            const float* gradients, float* weights,
                                            std::vector<int>* live_ranks) {
+  MaybePause(step);
   if (plan_.delay_push > absl::ZeroDuration()) absl::SleepFor(plan_.delay_push);
   const int64_t s = static_cast<int64_t>(step);
   if (s == plan_.repeat_push_pull_at) {

@@ -11,7 +11,10 @@
 //    the process exits with status 137 before contributing: lost after the last push of an
 //    epoch;
 //  - delay_push: every push (PushPull or Push) waits this long first, so that this rank's pushes
-//    reach the server after the others': a test forces the order pushes arrive in.
+//    reach the server after the others': a test forces the order pushes arrive in;
+//  - pauses: before the push of each step listed, the worker says so and waits until the file
+//    named exists (its lease kept by the heartbeat thread), so that a test makes something happen
+//    at a step boundary of its choosing (a joiner admitted, this process killed there).
 // A negative value (a zero delay) injects nothing.
 //
 // Compiled (and the flags defined, and the store wired in by RunWorker) only in a build with
@@ -25,6 +28,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -38,9 +42,10 @@ struct FaultPlan {
   int64_t repeat_push_pull_at = -1;
   int64_t exit_before_round = -1;
   absl::Duration delay_push = absl::ZeroDuration();
+  std::vector<std::pair<int64_t, std::string>> pauses;  // (step, file)
   bool any() const {
     return exit_after_push >= 0 || repeat_push_pull_at >= 0 || exit_before_round >= 0 ||
-           delay_push > absl::ZeroDuration();
+           delay_push > absl::ZeroDuration() || !pauses.empty();
   }
 };
 
@@ -58,6 +63,7 @@ class FaultInjectingStore final : public ParameterStore {
   absl::Status PushPull(uint64_t step, int64_t num_examples, const float* gradients, float* weights,
                         std::vector<int>* live_ranks) override;
   absl::StatusOr<bool> Push(uint64_t step, int64_t num_examples, const float* gradients) override {
+    MaybePause(step);
     if (plan_.delay_push > absl::ZeroDuration()) absl::SleepFor(plan_.delay_push);
     return inner_->Push(step, num_examples, gradients);
   }
@@ -70,6 +76,8 @@ class FaultInjectingStore final : public ParameterStore {
  private:
   ParameterStore* const inner_;  // Not owned.
   [[noreturn]] void Exit(const std::string& why);
+  // Waits before the push of `step` until its pause's file exists, when the plan has one.
+  void MaybePause(uint64_t step);
 
   const FaultPlan plan_;
   std::FILE* const out_;  // Not owned.

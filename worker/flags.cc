@@ -7,7 +7,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "common/byte_size.h"
 
@@ -135,6 +137,13 @@ ABSL_FLAG(int64_t, fault_exit_after_push, FaultPlan().exit_after_push,
 ABSL_FLAG(int64_t, fault_repeat_pushpull_at, FaultPlan().repeat_push_pull_at,
           "fault injection for tests: at this step, drop the reply to the push-pull and send it "
           "again, as a client whose reply was lost retries; -1: never");
+ABSL_FLAG(std::string, fault_pause, "",
+          "fault injection for tests: STEP:FILE,... before the push of each STEP, say so and wait "
+          "until FILE exists (the lease kept meanwhile); empty: never");
+ABSL_FLAG(std::string, fault_replay_groups, "",
+          "for tests: STEP:N,STEP:N,... from each STEP on, split each step's shard over the first N "
+          "devices only (--devices=cpu,cpu,cpu), so that one worker replays an elastic job whose "
+          "group had N ranks from STEP (its group log); empty: every device");
 ABSL_FLAG(int64_t, fault_exit_before_epoch_end, FaultPlan().exit_before_round,
           "fault injection for tests: exit (status 137) after the last push of this epoch "
           "(0-based), before the epoch-end loss collective; -1: never");
@@ -174,7 +183,7 @@ absl::StatusOr<SyntheticOptions> SyntheticOptionsFromFlags() {
                                "retry_deadline", "trace_file", "example_log",
                                // Test builds only; Changed is false for a flag not defined.
                                "fault_exit_after_push", "fault_repeat_pushpull_at",
-                               "fault_exit_before_epoch_end", "fault_delay_push"}) {
+                               "fault_exit_before_epoch_end", "fault_delay_push", "fault_replay_groups", "fault_pause"}) {
     if (Changed(training)) {
       return absl::InvalidArgumentError(
           absl::StrCat("--", training, " does not apply to --synthetic (it trains no model; see --help)"));
@@ -258,6 +267,23 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags() {
   o.faults.delay_push = absl::GetFlag(FLAGS_fault_delay_push);
   if (o.faults.delay_push < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--fault_delay_push must not be negative");
+  }
+  for (absl::string_view item : absl::StrSplit(absl::GetFlag(FLAGS_fault_pause), ',', absl::SkipEmpty())) {
+    const std::pair<absl::string_view, absl::string_view> parts = absl::StrSplit(item, absl::MaxSplits(':', 1));
+    int64_t step = 0;
+    if (!absl::SimpleAtoi(parts.first, &step) || step < 0 || parts.second.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--fault_pause: '", item, "' is not STEP:FILE"));
+    }
+    o.faults.pauses.push_back({step, std::string(parts.second)});
+  }
+  for (absl::string_view item : absl::StrSplit(absl::GetFlag(FLAGS_fault_replay_groups), ',', absl::SkipEmpty())) {
+    const std::pair<absl::string_view, absl::string_view> parts = absl::StrSplit(item, absl::MaxSplits(':', 1));
+    uint64_t from = 0;
+    int n = 0;
+    if (!absl::SimpleAtoi(parts.first, &from) || !absl::SimpleAtoi(parts.second, &n) || n < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("--fault_replay_groups: '", item, "' is not STEP:N with N >= 1"));
+    }
+    o.trainer.replay_groups.push_back({from, n});
   }
 #endif
   return o;

@@ -55,7 +55,8 @@ absl::Status Trainer::Prepare(int max_shard) {
         absl::StrCat("--model_parallel must be 1 or 2, got ", options_.model_parallel));
   }
   const int devices = static_cast<int>(models_.empty() ? backends_.size() : models_.size());
-  const int per_device = (max_shard + devices - 1) / devices;
+  // Replaying an elastic job's groups, a step may split its shard over fewer devices than all.
+  const int per_device = options_.replay_groups.empty() ? (max_shard + devices - 1) / devices : max_shard;
   for (int d = 0; models_.size() < static_cast<size_t>(devices); ++d) {
     Backend* const b = backends_[d];
     SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
@@ -329,7 +330,11 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
         SUMMA_RETURN_IF_ERROR(overlap_->EndCompute());
       } else {
         std::optional<TraceSpan> compute(std::in_place, tracer, "compute", "worker");
-        SUMMA_RETURN_IF_ERROR(ComputeGradients(shard.begin, static_cast<int>(shard.size())));
+        int devices = 1 << 30;
+        for (const auto& [from, n] : options_.replay_groups) {
+          if (from <= step) devices = n;
+        }
+        SUMMA_RETURN_IF_ERROR(ComputeGradients(shard.begin, static_cast<int>(shard.size()), devices));
         SUMMA_RETURN_IF_ERROR(models_[0]->GetGradients(gradients_->data()));
         compute.reset();
         {

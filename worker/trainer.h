@@ -58,6 +58,11 @@ struct TrainerOptions {
   // step, its epoch, this rank's index in the step's group, the group, and the range of the
   // epoch's order its shard covers. Not owned.
   std::FILE* example_log = nullptr;
+  // Test builds (summa-worker --fault_replay_groups): from each (step, n), split each step's
+  // shard over the first n devices only, so that one process with a device per rank replays the
+  // splits and the rank-order sums of an elastic job whose group sizes changed at those steps.
+  // Empty: every device, every step.
+  std::vector<std::pair<uint64_t, int>> replay_groups;
 };
 
 struct EpochResult {
@@ -95,7 +100,8 @@ class Trainer {
   absl::Status JoinAndTrain(const std::vector<float>& initial, bool rejoining);
   // Forward and backward of the `n` examples at `begin` in this epoch's order, split across the
   // devices; the summed gradient lands in the first model's gradients. Waits for no device.
-  absl::Status ComputeGradients(int64_t begin, int n);
+  // `devices`: the first so many (all when larger).
+  absl::Status ComputeGradients(int64_t begin, int n, int devices = 1 << 30);
   // Whether this attempt's steps overlap their exchange (overlapping_), after its Join.
   absl::Status PlanOverlap(const JoinInfo& joined);
   // Makes `order` (this epoch's order of the training set) every device's row indices.

@@ -78,11 +78,12 @@ absl::Status Trainer::LoadWeights() {
   return absl::OkStatus();
 }
 
-absl::Status Trainer::ComputeGradients(int64_t begin, int n) {
-  const int devices = static_cast<int>(models_.size());
+absl::Status Trainer::ComputeGradients(int64_t begin, int n, int used) {
+  const int devices = std::min(used, static_cast<int>(models_.size()));
   const int64_t params = models_[0]->num_params();
   // split_batch again, each device's part on its own thread.
   SUMMA_RETURN_IF_ERROR(device_threads_->Run([&](int d) {
+    if (d >= devices) return absl::OkStatus();
     const int from = d * n / devices, to = (d + 1) * n / devices;
     const Resident& r = resident_[d];
     return models_[d]->ComputeGradients(

@@ -168,8 +168,9 @@ absl::StatusOr<Admitted> Membership::Admit(int rank, const std::string& peer,
     slot.from_step.store(grow_from, std::memory_order_release);
     if (out) slot.excluded.store(false, std::memory_order_release);
     slot.state.store(static_cast<int>(MemberState::kAlive), std::memory_order_release);
+    // The view's number stays: pushes of the steps before `grow_from`, stamped with it, still
+    // count; the joiner's own are of later steps.
     group_epoch_.fetch_add(1, std::memory_order_acq_rel);
-    if (!follower()) view_.fetch_add(1, std::memory_order_acq_rel);
     SUMMA_LOG(INFO) << "rank " << rank << " joins the group from step " << grow_from << " (from " << peer << ")";
   } else {
     SetState(rank, MemberState::kAlive);

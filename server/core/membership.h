@@ -85,7 +85,9 @@ class Membership {
   void set_follower(bool on) { follower_.store(on, std::memory_order_release); }
   bool follower() const { return follower_.load(std::memory_order_acquire); }
 
-  // The membership view: it moves on each time a rank is excluded or the job ends (on a
+  // The membership view: it moves on each time a rank is excluded or the job ends (not when one
+  // is admitted: an admission changes the group of later steps only, and pushes of the earlier
+  // ones, stamped with the view, still count) (on a
   // follower, it is the newest view of shard 0's that Follow applied). Lock-free.
   uint64_t view() const { return view_.load(std::memory_order_acquire); }
   // The group as of a view: its number and the ranks admitted (from any step, the ones still to

@@ -51,6 +51,8 @@ void ParameterServer::LogGroupsFrom(uint64_t step) {
   absl::MutexLock lock(&info_mu_);
   while (!group_log_.empty() && group_log_.back().from_step >= step) group_log_.pop_back();
   for (GroupChange& change : from_step) {
+    // No step runs under an empty group (every member left at the job's end): nothing to log.
+    if (change.group.ranks.empty()) continue;
     if (!group_log_.empty() && group_log_.back().group.ranks == change.group.ranks) continue;
     group_log_.push_back(std::move(change));
   }

@@ -5,6 +5,7 @@ numpy arrays (one over 4 MiB in chunks), the server's refusals surface as SummaE
 code and message, a SIGKILLed Python worker rejoins under --on_worker_loss=wait and the job ends
 on the undisturbed run's weights, and the data path copies once per direction."""
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -316,6 +317,45 @@ class PythonClientTest(unittest.TestCase):
                 client = summa.Client(f"127.0.0.1:{port}")
                 self.assertEqual(client.status().version, 6)
                 client.close()
+
+    def test_a_python_worker_joins_a_running_elastic_job_and_every_example_is_summed_once(self):
+        child = os.path.join(os.path.dirname(__file__), "tools", "elastic_child.py")
+        steps, batch = 30, 24
+        with ProcessGroup() as g:
+            server, port = g.start_server(ARGS.server, "--workers=2:3", "--lr=0.01")
+            go, shards = os.path.join(g.dir, "go"), os.path.join(g.dir, "shards.jsonl")
+
+            def worker(rank, *extra):
+                return g.start(f"elastic{rank}-{time.monotonic_ns()}", [
+                    sys.executable, child, f"--server=127.0.0.1:{port}", f"--rank={rank}", "--world=2",
+                    f"--steps={steps}", f"--batch={batch}", f"--shards={shards}", *extra], env=child_env())
+
+            procs = [worker(r, f"--pause=10:{go}") for r in range(2)]
+            for p in procs:
+                wait_until("a paused worker", lambda p=p: "pausing before step 10" in g.log(p) or p.poll() is not None)
+                self.assertIn("pausing before step 10", g.log(p))
+            client = summa.Client(f"127.0.0.1:{port}")
+            procs.append(worker(-1))
+            wait_until("the joiner", lambda: len(client.status().members) == 3)
+            open(go, "w").close()
+            for p in procs:
+                self.assertEqual(g.wait(p, 120), 0, g.log(p))
+            self.assertIn("rank 2 joined at step 11", g.log(procs[2]))
+            status = client.status()
+            client.close()
+            self.assertEqual(status.version, steps)
+            self.assertEqual([(c.from_step, list(c.ranks)) for c in status.group_changes], [(0, [0, 1]), (11, [0, 1, 2])])
+            self.assertEqual(status.examples_applied, steps * batch)
+            # Each step's batch covered once, by the ranks of its group, each over that group.
+            with open(shards) as f:
+                lines = [json.loads(line) for line in f]
+            for step in range(steps):
+                group = [0, 1] if step < 11 else [0, 1, 2]
+                got = sorted((s["begin"], s["end"], s["rank"], tuple(s["group"])) for s in lines if s["step"] == step)
+                self.assertEqual([r for _, _, r, _ in sorted(got, key=lambda t: t[2])], group, step)
+                self.assertEqual({gr for *_, gr in got}, {tuple(group)}, step)
+                covered = [i for b, e, *_ in got for i in range(b, e)]
+                self.assertEqual(covered, list(range(batch)), step)
 
     def test_a_newer_join_for_the_rank_fences_the_older_client(self):
         with ProcessGroup() as g:

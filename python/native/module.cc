@@ -224,6 +224,8 @@ class NativeClient {
     Check(s);
     return live;
   }
+  // The group partition i's reply named (the next step's); after Wait(i).
+  std::vector<int> LiveRanksOf(size_t i) { return Exchange().live_ranks(i); }
   bool active() const { return exchange_ != nullptr && exchange_->active(); }
   std::vector<std::tuple<int64_t, int64_t, int64_t>> Timeline() const {
     std::vector<std::tuple<int64_t, int64_t, int64_t>> out;
@@ -287,6 +289,7 @@ PYBIND11_MODULE(_native, m) {
       .def("ready_all", &NativeClient::ReadyAll)
       .def("wait", &NativeClient::Wait)
       .def("finish", &NativeClient::Finish)
+      .def("live_ranks_of", &NativeClient::LiveRanksOf)
       .def_property_readonly("active", &NativeClient::active)
       .def("timeline", &NativeClient::Timeline);
 }

@@ -417,6 +417,10 @@ class Client:
         """Ends the step (every call ended); its live ranks."""
         return self._native_call("the overlapped step", self.native.finish)
 
+    def live_ranks_of(self, partition):
+        """The group partition `partition`'s reply named (the next step's), once wait() returned."""
+        return list(self.native.live_ranks_of(partition))
+
     @property
     def step_active(self):
         return self.native is not None and self.native.active

@@ -399,6 +399,31 @@ class ParameterServerOptimizer:
         if mid_step and self.next_step != step + 1:
             self._discard = True
 
+    def group(self):
+        """The ranks (ascending) of the next step's group: its global batch is split over these.
+        The server names it with each step's replies; in an elastic job (summa-server
+        --workers=MIN:MAX) it changes at step boundaries as workers join or are lost. Overlapped,
+        it waits for the last step's first reply only (the exchange goes on)."""
+        if self._exchanging is not None:
+            try:
+                self.client.wait(0)
+                return self.client.live_ranks_of(0)
+            except SummaError:
+                self._end_step(mid_step=True)  # recovers, or raises what it cannot
+        return list(self.live_ranks)
+
+    def shard(self, batch_size):
+        """This process's slice [begin, end) of the next step's global batch of `batch_size`
+        examples: the seed's split_batch over group() (index i of n takes [i*b/n, (i+1)*b/n)), so
+        that every example of the batch is covered once whoever joined or left. Set num_examples
+        to end - begin."""
+        group = self.group()
+        if self.rank not in group:
+            raise RuntimeError(f"summa: rank {self.rank} is not in the group of step {self.next_step} ({group}): "
+                               "it was dropped or left")
+        i, n = group.index(self.rank), len(group)
+        return i * batch_size // n, (i + 1) * batch_size // n
+
     def synchronize(self):
         """Waits until the last step's weights are all in (before reading them other than by a
         forward: a checkpoint, an evaluation outside the model's forward)."""
@@ -584,6 +609,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def __getattr__(self, name):
         return getattr(self.__dict__["_inner"], name)
+
+    def shard(self, batch_size):
+        """This process's slice [begin, end) of each global batch of `batch_size`: split_batch over
+        the fixed group of world_size ranks (a collective's group cannot grow: an elastic job
+        takes ParameterServerOptimizer)."""
+        i, n = self.client.rank, self.client.world_size
+        return i * batch_size // n, (i + 1) * batch_size // n
 
     @property
     def param_groups(self):

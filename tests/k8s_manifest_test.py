@@ -11,12 +11,15 @@ binaries' flags fails here."""
 import argparse
 import os
 import re
+import signal
 import sys
+import time
 import tempfile
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "tools"))
 from k8s_pods import expand, flag, health_check, make_secrets, pod_volumes, render, to_host  # noqa: E402
+from grpc_reflect import Reflector  # noqa: E402
 from procs import ProcessGroup  # noqa: E402
 
 ARGS = None
@@ -154,6 +157,85 @@ class K8sManifestTest(unittest.TestCase):
         objs = render(ARGS.source, "cpu-demo-tls")
         self.check_common(objs, tls=True)
         self.run_overlay(objs, health_port=self.check_tls(objs))
+
+    def test_cpu_demo_elastic_workers_scale_up_and_down_while_the_job_runs(self):
+        """The elastic overlay: the workers are a StatefulSet (pod I is rank I, from the pod-index
+        label) and the server runs --workers=2:4 under shrink. Run here as the kubelet would, the
+        job starts with 2 pods; a third (kubectl scale --replicas=3) joins at a step boundary;
+        it is stopped as a scale-down stops it (SIGTERM) and the job goes on with 2; each
+        worker, done, waits for its SIGTERM and exits 0. The pods' only extra arguments are the
+        test build's --fault_pause, so that the scaling lands on steps the test chooses."""
+        objs = render(ARGS.source, "cpu-demo-elastic")
+        self.assertNotIn(("Job", "summa-worker"), objs, "the indexed Job gives way to the StatefulSet")
+        sts = objs[("StatefulSet", "summa-worker")]
+        self.assertEqual(sts["spec"]["podManagementPolicy"], "Parallel")
+        self.assertEqual(objs[("Service", "summa-worker")]["spec"]["clusterIP"], "None")
+        pod = sts["spec"]["template"]["spec"]
+        worker = pod["containers"][0]
+        self.assertEqual(flag(worker["args"], "rank"), "$(POD_INDEX)")
+        self.assertEqual(flag(worker["args"], "after_training"), "wait")
+        index_env = {e["name"]: e for e in worker["env"]}["POD_INDEX"]
+        self.assertEqual(index_env["valueFrom"]["fieldRef"]["fieldPath"], "metadata.labels['apps.kubernetes.io/pod-index']")
+        env = objs[("ConfigMap", "summa-job")]["data"]
+        self.assertEqual(env["SUMMA_WORKERS"], "2:4")
+        self.assertEqual(sts["spec"]["replicas"], int(env["SUMMA_MIN_WORKERS"]))
+        self.assertEqual(env["SUMMA_ON_WORKER_LOSS"], "shrink")
+        server_pod = objs[("StatefulSet", "summa-server")]["spec"]["template"]["spec"]
+        server_container = server_pod["containers"][0]
+        steps = int(env["SUMMA_EPOCHS"]) * (int(env["SUMMA_TRAIN_LIMIT"]) // int(env["SUMMA_BATCH_SIZE"]))
+        with ProcessGroup() as g:
+            secrets = make_secrets(ARGS.source, os.path.join(g.dir, "secrets"))
+            mounts = pod_volumes(server_pod, server_container, secrets, os.path.join(g.dir, "server-pod"))
+            port_file = os.path.join(g.dir, "server.port")
+            args = [to_host(expand(x, env), mounts, {"address", "metrics_address", "health_address", "data_address"})
+                    for x in server_container["args"]]
+            server = g.start("server", [os.path.join(ARGS.bin, "server/summa-server"), *args, f"--port_file={port_file}"],
+                             env={**env, "HOSTNAME": "summa-server-0"})
+            port = int(g.wait_for_file(port_file, server))
+            pods = {}
+
+            def start_pod(index, *test_args):
+                mounts = pod_volumes(pod, worker, secrets, os.path.join(g.dir, f"worker{index}-pod"))
+                pod_env = {**env, "POD_INDEX": str(index)}  # the downward API's label value
+                args = [to_host(expand(x, pod_env).replace(SERVICE + ":50051", f"127.0.0.1:{port}"), mounts,
+                                {"status_address", "metrics_address"}) for x in worker["args"]]
+                pods[index] = g.start(f"summa-worker-{index}", [os.path.join(ARGS.bin, "worker/summa-worker"), *args,
+                                                                *test_args], env=pod_env)
+
+            def wait_for_log(index, text):
+                deadline = time.monotonic() + 120
+                while text not in g.log(pods[index]) and pods[index].poll() is None and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                self.assertIn(text, g.log(pods[index]))
+
+            def status():  # GetStatus needs no token (no --status_needs_token)
+                return Reflector(f"127.0.0.1:{port}", timeout=5).call("summa.v1.ParameterServer/GetStatus")
+
+            go, go_on = os.path.join(g.dir, "go"), os.path.join(g.dir, "go-on")
+            for index in range(sts["spec"]["replicas"]):
+                start_pod(index, f"--fault_pause=20:{go}")
+            for index in pods:
+                wait_for_log(index, "pausing before the push of step 20")
+            start_pod(2, f"--fault_pause=40:{go_on}")  # kubectl scale --replicas=3
+            deadline = time.monotonic() + 120
+            while len(status().get("members", [])) < 3 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            open(go, "w").close()
+            wait_for_log(2, "pausing before the push of step 40")
+            pods[2].send_signal(signal.SIGTERM)  # kubectl scale --replicas=2: pod 2 is stopped
+            self.assertEqual(g.wait(pods[2], 30), 128 + signal.SIGTERM, g.log(pods[2]))
+            for index in (0, 1):
+                wait_for_log(index, "training done; waiting for SIGTERM")
+                pods[index].send_signal(signal.SIGTERM)
+                self.assertEqual(g.wait(pods[index], 30), 0, g.log(pods[index]))
+            self.assertIn("rank 2 of 2 joined at step 21", g.log(pods[2]))
+            final = status()
+            self.assertEqual(int(final["version"]), steps)
+            changes = [(int(c.get("fromStep", 0)), [int(r) for r in c["ranks"]]) for c in final["groupChanges"]]
+            self.assertEqual(changes, [(0, [0, 1]), (21, [0, 1, 2]), (40, [0, 1])])
+            self.assertEqual(int(final["examplesApplied"]), steps * int(env["SUMMA_BATCH_SIZE"]))
+            accs = [float(a) for a in re.findall(r"test acc ([0-9.]+)", g.log(pods[0]))]
+            self.assertGreater(accs[-1], 0.3, "well above chance (0.1)")
 
     def run_overlay(self, objs, health_port=None):
         """Runs the overlay's server and workers on this host and sees the job train; with TLS,

@@ -72,6 +72,7 @@ Rows AsFlags(const WorkerOptions& o) {
       {"join_deadline", Text(o.join_deadline)},
       {"trace_file", o.trace_file},
       {"example_log", o.example_log},
+      {"after_training", o.after_training_wait ? "wait" : "exit"},
       {"tls_ca", o.tls.ca},
       {"tls_cert", o.tls.cert},
       {"tls_key", o.tls.key},

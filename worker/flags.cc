@@ -93,6 +93,11 @@ ABSL_FLAG(std::string, trace_file, WorkerOptions().trace_file,
           "partition's push-pull; with --overlap, loads are inside compute, exchange is the "
           "wait for the last step's first reply and wait each layer's in the forward) to this file as Chrome trace JSON when the "
           "worker ends (open it in chrome://tracing or ui.perfetto.dev, with the server's)");
+ABSL_FLAG(std::string, after_training, "exit",
+          "what the worker does once its epochs are done and it has left the group: exit (status "
+          "0), or wait until SIGTERM or SIGINT and then exit 0 (for a pod of a StatefulSet or "
+          "Deployment, which would start an exited worker again: deploy/k8s/components/elastic); "
+          "a signal while training ends the worker at once, as without this flag");
 ABSL_FLAG(std::string, example_log, WorkerOptions().example_log,
           "if set, append a line to this file for each attempt at each step: the step, its epoch, "
           "this rank's index in the step's group, the group, and the range [begin, end) of the "
@@ -180,7 +185,7 @@ absl::StatusOr<SyntheticOptions> SyntheticOptionsFromFlags() {
                                "micro_batches", "data_dir", "seed",
                                "threads", "train_limit", "test_limit", "progress", "status_address",
                                "status_port_file", "metrics_address", "metrics_port_file",
-                               "retry_deadline", "trace_file", "example_log",
+                               "retry_deadline", "trace_file", "example_log", "after_training",
                                // Test builds only; Changed is false for a flag not defined.
                                "fault_exit_after_push", "fault_repeat_pushpull_at",
                                "fault_exit_before_epoch_end", "fault_delay_push", "fault_replay_groups", "fault_pause"}) {
@@ -257,6 +262,11 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags() {
   o.data_plane = *plane;
   o.trace_file = absl::GetFlag(FLAGS_trace_file);
   o.example_log = absl::GetFlag(FLAGS_example_log);
+  const std::string after = absl::GetFlag(FLAGS_after_training);
+  if (after != "exit" && after != "wait") {
+    return absl::InvalidArgumentError(absl::StrCat("--after_training=", after, ": give exit or wait"));
+  }
+  o.after_training_wait = after == "wait";
   o.tls = {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca)};
   o.token_file = absl::GetFlag(FLAGS_token_file);
   o.trainer.retry_deadline = absl::GetFlag(FLAGS_retry_deadline);

@@ -6,9 +6,11 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/flags.h"
 #include "common/idx.h"
 #include "common/logging.h"
@@ -25,6 +27,38 @@
 
 namespace summa::worker {
 namespace {
+
+// The signal thread of --after_training=wait (see RunWorker).
+class TerminationWaiter {
+ public:
+  TerminationWaiter() {
+    BlockTerminationSignals();
+    thread_ = std::thread([this] {
+      int sig = 0;
+      while (sig == 0 && !stopping_.load()) sig = WaitForTerminationSignal(absl::Milliseconds(200));
+      if (sig == 0) return;
+      if (!training_done_.load()) {
+        std::fprintf(stderr, "summa-worker: stopped by signal %d while training\n", sig);
+        std::_Exit(128 + sig);
+      }
+      signalled_.Notify();
+    });
+  }
+  ~TerminationWaiter() {
+    stopping_.store(true);
+    thread_.join();
+  }
+  void WaitAfterTraining() {
+    training_done_.store(true);
+    signalled_.WaitForNotification();
+  }
+
+ private:
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> training_done_{false};
+  absl::Notification signalled_;
+  std::thread thread_;
+};
 
 // Mirrors the status board into Prometheus metrics every half second, on its own thread.
 class WorkerMetrics {
@@ -86,10 +120,16 @@ absl::Status RunWorker(const WorkerOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat("--world_size must be at least 1, got ",
                                                    options.trainer.world_size));
   }
-  if (options.trainer.rank < -1 || options.trainer.rank >= options.trainer.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("--rank ", options.trainer.rank, " is outside 0..",
-                                                   options.trainer.world_size - 1));
+  // A rank at or above --world_size is an elastic job's grower: the server checks it.
+  if (options.trainer.rank < -1) {
+    return absl::InvalidArgumentError(absl::StrCat("--rank ", options.trainer.rank, " is negative (-1: the server "
+                                                   "assigns one)"));
   }
+  // --after_training=wait: SIGTERM and SIGINT go to a thread of ours from the start (blocked
+  // before any other thread exists). While training, one ends the process as the default
+  // action would; once training is done, it ends the wait.
+  std::optional<TerminationWaiter> waiter;
+  if (options.after_training_wait) waiter.emplace();
   if (options.trainer.epochs < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--epochs must be at least 1, got ", options.trainer.epochs));
   }
@@ -182,6 +222,13 @@ absl::Status RunWorker(const WorkerOptions& options) {
   absl::Status result = trainer.Run();
   worker_metrics.reset();
   if (!result.ok()) board.Update([](WorkerState& s) { s.state = "failed"; });
+  if (result.ok() && waiter.has_value()) {
+    // A controller that restarts a pod that exits (a StatefulSet's, a Deployment's) would start
+    // it again: it stays, its status saying "done", until it is stopped.
+    std::printf("training done; waiting for SIGTERM (--after_training=wait)\n");
+    std::fflush(stdout);
+    waiter->WaitAfterTraining();
+  }
   status_server.server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
   if (tracer != nullptr) {
     absl::Status written = tracer->Close();

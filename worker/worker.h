@@ -35,6 +35,9 @@ struct WorkerOptions {
   int channels = 1;  // TCP connections to the server; partition i travels on channel i % channels
   DataPlane data_plane = DataPlane::kAuto;
   std::string trace_file;  // when set: a Chrome trace of every step's stages, written at the end
+  // After training: exit (a Job's pod), or wait until SIGTERM or SIGINT (a StatefulSet's or a
+  // Deployment's, which would start an exited pod again; summa-worker --after_training=wait).
+  bool after_training_wait = false;
   std::string example_log;  // when set: appended to, a line per attempt at a step (TrainerOptions)
   // TLS toward the server (its CA; this worker's certificate and key for mTLS, also served on
   // the status endpoint) and the token file read at start.

@@ -78,7 +78,7 @@ absl::StatusOr<std::unique_ptr<SummaServer>> SummaServer::Start(const std::strin
   if (!options.checkpoint_dir.empty()) {
     std::vector<std::string> warnings;
     absl::StatusOr<std::optional<RestoredCheckpoint>> restored = RestoreNewestCheckpoint(
-        options.checkpoint_dir,
+        ShardCheckpointDir(options.checkpoint_dir, options.shard, options.shards),
         [&](CheckpointReader& reader) { return server->core_.Restore(reader.header(), reader); }, &warnings);
     for (const std::string& w : warnings) SUMMA_LOG(WARNING) << w;
     if (!restored.ok()) return restored.status();

@@ -225,10 +225,6 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.lease = absl::GetFlag(FLAGS_lease);
   o.rejoin_deadline = absl::GetFlag(FLAGS_rejoin_deadline);
   o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
-  // Shards may share a directory: each keeps (and prunes, and restores) its own checkpoints.
-  if (!o.checkpoint_dir.empty() && o.shards > 1) {
-    o.checkpoint_dir = absl::StrCat(o.checkpoint_dir, "/shard-", o.shard, "-of-", o.shards);
-  }
   o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   o.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
   o.require_sessions = absl::GetFlag(FLAGS_require_sessions);

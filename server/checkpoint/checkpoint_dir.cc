@@ -80,4 +80,9 @@ void KeepNewestCheckpoints(const std::string& dir, int keep) {
   for (size_t i = 0; i + keep < all.size(); ++i) std::filesystem::remove(all[i], ec);
 }
 
+std::string ShardCheckpointDir(const std::string& dir, int shard, int shards) {
+  if (dir.empty() || shards <= 1) return dir;
+  return absl::StrCat(dir, "/shard-", shard, "-of-", shards);
+}
+
 }  // namespace summa::server

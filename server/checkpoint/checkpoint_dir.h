@@ -1,5 +1,6 @@
 // A directory of checkpoint files, <dir>/ckpt-<version>.summa: their paths and versions, pruning,
-// rollback's removal, and restoring from the newest whole one. Thread-safe (free functions).
+// rollback's removal, and restoring from the newest whole one; and where each shard keeps its own
+// in a job's checkpoint directory (ShardCheckpointDir). Thread-safe (free functions).
 #ifndef SUMMA_SERVER_CHECKPOINT_CHECKPOINT_DIR_H_
 #define SUMMA_SERVER_CHECKPOINT_CHECKPOINT_DIR_H_
 
@@ -40,6 +41,11 @@ absl::StatusOr<std::optional<RestoredCheckpoint>> RestoreNewestCheckpoint(
 
 // Removes all but the newest `keep` checkpoint files in `dir`.
 void KeepNewestCheckpoints(const std::string& dir, int keep);
+
+// The directory shard `shard` of a `shards`-shard job keeps its checkpoints in, within the job's
+// checkpoint directory `dir` (summa-server's --checkpoint_dir): `dir` itself for one server,
+// dir/shard-I-of-K for a shard, so that shards may share one directory. Empty for an empty `dir`.
+std::string ShardCheckpointDir(const std::string& dir, int shard, int shards);
 
 }  // namespace summa::server
 

@@ -280,6 +280,8 @@ class ParameterServer {
   void CountAnswers(const CallsToFinish& answered, int64_t floats);
 
   const ServerOptions options_;
+  // This shard's own checkpoints: ShardCheckpointDir of options_.checkpoint_dir; empty without.
+  const std::string checkpoint_dir_;
   const std::unique_ptr<const Optimizer> optimizer_;
   Membership membership_;
   const std::unique_ptr<const ConsistencyPolicy> policy_;

@@ -89,7 +89,7 @@ absl::StatusOr<bool> ParameterServer::RollBack(int rank, uint64_t session, uint6
         "a rollback keeps shards at one version, which only sync mode has; this server runs ",
         ModeName(options_.mode), " mode"));
   }
-  if (options_.checkpoint_dir.empty()) {
+  if (checkpoint_dir_.empty()) {
     return absl::FailedPreconditionError("this server keeps no checkpoints to roll back to (--checkpoint_dir)");
   }
   SUMMA_RETURN_IF_ERROR(membership_.CheckSession(rank, session));
@@ -111,12 +111,12 @@ absl::StatusOr<bool> ParameterServer::RollBack(int rank, uint64_t session, uint6
     return absl::AbortedError(absl::StrCat("this server is at version ", at, ", not ", from_version,
                                            " as rank ", rank, " saw it: join again and look"));
   }
-  const std::string path = CheckpointPath(options_.checkpoint_dir, to_version);
+  const std::string path = CheckpointPath(checkpoint_dir_, to_version);
   absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(path);
   if (absl::IsNotFound(reader.status())) {
     return absl::FailedPreconditionError(absl::StrCat(
         "this server keeps no checkpoint of version ", to_version, " (it keeps ",
-        absl::StrJoin(CheckpointVersions(options_.checkpoint_dir), ", "), " in ", options_.checkpoint_dir,
+        absl::StrJoin(CheckpointVersions(checkpoint_dir_), ", "), " in ", checkpoint_dir_,
         "); start every shard with a larger --keep_checkpoints"));
   }
   if (!reader.ok()) return reader.status();
@@ -151,7 +151,7 @@ absl::StatusOr<bool> ParameterServer::RollBack(int rank, uint64_t session, uint6
     restored_.store(true, std::memory_order_release);
   }
   failed.FinishAll();
-  absl::Status pruned = RemoveCheckpointsAfter(options_.checkpoint_dir, to_version);
+  absl::Status pruned = RemoveCheckpointsAfter(checkpoint_dir_, to_version);
   if (!pruned.ok()) SUMMA_LOG(WARNING) << "after the rollback: " << pruned.message();
   {
     absl::MutexLock info(&info_mu_);
@@ -180,7 +180,7 @@ void ParameterServer::MaybeFreeze(const Model& model, Partition& p) {
 }
 
 absl::Status ParameterServer::MaybeCheckpoint(bool force) {
-  if (options_.checkpoint_dir.empty()) return absl::OkStatus();
+  if (checkpoint_dir_.empty()) return absl::OkStatus();
   absl::MutexLock checkpoint_lock(&checkpoint_mu_);
   const Model* m = model();
   if (m == nullptr || m->pending.load() > 0) return absl::OkStatus();  // nothing to keep yet
@@ -238,7 +238,7 @@ absl::Status ParameterServer::MaybeCheckpoint(bool force) {
   // excluded since stays excluded, which is what a restore should find).
   EncodeGroup(membership_.CheckpointGroup(), &header);
   SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointWriter> writer,
-                         CheckpointWriter::Create(options_.checkpoint_dir, header));
+                         CheckpointWriter::Create(checkpoint_dir_, header));
   for (size_t i = 0; i < m->partitions.size(); ++i) {
     PartitionSnapshot snap;
     if (one_version) {

@@ -76,14 +76,32 @@ absl::StatusOr<std::unique_ptr<SummaServer>> SummaServer::Start(const std::strin
   server->metrics_ = std::move(metrics);
   server->m_ = m;
   if (!options.checkpoint_dir.empty()) {
+    ParameterServer& core = server->core_;
     std::vector<std::string> warnings;
-    absl::StatusOr<std::optional<RestoredCheckpoint>> restored = RestoreNewestCheckpoint(
-        options.checkpoint_dir,
-        [&](CheckpointReader& reader) { return server->core_.Restore(reader.header(), reader); }, &warnings);
+    absl::StatusOr<std::optional<RestoredCheckpoint>> restored = RestoreNewestForShard(
+        options.checkpoint_dir, options.shard, options.shards,
+        [&](CheckpointReader& reader) { return core.Restore(reader.header(), reader); },
+        [&](absl::Span<CheckpointReader* const> readers) {
+          std::vector<ParameterServer::ShardCheckpoint> set;
+          for (CheckpointReader* reader : readers) set.push_back({&reader->header(), reader});
+          return core.RestoreResharded(set);
+        },
+        &warnings);
     for (const std::string& w : warnings) SUMMA_LOG(WARNING) << w;
     if (!restored.ok()) return restored.status();
-    if (restored->has_value()) {
+    if (restored->has_value() && (*restored)->from_shards == 0) {
       SUMMA_LOG(INFO) << "restored " << (*restored)->path << " at version " << (*restored)->header.version();
+    } else if (restored->has_value()) {
+      const RestoredCheckpoint& r = **restored;
+      SUMMA_LOG(INFO) << "restored version " << r.header.version() << " from the checkpoints of " << r.from_shards
+                      << (r.from_shards == 1 ? " server" : " shards") << " (" << r.path
+                      << (r.from_shards > 1 ? " and the other shards'" : "") << "): this server's "
+                      << core.Status().partition_count << " partitions, re-sharded onto " << options.shards
+                      << (options.shards == 1 ? " server" : " shards");
+      // Its own checkpoint of the version it starts at, at once: the shards can roll back to it,
+      // and a later restart needs no file of the old shard count.
+      absl::Status written = core.MaybeCheckpoint(/*force=*/true);
+      if (!written.ok()) SUMMA_LOG(ERROR) << "checkpoint of the re-sharded state failed: " << written.message();
     }
   }
   absl::StatusOr<RunningServer> running =

@@ -37,7 +37,10 @@ struct Coordinator {
 
 class SummaServer {
  public:
-  // Restores the newest whole checkpoint in options.checkpoint_dir (if any), then listens on
+  // Restores the newest whole checkpoint in options.checkpoint_dir (if any: this shard's own, or
+  // its partitions from every shard's of one version when the job ran with another shard count,
+  // then written at once as its own; server/checkpoint/checkpoint_dir.h's RestoreNewestForShard),
+  // then listens on
   // `address` ("127.0.0.1:0" picks a free port). With a `metrics_address`, also serves
   // Prometheus metrics there. `security`: TLS and the tokens calls need (common/rpc/transport.h).
   // With a `health_address`, also serves grpc.health.v1.Health alone there, in plaintext, with

@@ -83,7 +83,10 @@ ABSL_FLAG(absl::Duration, rejoin_deadline, ServerOptions().rejoin_deadline,
           "ends with an error");
 ABSL_FLAG(std::string, checkpoint_dir, ServerOptions().checkpoint_dir,
           "directory for checkpoints (weights, optimizer state, version); the newest whole one is "
-          "restored at start; a shard keeps its own in DIR/shard-I-of-K; empty: no checkpoints");
+          "restored at start; a shard keeps its own in DIR/shard-I-of-K. A job restarted with "
+          "another --shards (or none) restores from the newest version that every shard of the "
+          "old count keeps there, each shard taking its partitions from whichever old shard's "
+          "file holds them (same --partition_bytes); empty: no checkpoints");
 ABSL_FLAG(int64_t, checkpoint_every, ServerOptions().checkpoint_every,
           "write a checkpoint every this many steps (and on SIGTERM); 0: only on SIGTERM. In a "
           "sharded sync job the checkpoints are of the versions that are multiples of it, so that "
@@ -232,10 +235,6 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.lease = absl::GetFlag(FLAGS_lease);
   o.rejoin_deadline = absl::GetFlag(FLAGS_rejoin_deadline);
   o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
-  // Shards may share a directory: each keeps (and prunes, and restores) its own checkpoints.
-  if (!o.checkpoint_dir.empty() && o.shards > 1) {
-    o.checkpoint_dir = absl::StrCat(o.checkpoint_dir, "/shard-", o.shard, "-of-", o.shards);
-  }
   o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   o.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
   o.require_sessions = absl::GetFlag(FLAGS_require_sessions);

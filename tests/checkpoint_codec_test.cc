@@ -93,6 +93,57 @@ TEST(CheckpointCodecTest, AShardsCheckpointHoldsItsPartitionsAndOnlyThatShardRes
             absl::StatusCode::kFailedPrecondition);
 }
 
+// A job restarted on another shard count takes a whole set of the old shards' checkpoints: each
+// header decodes whatever its shard (what it holds cut over its own count), and the set must be
+// every old shard's, in order, of one version and one model.
+TEST(CheckpointCodecTest, ASetOfEveryShardsCheckpointsDecodesForAnyShardCount) {
+  std::vector<summa::v1::Checkpoint> shards;
+  for (int shard : {0, 1}) {
+    ServerSnapshot s = Snapshot();
+    s.job.shard = shard;
+    s.job.shards = 2;
+    s.partitions.erase(s.partitions.begin() + (1 - shard));  // partition 0 is shard 0's, 1 shard 1's
+    s.partitions[0].version = 6;  // one version: a sync job's
+    s.partitions[0].updates = 5;
+    shards.push_back(EncodeCheckpoint(s));
+  }
+  const JobDescription ours = Snapshot().job;  // one server
+  auto set_of = [&](std::vector<const summa::v1::Checkpoint*> set) { return DecodeCheckpointSet(set, ours); };
+  absl::StatusOr<std::vector<CheckpointHeader>> set = set_of({&shards[0], &shards[1]});
+  ASSERT_TRUE(set.ok()) << set.status();
+  ASSERT_EQ(set->size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    ASSERT_EQ((*set)[i].held.size(), 1u);
+    EXPECT_EQ((*set)[i].held[0].id, i) << "shard " << i << " held partition " << i << " of 2 shards";
+    EXPECT_EQ((*set)[i].version, 6u);
+  }
+  EXPECT_EQ(DecodeCheckpointHeader(shards[1], ours).status().code(), absl::StatusCode::kFailedPrecondition)
+      << "its own shard's only, unless a set is asked for";
+
+  auto refused = [&](std::vector<const summa::v1::Checkpoint*> set) {
+    absl::Status s = set_of(std::move(set)).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    return std::string(s.message());
+  };
+  EXPECT_NE(refused({&shards[0]}).find("a job on 2 shards, and 1 came"), std::string::npos);
+  EXPECT_NE(refused({&shards[1], &shards[0]}).find("checkpoint 0 of a set of 2 is shard 1 of 2's"), std::string::npos);
+  summa::v1::Checkpoint later = shards[1];
+  later.set_version(7);
+  EXPECT_NE(refused({&shards[0], &later}).find("shard 1's checkpoint is of version 7 and shard 0's of 6"),
+            std::string::npos);
+  summa::v1::Checkpoint other_model = shards[1];
+  other_model.mutable_params(1)->set_name("bias");
+  EXPECT_NE(refused({&shards[0], &other_model}).find("another model"), std::string::npos);
+  JobDescription recut = ours;
+  recut.partition_bytes = 8;
+  const absl::Status cut = DecodeCheckpointSet({&shards[0], &shards[1]}, recut).status();
+  EXPECT_NE(cut.message().find("shard 0's checkpoint: the checkpoint is of a job of 2 workers, async mode, partitions "
+                               "of 16 bytes"),
+            absl::string_view::npos)
+      << cut;
+  EXPECT_NE(cut.message().find("--partition_bytes=16, this server's of 8"), absl::string_view::npos) << cut;
+}
+
 TEST(CheckpointCodecTest, SyncPartitionsAtDifferentVersionsAreDataLoss) {
   ServerSnapshot s = Snapshot();
   s.job.mode = Mode::kSync;

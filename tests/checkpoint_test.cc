@@ -14,6 +14,8 @@
 #include <fstream>
 #include <optional>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
@@ -148,6 +150,88 @@ TEST_F(CheckpointTest, TornAndCorruptFilesAreIgnoredWithAWarning) {
 TEST_F(CheckpointTest, EmptyOrMissingDirectoryHasNone) {
   std::vector<std::string> warnings;
   EXPECT_FALSE(LoadNewest(dir_, &warnings).has_value());
+}
+
+// A job's directory after runs on other shard counts: FindCheckpointSets finds each count's
+// shards, and RestoreNewestForShard picks the newest version of a shard's own files and of every
+// set of another count that all of that set's shards keep (its own on a tie), skips a torn one,
+// and refuses a set no version of which is whole when it is newer than what it would restore.
+TEST_F(CheckpointTest, AShardRestoresTheNewestVersionOfItsOwnOrOfAWholeSetOfAnotherShardCount) {
+  const std::string dir = dir_.string();
+  auto write = [&](int shard, int shards, uint64_t version) {
+    summa::v1::Checkpoint c = Make(version);
+    c.set_shard(shard);
+    c.set_shards(shards);
+    return Write(ShardCheckpointDir(dir, shard, shards), c, /*keep=*/10).status();
+  };
+  for (uint64_t v : {10, 20}) ASSERT_TRUE(write(0, 2, v).ok());
+  ASSERT_TRUE(write(1, 2, 10).ok());  // version 20 of shard 1 lost: the set is whole at 10 only
+  ASSERT_TRUE(write(0, 4, 5).ok());
+  std::filesystem::create_directories(dir_ / "shard-3-of-2");  // not a shard of 2: not a set's
+  std::filesystem::create_directories(dir_ / "shard-01-of-4");
+  const std::vector<CheckpointSet> sets = FindCheckpointSets(dir);
+  ASSERT_EQ(sets.size(), 2u);
+  EXPECT_EQ(sets[0].shards, 2);
+  EXPECT_EQ(sets[0].dirs, (std::vector<std::string>{ShardCheckpointDir(dir, 0, 2), ShardCheckpointDir(dir, 1, 2)}));
+  EXPECT_EQ(sets[0].versions, (std::vector<std::vector<uint64_t>>{{10, 20}, {10}}));
+  EXPECT_EQ(sets[0].CommonVersions(), (std::vector<uint64_t>{10}));
+  EXPECT_EQ(sets[1].shards, 4);
+  EXPECT_TRUE(sets[1].CommonVersions().empty());
+
+  // What shard `shard` of `shards` restores: "own V" or "K shards V", or the error.
+  auto restore = [&](int shard, int shards, std::vector<std::string>* warnings) -> std::string {
+    std::string got;
+    absl::StatusOr<std::optional<RestoredCheckpoint>> restored = RestoreNewestForShard(
+        dir, shard, shards,
+        [&](CheckpointReader& r) {
+          got = absl::StrCat("own ", r.header().version());
+          return absl::OkStatus();
+        },
+        [&](absl::Span<CheckpointReader* const> set) {
+          std::vector<std::string> each;
+          for (size_t i = 0; i < set.size(); ++i) {
+            EXPECT_EQ(set[i]->header().shard(), static_cast<int>(i));
+            each.push_back(absl::StrCat(set[i]->header().version()));
+          }
+          got = absl::StrCat(set.size(), " shards ", absl::StrJoin(each, ","));
+          return absl::OkStatus();
+        },
+        warnings);
+    if (!restored.ok()) return std::string(restored.status().message());
+    if (!restored->has_value()) return "none";
+    EXPECT_EQ((*restored)->from_shards, got.rfind("own", 0) == 0 ? 0 : (*restored)->header.shards());
+    return got;
+  };
+  std::vector<std::string> warnings;
+  EXPECT_EQ(restore(0, 4, &warnings), "2 shards 10,10") << "the set's 10 is newer than its own 5";
+  EXPECT_EQ(restore(1, 4, &warnings), "2 shards 10,10");
+  EXPECT_EQ(restore(1, 2, &warnings), "own 10") << "a shard of 2 restores its own";
+  ASSERT_TRUE(write(0, 4, 10).ok());
+  EXPECT_EQ(restore(0, 4, &warnings), "own 10") << "its own on a tie";
+  EXPECT_EQ(restore(0, 1, &warnings), "2 shards 10,10") << "the set of 4 is not whole, and not newer";
+  EXPECT_TRUE(warnings.empty());
+
+  // Shard 0 of 4 ran on to 30 and the others' files are lost: a restore of 10 would lose 20 steps.
+  ASSERT_TRUE(write(0, 4, 30).ok());
+  const std::string refused = restore(0, 1, &warnings);
+  EXPECT_NE(refused.find(absl::StrCat(dir, " holds checkpoints of the job on 4 shards, but no version every one of them "
+                                      "keeps (shard 0 keeps 5, 10, 30; shard 1 none (",
+                                      ShardCheckpointDir(dir, 1, 4), " is missing or empty); ")),
+            std::string::npos)
+      << refused;
+  EXPECT_NE(refused.find("newer than version 10, the newest this shard can restore"), std::string::npos) << refused;
+  std::filesystem::remove_all(dir_ / "shard-0-of-4");
+
+  // A torn file of the set's newest whole version: skipped with a warning, and the next one used.
+  for (int shard : {0, 1}) ASSERT_TRUE(write(shard, 2, 40).ok());
+  const std::string torn = CheckpointPath(ShardCheckpointDir(dir, 1, 2), 40);
+  PutFile(torn, FileBytes(torn).substr(0, 30));
+  EXPECT_EQ(restore(0, 3, &warnings), "2 shards 10,10");
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find(torn), std::string::npos) << warnings[0];
+  // Nothing at all: nothing to restore.
+  std::filesystem::remove_all(dir_);
+  EXPECT_EQ(restore(0, 3, &warnings), "none");
 }
 
 // Three tensors (11 + 5 + 1 floats) in partitions of 3 floats: 6 partitions, the last short,

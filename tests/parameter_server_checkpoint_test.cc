@@ -5,6 +5,7 @@
 
 #include <zlib.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "server/checkpoint/checkpoint_dir.h"
 #include "server/core/checkpoint_codec.h"
@@ -418,6 +420,196 @@ TEST(CheckpointConsistencyTest, MomentumStateSurvivesARestore) {
   step(again, 3);
   EXPECT_EQ(Weights(again), Weights(undisturbed));
   std::filesystem::remove_all(dir);
+}
+
+// A sync job under Adam (two state slots, and the update count its bias correction reads) on
+// server shards: two ranks, 23 floats (w 4x5, b 3) in six partitions of at most 4 floats, which
+// 1, 2, 3 and 4 shards deal out differently (each of 3 shards takes partitions of both of 2).
+class ReshardTest : public ::testing::Test {
+ protected:
+  struct Shard {
+    std::unique_ptr<ParameterServer> server;
+    std::vector<PartitionRange> held;  // as its joins listed them
+  };
+  using Job = std::vector<Shard>;
+
+  ReshardTest() {
+    root_ = std::filesystem::temp_directory_path() / ("summa-reshard-" + std::to_string(::getpid()));
+    std::filesystem::remove_all(root_);
+  }
+  ~ReshardTest() override { std::filesystem::remove_all(root_); }
+
+  ServerOptions Options(int shard, int shards, const std::string& dir) {
+    ServerOptions o;
+    o.require_sessions = false;
+    o.world_size = 2;
+    o.optimizer.name = "adam";
+    o.optimizer.learning_rate = 0.01;
+    o.partition_bytes = 16;
+    o.shard = shard;
+    o.shards = shards;
+    o.checkpoint_dir = dir;
+    o.checkpoint_every = 0;
+    o.clock = &clock_;
+    return o;
+  }
+
+  // `shards` shards with `dir` as the job's checkpoint directory, none joined yet.
+  Job Make(int shards, const std::string& dir) {
+    Job job;
+    for (int i = 0; i < shards; ++i) job.push_back({std::make_unique<ParameterServer>(Options(i, shards, dir)), {}});
+    return job;
+  }
+
+  // Both ranks join every shard, rank 0 with the initial values when `with_values`.
+  void JoinAll(Job& job, bool with_values) {
+    std::vector<float> w(20), b = {0.5f, -0.25f, 0.125f};
+    for (size_t i = 0; i < w.size(); ++i) w[i] = 0.05f * static_cast<float>(i) - 0.4f;
+    const std::string w_bytes = Bytes(w), b_bytes = Bytes(b);
+    for (Shard& shard : job) {
+      for (int rank : {0, 1}) {
+        const bool values = with_values && rank == 0;
+        JoinRequestView v;
+        v.rank = rank;
+        v.world_size = 2;
+        v.params = {{{"w", DType::kFloat32, {4, 5}}, values ? absl::string_view(w_bytes) : absl::string_view()},
+                    {{"b", DType::kFloat32, {3}}, values ? absl::string_view(b_bytes) : absl::string_view()}};
+        absl::StatusOr<JoinResult> joined = shard.server->Join(v);
+        ASSERT_TRUE(joined.ok()) << joined.status();
+        shard.held = joined->partitions;
+      }
+    }
+  }
+
+  // Step `step` of both ranks on every partition of `job`'s shards (or of shard `only` alone).
+  // Each gradient depends on the step, the rank and the element's place in the model alone, so
+  // any shard count computes the same.
+  void Step(Job& job, uint64_t step, int only = -1) {
+    for (size_t i = 0; i < job.size(); ++i) {
+      if (only >= 0 && static_cast<int>(i) != only) continue;
+      for (const PartitionRange& r : job[i].held) {
+        for (int rank : {0, 1}) {
+          std::vector<float> g(r.length);
+          for (int64_t k = 0; k < r.length; ++k) {
+            g[k] = std::sin(0.37f * static_cast<float>((step + 1) * (rank + 2)) + 0.11f * static_cast<float>(r.offset + k));
+          }
+          const std::string bytes = Bytes(g);
+          PushRequestView v;
+          v.rank = rank;
+          v.step = step;
+          v.partition = r.id;
+          v.num_examples = 1 + rank;
+          v.data = bytes;
+          absl::StatusOr<bool> pushed = job[i].server->Push(v);
+          ASSERT_TRUE(pushed.ok()) << pushed.status();
+        }
+      }
+    }
+  }
+
+  static std::vector<float> Weights(const Job& job) {
+    std::vector<const ParameterServer*> shards;
+    for (const Shard& shard : job) shards.push_back(shard.server.get());
+    return ParameterServerPeer::JobWeights(shards);
+  }
+
+  // What the daemon restores at start into `ps` (server/daemon.cc).
+  static absl::StatusOr<std::optional<RestoredCheckpoint>> RestoreAtStart(ParameterServer& ps,
+                                                                         std::vector<std::string>* warnings) {
+    const ServerOptions& o = ps.options();
+    return RestoreNewestForShard(
+        o.checkpoint_dir, o.shard, o.shards, [&](CheckpointReader& r) { return ps.Restore(r.header(), r); },
+        [&](absl::Span<CheckpointReader* const> readers) {
+          std::vector<ParameterServer::ShardCheckpoint> set;
+          for (CheckpointReader* r : readers) set.push_back({&r->header(), r});
+          return ps.RestoreResharded(set);
+        },
+        warnings);
+  }
+
+  std::string root_;
+  FakeClock clock_;
+};
+
+// A 2-shard job checkpoints after 3 steps (shard 0 alone one step further, a version shard 1 does
+// not keep). Restarted on 1, 3 and 4 shards, each shard takes its partitions from the old shards'
+// checkpoints of version 3, optimizer state included; 3 more steps end with the weights of the
+// job that never stopped, bit for bit.
+TEST_F(ReshardTest, ACheckpointOfTwoShardsRestoresIntoOneThreeOrFourAndTheJobGoesOnBitForBit) {
+  constexpr uint64_t kBefore = 3, kAfter = 3;
+  Job undisturbed = Make(2, "");
+  JoinAll(undisturbed, true);
+  for (uint64_t s = 0; s < kBefore + kAfter; ++s) Step(undisturbed, s);
+  const std::vector<float> expected = Weights(undisturbed);
+  ASSERT_EQ(expected.size(), 23u);
+
+  const std::string dir = root_ + "/job";
+  {
+    Job first = Make(2, dir);
+    JoinAll(first, true);
+    ASSERT_EQ(first[0].held.size(), 3u);
+    for (uint64_t s = 0; s < kBefore; ++s) Step(first, s);
+    for (Shard& shard : first) ASSERT_TRUE(shard.server->MaybeCheckpoint(true).ok());
+    Step(first, kBefore, /*only=*/0);
+    ASSERT_TRUE(first[0].server->MaybeCheckpoint(true).ok());
+  }
+  ASSERT_EQ(CheckpointVersions(ShardCheckpointDir(dir, 0, 2)), (std::vector<uint64_t>{kBefore, kBefore + 1}));
+  ASSERT_EQ(CheckpointVersions(ShardCheckpointDir(dir, 1, 2)), (std::vector<uint64_t>{kBefore}));
+
+  for (int shards : {1, 3, 4}) {
+    SCOPED_TRACE(absl::StrCat("restored on ", shards, " shards"));
+    Job again = Make(shards, dir);
+    int partitions = 0;
+    for (Shard& shard : again) {
+      std::vector<std::string> warnings;
+      absl::StatusOr<std::optional<RestoredCheckpoint>> restored = RestoreAtStart(*shard.server, &warnings);
+      ASSERT_TRUE(restored.ok()) << restored.status();
+      ASSERT_TRUE(restored->has_value());
+      EXPECT_EQ((*restored)->from_shards, 2);
+      EXPECT_EQ((*restored)->path, CheckpointPath(ShardCheckpointDir(dir, 0, 2), kBefore));
+      EXPECT_TRUE(warnings.empty()) << warnings[0];
+      const StatusSnapshot status = shard.server->Status();
+      EXPECT_EQ(status.version, kBefore);
+      EXPECT_EQ(status.checkpoint.version, kBefore);
+      partitions += status.partition_count;
+    }
+    EXPECT_EQ(partitions, 6);
+    JoinAll(again, false);
+    for (uint64_t s = kBefore; s < kBefore + kAfter; ++s) Step(again, s);
+    EXPECT_EQ(Weights(again), expected);
+  }
+}
+
+// A set that is not whole, or partitions of another size, are refused by name, and nothing is
+// restored.
+TEST_F(ReshardTest, AnIncompleteSetOrPartitionsOfAnotherSizeAreRefusedByName) {
+  const std::string dir = root_ + "/job";
+  {
+    Job first = Make(2, dir);
+    JoinAll(first, true);
+    for (uint64_t s = 0; s < 2; ++s) Step(first, s);
+    for (Shard& shard : first) ASSERT_TRUE(shard.server->MaybeCheckpoint(true).ok());
+  }
+  std::vector<std::string> warnings;
+  ServerOptions o = Options(0, 4, dir);
+  o.partition_bytes = 32;
+  ParameterServer recut(o);
+  absl::StatusOr<std::optional<RestoredCheckpoint>> refused = RestoreAtStart(recut, &warnings);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_NE(refused.status().message().find("--partition_bytes=16, this server's of 32"), absl::string_view::npos)
+      << refused.status();
+  EXPECT_FALSE(recut.Status().model_defined);
+
+  std::filesystem::remove_all(ShardCheckpointDir(dir, 1, 2));  // shard 1's files lost
+  ParameterServer lost(Options(0, 4, dir));
+  refused = RestoreAtStart(lost, &warnings);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_NE(refused.status().message().find(
+                absl::StrCat("shard 0 keeps 2; shard 1 none (", ShardCheckpointDir(dir, 1, 2), " is missing or empty)")),
+            absl::string_view::npos)
+      << refused.status();
+  EXPECT_FALSE(lost.Status().model_defined);
+  EXPECT_TRUE(warnings.empty());
 }
 
 }  // namespace

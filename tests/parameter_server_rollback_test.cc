@@ -26,6 +26,7 @@ class RollBackTest : public ::testing::Test {
   RollBackTest() {
     dir_ = std::filesystem::temp_directory_path() / ("summa-rollback-" + std::to_string(::getpid()));
     std::filesystem::remove_all(dir_);
+    shard_dir_ = ShardCheckpointDir(dir_, 0, 2);
   }
   ~RollBackTest() override { std::filesystem::remove_all(dir_); }
 
@@ -85,7 +86,8 @@ class RollBackTest : public ::testing::Test {
   }
 
   std::vector<uint32_t> held_;  // this shard's partitions
-  std::string dir_;
+  std::string dir_;        // the job's
+  std::string shard_dir_;  // shard 0's, in it
   FakeClock clock_;
   int due_ = 0;
 };
@@ -94,30 +96,30 @@ TEST_F(RollBackTest, SyncCheckpointsAreOfMultiplesOfTheIntervalAsTheyWereReached
   auto ps = Make(/*every=*/2);
   ASSERT_TRUE(Step(*ps, 0).ok());
   ASSERT_TRUE(ps->MaybeCheckpoint(false).ok());
-  EXPECT_TRUE(CheckpointVersions(dir_).empty()) << "version 1 is not a multiple of 2";
+  EXPECT_TRUE(CheckpointVersions(shard_dir_).empty()) << "version 1 is not a multiple of 2";
   ASSERT_TRUE(Step(*ps, 1).ok());
   EXPECT_EQ(due_, 1) << "told once, when both partitions held version 2";
   ASSERT_TRUE(Step(*ps, 2).ok());  // live at version 3 before the writer runs
   ASSERT_TRUE(ps->MaybeCheckpoint(false).ok());
-  EXPECT_EQ(CheckpointVersions(dir_), (std::vector<uint64_t>{2}));
+  EXPECT_EQ(CheckpointVersions(shard_dir_), (std::vector<uint64_t>{2}));
   ParameterServer again(ps->options());
   std::vector<std::string> warnings;
   absl::StatusOr<std::optional<RestoredCheckpoint>> restored = RestoreNewestCheckpoint(
-      dir_, [&](CheckpointReader& r) { return again.Restore(r.header(), r); }, &warnings);
+      shard_dir_, [&](CheckpointReader& r) { return again.Restore(r.header(), r); }, &warnings);
   ASSERT_TRUE(restored.ok() && restored->has_value()) << restored.status();
   EXPECT_EQ(again.Status().version, 2u);
   EXPECT_EQ(Weights(again), At(2)) << "the weights as version 2 was reached, not the live ones";
   ASSERT_TRUE(Step(*ps, 3).ok());
   ASSERT_TRUE(ps->MaybeCheckpoint(false).ok());
   ASSERT_TRUE(ps->MaybeCheckpoint(false).ok());
-  EXPECT_EQ(CheckpointVersions(dir_), (std::vector<uint64_t>{2, 4}));
+  EXPECT_EQ(CheckpointVersions(shard_dir_), (std::vector<uint64_t>{2, 4}));
   EXPECT_EQ(due_, 2);
   // A forced checkpoint (SIGTERM, the Checkpoint RPC) of the live version skips no multiple.
   ASSERT_TRUE(Step(*ps, 4).ok());
   ASSERT_TRUE(ps->MaybeCheckpoint(true).ok());
   ASSERT_TRUE(Step(*ps, 5).ok());
   ASSERT_TRUE(ps->MaybeCheckpoint(false).ok());
-  EXPECT_EQ(CheckpointVersions(dir_), (std::vector<uint64_t>{2, 4, 5, 6}));
+  EXPECT_EQ(CheckpointVersions(shard_dir_), (std::vector<uint64_t>{2, 4, 5, 6}));
 }
 
 TEST_F(RollBackTest, AShardRollsBackToAnOlderCheckpointAndEveryMemberJoinsAgain) {
@@ -126,7 +128,7 @@ TEST_F(RollBackTest, AShardRollsBackToAnOlderCheckpointAndEveryMemberJoinsAgain)
     ASSERT_TRUE(Step(*ps, step).ok());
     ASSERT_TRUE(ps->MaybeCheckpoint(false).ok());
   }
-  ASSERT_EQ(CheckpointVersions(dir_), (std::vector<uint64_t>{1, 2, 3, 4}));
+  ASSERT_EQ(CheckpointVersions(shard_dir_), (std::vector<uint64_t>{1, 2, 3, 4}));
   auto parked = std::make_shared<FakeCall>();
   ps->Pull(0, 0, held_[1], 5, parked);  // waits for step 4
   EXPECT_EQ(ps->RollBack(0, 0, 2, 3).status().code(), absl::StatusCode::kAborted) << "it is at 4, not 3";
@@ -143,7 +145,7 @@ TEST_F(RollBackTest, AShardRollsBackToAnOlderCheckpointAndEveryMemberJoinsAgain)
   EXPECT_EQ(ps->Status().version, 2u);
   EXPECT_EQ(ps->Status().rollbacks, 1u);
   EXPECT_EQ(ps->Status().checkpoint.version, 2u);
-  EXPECT_EQ(CheckpointVersions(dir_), (std::vector<uint64_t>{1, 2})) << "the abandoned history is removed";
+  EXPECT_EQ(CheckpointVersions(shard_dir_), (std::vector<uint64_t>{1, 2})) << "the abandoned history is removed";
   EXPECT_EQ(parked->Wait().code(), absl::StatusCode::kNotFound) << "a parked pull is told to join again";
   EXPECT_EQ(Step(*ps, 2).code(), absl::StatusCode::kNotFound) << "every member joins again";
   EXPECT_EQ(ps->RollBack(0, 0, 2, 4).status().code(), absl::StatusCode::kNotFound) << "not a member now";
@@ -156,7 +158,7 @@ TEST_F(RollBackTest, AShardRollsBackToAnOlderCheckpointAndEveryMemberJoinsAgain)
   for (uint64_t step = 2; step < 5; ++step) ASSERT_TRUE(Step(*ps, step).ok());
   EXPECT_EQ(Weights(*ps), At(5)) << "the steps from version 2 again, as the first time";
   ASSERT_TRUE(ps->MaybeCheckpoint(false).ok());
-  EXPECT_EQ(CheckpointVersions(dir_), (std::vector<uint64_t>{1, 2, 5}));
+  EXPECT_EQ(CheckpointVersions(shard_dir_), (std::vector<uint64_t>{1, 2, 5}));
 }
 
 TEST_F(RollBackTest, AShardWithPartitionsAStepApartRollsBackToItsLowestVersion) {

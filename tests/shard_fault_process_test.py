@@ -2,8 +2,10 @@
 summa-server shards (shard 1 following shard 0) and their summa-workers on 127.0.0.1, and checks
 that the shards give one server's weights bit for bit whatever order pushes arrive in, that a
 shard restored from an older checkpoint rolls the other back to its version (the job ending with
-an undisturbed run's weights), and that the shards follow shard 0's view when a worker is
-SIGKILLed. The faults of one server's jobs are in fault_process_test.py.
+an undisturbed run's weights), that a job restarted on 4 shards and then on one server from the
+checkpoints of the shards before ends with the weights of a run never stopped, and that the
+shards follow shard 0's view when a worker is SIGKILLed. The faults of one server's jobs are in
+fault_process_test.py.
 
   shard_fault_process_test.py --bin BUILD_DIR [unittest args]
 """
@@ -99,6 +101,68 @@ class ShardFaultProcessTest(JobCases, unittest.TestCase):
             self.assertEqual(len(rolled), 1, g.log(job.shards[0]))
             self.assertGreaterEqual(rolled[0], older + 10)
             self.assertEqual(job.weights(), baseline_weights)
+
+    def test_a_job_restarted_on_other_shard_counts_ends_with_the_weights_of_one_never_stopped(self):
+        # LeNet in 8 partitions of at most 64 KiB, two workers, a checkpoint every 25 steps. The
+        # job runs on 2 shards past version 100 and stops (workers SIGKILLed, shards SIGTERMed:
+        # each writes a last checkpoint); it starts again on 4 shards, each taking its 2
+        # partitions, Adam's state with them, from the newest version both old shards keep; past
+        # version 220 it stops again and ends on one server, which takes all 8 from the 4 shards'
+        # files. The weights are those of a run on 2 shards that never stopped, bit for bit.
+        _, baseline_weights = self.undisturbed(["--partition_bytes=65536"], shards=2)
+        with ProcessGroup() as g:
+            ckpt = os.path.join(g.dir, "ckpt")
+            flags = ["--partition_bytes=65536", f"--checkpoint_dir={ckpt}", "--checkpoint_every=25"]
+
+            def versions(shards):
+                dirs = [ckpt] if shards == 1 else [os.path.join(ckpt, f"shard-{i}-of-{shards}") for i in range(shards)]
+                return [{int(f[5:17]) for f in os.listdir(d) if f.startswith("ckpt-") and f.endswith(".summa")}
+                        for d in dirs]
+
+            def start(shards, label):
+                job = Job(g, 2, flags, shards=shards, label=label)
+                for r in range(2):
+                    job.start_worker(r)
+                return job
+
+            def stop(job):
+                for w in job.workers.values():
+                    w.send_signal(signal.SIGKILL)
+                    w.wait()
+                for s in job.servers():
+                    s.send_signal(signal.SIGTERM)
+                for s in job.servers():
+                    self.assertEqual(g.wait(s, 60), 0, g.log(s))
+
+            def restored(job, old_shards):
+                # Every new server restored the newest version every old shard keeps, and wrote
+                # it as its own checkpoint at once; the workers joined at it.
+                common = max(set.intersection(*versions(old_shards)))
+                for s in job.servers():
+                    log = g.log(s)
+                    self.assertIn(f"restored version {common} from the checkpoints of {old_shards} shards", log)
+                    self.assertRegex(log, rf"checkpoint at version {common} written to {re.escape(ckpt)}")
+                for rank, w in job.workers.items():
+                    self.assertIn(f"rank {rank} of 2 joined at step {common} ", g.log(w))
+                return common
+
+            two = start(2, "two-")
+            two.wait_version(100)
+            stop(two)
+            four = start(4, "four-")
+            four.wait_version(220)
+            stop(four)
+            # A last checkpoint at SIGTERM may be some shards' only (a worker killed mid-step
+            # leaves partitions between versions): the newest multiple of 25 all keep is used.
+            at_four = restored(four, 2)
+            self.assertGreater(at_four, 0)
+            one = start(1, "one-")
+            outs = self.finish(g, one)
+            self.assertGreater(restored(one, 4), at_four)
+            self.assertIn("epoch 3/3", outs[0])
+            status = one.status()
+            self.assertEqual((int(status["version"]), int(status["partitionCount"])), (STEPS, 8))
+            self.assertEqual(one.weights(), baseline_weights)
 
     def test_shards_follow_shard_zeros_view_and_shard_zero_shows_every_shard(self):
         # Two shards under shrink, two workers; rank 1 is SIGKILLed mid-run. Shard 0 drops it

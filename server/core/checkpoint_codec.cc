@@ -25,11 +25,12 @@ absl::StatusOr<std::vector<float>> FloatsOf(const std::string& bytes, int64_t n,
   return out;
 }
 
-std::string Describe(const JobDescription& j) {
+// `with_shard`: and which shard of how many.
+std::string Describe(const JobDescription& j, bool with_shard) {
   return absl::StrCat(j.world_size, " workers, ", ModeName(j.mode), " mode, partitions of ",
                       j.partition_bytes, " bytes, optimizer ", j.optimizer_name, " with state [",
                       absl::StrJoin(j.slot_names, ", "), "]",
-                      j.shards > 1 ? absl::StrCat(", shard ", j.shard, " of ", j.shards) : "");
+                      with_shard && j.shards > 1 ? absl::StrCat(", shard ", j.shard, " of ", j.shards) : "");
 }
 
 absl::StatusOr<PartitionSnapshot> DecodePartition(const CheckpointHeader& h, const PartitionRange& range,
@@ -102,7 +103,7 @@ summa::v1::PartitionCheckpoint EncodePartition(const PartitionSnapshot& p) {
 }
 
 absl::StatusOr<CheckpointHeader> DecodeCheckpointHeader(const summa::v1::Checkpoint& c,
-                                                        const JobDescription& ours) {
+                                                        const JobDescription& ours, ShardMatch match) {
   CheckpointHeader h;
   JobDescription& theirs = h.job;
   theirs.world_size = c.world_size();
@@ -115,12 +116,23 @@ absl::StatusOr<CheckpointHeader> DecodeCheckpointHeader(const summa::v1::Checkpo
   theirs.slot_names.assign(c.slot_names().begin(), c.slot_names().end());
   theirs.shard = c.shard();
   theirs.shards = std::max(1, c.shards());
-  if (theirs.world_size != ours.world_size || theirs.mode != ours.mode || theirs.shard != ours.shard ||
-      theirs.shards != ours.shards ||
+  if (theirs.shard < 0 || theirs.shard >= theirs.shards) {
+    return absl::DataLossError(absl::StrCat("the checkpoint names shard ", theirs.shard, " of ", theirs.shards));
+  }
+  const bool shard_taken = match == ShardMatch::kAnyShard || (theirs.shard == ours.shard && theirs.shards == ours.shards);
+  if (theirs.world_size != ours.world_size || theirs.mode != ours.mode || !shard_taken ||
       theirs.partition_bytes != ours.partition_bytes || theirs.optimizer_name != ours.optimizer_name ||
       theirs.slot_names != ours.slot_names) {
-    return absl::FailedPreconditionError(absl::StrCat("the checkpoint is of a job of ", Describe(theirs),
-                                                      "; this server runs ", Describe(ours)));
+    // Partitions are the unit a checkpoint holds and shards are dealt: a model cut otherwise is
+    // another set of partitions, with versions and pushes seen each of its own.
+    const std::string cut = theirs.partition_bytes == ours.partition_bytes
+                                ? ""
+                                : absl::StrCat(" (its partitions are of --partition_bytes=", theirs.partition_bytes,
+                                               ", this server's of ", ours.partition_bytes,
+                                               ": start it with the checkpoint's)");
+    const bool with_shard = match == ShardMatch::kSameShard;
+    return absl::FailedPreconditionError(absl::StrCat("the checkpoint is of a job of ", Describe(theirs, with_shard),
+                                                      "; this server runs ", Describe(ours, with_shard), cut));
   }
   if (theirs.optimizer != ours.optimizer) {
     SUMMA_LOG(WARNING) << "the checkpoint's optimizer was " << theirs.optimizer << "; going on with "
@@ -150,11 +162,51 @@ absl::StatusOr<CheckpointHeader> DecodeCheckpointHeader(const summa::v1::Checkpo
   absl::StatusOr<PartitionMap> map = PartitionMap::Create(std::move(specs), ours.partition_bytes);
   if (!map.ok()) return absl::DataLossError(absl::StrCat("the checkpoint's model: ", map.status().message()));
   h.map = *std::move(map);
-  const std::vector<int> shard_of = AssignShards(h.map.partitions(), ours.shards);
+  if (static_cast<size_t>(theirs.shards) > h.map.partitions().size()) {
+    return absl::DataLossError(absl::StrCat("the checkpoint's model of ", h.map.partitions().size(),
+                                            " partitions cannot have been held by ", theirs.shards, " shards"));
+  }
+  const std::vector<int> shard_of = AssignShards(h.map.partitions(), theirs.shards);
   for (const PartitionRange& r : h.map.partitions()) {
-    if (shard_of[r.id] == ours.shard) h.held.push_back(r);
+    if (shard_of[r.id] == theirs.shard) h.held.push_back(r);
   }
   return h;
+}
+
+absl::StatusOr<std::vector<CheckpointHeader>> DecodeCheckpointSet(
+    absl::Span<const summa::v1::Checkpoint* const> set, const JobDescription& ours) {
+  std::vector<CheckpointHeader> headers;
+  for (const summa::v1::Checkpoint* c : set) {
+    absl::StatusOr<CheckpointHeader> h = DecodeCheckpointHeader(*c, ours, ShardMatch::kAnyShard);
+    if (!h.ok()) {
+      return absl::Status(h.status().code(), absl::StrCat("shard ", headers.size(), "'s checkpoint: ", h.status().message()));
+    }
+    headers.push_back(*std::move(h));
+  }
+  if (headers.empty()) return absl::FailedPreconditionError("no checkpoint to restore from");
+  const CheckpointHeader& first = headers.front();
+  if (static_cast<int>(headers.size()) != first.job.shards) {
+    return absl::FailedPreconditionError(absl::StrCat("the checkpoints are of a job on ", first.job.shards,
+                                                      " shards, and ", headers.size(), " came: every shard's is needed"));
+  }
+  for (size_t i = 0; i < headers.size(); ++i) {
+    const CheckpointHeader& h = headers[i];
+    if (h.job.shards != first.job.shards || h.job.shard != static_cast<int>(i)) {
+      return absl::FailedPreconditionError(absl::StrCat("checkpoint ", i, " of a set of ", headers.size(),
+                                                        " is shard ", h.job.shard, " of ", h.job.shards, "'s, not shard ",
+                                                        i, " of ", first.job.shards, "'s"));
+    }
+    if (h.version != first.version) {
+      return absl::FailedPreconditionError(absl::StrCat("shard ", i, "'s checkpoint is of version ", h.version,
+                                                        " and shard 0's of ", first.version,
+                                                        ": a set is of one version"));
+    }
+    if (h.map.specs() != first.map.specs()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("shard ", i, "'s checkpoint is of another model than shard 0's"));
+    }
+  }
+  return headers;
 }
 
 absl::Status DecodePartitions(const CheckpointHeader& h, PartitionSource& source,

@@ -13,6 +13,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "common/partition_map.h"
 #include "common/tensor.h"
 #include "server/checkpoint/checkpoint_file.h"
@@ -60,10 +61,24 @@ struct CheckpointHeader {
   absl::Time created = absl::InfinitePast();
 };
 
-// FAILED_PRECONDITION naming both sides when the checkpoint's job differs from `ours`;
-// DATA_LOSS when the header is malformed.
+// Which checkpoints a server takes: its own shard's (the same shard of the same shard count), or
+// any shard's of the job under another shard count, whose partitions it sorts out by id (a job
+// restarted with another --shards).
+enum class ShardMatch { kSameShard, kAnyShard };
+
+// FAILED_PRECONDITION naming both sides when the checkpoint's job differs from `ours` (in its shard
+// and shard count too under kSameShard); DATA_LOSS when the header is malformed. `held` is the
+// checkpoint's shard's, as AssignShards cut the model over the checkpoint's shard count.
 absl::StatusOr<CheckpointHeader> DecodeCheckpointHeader(const summa::v1::Checkpoint& header,
-                                                        const JobDescription& ours);
+                                                        const JobDescription& ours,
+                                                        ShardMatch match = ShardMatch::kSameShard);
+
+// The headers of the checkpoints a job's shards wrote under one shard count K, `set[i]` being
+// shard i's, decoded as DecodeCheckpointHeader(kAnyShard) does, each against `ours`. Together
+// their partitions are the whole model: FAILED_PRECONDITION naming what is missing or differs
+// when they are not the K shards' of K, in shard order, of one version and one model.
+absl::StatusOr<std::vector<CheckpointHeader>> DecodeCheckpointSet(
+    absl::Span<const summa::v1::Checkpoint* const> set, const JobDescription& ours);
 
 // Reads every partition of `source`, checks it against `header` and hands it to `take` before
 // reading the next. DATA_LOSS when the partitions do not tile the model (in id order), or a sync

@@ -73,7 +73,11 @@ struct ServerOptions {
   // Refuse a member's call that carries no session (true), or take it as the rank's (false: for
   // clients from before sessions; a call with a fenced session is refused either way).
   bool require_sessions = true;
-  std::string checkpoint_dir;    // empty: no checkpoints
+  // The job's checkpoint directory (--checkpoint_dir); empty: no checkpoints. A shard keeps its
+  // own in its subdirectory shard-I-of-K (server/checkpoint/checkpoint_dir.h's
+  // ShardCheckpointDir), so that shards may share one, and a job restarted with another shard
+  // count finds every old shard's there.
+  std::string checkpoint_dir;
   // Steps between checkpoints; 0: only at shutdown. In a sharded sync job the checkpoints are of
   // the versions that are multiples of it, each partition copied as it reaches that version, so
   // that shards (which step together) keep checkpoints of the same versions.

@@ -29,6 +29,7 @@ PolicyContext MakeContext(const ServerOptions& o, const Optimizer* optimizer, co
 
 ParameterServer::ParameterServer(ServerOptions options)
     : options_(std::move(options)),
+      checkpoint_dir_(ShardCheckpointDir(options_.checkpoint_dir, options_.shard, options_.shards)),
       optimizer_(*Optimizer::Create(options_.optimizer)),
       membership_(options_.world_size, options_.on_worker_loss, options_.lease,
                   options_.rejoin_deadline, options_.clock, options_.require_sessions, options_.min_workers),
@@ -248,7 +249,7 @@ absl::StatusOr<JoinResult> ParameterServer::Join(const JoinRequestView& request)
   result.view = group.view;
   result.initialize = pending > 0;
   if (options_.shards > 1 && options_.mode == Mode::kSync && !options_.checkpoint_dir.empty()) {
-    result.checkpoint_versions = CheckpointVersions(options_.checkpoint_dir);
+    result.checkpoint_versions = CheckpointVersions(checkpoint_dir_);
   }
   result.restored = restored_.load(std::memory_order_acquire);
   SUMMA_LOG(INFO) << "rank " << rank << " joined from " << request.peer << " at version "

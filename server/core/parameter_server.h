@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "common/partition_map.h"
 #include "common/tensor.h"
 #include "server/core/checkpoint_codec.h"
@@ -128,6 +129,20 @@ class ParameterServer {
   // differs from the options; DATA_LOSS when its partitions are torn, corrupt or do not tile
   // its model.
   absl::Status Restore(const summa::v1::Checkpoint& header, PartitionSource& partitions);
+
+  // One shard's checkpoint as a restore reads it. Not owned.
+  struct ShardCheckpoint {
+    const summa::v1::Checkpoint* header;
+    PartitionSource* partitions;
+  };
+  // As Restore, from the checkpoints of one version that the job's K shards wrote when it ran with
+  // another shard count (`set[i]`: shard i's of K): this shard takes the partitions it holds now
+  // (AssignShards over options().shards) from whichever of them holds each, reads no file that
+  // holds none of them, and takes the group from shard 0's (the one that coordinated it).
+  // FAILED_PRECONDITION when the set is not K shards' of one version and one model, naming what
+  // differs, or their job differs from the options in more than the shard count (the partitions'
+  // size included: a checkpoint's partitions are the ones a restore deals out).
+  absl::Status RestoreResharded(absl::Span<const ShardCheckpoint> set);
 
   // Admits (or readmits) a member. INVALID_ARGUMENT for a wrong world size, a rank outside the
   // group or a bad tensor; FAILED_PRECONDITION when the model differs from the server's or the
@@ -240,10 +255,14 @@ class ParameterServer {
   };
 
   const Model* model() const { return model_.load(std::memory_order_acquire); }
-  // The model a checkpoint holds, unpublished, and its version; DATA_LOSS when its partitions
-  // are torn, corrupt or do not tile its model.
-  absl::StatusOr<std::pair<std::unique_ptr<Model>, uint64_t>> ModelFrom(const summa::v1::Checkpoint& header,
-                                                                        PartitionSource& partitions) const;
+  // The model a checkpoint holds, unpublished, and its lowest version: this shard's own (one
+  // checkpoint) or, `resharded`, a whole set of another shard count's (RestoreResharded).
+  // DATA_LOSS when partitions are torn, corrupt or do not tile the model.
+  absl::StatusOr<std::pair<std::unique_ptr<Model>, uint64_t>> ModelFrom(absl::Span<const ShardCheckpoint> pieces,
+                                                                        bool resharded) const;
+  // Publishes a restored model and the group of `header`, and marks the server restored.
+  absl::Status Adopt(std::pair<std::unique_ptr<Model>, uint64_t> restored, const summa::v1::Checkpoint& header)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(define_mu_);
   // Sync checkpoints: copies `p` for the checkpoint writer when it just reached a multiple of
   // --checkpoint_every, and tells checkpoint_due_ once every partition has.
   void MaybeFreeze(const Model& model, Partition& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
@@ -291,6 +310,8 @@ class ParameterServer {
   void LogGroupsFrom(uint64_t step);
 
   const ServerOptions options_;
+  // This shard's own checkpoints: ShardCheckpointDir of options_.checkpoint_dir; empty without.
+  const std::string checkpoint_dir_;
   const std::unique_ptr<const Optimizer> optimizer_;
   Membership membership_;
   const std::unique_ptr<const ConsistencyPolicy> policy_;

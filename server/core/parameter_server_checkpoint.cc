@@ -46,33 +46,53 @@ JobDescription ParameterServer::Job() const {
 }
 
 absl::StatusOr<std::pair<std::unique_ptr<ParameterServer::Model>, uint64_t>> ParameterServer::ModelFrom(
-    const summa::v1::Checkpoint& header, PartitionSource& partitions) const {
-  SUMMA_ASSIGN_OR_RETURN(const CheckpointHeader h, DecodeCheckpointHeader(header, Job()));
-  SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, NewModel(h.map.specs(), {}));
+    absl::Span<const ShardCheckpoint> pieces, bool resharded) const {
+  std::vector<CheckpointHeader> headers;
+  if (resharded) {
+    std::vector<const summa::v1::Checkpoint*> set;
+    for (const ShardCheckpoint& piece : pieces) set.push_back(piece.header);
+    SUMMA_ASSIGN_OR_RETURN(headers, DecodeCheckpointSet(set, Job()));
+  } else {
+    SUMMA_ASSIGN_OR_RETURN(CheckpointHeader h, DecodeCheckpointHeader(*pieces.front().header, Job()));
+    headers.push_back(std::move(h));
+  }
+  SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, NewModel(headers.front().map.specs(), {}));
   uint64_t low = UINT64_MAX;
-  SUMMA_RETURN_IF_ERROR(DecodePartitions(h, partitions, [&](PartitionSnapshot snap) {
-    Partition& p = *model->partitions[model->index_of[snap.id]];  // one of h.held: this shard's
-    absl::MutexLock plock(&p.mu);
-    // Copied into the partition's own buffers: the optimizer holds views of the slots.
-    std::copy(snap.weights.begin(), snap.weights.end(), p.weights.begin());
-    for (size_t i = 0; i < snap.slots.size(); ++i) std::copy(snap.slots[i].begin(), snap.slots[i].end(), p.slots[i].begin());
-    p.initialized = true;
-    p.version = snap.version;
-    p.updates = snap.updates;
-    p.examples_applied = snap.examples_applied;
-    p.next_step = std::move(snap.next_steps);
-    low = std::min(low, snap.version);
-    return absl::OkStatus();
-  }));
+  size_t filled = 0;
+  for (size_t i = 0; i < headers.size(); ++i) {
+    const CheckpointHeader& h = headers[i];
+    const bool holds_ours = std::any_of(h.held.begin(), h.held.end(),
+                                        [&](const PartitionRange& r) { return model->index_of[r.id] >= 0; });
+    if (!holds_ours) continue;  // another shard's partitions only: not read
+    SUMMA_RETURN_IF_ERROR(DecodePartitions(h, *pieces[i].partitions, [&](PartitionSnapshot snap) {
+      const int at = model->index_of[snap.id];
+      if (at < 0) return absl::OkStatus();  // another shard's now
+      Partition& p = *model->partitions[at];
+      absl::MutexLock plock(&p.mu);
+      // Copied into the partition's own buffers: the optimizer holds views of the slots.
+      std::copy(snap.weights.begin(), snap.weights.end(), p.weights.begin());
+      for (size_t k = 0; k < snap.slots.size(); ++k) std::copy(snap.slots[k].begin(), snap.slots[k].end(), p.slots[k].begin());
+      p.initialized = true;
+      p.version = snap.version;
+      p.updates = snap.updates;
+      p.examples_applied = snap.examples_applied;
+      p.next_step = std::move(snap.next_steps);
+      low = std::min(low, snap.version);
+      ++filled;
+      return absl::OkStatus();
+    }));
+  }
+  // A whole set (or this shard's own checkpoint) holds each partition once.
+  if (filled != model->partitions.size()) {
+    return absl::DataLossError(absl::StrCat("the checkpoints hold ", filled, " of this shard's ",
+                                            model->partitions.size(), " partitions"));
+  }
   model->pending = 0;
   return std::make_pair(std::move(model), low);
 }
 
-absl::Status ParameterServer::Restore(const summa::v1::Checkpoint& header, PartitionSource& partitions) {
-  absl::MutexLock lock(&define_mu_);
-  if (model_owner_ != nullptr) return absl::FailedPreconditionError("the model is already defined");
-  // Built unpublished, so a checkpoint found torn halfway leaves no model behind.
-  SUMMA_ASSIGN_OR_RETURN(auto restored, ModelFrom(header, partitions));
+absl::Status ParameterServer::Adopt(std::pair<std::unique_ptr<Model>, uint64_t> restored,
+                                    const summa::v1::Checkpoint& header) {
   SUMMA_ASSIGN_OR_RETURN(const std::optional<GroupView> group, DecodeGroup(header, options_.world_size));
   SUMMA_ASSIGN_OR_RETURN(std::vector<GroupChange> log, DecodeGroupLog(header, options_.world_size));
   PublishModel(std::move(restored.first));
@@ -85,6 +105,22 @@ absl::Status ParameterServer::Restore(const summa::v1::Checkpoint& header, Parti
   return absl::OkStatus();
 }
 
+absl::Status ParameterServer::Restore(const summa::v1::Checkpoint& header, PartitionSource& partitions) {
+  absl::MutexLock lock(&define_mu_);
+  if (model_owner_ != nullptr) return absl::FailedPreconditionError("the model is already defined");
+  // Built unpublished, so a checkpoint found torn halfway leaves no model behind.
+  const ShardCheckpoint own = {&header, &partitions};
+  SUMMA_ASSIGN_OR_RETURN(auto restored, ModelFrom({own}, /*resharded=*/false));
+  return Adopt(std::move(restored), header);
+}
+
+absl::Status ParameterServer::RestoreResharded(absl::Span<const ShardCheckpoint> set) {
+  absl::MutexLock lock(&define_mu_);
+  if (model_owner_ != nullptr) return absl::FailedPreconditionError("the model is already defined");
+  SUMMA_ASSIGN_OR_RETURN(auto restored, ModelFrom(set, /*resharded=*/true));
+  return Adopt(std::move(restored), *set.front().header);  // shard 0's group: it coordinated the job
+}
+
 absl::StatusOr<bool> ParameterServer::RollBack(int rank, uint64_t session, uint64_t to_version,
                                                uint64_t from_version) {
   SUMMA_RETURN_IF_ERROR(Answerable());
@@ -93,7 +129,7 @@ absl::StatusOr<bool> ParameterServer::RollBack(int rank, uint64_t session, uint6
         "a rollback keeps shards at one version, which only sync mode has; this server runs ",
         ModeName(options_.mode), " mode"));
   }
-  if (options_.checkpoint_dir.empty()) {
+  if (checkpoint_dir_.empty()) {
     return absl::FailedPreconditionError("this server keeps no checkpoints to roll back to (--checkpoint_dir)");
   }
   SUMMA_RETURN_IF_ERROR(membership_.CheckSession(rank, session));
@@ -115,16 +151,17 @@ absl::StatusOr<bool> ParameterServer::RollBack(int rank, uint64_t session, uint6
     return absl::AbortedError(absl::StrCat("this server is at version ", at, ", not ", from_version,
                                            " as rank ", rank, " saw it: join again and look"));
   }
-  const std::string path = CheckpointPath(options_.checkpoint_dir, to_version);
+  const std::string path = CheckpointPath(checkpoint_dir_, to_version);
   absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(path);
   if (absl::IsNotFound(reader.status())) {
     return absl::FailedPreconditionError(absl::StrCat(
         "this server keeps no checkpoint of version ", to_version, " (it keeps ",
-        absl::StrJoin(CheckpointVersions(options_.checkpoint_dir), ", "), " in ", options_.checkpoint_dir,
+        absl::StrJoin(CheckpointVersions(checkpoint_dir_), ", "), " in ", checkpoint_dir_,
         "); start every shard with a larger --keep_checkpoints"));
   }
   if (!reader.ok()) return reader.status();
-  SUMMA_ASSIGN_OR_RETURN(auto restored, ModelFrom((*reader)->header(), **reader));
+  const ShardCheckpoint own = {&(*reader)->header(), reader->get()};
+  SUMMA_ASSIGN_OR_RETURN(auto restored, ModelFrom({own}, /*resharded=*/false));
   if (restored.second != to_version) {
     return absl::DataLossError(absl::StrCat(path, " holds version ", restored.second, ", not ", to_version));
   }
@@ -155,7 +192,7 @@ absl::StatusOr<bool> ParameterServer::RollBack(int rank, uint64_t session, uint6
     restored_.store(true, std::memory_order_release);
   }
   failed.FinishAll();
-  absl::Status pruned = RemoveCheckpointsAfter(options_.checkpoint_dir, to_version);
+  absl::Status pruned = RemoveCheckpointsAfter(checkpoint_dir_, to_version);
   if (!pruned.ok()) SUMMA_LOG(WARNING) << "after the rollback: " << pruned.message();
   {
     absl::MutexLock info(&info_mu_);
@@ -184,7 +221,7 @@ void ParameterServer::MaybeFreeze(const Model& model, Partition& p) {
 }
 
 absl::Status ParameterServer::MaybeCheckpoint(bool force) {
-  if (options_.checkpoint_dir.empty()) return absl::OkStatus();
+  if (checkpoint_dir_.empty()) return absl::OkStatus();
   absl::MutexLock checkpoint_lock(&checkpoint_mu_);
   const Model* m = model();
   if (m == nullptr || m->pending.load() > 0) return absl::OkStatus();  // nothing to keep yet
@@ -243,7 +280,7 @@ absl::Status ParameterServer::MaybeCheckpoint(bool force) {
   EncodeGroup(membership_.CheckpointGroup(), &header);
   EncodeGroupLog(GroupLog(), &header);
   SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointWriter> writer,
-                         CheckpointWriter::Create(options_.checkpoint_dir, header));
+                         CheckpointWriter::Create(checkpoint_dir_, header));
   for (size_t i = 0; i < m->partitions.size(); ++i) {
     PartitionSnapshot snap;
     if (one_version) {

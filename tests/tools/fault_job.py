@@ -33,8 +33,10 @@ def accuracies(text):
 class Job:
     """A server and its workers inside one ProcessGroup."""
 
-    def __init__(self, group, world, server_flags=(), port=None, shards=1):
-        self.g, self.world = group, world
+    def __init__(self, group, world, server_flags=(), port=None, shards=1, label=""):
+        # `label` starts the servers' names (logs, port files): another job in the same group
+        # (the same job restarted on other shards) needs one of its own.
+        self.g, self.world, self.label = group, world, label
         # The data path on the socket data plane (the workers find it): a restarted server serves
         # it on a new port, which the workers must find again.
         self.server_flags = ["--workers=%d" % world, "--optimizer=adam", "--lr=0.001", "--lease=1s",
@@ -48,7 +50,7 @@ class Job:
             self.ports, self.shards = [], []
             for i in range(shards):
                 proc, p = group.start_server(ARGS.server, *self.server_flags, *self.shard_flags(i, shards),
-                                             name=f"shard{i}")
+                                             name=f"{label}shard{i}")
                 self.shards.append(proc)
                 self.ports.append(p)
             self.server, self.port = self.shards[0], self.ports[0]
@@ -56,7 +58,7 @@ class Job:
 
     def start_server(self, port=None):
         if port is None:
-            self.server, self.port = self.g.start_server(ARGS.server, *self.server_flags)
+            self.server, self.port = self.g.start_server(ARGS.server, *self.server_flags, name=f"{self.label}server")
         else:
             self.server = self.restart_on(port, self.server_flags)
             self.port = port
@@ -79,6 +81,10 @@ class Job:
         if i == 0:
             self.server = self.shards[0]
         return self.shards[i]
+
+    def servers(self):
+        """The server's processes: its shards, or the one server."""
+        return list(self.shards) if len(self.ports) > 1 else [self.server]
 
     def shard_status(self, i):
         return Reflector(f"127.0.0.1:{self.ports[i]}", timeout=5).call("summa.v1.ParameterServer/GetStatus")

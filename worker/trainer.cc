@@ -160,8 +160,8 @@ absl::Status Trainer::Run() {
       // the group left: join again (the same rank and session's state), and compute this rank's
       // new shard of the same batch.
       if (options_.progress_bar) std::fprintf(out_, "\r\033[K");
-      std::fprintf(out_, "rank %d: the group changed during step %llu; computing its shard again\n", rank_,
-                   static_cast<unsigned long long>(steps_done_));
+      std::fprintf(out_, "rank %d: the group changed under a step it had pushed (a member was lost before "
+                   "pushing it); joining again to compute its share of the step over the new group\n", rank_);
       std::fflush(out_);
       continue;
     }

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/compression.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -296,13 +297,16 @@ void ParameterServer::OnMembershipChange() {
   }
   const absl::Time now = options_.clock->Now();
   uint64_t step = UINT64_MAX;
+  uint64_t restarted = UINT64_MAX;  // the step some partition started again, if any
   for (const auto& p : m->partitions) {
     CallsToFinish released;
     {
       absl::MutexLock lock(&p->mu);
       if (p->retired) continue;  // a rollback replaced the model since it was read
       const uint64_t before = p->version;
+      const uint64_t restarts = p->restarts;
       policy_->OnExcluded(*p, now, released);
+      if (p->restarts != restarts) restarted = p->version;
       if (p->version != before) {
         MaybeFreeze(*m, *p);
         restored_.store(false, std::memory_order_release);
@@ -312,6 +316,11 @@ void ParameterServer::OnMembershipChange() {
     CountAnswers(released, p->range.length);
   }
   if (step != UINT64_MAX) LogGroupsFrom(options_.mode == Mode::kSync ? step : 0);
+  if (restarted != UINT64_MAX) {
+    const GroupView group = membership_.GroupAt(restarted);
+    SUMMA_LOG(INFO) << "step " << restarted << " starts again over ranks " << absl::StrJoin(group.ranks, ", ")
+                    << ": a member that had not pushed it is out of the group";
+  }
 }
 
 void ParameterServer::FailParked(const absl::Status& status) {

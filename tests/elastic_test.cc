@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/status_reason.h"
 #include "gtest/gtest.h"
 #include "server/core/parameter_server.h"
 #include "tests/fake_call.h"
@@ -213,6 +214,48 @@ TEST_F(ElasticTest, ACheckpointKeepsTheGroupLogAndTheGrownRanks) {
   Step(restored, 2, {2});
   EXPECT_EQ(restored.version(), 3u);
   std::filesystem::remove_all(dir);
+}
+
+// A member that pushed and then left (or was lost) while another had not pushed: the one left
+// to push computes its share over the new group, so the step starts again, the lost member's
+// push dropped with the rest, or its examples would be summed twice.
+TEST_F(ElasticTest, AStepThatLosesAMemberThatHadPushedStartsAgainWithoutItsPush) {
+  ServerOptions o = Options();
+  o.on_worker_loss = OnWorkerLoss::kShrink;
+  ParameterServer ps(o);
+  for (int r : {0, 1, 2}) ASSERT_TRUE(Join(ps, r).ok());  // rank 2 from step 1
+  Step(ps, 0, {0, 1});
+  auto waiting = std::make_shared<FakeCall>();
+  ps.PushPull(Push(0, 1, 0, 1), waiting);
+  ASSERT_TRUE(ps.Push(Push(1, 1, 0, 1)).ok());
+  ASSERT_TRUE(ps.Leave(1, 0).ok());  // rank 2 has not pushed step 1
+  const absl::Status restarted = waiting->Wait();
+  EXPECT_TRUE(IsStaleView(restarted)) << restarted;
+  EXPECT_EQ(ps.Status().steps_restarted, 1u);
+  // Ranks 0 and 2 push their shares over {0, 2}: the step is theirs alone.
+  ASSERT_TRUE(ps.Push(Push(0, 1, 0, 1)).ok());
+  ASSERT_TRUE(ps.Push(Push(2, 1, 0, 1)).ok());
+  EXPECT_EQ(ps.Status().examples_applied, 2u + 2u);
+}
+
+// Every member lost: the step under way has no one. A worker that comes back takes that step
+// (not the one after, which would wait for a step no one can finish).
+TEST_F(ElasticTest, AJoinerOfAnEmptyGroupTakesTheStepUnderWay) {
+  ServerOptions o = Options();
+  o.on_worker_loss = OnWorkerLoss::kShrink;
+  ParameterServer ps(o);
+  ASSERT_TRUE(Join(ps, 0).ok());
+  ASSERT_TRUE(Join(ps, 1).ok());
+  Step(ps, 0, {0, 1});
+  clock_.Advance(absl::Seconds(2));
+  ps.Tick(clock_.Now());  // both leases lapse: dropped
+  EXPECT_EQ(ps.LiveRanks(), std::vector<int>{});
+  auto back = Join(ps, 0);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->next_step, 1u);
+  EXPECT_EQ(back->live_ranks, std::vector<int>{0});
+  Step(ps, 1, {0});
+  EXPECT_EQ(ps.version(), 2u);
 }
 
 TEST(ParseWorkersTest, TakesNOrMinColonMax) {

@@ -63,15 +63,18 @@ class FaultProcessTest(JobCases, unittest.TestCase):
             members = {m.get("rank", 0): m for m in status["members"]}
             self.assertEqual(members[1]["state"], "dropped", members)
             self.assertEqual(int(status["version"]), STEPS)
-            # Every step completed, and every example of every step was covered once, but for
-            # the dropped member's half of the one step that finished without it (rank 0 pushed
-            # its 32 before the lease lapsed). Which step that is depends on when the kill
-            # lands; so does the accuracy: LeNet at lr 0.5 is chaotic on its first-epoch plateau,
-            # and one step of half a batch sends some trajectories to a dead network (a sweep of
-            # the drop step over 95..140 ended between 0.097 and 0.763), so no accuracy is asserted.
-            covered = sum(int(m.get("examples", 0)) for m in members.values())
-            self.assertEqual(covered, 64 * STEPS - 32, members)
-            self.assertEqual(int(members[0]["pushes"]), STEPS)
+            # Every step completed, and every example of every step was summed once: the step
+            # under way when rank 1 was lost started again over rank 0 alone, which computed
+            # the whole batch of it (its pushes count that step twice: the dropped one and the
+            # one summed). Which step that is depends on when the kill lands; so does the
+            # accuracy: LeNet at lr 0.5 is chaotic on its first-epoch plateau (a sweep of the
+            # drop step over 95..140 ended between 0.097 and 0.763), so none is asserted.
+            self.assertEqual(int(status["examplesApplied"]), 64 * STEPS, members)
+            # (Rank 0 pushes the step under way long before the 1 s lease lapses, so it restarts
+            # one step; each restart is one push more.)
+            restarts = int(status.get("stepsRestarted", 0))
+            self.assertLessEqual(restarts, 1, status)
+            self.assertEqual(int(members[0]["pushes"]), STEPS + restarts)
 
     def test_server_killed_and_restarted_resumes_from_its_checkpoint(self):
         baseline_acc, baseline_weights = self.undisturbed()

@@ -155,20 +155,6 @@ absl::Status Trainer::Run() {
     result = JoinAndTrain(initial_weights_, attempt > 0);
     if (overlap_ != nullptr) overlap_->Abandon();  // a step in flight when it failed
     if (result.ok()) break;
-    if (IsStaleView(result) && rank_ >= 0) {
-      // A member that had not pushed the step left the group, and the step starts again under
-      // the group left: join again (the same rank and session's state), and compute this rank's
-      // new shard of the same batch.
-      if (options_.progress_bar) std::fprintf(out_, "\r\033[K");
-      std::fprintf(out_, "rank %d: the group changed under a step it had pushed (a member was lost before "
-                   "pushing it); joining again to compute its share of the step over the new group\n", rank_);
-      std::fflush(out_);
-      continue;
-    }
-    // The server went away (UNAVAILABLE) or came back without us (NOT_FOUND): rejoin, and resume
-    // at the version it has (a restored checkpoint's, or the one we were at).
-    if (!absl::IsUnavailable(result) && !absl::IsNotFound(result)) break;
-    if (rank_ < 0) break;  // never joined: Join already retried for --join_deadline
     const absl::Time now = absl::Now();
     const uint64_t done = steps_done_ + (overlap_ != nullptr ? overlap_->steps_finished() : 0);
     if (failing_since == absl::InfiniteFuture() || done != steps_at_failure) {
@@ -176,6 +162,20 @@ absl::Status Trainer::Run() {
       steps_at_failure = done;
       backoff = absl::Milliseconds(200);
     }
+    if (IsStaleView(result) && rank_ >= 0 && now - failing_since <= options_.retry_deadline) {
+      // A member left the group during a step this rank pushed, and the step starts again under
+      // the group left: join again (the same rank), and compute this rank's new share of the
+      // same batch. Bounded as a lost server is, by --retry_deadline without a step done.
+      if (options_.progress_bar) std::fprintf(out_, "\r\033[K");
+      std::fprintf(out_, "rank %d: the group changed under a step it had pushed (a member left during it); "
+                   "joining again to compute its share of the step over the new group\n", rank_);
+      std::fflush(out_);
+      continue;
+    }
+    // The server went away (UNAVAILABLE) or came back without us (NOT_FOUND): rejoin, and resume
+    // at the version it has (a restored checkpoint's, or the one we were at).
+    if (!absl::IsUnavailable(result) && !absl::IsNotFound(result)) break;
+    if (rank_ < 0) break;  // never joined: Join already retried for --join_deadline
     if (now - failing_since > options_.retry_deadline) {
       result = absl::Status(result.code(), absl::StrCat("gave up after ", absl::FormatDuration(now - failing_since),
                                                         " of retries: ", result.message()));

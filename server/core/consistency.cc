@@ -30,7 +30,7 @@ class SyncPolicy final : public ConsistencyPolicy {
                                                 r.partition, " is at step ", p.version));
     }
     if (p.barrier.has_arrived(r.rank)) return Duplicate(r);
-    if (const GroupView& group = StepGroup(p); !group.Contains(r.rank)) {
+    if (const GroupView& group = SyncGroup(p, out); !group.Contains(r.rank)) {
       return absl::FailedPreconditionError(absl::StrCat("rank ", r.rank, " is not in the group of step ", r.step,
                                                         " (view ", group.view, "): it takes part from a later step"));
     }
@@ -49,30 +49,24 @@ class SyncPolicy final : public ConsistencyPolicy {
 
   void OnExcluded(Partition& p, absl::Time now, CallsToFinish& out) const override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu) {
-    // A rank of the step's group that had not pushed is out: the shards the others computed
-    // split the batch over a group that no longer holds, and the lost rank's examples would go
-    // unseen. The step starts again under the new group (its sums dropped, its push-pulls told
-    // ABORTED, stale view), and every member computes its new shard of the same batch, so
-    // that each example of the step is summed once. A step that every excluded rank had
-    // pushed to (or that nobody had) completes with what it holds.
-    const std::vector<int> before = p.step_group.ranks;  // rare: an exclusion, not a step
-    const GroupView& group = StepGroup(p);
-    bool lost_missing = false;
-    for (int r : before) lost_missing |= !group.Contains(r) && !p.barrier.has_arrived(r);
-    if (lost_missing && p.barrier.arrived() > 0) {
-      Restart(p, group, out);
-      return;
-    }
+    SyncGroup(p, out);
     MaybeComplete(p, now, out);
   }
 
   void OnAdmitted(Partition& p, int rank, uint64_t from_step) const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu) {
-    p.next_step[rank] = from_step;
+    // A partition already past `from_step` (an empty group's joiner is admitted from the
+    // lowest version) takes the push of a step it finished as a duplicate: it only pulls.
+    p.next_step[rank] = std::max(from_step, p.version);
   }
 
-  void AnswerPushPull(Partition& p, uint64_t step, std::shared_ptr<ParkedCall> call,
+  void AnswerPushPull(Partition& p, int rank, uint64_t step, std::shared_ptr<ParkedCall> call,
                       absl::Time deadline, CallsToFinish& out) const override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu) {
+    if (p.version == step && !p.barrier.has_arrived(rank)) {
+      // Its push was dropped between Push and now: the step started again under a new group.
+      if (call->Claim()) out.Add(std::move(call), StepRestarted(p));
+      return;
+    }
     if (p.version >= step + 1) {
       if (!call->Claim()) return;
       call->Fill(p.version, p.Published());
@@ -113,7 +107,7 @@ class SyncPolicy final : public ConsistencyPolicy {
   void MaybeComplete(Partition& p, absl::Time now, CallsToFinish& out) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu) {
     if (p.barrier.arrived() == 0) return;  // nothing pushed: an exclusion completes nothing
-    for (int r : StepGroup(p).ranks) {
+    for (int r : SyncGroup(p, out).ranks) {
       if (!p.barrier.has_arrived(r)) return;
     }
     const bool skip = p.skip_step || p.aggregator.contributions() == 0;
@@ -123,11 +117,37 @@ class SyncPolicy final : public ConsistencyPolicy {
     p.aggregator.Reset();
     p.barrier.Reset();
     p.skip_step = false;
-    StepGroup(p);  // the next step's group: the same unless a rank was excluded or admitted
+    SyncGroup(p, out);  // the next step's group (nothing pushed to it yet: nothing restarts)
   }
 
-  // Drops the step's pushes and tells their push-pulls (and the pulls waiting for the step) to
-  // compute it again under `group`.
+  // The group of the step under way, read again when the membership moved. A step whose group
+  // lost a rank while it held pushes starts again under the group left: the shares the others
+  // computed split the batch over a group that no longer holds (a lost rank that had not pushed
+  // leaves its examples unseen; one that had leaves them summed while the others recompute
+  // theirs over the new group, some twice). Its sums are dropped, its push-pulls told ABORTED
+  // (stale view), and every member computes its new share of the same batch, so each example
+  // of the step is summed once. Checked wherever the group is read (a push stamped with the
+  // new view may reach this partition before the exclusion's notice does).
+  const GroupView& SyncGroup(Partition& p, CallsToFinish& out) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu) {
+    if (p.step_group_epoch == ctx_.members->group_epoch() && p.version < p.step_group_until) return p.step_group;
+    const std::vector<int> before = p.step_group.ranks;  // rare: the membership moved
+    const GroupView& group = StepGroup(p);
+    bool lost = false;
+    for (int r : before) lost |= !group.Contains(r);
+    if (lost && p.barrier.arrived() > 0) Restart(p, group, out);
+    return group;
+  }
+
+  static absl::Status StepRestarted(const Partition& p) ABSL_SHARED_LOCKS_REQUIRED(p.mu) {
+    return WithReason(absl::AbortedError(absl::StrCat(
+        "stale membership view: step ", p.version, " of partition ", p.range.id, " starts again under view ",
+        p.step_group.view, " (ranks ", absl::StrJoin(p.step_group.ranks, ", "), "): a member left the group "
+        "during it; compute this worker's share of the step over the new group and push again")),
+        StatusReason::kStaleView);
+  }
+
+  // Drops the step's pushes and fails their push-pulls (parked ones; AnswerPushPull fails one
+  // that comes after) so that they compute it again under `group`.
   void Restart(Partition& p, const GroupView& group, CallsToFinish& out) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu) {
     for (int r = 0; r < p.barrier.group_size(); ++r) {
       if (p.barrier.has_arrived(r)) p.next_step[r] = p.version;
@@ -136,11 +156,7 @@ class SyncPolicy final : public ConsistencyPolicy {
     p.barrier.Reset();
     p.skip_step = false;
     ++p.restarts;
-    p.parked.FailPushesUpTo(p.version + 1, WithReason(absl::AbortedError(absl::StrCat(
-        "stale membership view: step ", p.version, " of partition ", p.range.id, " starts again under view ",
-        group.view, " (ranks ", absl::StrJoin(group.ranks, ", "), "): a member that had not pushed it left "
-        "the group; compute this worker's shard of the step over the new group and push again")),
-        StatusReason::kStaleView), out);
+    p.parked.FailPushesUpTo(p.version + 1, StepRestarted(p), out);
   }
 };
 
@@ -185,10 +201,11 @@ class AsyncPolicy final : public ConsistencyPolicy {
     for (int r : StepGroup(p).ranks) {
       if (r != rank) slowest = std::min(slowest, p.next_step[r]);
     }
-    p.next_step[rank] = slowest == UINT64_MAX ? 0 : slowest;
+    // A rank that was out and comes back never goes back in the data.
+    p.next_step[rank] = std::max(p.next_step[rank], slowest == UINT64_MAX ? 0 : slowest);
   }
 
-  void AnswerPushPull(Partition& p, uint64_t step, std::shared_ptr<ParkedCall> call,
+  void AnswerPushPull(Partition& p, int, uint64_t step, std::shared_ptr<ParkedCall> call,
                       absl::Time deadline, CallsToFinish& out) const override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu) {
     // ssp: wait until the slowest member has pushed step `step - staleness`; async never waits.

@@ -76,7 +76,8 @@ class ConsistencyPolicy {
   // member is): the step it pushes next on `p`.
   virtual void OnAdmitted(Partition& p, int rank, uint64_t from_step) const = 0;
   // Answers `call` with the weights a push-pull of `step` waits for, or parks it until `deadline`.
-  virtual void AnswerPushPull(Partition& p, uint64_t step, std::shared_ptr<ParkedCall> call,
+  // `rank` pushed it (sync: a push a restart dropped since is told so).
+  virtual void AnswerPushPull(Partition& p, int rank, uint64_t step, std::shared_ptr<ParkedCall> call,
                               absl::Time deadline, CallsToFinish& out) const = 0;
   // OUT_OF_RANGE for a pull of a version no wait can bring; OK otherwise.
   virtual absl::Status CheckPull(const Partition& p, uint64_t min_version) const = 0;

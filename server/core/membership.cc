@@ -338,7 +338,9 @@ GroupView Membership::CheckpointGroup() const {
   g.view = view();
   for (int r = 0; r < world_size_; ++r) {
     const bool admitted = slots_[r].from_step.load(std::memory_order_acquire) != UINT64_MAX;
-    if (state(r) != MemberState::kDropped && admitted && !(elastic() && excluded(r))) g.ranks.push_back(r);
+    // As a fixed job's: the initial group's ranks that left are waited for after a restart (at a
+    // job's end every rank leaves); a grown rank that left is not.
+    if (state(r) != MemberState::kDropped && admitted && !(r >= initial_size_ && excluded(r))) g.ranks.push_back(r);
   }
   return g;
 }

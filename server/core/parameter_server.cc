@@ -42,6 +42,9 @@ ParameterServer::ParameterServer(ServerOptions options)
 }
 
 void ParameterServer::LogGroupsFrom(uint64_t step) {
+  // Read under the log's lock: of two changes logged at once, the later reads the later
+  // membership.
+  absl::MutexLock lock(&info_mu_);
   // The groups from `step` on as the membership has them now (admissions still to come too).
   std::vector<GroupChange> from_step;
   for (uint64_t next = step; next != UINT64_MAX;) {
@@ -50,7 +53,6 @@ void ParameterServer::LogGroupsFrom(uint64_t step) {
     from_step.push_back({next, std::move(group)});
     next = until;
   }
-  absl::MutexLock lock(&info_mu_);
   while (!group_log_.empty() && group_log_.back().from_step >= step) group_log_.pop_back();
   for (GroupChange& change : from_step) {
     // No step runs under an empty group (every member left at the job's end): nothing to log.
@@ -260,18 +262,22 @@ absl::StatusOr<JoinResult> ParameterServer::Join(const JoinRequestView& request)
 
 absl::StatusOr<Admitted> ParameterServer::Admit(const Model& m, const JoinRequestView& request)
     ABSL_NO_THREAD_SAFETY_ANALYSIS {  // every partition's lock, taken and released in id order
-  if (!membership_.elastic() || !membership_.WouldGrow(request.rank)) {
-    return membership_.Admit(request.rank, request.peer, request.status_address);
-  }
+  if (!membership_.elastic()) return membership_.Admit(request.rank, request.peer, request.status_address);
   // A joiner of a running sync job takes part from the first step no worker can have started
   // under the old group: workers learn a step's group from the replies of the step before, so
   // the step after the newest any partition is at. With every partition's lock held no step
-  // completes meanwhile, and (one shard) partitions differ by at most one step. Async and ssp
-  // have no common step: the joiner is in at once, at the slowest member's step.
+  // completes meanwhile, and (one shard) partitions differ by at most one step. A step with no
+  // member left runs under no one: the joiner takes it. Async and ssp have no common step: the
+  // joiner is in at once, at the slowest member's step. Every join of an elastic job takes the
+  // locks, so that whether it grows is decided with the step, under the membership's own lock.
   for (const auto& p : m.partitions) p->mu.Lock();
-  uint64_t newest = 0;
-  for (const auto& p : m.partitions) newest = std::max(newest, p->version);
-  const uint64_t from = options_.mode == Mode::kSync ? newest + 1 : 0;
+  uint64_t newest = 0, oldest = UINT64_MAX;
+  for (const auto& p : m.partitions) {
+    newest = std::max(newest, p->version);
+    oldest = std::min(oldest, p->version);
+  }
+  const bool empty = membership_.GroupAt(oldest).ranks.empty();
+  const uint64_t from = options_.mode != Mode::kSync ? 0 : empty ? oldest : newest + 1;
   absl::StatusOr<Admitted> admitted = membership_.Admit(request.rank, request.peer, request.status_address, from);
   if (admitted.ok() && admitted->grew) {
     for (const auto& p : m.partitions) policy_->OnAdmitted(*p, admitted->rank, admitted->from_step);
@@ -319,7 +325,7 @@ void ParameterServer::OnMembershipChange() {
   if (restarted != UINT64_MAX) {
     const GroupView group = membership_.GroupAt(restarted);
     SUMMA_LOG(INFO) << "step " << restarted << " starts again over ranks " << absl::StrJoin(group.ranks, ", ")
-                    << ": a member that had not pushed it is out of the group";
+                    << ": a member of its group left during it";
   }
 }
 

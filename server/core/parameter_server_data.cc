@@ -249,7 +249,7 @@ void ParameterServer::PushPull(const PushRequestView& request, std::shared_ptr<P
     if (absl::Status gone = Gone(p); !gone.ok()) {
       if (call->Claim()) refusal.Add(std::move(call), std::move(gone));
     } else {
-      policy_->AnswerPushPull(p, request.step, std::move(call),
+      policy_->AnswerPushPull(p, request.rank, request.step, std::move(call),
                               options_.clock->Now() + options_.barrier_deadline, answer);
     }
   }

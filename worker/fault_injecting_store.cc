@@ -22,10 +22,29 @@ void FaultInjectingStore::Exit(const std::string& why) {
   std::_Exit(137);
 }
 
+void FaultInjectingStore::BeforePush() {
+  if (plan_.delay_push > absl::ZeroDuration()) absl::SleepFor(plan_.delay_push);
+  if (!plan_.hold_push_until_fenced || held_) return;
+  held_ = true;
+  std::fprintf(out_, "rank %d: fault injection: holding the first push until a later process of this rank "
+               "fences this one\n", rank_);
+  std::fflush(out_);
+  const absl::Time give_up = absl::Now() + absl::Minutes(2);
+  absl::Status heard = inner_->Heartbeat(rank_);
+  // FAILED_PRECONDITION: this session is not the rank's (summa::server::Membership::CheckSession).
+  while (!absl::IsFailedPrecondition(heard) && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(20));
+    heard = inner_->Heartbeat(rank_);
+  }
+  std::fprintf(out_, "rank %d: fault injection: pushing now (%s)\n", rank_,
+               heard.ok() ? "not fenced after 2 minutes" : std::string(heard.message()).c_str());
+  std::fflush(out_);
+}
+
 absl::Status FaultInjectingStore::PushPull(uint64_t step, int64_t num_examples,
                                            const float* gradients, float* weights,
                                            std::vector<int>* live_ranks) {
-  if (plan_.delay_push > absl::ZeroDuration()) absl::SleepFor(plan_.delay_push);
+  BeforePush();
   const int64_t s = static_cast<int64_t>(step);
   if (s == plan_.repeat_push_pull_at) {
     SUMMA_RETURN_IF_ERROR(inner_->PushPull(step, num_examples, gradients, weights, live_ranks));

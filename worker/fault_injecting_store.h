@@ -11,8 +11,12 @@
 //    the process exits with status 137 before contributing: lost after the last push of an
 //    epoch;
 //  - delay_push: every push (PushPull or Push) waits this long first, so that this rank's pushes
-//    reach the server after the others': a test forces the order pushes arrive in.
-// A negative value (a zero delay) injects nothing.
+//    reach the server after the others': a test forces the order pushes arrive in;
+//  - hold_push_until_fenced: the first push waits (heartbeating, at most two minutes) until the
+//    server refuses this process's session, fenced by a later process started as its rank; it
+//    then goes, and is refused: two processes of one rank, the earlier one held at its first
+//    push, in an order a test sets.
+// A negative value (a zero delay, false) injects nothing.
 //
 // Compiled (and the flags defined, and the store wired in by RunWorker) only in a build with
 // -DSUMMA_FAULT_INJECTION=ON, the test suite's (scripts/build.sh): production binaries have none
@@ -38,9 +42,10 @@ struct FaultPlan {
   int64_t repeat_push_pull_at = -1;
   int64_t exit_before_round = -1;
   absl::Duration delay_push = absl::ZeroDuration();
+  bool hold_push_until_fenced = false;
   bool any() const {
     return exit_after_push >= 0 || repeat_push_pull_at >= 0 || exit_before_round >= 0 ||
-           delay_push > absl::ZeroDuration();
+           delay_push > absl::ZeroDuration() || hold_push_until_fenced;
   }
 };
 
@@ -58,7 +63,7 @@ class FaultInjectingStore final : public ParameterStore {
   absl::Status PushPull(uint64_t step, int64_t num_examples, const float* gradients, float* weights,
                         std::vector<int>* live_ranks) override;
   absl::StatusOr<bool> Push(uint64_t step, int64_t num_examples, const float* gradients) override {
-    if (plan_.delay_push > absl::ZeroDuration()) absl::SleepFor(plan_.delay_push);
+    BeforePush();
     return inner_->Push(step, num_examples, gradients);
   }
   absl::Status Heartbeat(int rank) const override { return inner_->Heartbeat(rank); }
@@ -70,10 +75,13 @@ class FaultInjectingStore final : public ParameterStore {
  private:
   ParameterStore* const inner_;  // Not owned.
   [[noreturn]] void Exit(const std::string& why);
+  // delay_push and hold_push_until_fenced.
+  void BeforePush();
 
   const FaultPlan plan_;
   std::FILE* const out_;  // Not owned.
   int rank_ = -1;         // from the last Join, for the message
+  bool held_ = false;     // hold_push_until_fenced has held its push
 };
 
 }  // namespace summa::worker

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "worker/trainer.h"
 
 namespace summa::worker {
 
@@ -63,7 +64,7 @@ absl::Status FaultInjectingStore::PushPull(uint64_t step, int64_t num_examples,
 
 absl::StatusOr<std::vector<float>> FaultInjectingStore::AllReduce(const Collective& group,
                                                                   const std::vector<float>& values) {
-  if (group.members && static_cast<int64_t>(group.round) == plan_.exit_before_round) {
+  if (group.name == kLossCollective && static_cast<int64_t>(group.round) == plan_.exit_before_round) {
     Exit(absl::StrCat("before round ", group.round, " of '", group.name, "'"));
   }
   return inner_->AllReduce(group, values);

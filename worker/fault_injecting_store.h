@@ -7,9 +7,9 @@
 //    on that path);
 //  - repeat_push_pull_at: at that step the PushPull is sent, its reply dropped, and sent again,
 //    as a client whose first reply was lost retries: the server must count it once;
-//  - exit_before_round: at the member collective of that round (the trainer's epoch-end loss),
-//    the process exits with status 137 before contributing: lost after the last push of an
-//    epoch;
+//  - exit_before_round: at that round of the trainer's epoch-end loss collective
+//    (kLossCollective), the process exits with status 137 before contributing: lost after the
+//    last push of an epoch;
 //  - delay_push: every push (PushPull or Push) waits this long first, so that this rank's pushes
 //    reach the server after the others': a test forces the order pushes arrive in;
 //  - hold_push_until_fenced: the first push waits (heartbeating, at most two minutes) until the

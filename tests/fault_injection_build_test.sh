@@ -11,7 +11,8 @@ worker=${1:?usage: fault_injection_build_test.sh SUMMA_WORKER ON|OFF}
 configured=${2:?usage: fault_injection_build_test.sh SUMMA_WORKER ON|OFF}
 help=$("$worker" --helpfull 2>&1 || true)  # --helpfull exits 1
 if [[ "$configured" == ON ]]; then
-  for flag in fault_exit_after_push fault_repeat_pushpull_at fault_exit_before_epoch_end fault_delay_push; do
+  for flag in fault_exit_after_push fault_repeat_pushpull_at fault_exit_before_epoch_end fault_delay_push \
+      fault_hold_push_until_fenced; do
     if ! grep -q -- "--$flag " <<<"$help"; then
       echo "FAIL: built with SUMMA_FAULT_INJECTION=ON, but $worker --helpfull lists no --$flag"
       exit 1

@@ -296,6 +296,38 @@ class FaultProcessTest(JobCases, unittest.TestCase):
 
         self.assertEqual(run(late_rank=0), run(late_rank=2))
 
+    def test_two_processes_started_as_one_rank_leave_the_later_one_to_finish_the_job(self):
+        # Issue 33 item 4: a pod replaced while the old one still runs. The earlier rank 0 joins,
+        # defines the model, and gathers the group's devices with rank 1 (both print their join
+        # line once that round is complete); it holds its first push until the later rank 0's
+        # join fences it (a test-only hook: the order of a race that went wrong 2 tries in 8).
+        # The later process joins at step 0 after that round, as a member that comes late to
+        # it; it must train at once, not wait on a round no one else will enter while rank 1
+        # waits for its push (the job sat at version 0 until the 10-minute barrier deadline).
+        _, baseline_weights = self.undisturbed()
+        with ProcessGroup() as g:
+            job = Job(g, 2)
+            earlier = job.start_worker(0, "--fault_hold_push_until_fenced")
+            job.start_worker(1)
+            g.wait_for_log(earlier, "joined at step 0")
+            g.wait_for_log(job.workers[1], "joined at step 0")
+            later = job.start_worker(0)
+            self.assertEqual(g.wait(earlier, 120), 1, g.log(earlier))
+            self.assertIn("FAILED_PRECONDITION", g.log(earlier))
+            self.assertIn("rank 0 is held by a newer process", g.log(earlier))
+            # Far inside the barrier deadline (10 minutes) that a stranded wait would end at.
+            g.wait_for_log(later, "rank 0 of 2 joined at step 0", 60)
+            outs = self.finish(g, job)
+            self.assertIs(job.workers[0], later)
+            # The later process has the group's devices: the round's sum, not "[cpu ...]".
+            self.assertRegex(outs[0], r"epoch 3/3: .* 2 workers on \[[^.\]]+, [^.\]]+\]")
+            status = job.status()
+            members = {m.get("rank", 0): m for m in status["members"]}
+            self.assertEqual(members[0]["joins"], 2, status)
+            self.assertEqual(int(status["version"]), STEPS)
+            # The earlier process pushed nothing that counted: the undisturbed run's weights.
+            self.assertEqual(job.weights(), baseline_weights)
+
     def test_no_process_left_behind(self):
         with ProcessGroup() as g:
             job = Job(g, 1)

@@ -31,6 +31,7 @@ class FakeStore final : public ParameterStore {
   std::map<int, absl::Status> push_pull_fails;  // by PushPull call, 0-based
   std::map<int, absl::Status> reduce_fails;     // by AllReduce call of "summa.train.loss"
   std::vector<std::string> log;
+  std::vector<std::string> device_gathers;  // the AllReduce calls of "summa.train.devices"
   int joins = 0;
 
   absl::StatusOr<JoinInfo> Join(int rank, int world, const std::vector<TensorSpec>& specs,
@@ -79,7 +80,11 @@ class FakeStore final : public ParameterStore {
   }
   absl::StatusOr<std::vector<float>> AllReduce(const Collective& group,
                                                const std::vector<float>& values) override {
-    if (group.name != "summa.train.loss") return values;  // the device list: nothing to check
+    if (group.name == kDevicesCollective) {
+      device_gathers.push_back(absl::StrCat("round ", group.round, " rank ", group.rank,
+                                            group.members ? " members" : " fixed"));
+      return values;  // the sum over a group of one
+    }
     std::string entry = absl::StrCat("loss round ", group.round, " rank ", group.rank,
                                      group.members ? " members" : " fixed");
     if (values[0] == 0 && values[1] == 0) absl::StrAppend(&entry, " {0, 0}");
@@ -198,6 +203,16 @@ TEST_F(TrainerTest, RejoinsWhenTheServerIsLostAndGoesOn) {
                                  "\n"));
   EXPECT_NE(Output().find("rank 0 of 1 rejoined at step 1"), std::string::npos) << Output();
   EXPECT_EQ(board_.Get().joins, 2);
+}
+
+TEST_F(TrainerTest, GathersTheDevicesOnceAsTheMembersCollectiveOfRoundZero) {
+  // A member collective: the server takes it only from the rank's session, and answers a
+  // process that comes after the round (a second process of the rank) with its sum. As a fixed
+  // group, such a process opened a round no one else entered (issue 33 item 4).
+  store_.push_pull_fails[1] = absl::UnavailableError("connection refused");
+  ASSERT_TRUE(Run().ok()) << Output();
+  EXPECT_EQ(absl::StrJoin(store_.device_gathers, "\n"), "round 0 rank 0 members");  // not again at the rejoin
+  EXPECT_NE(Output().find("1 worker on [cpu]\n"), std::string::npos) << Output();
 }
 
 TEST_F(TrainerTest, RejoinsWhenARestartedServerHasForgottenIt) {

@@ -86,7 +86,8 @@ Rows AsFlags(const WorkerOptions& o) {
                            {"fault_exit_before_epoch_end", Text(o.faults.exit_before_round)},
                            {"fault_delay_push", Text(o.faults.delay_push)},
                            {"fault_replay_groups", ReplayGroups(o.trainer.replay_groups)},
-                           {"fault_pause", Pauses(o.faults.pauses)}});
+                           {"fault_pause", Pauses(o.faults.pauses)},
+                           {"fault_hold_push_until_fenced", o.faults.hold_push_until_fenced ? "true" : "false"}});
 #endif
   return rows;
 }

@@ -7,15 +7,19 @@
 //    on that path);
 //  - repeat_push_pull_at: at that step the PushPull is sent, its reply dropped, and sent again,
 //    as a client whose first reply was lost retries: the server must count it once;
-//  - exit_before_round: at the member collective of that round (the trainer's epoch-end loss),
-//    the process exits with status 137 before contributing: lost after the last push of an
-//    epoch;
+//  - exit_before_round: at that round of the trainer's epoch-end loss collective
+//    (kLossCollective), the process exits with status 137 before contributing: lost after the
+//    last push of an epoch;
 //  - delay_push: every push (PushPull or Push) waits this long first, so that this rank's pushes
 //    reach the server after the others': a test forces the order pushes arrive in;
 //  - pauses: before the push of each step listed, the worker says so and waits until the file
 //    named exists (its lease kept by the heartbeat thread), so that a test makes something happen
 //    at a step boundary of its choosing (a joiner admitted, this process killed there).
-// A negative value (a zero delay) injects nothing.
+//  - hold_push_until_fenced: the first push waits (heartbeating, at most two minutes) until the
+//    server refuses this process's session, fenced by a later process started as its rank; it
+//    then goes, and is refused: two processes of one rank, the earlier one held at its first
+//    push, in an order a test sets.
+// A negative value (a zero delay, false) injects nothing.
 //
 // Compiled (and the flags defined, and the store wired in by RunWorker) only in a build with
 // -DSUMMA_FAULT_INJECTION=ON, the test suite's (scripts/build.sh): production binaries have none
@@ -43,9 +47,10 @@ struct FaultPlan {
   int64_t exit_before_round = -1;
   absl::Duration delay_push = absl::ZeroDuration();
   std::vector<std::pair<int64_t, std::string>> pauses;  // (step, file)
+  bool hold_push_until_fenced = false;
   bool any() const {
     return exit_after_push >= 0 || repeat_push_pull_at >= 0 || exit_before_round >= 0 ||
-           delay_push > absl::ZeroDuration() || !pauses.empty();
+           delay_push > absl::ZeroDuration() || !pauses.empty() || hold_push_until_fenced;
   }
 };
 
@@ -63,8 +68,7 @@ class FaultInjectingStore final : public ParameterStore {
   absl::Status PushPull(uint64_t step, int64_t num_examples, const float* gradients, float* weights,
                         std::vector<int>* live_ranks) override;
   absl::StatusOr<bool> Push(uint64_t step, int64_t num_examples, const float* gradients) override {
-    MaybePause(step);
-    if (plan_.delay_push > absl::ZeroDuration()) absl::SleepFor(plan_.delay_push);
+    BeforePush(step);
     return inner_->Push(step, num_examples, gradients);
   }
   absl::Status Heartbeat(int rank) const override { return inner_->Heartbeat(rank); }
@@ -76,12 +80,14 @@ class FaultInjectingStore final : public ParameterStore {
  private:
   ParameterStore* const inner_;  // Not owned.
   [[noreturn]] void Exit(const std::string& why);
-  // Waits before the push of `step` until its pause's file exists, when the plan has one.
-  void MaybePause(uint64_t step);
+  // Before each push: the pause of `step` (until its file exists), delay_push, and
+  // hold_push_until_fenced.
+  void BeforePush(uint64_t step);
 
   const FaultPlan plan_;
   std::FILE* const out_;  // Not owned.
   int rank_ = -1;         // from the last Join, for the message
+  bool held_ = false;     // hold_push_until_fenced has held its push
 };
 
 }  // namespace summa::worker

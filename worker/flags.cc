@@ -155,6 +155,10 @@ ABSL_FLAG(int64_t, fault_exit_before_epoch_end, FaultPlan().exit_before_round,
 ABSL_FLAG(absl::Duration, fault_delay_push, FaultPlan().delay_push,
           "fault injection for tests: wait this long before every push, so that this worker's "
           "pushes reach the server after the others' (a test forcing the arrival order); 0: never");
+ABSL_FLAG(bool, fault_hold_push_until_fenced, FaultPlan().hold_push_until_fenced,
+          "fault injection for tests: hold the first push (at most 2 minutes) until a later process "
+          "started as this rank has fenced this one, then push (and be refused): two processes of "
+          "one rank in a set order");
 #endif  // SUMMA_FAULT_INJECTION
 
 namespace summa::worker {
@@ -188,7 +192,8 @@ absl::StatusOr<SyntheticOptions> SyntheticOptionsFromFlags() {
                                "retry_deadline", "trace_file", "example_log", "after_training",
                                // Test builds only; Changed is false for a flag not defined.
                                "fault_exit_after_push", "fault_repeat_pushpull_at",
-                               "fault_exit_before_epoch_end", "fault_delay_push", "fault_replay_groups", "fault_pause"}) {
+                               "fault_exit_before_epoch_end", "fault_delay_push", "fault_replay_groups", "fault_pause",
+                               "fault_hold_push_until_fenced"}) {
     if (Changed(training)) {
       return absl::InvalidArgumentError(
           absl::StrCat("--", training, " does not apply to --synthetic (it trains no model; see --help)"));
@@ -275,6 +280,7 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags() {
   o.faults.repeat_push_pull_at = absl::GetFlag(FLAGS_fault_repeat_pushpull_at);
   o.faults.exit_before_round = absl::GetFlag(FLAGS_fault_exit_before_epoch_end);
   o.faults.delay_push = absl::GetFlag(FLAGS_fault_delay_push);
+  o.faults.hold_push_until_fenced = absl::GetFlag(FLAGS_fault_hold_push_until_fenced);
   if (o.faults.delay_push < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--fault_delay_push must not be negative");
   }

@@ -11,18 +11,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/status_reason.h"
 #include "worker/models/pipeline.h"
 #include "worker/sharding.h"
 
 namespace summa::worker {
-namespace {
-
-// The member collective that sums each epoch's training loss; its round is the 0-based epoch.
-constexpr char kLossCollective[] = "summa.train.loss";
-
-}  // namespace
 
 Trainer::Trainer(TrainerOptions options, const Dataset* train, const Dataset* test,
                  std::vector<Backend*> backends, ParameterStore* store, StatusBoard* board,
@@ -92,18 +87,32 @@ absl::StatusOr<std::vector<std::string>> Trainer::DeviceNames() {
   if (mine != "cpu" && !(absl::StartsWith(mine, "cuda:") && absl::SimpleAtoi(mine.substr(5), &gpu))) {
     return absl::InvalidArgumentError(absl::StrCat("device name '", mine, "' is neither cpu nor cuda:N"));
   }
-  slots[2 * rank_] = mine == "cpu" ? 1.0f : 2.0f + gpu;
-  slots[2 * rank_ + 1] = static_cast<float>(backends_.size());
+  // An elastic job's grower (a rank at or above --world_size) has no slot: it contributes zeros,
+  // so that a round its membership makes wait for it completes, and its device goes unnamed.
+  if (rank_ < options_.world_size) {
+    slots[2 * rank_] = mine == "cpu" ? 1.0f : 2.0f + gpu;
+    slots[2 * rank_ + 1] = static_cast<float>(backends_.size());
+  }
+  // A member collective, round 0: the server takes it only from the rank's current session, and a
+  // process that joins after the round completed (a second process of a rank, which fenced the
+  // first after that one had contributed) is answered with the round's sum. As a fixed group it
+  // opened a round of its own, which no one else would enter, and waited there for the barrier
+  // deadline while the others waited for its first push (issue 33 item 4).
   Collective group;
-  group.name = "summa.train.devices";
+  group.name = kDevicesCollective;
   group.group_size = options_.world_size;
   group.rank = rank_;
+  group.members = true;
+  group.round = 0;
   SUMMA_ASSIGN_OR_RETURN(std::vector<float> all, store_->AllReduce(group, slots));
   std::vector<std::string> names;
   for (int r = 0; r < options_.world_size; ++r) {
     const float code = all[2 * r];
     const int count = static_cast<int>(all[2 * r + 1]);
-    std::string name = code == 1.0f ? "cpu" : absl::StrCat("cuda:", static_cast<int>(code) - 2);
+    // 0: a rank out of the group before it contributed (dropped under shrink).
+    std::string name = code == 0.0f   ? "?"
+                       : code == 1.0f ? "cpu"
+                                      : absl::StrCat("cuda:", static_cast<int>(code) - 2);
     if (count > 1) absl::StrAppend(&name, " x", count);
     names.push_back(name);
   }
@@ -271,9 +280,17 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
       return caught_up;
     }
   }
-  if (device_names_.empty() && step == 0 && !rejoining) {
+  if (device_names_.empty() && !rejoining) {
+    // Every process's first join, at step 0 or later: a member collective's round waits for every
+    // member, a joiner of a running job included (it gets the round's sum when the round just
+    // completed; one long past refuses it, FAILED_PRECONDITION, and the names stay unknown).
     absl::StatusOr<std::vector<std::string>> names = DeviceNames();
-    if (names.ok()) device_names_ = *std::move(names);  // else the epoch line says "[cpu ...]"
+    if (names.ok()) {
+      device_names_ = *std::move(names);
+    } else if (!absl::IsFailedPrecondition(names.status())) {
+      // The epoch line says "[cpu ...]"; a lost server or an ended job shows at the next call.
+      SUMMA_LOG(WARNING) << "the group's devices are not known: " << names.status();
+    }
   }
   std::fprintf(out_, "rank %d of %d %s at step %llu (model %s, %s%s)\n", rank_, options_.world_size,
                rejoining ? "rejoined" : "joined", static_cast<unsigned long long>(step),

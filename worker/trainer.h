@@ -28,6 +28,12 @@
 
 namespace summa::worker {
 
+// The trainer's member collectives (client/parameter_store.h's Collective): each epoch's
+// training loss summed, its round the 0-based epoch; and every rank's device, gathered once, at
+// the first join (round 0).
+inline constexpr char kLossCollective[] = "summa.train.loss";
+inline constexpr char kDevicesCollective[] = "summa.train.devices";
+
 struct TrainerOptions {
   int rank = -1;  // -1: the server assigns one
   int world_size = 1;

@@ -53,6 +53,19 @@ class ProcessGroup:
             time.sleep(0.05)
         raise AssertionError(f"{proc.name} did not write {path} within {seconds} s")
 
+    def wait_for_log(self, proc, text, seconds=60):
+        """The log of `proc` once it holds `text`; fails when `proc` exits first or `seconds` pass."""
+        deadline = time.monotonic() + seconds
+        while True:
+            log = self.log(proc)
+            if text in log:
+                return log
+            if proc.poll() is not None:
+                raise AssertionError(f"{proc.name} exited with {proc.returncode} before it wrote {text!r}:\n{log}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{proc.name} did not write {text!r} within {seconds} s:\n{log}")
+            time.sleep(0.05)
+
     def start_server(self, server_bin, *flags, name="server"):
         port_file = os.path.join(self.dir, f"{name}.port")
         proc = self.start(name, [server_bin, "--address=127.0.0.1:0",

@@ -10,12 +10,11 @@ import os
 import re
 import signal
 import sys
-import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "tools"))
 from fault_job import Job, JobCases, configure  # noqa: E402
-from procs import ProcessGroup  # noqa: E402
+from procs import ProcessGroup, wait_until  # noqa: E402
 
 # Two epochs of 3840 examples in batches of 64: 60 steps an epoch.
 EXAMPLES, BATCH, EPOCHS = 3840, 64, 2
@@ -55,20 +54,6 @@ def example_lines(path):
 
 
 class ElasticProcessTest(JobCases, unittest.TestCase):
-    def wait_for(self, what, pred, seconds=120):
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            value = pred()
-            if value:
-                return value
-            time.sleep(0.05)
-        raise AssertionError(f"{what} not seen in {seconds} s")
-
-    def wait_for_line(self, g, proc, text, seconds=120):
-        self.wait_for(f"'{text}' in {proc.name}'s log", lambda: text in g.log(proc) or proc.poll() is not None,
-                      seconds)
-        self.assertIn(text, g.log(proc))
-
     def test_a_worker_joins_and_one_is_killed_and_every_example_is_seen_once(self):
         with ProcessGroup() as g:
             job = Job(g, 2, ["--workers=2:3", "--on_worker_loss=shrink", "--deterministic"])
@@ -85,7 +70,7 @@ class ElasticProcessTest(JobCases, unittest.TestCase):
             start(0, 0, f"--fault_pause=20:{go}")
             start(1, 1, f"--fault_pause=20:{go},40:{never}")
             for key in (0, 1):
-                self.wait_for_line(g, job.workers[key], "pausing before the push of step 20")
+                g.wait_for_log(job.workers[key], "pausing before the push of step 20", 120)
             start(-1, "joiner")
 
             def admitted():
@@ -94,16 +79,16 @@ class ElasticProcessTest(JobCases, unittest.TestCase):
 
             # Step 20 may be under way over {0, 1} (nobody pushed it, but both may have computed
             # it): the joiner is in from step 21.
-            self.assertEqual(self.wait_for("the joiner's admission", admitted), 21)
+            self.assertEqual(wait_until("the joiner's admission", admitted), 21)
             open(go, "w").close()
-            self.wait_for_line(g, job.workers[1], "pausing before the push of step 40")
+            g.wait_for_log(job.workers[1], "pausing before the push of step 40", 120)
 
             def pushed_step_40():  # one partition: a member's pushes are its steps
                 members = {int(m.get("rank", 0)): m for m in job.status()["members"]}
                 return int(members[0].get("pushes", 0)) >= 41 and int(members[2].get("pushes", 0)) >= 40 - 21 + 1
 
             # Ranks 0 and 2 have pushed step 40 when rank 1 is lost: the step starts again.
-            self.wait_for("ranks 0 and 2's pushes of step 40", pushed_step_40)
+            wait_until("ranks 0 and 2's pushes of step 40", pushed_step_40)
             job.workers[1].send_signal(signal.SIGKILL)
             job.workers[1].wait()
             for key in (0, "joiner"):
@@ -157,9 +142,9 @@ class ElasticProcessTest(JobCases, unittest.TestCase):
                 for r in range(2):
                     job.start_worker(r, *SMALL, f"--fault_pause=20:{go}")
                 for r in range(2):
-                    self.wait_for_line(g, job.workers[r], "pausing before the push of step 20")
+                    g.wait_for_log(job.workers[r], "pausing before the push of step 20", 120)
                 job.start_worker(-1, *SMALL)
-                self.wait_for("the joiner", lambda: len(job.status()["members"]) == 3)
+                wait_until("the joiner", lambda: len(job.status()["members"]) == 3)
                 open(go, "w").close()
                 outs = self.finish(g, job)
                 # Where the slowest member was: both stopped before their step 20.

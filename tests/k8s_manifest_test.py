@@ -13,14 +13,13 @@ import os
 import re
 import signal
 import sys
-import time
 import tempfile
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "tools"))
 from k8s_pods import expand, flag, health_check, make_secrets, pod_volumes, render, to_host  # noqa: E402
 from grpc_reflect import Reflector  # noqa: E402
-from procs import ProcessGroup  # noqa: E402
+from procs import ProcessGroup, wait_until  # noqa: E402
 
 ARGS = None
 
@@ -203,10 +202,7 @@ class K8sManifestTest(unittest.TestCase):
                                                                 *test_args], env=pod_env)
 
             def wait_for_log(index, text):
-                deadline = time.monotonic() + 120
-                while text not in g.log(pods[index]) and pods[index].poll() is None and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                self.assertIn(text, g.log(pods[index]))
+                g.wait_for_log(pods[index], text, 120)
 
             def status():  # GetStatus needs no token (no --status_needs_token)
                 return Reflector(f"127.0.0.1:{port}", timeout=5).call("summa.v1.ParameterServer/GetStatus")
@@ -217,9 +213,7 @@ class K8sManifestTest(unittest.TestCase):
             for index in pods:
                 wait_for_log(index, "pausing before the push of step 20")
             start_pod(2, f"--fault_pause=40:{go_on}")  # kubectl scale --replicas=3
-            deadline = time.monotonic() + 120
-            while len(status().get("members", [])) < 3 and time.monotonic() < deadline:
-                time.sleep(0.05)
+            wait_until("the third pod's join", lambda: len(status().get("members", [])) == 3, 120)
             open(go, "w").close()
             wait_for_log(2, "pausing before the push of step 40")
             pods[2].send_signal(signal.SIGTERM)  # kubectl scale --replicas=2: pod 2 is stopped

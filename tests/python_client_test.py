@@ -19,7 +19,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "tools"))
-from procs import ProcessGroup  # noqa: E402
+from procs import ProcessGroup, wait_until  # noqa: E402
 
 ARGS = None
 # LeNet, 1024 examples in global batches of 64: 16 steps an epoch.
@@ -33,16 +33,6 @@ def child_env(rank=None, **extra):
     env.update(extra)
     return env
 
-
-def wait_until(what, predicate, seconds=60):
-    """Polls `predicate` until it returns a true value, for at most `seconds`."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {seconds} s waiting for {what}")
 
 
 class PythonClientTest(unittest.TestCase):

@@ -91,6 +91,17 @@ class ProcessGroup:
                 p.wait()
 
 
+def wait_until(what, predicate, seconds=60):
+    """Polls `predicate` until it returns a true value (returned), for at most `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {seconds} s waiting for {what}")
+
+
 def alive(pid):
     try:
         os.kill(pid, 0)

@@ -49,6 +49,9 @@ struct Collective {
   // sum; an older round is FAILED_PRECONDITION; ABORTED when the job ends.
   bool members = false;
   uint64_t round = 0;
+  // How long the call may wait, at most (and at most the client's call deadline): a collective
+  // that is only nice to have gives up early.
+  absl::Duration timeout = absl::InfiniteDuration();
 };
 
 class ParameterClient;

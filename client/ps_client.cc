@@ -148,7 +148,8 @@ absl::Status ParameterClient::ForEach(size_t n, absl::FunctionRef<CallSpec(size_
   auto launch = [&](size_t i) {
     const CallSpec spec = start(i);
     if (tracer_ != nullptr) call_begun_[i] = absl::Now();
-    transport_->Start(i, spec.shard, spec.method, spec.request, spec.reply, absl::Now() + call_deadline_);
+    transport_->Start(i, spec.shard, spec.method, spec.request, spec.reply,
+                      absl::Now() + std::min(call_deadline_, spec.timeout));
   };
   for (size_t i = 0; i < n; ++i) launch(i);
   absl::Status first_error;

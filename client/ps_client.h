@@ -171,6 +171,7 @@ class ParameterClient final : public ParameterStore {
     const grpc::ByteBuffer* request;
     grpc::ByteBuffer* reply;
     int shard = 0;
+    absl::Duration timeout = absl::InfiniteDuration();  // less than the call deadline, if so
   };
   // A member call of the stub that names only a rank and its session (Heartbeat, Leave).
   template <typename Request, typename Response>

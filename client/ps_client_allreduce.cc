@@ -70,7 +70,7 @@ absl::Status ParameterClient::AllReduceInto(const Collective& group, absl::Span<
         requests[k] = EncodeWithNestedBytes(outer, pb::AllReduceRequest::kTensorFieldNumber, tensor,
                                             pb::Tensor::kDataFieldNumber,
                                             BorrowedSlice(values.data() + begin, count * sizeof(float)));
-        return {DataMethod::kAllReduce, &requests[k], &replies[k], plan.Shard(static_cast<int64_t>(k))};
+        return {DataMethod::kAllReduce, &requests[k], &replies[k], plan.Shard(static_cast<int64_t>(k)), group.timeout};
       },
       [&](size_t k) { return absl::StrCat("AllReduce '", name(k), "'"); }, "allreduce"));
   for (size_t k = 0; k < chunks; ++k) {

@@ -104,6 +104,9 @@ absl::StatusOr<std::vector<std::string>> Trainer::DeviceNames() {
   group.rank = rank_;
   group.members = true;
   group.round = 0;
+  // Names for the epoch lines only: not worth a wait. A process whose first join comes after a
+  // server restart (which keeps no collectives) would open round 0 alone and wait there.
+  group.timeout = absl::Seconds(5);
   SUMMA_ASSIGN_OR_RETURN(std::vector<float> all, store_->AllReduce(group, slots));
   std::vector<std::string> names;
   for (int r = 0; r < options_.world_size; ++r) {
@@ -287,7 +290,7 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
     absl::StatusOr<std::vector<std::string>> names = DeviceNames();
     if (names.ok()) {
       device_names_ = *std::move(names);
-    } else if (!absl::IsFailedPrecondition(names.status())) {
+    } else if (!absl::IsFailedPrecondition(names.status()) && !absl::IsDeadlineExceeded(names.status())) {
       // The epoch line says "[cpu ...]"; a lost server or an ended job shows at the next call.
       SUMMA_LOG(WARNING) << "the group's devices are not known: " << names.status();
     }

@@ -344,12 +344,17 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
         for (const auto& [from, n] : options_.replay_groups) {
           if (from <= step) devices = n;
         }
-        SUMMA_RETURN_IF_ERROR(ComputeGradients(shard.begin, static_cast<int>(shard.size()), devices));
+        const std::vector<int>* summed = nullptr;
+        for (const auto& [from, ds] : options_.replay_summed) {
+          if (from <= step) summed = &ds;
+        }
+        SUMMA_ASSIGN_OR_RETURN(const int64_t pushed,
+                               ComputeGradients(shard.begin, static_cast<int>(shard.size()), devices, summed));
         SUMMA_RETURN_IF_ERROR(models_[0]->GetGradients(gradients_->data()));
         compute.reset();
         {
           TraceSpan exchange(tracer, "exchange", "worker");
-          SUMMA_ASSIGN_OR_RETURN(next, store_->PushPull(step, shard.size(), gradients_->data(), weights_->data(), &live_));
+          SUMMA_ASSIGN_OR_RETURN(next, store_->PushPull(step, pushed, gradients_->data(), weights_->data(), &live_));
         }
         TraceSpan load(tracer, "load", "worker");
         SUMMA_RETURN_IF_ERROR(LoadWeights());

@@ -28,6 +28,9 @@ struct JoinInfo {
   uint64_t next_step = 0;  // where this rank resumes
   summa::v1::Mode mode = summa::v1::MODE_SYNC;
   int staleness = 0;
+  // Sync mode: the job's backup workers (summa-server --backup_workers): a push may come late,
+  // and PushPull then moves on past the steps this rank missed.
+  int backup_workers = 0;
   absl::Duration lease = absl::Seconds(10);
   std::vector<PartitionRange> partitions;
   std::vector<int> live_ranks;
@@ -65,14 +68,17 @@ class ParameterStore {
   virtual absl::StatusOr<JoinInfo> Join(int rank, int world, const std::vector<TensorSpec>& specs,
                                         const float* initial, const std::string& status_address) = 0;
 
-  // Fills `weights` (flat) with every partition at version >= min_version; returns the version.
+  // Fills `weights` (flat) with every partition at version >= min_version; returns the version
+  // (the lowest). In a sync job with backup workers every partition at one version, returned.
   virtual absl::StatusOr<uint64_t> PullAll(uint64_t min_version, float* weights) = 0;
 
   // Pushes the flat `gradients` of `num_examples` examples for `step` and fills `weights` with
   // the next weights (version step + 1 in sync mode, the newest otherwise) and `live_ranks`
-  // with the group for the next step.
-  virtual absl::Status PushPull(uint64_t step, int64_t num_examples, const float* gradients,
-                                float* weights, std::vector<int>* live_ranks) = 0;
+  // with the group for the next step. Returns the step to push next: step + 1, or in a sync job
+  // with backup workers, where this push came late and the others went on, a later one, whose
+  // weights (every partition at that version) `weights` then holds.
+  virtual absl::StatusOr<uint64_t> PushPull(uint64_t step, int64_t num_examples, const float* gradients,
+                                            float* weights, std::vector<int>* live_ranks) = 0;
 
   // Pushes without pulling (the push replies at once). Returns whether the push completed the
   // step.

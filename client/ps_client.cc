@@ -230,13 +230,20 @@ absl::Status ParameterClient::DecodePull(size_t i, float* weights) {
   return absl::OkStatus();
 }
 
-absl::Status ParameterClient::DecodePushPull(size_t i, uint64_t step, float* weights) {
+absl::Status ParameterClient::DecodePushPull(size_t i, uint64_t step, float* weights, bool may_skip) {
   SUMMA_RETURN_IF_ERROR(DecodePull(i, weights));
-  if (mode_ == pb::MODE_SYNC && pull_headers_[i].version() != step + 1) {
-    return absl::InternalError(absl::StrCat("asked for version ", step + 1, " of partition ", partitions_[i].id,
-                                            ", got ", pull_headers_[i].version()));
+  const uint64_t version = pull_headers_[i].version();
+  if (mode_ != pb::MODE_SYNC || version == step + 1) return absl::OkStatus();
+  if (pull_headers_[i].late() && version > step + 1) {
+    if (may_skip) return absl::OkStatus();
+    return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                          "the push of step ", step, " to partition ", partitions_[i].id,
+                          " came after its step completed (summa-server --backup_workers) and was dropped; the "
+                          "partition is at version ", version, ", and this exchange cannot skip steps: join again")),
+                      StatusReason::kLatePush);
   }
-  return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("asked for version ", step + 1, " of partition ", partitions_[i].id,
+                                          ", got ", version));
 }
 
 absl::StatusOr<uint64_t> ParameterClient::PullAll(uint64_t min_version, float* weights) {
@@ -251,7 +258,37 @@ absl::StatusOr<uint64_t> ParameterClient::PullAll(uint64_t min_version, float* w
     SUMMA_RETURN_IF_ERROR(DecodePull(i, weights));
     version = std::min(version, pull_headers_[i].version());
   }
+  // With backup workers the others do not wait for this rank: its partitions may be a step apart.
+  if (backup_workers_ > 0) return PullToOneVersion(weights);
   return version;
+}
+
+absl::StatusOr<uint64_t> ParameterClient::PullToOneVersion(float* weights) {
+  // A worker pushes a step only once every partition is at it, so the partitions are never more
+  // than a step apart; but they may move on while the behind ones are pulled, a step at a time.
+  constexpr int kRounds = 16;
+  std::vector<size_t> behind;
+  for (int round = 0; round < kRounds; ++round) {
+    uint64_t newest = 0;
+    for (size_t i = 0; i < partitions_.size(); ++i) newest = std::max(newest, pull_headers_[i].version());
+    behind.clear();
+    for (size_t i = 0; i < partitions_.size(); ++i) {
+      if (pull_headers_[i].version() < newest) behind.push_back(i);
+    }
+    if (behind.empty()) return newest;
+    SUMMA_RETURN_IF_ERROR(ForEach(
+        behind.size(),
+        [&](size_t k) -> CallSpec {
+          const size_t i = behind[k];
+          pull_requests_[i].set_min_version(newest);
+          requests_[i] = Encode(pull_requests_[i]);
+          return {DataMethod::kPull, &requests_[i], &replies_[i], shard_of_[i]};
+        },
+        [&](size_t k) { return partition_names_[behind[k]]; }, "pull"));
+    for (size_t i : behind) SUMMA_RETURN_IF_ERROR(DecodePull(i, weights));
+  }
+  return absl::UnavailableError(absl::StrCat("the partitions kept moving on while this worker pulled them to one "
+                                             "version (", kRounds, " rounds): joining again"));
 }
 
 void ParameterClient::EncodePush(size_t i, uint64_t step, int64_t num_examples, const float* gradients) {
@@ -304,16 +341,25 @@ bool ParameterClient::RetryRefusedPush(size_t i, uint64_t step, int* refreshes, 
   return true;
 }
 
-absl::Status ParameterClient::PushPull(uint64_t step, int64_t num_examples, const float* gradients,
-                                       float* weights, std::vector<int>* live_ranks) {
+absl::StatusOr<uint64_t> ParameterClient::PushPull(uint64_t step, int64_t num_examples, const float* gradients,
+                                                   float* weights, std::vector<int>* live_ranks) {
   if (rank_ < 0) return absl::FailedPreconditionError("PushPull before Join");
   encoder_.Encode(step, num_examples, gradients);
   SUMMA_RETURN_IF_ERROR(SendPushes(DataMethod::kPushPull, "pushpull", step, num_examples, gradients));
-  for (size_t i = 0; i < partitions_.size(); ++i) SUMMA_RETURN_IF_ERROR(DecodePushPull(i, step, weights));
+  bool skipped = false;
+  for (size_t i = 0; i < partitions_.size(); ++i) {
+    SUMMA_RETURN_IF_ERROR(DecodePushPull(i, step, weights, /*may_skip=*/true));
+    skipped = skipped || (mode_ == pb::MODE_SYNC && pull_headers_[i].version() != step + 1);
+  }
+  uint64_t next = step + 1;
+  // Late (backup workers), and the others went on: every partition to the newest one's version.
+  if (skipped) {
+    SUMMA_ASSIGN_OR_RETURN(next, PullToOneVersion(weights));
+  }
   if (live_ranks != nullptr && !pull_headers_.empty()) {
     live_ranks->assign(pull_headers_[0].live_ranks().begin(), pull_headers_[0].live_ranks().end());
   }
-  return absl::OkStatus();
+  return next;
 }
 
 absl::StatusOr<bool> ParameterClient::Push(uint64_t step, int64_t num_examples,

@@ -67,8 +67,8 @@ class ParameterClient final : public ParameterStore {
   absl::StatusOr<JoinInfo> Join(int rank, int world, const std::vector<TensorSpec>& specs,
                                 const float* initial, const std::string& status_address) override;
   absl::StatusOr<uint64_t> PullAll(uint64_t min_version, float* weights) override;
-  absl::Status PushPull(uint64_t step, int64_t num_examples, const float* gradients, float* weights,
-                        std::vector<int>* live_ranks) override;
+  absl::StatusOr<uint64_t> PushPull(uint64_t step, int64_t num_examples, const float* gradients, float* weights,
+                                    std::vector<int>* live_ranks) override;
   absl::StatusOr<bool> Push(uint64_t step, int64_t num_examples, const float* gradients) override;
   absl::Status Heartbeat(int rank) const override;
   absl::Status Leave(int rank) override;
@@ -225,8 +225,15 @@ class ParameterClient final : public ParameterStore {
   absl::Status DecodePull(size_t i, float* weights);
   // Starts the staged step's push-pull of partition i (encoded, stamped with its shard's view).
   void LaunchStaged(size_t i);
-  // DecodePull of a push-pull of `step`: in sync mode the reply must be version step + 1.
-  absl::Status DecodePushPull(size_t i, uint64_t step, float* weights);
+  // DecodePull of a push-pull of `step`: in sync mode the reply must be version step + 1, or,
+  // where `may_skip` and the server marked the push late (PullResponse.late: backup workers), a
+  // later version; a late reply the caller cannot skip from is FAILED_PRECONDITION (reason
+  // kLatePush).
+  absl::Status DecodePushPull(size_t i, uint64_t step, float* weights, bool may_skip = false);
+  // Pulls the partitions whose pull_headers_ version is below the highest until every one is at
+  // the same version (they are a step apart at most, but may move on meanwhile); that version.
+  // UNAVAILABLE when they keep moving.
+  absl::StatusOr<uint64_t> PullToOneVersion(float* weights);
   // Sets up the wire format the server asked for at a Join that resumes this rank at
   // `next_step` (see PushEncoder::Rejoined for top-k's residuals).
   void SetWireFormat(WireDType dtype, Compression compression, uint64_t next_step);
@@ -245,6 +252,7 @@ class ParameterClient final : public ParameterStore {
   std::vector<absl::Time> call_begun_;  // ForEach's calls, when traced
   int rank_ = -1;
   summa::v1::Mode mode_ = summa::v1::MODE_SYNC;
+  int backup_workers_ = 0;  // JoinInfo::backup_workers
   std::vector<PartitionRange> partitions_;  // every shard's, in offset order
   std::vector<int> shard_of_;               // per partition: the shard that holds it
   // One request, reply and header per partition, reused across steps.

@@ -156,6 +156,7 @@ absl::StatusOr<JoinInfo> ParameterClient::Join(int rank, int world,
   info.next_step = response.next_step();
   info.mode = response.mode();
   info.staleness = response.staleness();
+  info.backup_workers = response.backup_workers();
   if (response.lease_seconds() > 0) info.lease = absl::Seconds(response.lease_seconds());
   info.live_ranks.assign(response.live_ranks().begin(), response.live_ranks().end());
   // Every shard's partitions, in offset order, must tile the model.
@@ -197,6 +198,7 @@ absl::StatusOr<JoinInfo> ParameterClient::Join(int rank, int world,
   info.compression = compression;
   rank_ = info.rank;
   mode_ = info.mode;
+  backup_workers_ = info.mode == pb::MODE_SYNC ? info.backup_workers : 0;
   partitions_ = info.partitions;
   push_headers_.assign(partitions_.size(), pb::PushRequest());
   pull_requests_.assign(partitions_.size(), pb::PullRequest());

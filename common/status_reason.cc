@@ -19,12 +19,14 @@ absl::string_view StatusReasonName(StatusReason reason) {
       return "STALE_VIEW";
     case StatusReason::kJoinRate:
       return "JOIN_RATE";
+    case StatusReason::kLatePush:
+      return "LATE_PUSH";
   }
   return "";
 }
 
 StatusReason StatusReasonFromName(absl::string_view name) {
-  for (StatusReason r : {StatusReason::kStaleView, StatusReason::kJoinRate}) {
+  for (StatusReason r : {StatusReason::kStaleView, StatusReason::kJoinRate, StatusReason::kLatePush}) {
     if (name == StatusReasonName(r)) return r;
   }
   return StatusReason::kNone;

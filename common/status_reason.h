@@ -20,9 +20,13 @@ enum class StatusReason {
   // RESOURCE_EXHAUSTED: over the server's join rate (summa-server --join_rate); join again a
   // moment later. Other RESOURCE_EXHAUSTED refusals (a full server) are final.
   kJoinRate,
+  // FAILED_PRECONDITION: sync mode with backup workers (summa-server --backup_workers): the push
+  // reached its step after the step had completed with the first pushes, and was dropped, not
+  // summed; a push-pull of it is answered with the newest weights (PullResponse.late) instead.
+  kLatePush,
 };
 
-// The name on the wire (ErrorInfo.reason): "STALE_VIEW", "JOIN_RATE"; "" for kNone.
+// The name on the wire (ErrorInfo.reason): "STALE_VIEW", "JOIN_RATE", "LATE_PUSH"; "" for kNone.
 absl::string_view StatusReasonName(StatusReason reason);
 // kNone for a name this build does not know.
 StatusReason StatusReasonFromName(absl::string_view name);
@@ -38,6 +42,9 @@ inline bool IsStaleView(const absl::Status& s) {
 }
 inline bool IsJoinRateLimited(const absl::Status& s) {
   return absl::IsResourceExhausted(s) && ReasonOf(s) == StatusReason::kJoinRate;
+}
+inline bool IsLatePush(const absl::Status& s) {
+  return absl::IsFailedPrecondition(s) && ReasonOf(s) == StatusReason::kLatePush;
 }
 
 // The domain of Summa's reasons in ErrorInfo.

@@ -1,6 +1,7 @@
 #include "server/daemon.h"
 
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <thread>
 
@@ -68,6 +69,20 @@ absl::StatusOr<std::unique_ptr<SummaServer>> SummaServer::Start(const std::strin
     m.members_alive = &e.Gauge("summa_server_members_alive", "Members whose lease is current");
     m.checkpoint_age = &e.Gauge("summa_server_checkpoint_age_seconds", "Age of the last checkpoint (-1: none)");
     m.learning_rate = &e.Gauge("summa_server_learning_rate", "The schedule's learning rate for the next update");
+    m.late_pushes = &e.Counter("summa_server_late_pushes_total",
+                               "Partition pushes dropped for coming after their step completed (--backup_workers)");
+    m.member_late_pushes = &e.CounterFamily(
+        "summa_server_member_late_pushes_total",
+        "A member's partition pushes dropped for coming after their step completed (--backup_workers), by rank");
+    m.member_push_delay = &e.GaugeFamily(
+        "summa_server_member_push_delay_seconds",
+        "Mean delay from a step's first push to a member's push of it (--backup_workers), by rank");
+    m.member_last_push_delay = &e.GaugeFamily(
+        "summa_server_member_last_push_delay_seconds",
+        "Delay from its step's first push to a member's last push (--backup_workers), by rank");
+    m.member_steps_behind = &e.GaugeFamily(
+        "summa_server_member_steps_behind",
+        "Steps completed past the step of a member's last push when it came (0: on time; --backup_workers), by rank");
     m.step_seconds = &e.StepHistogram("summa_server_step_seconds", "Time between consecutive step completions");
     prometheus::Histogram* histogram = m.step_seconds;
     options.step_observer = [histogram](absl::Duration d) { histogram->Observe(absl::ToDoubleSeconds(d)); };
@@ -207,6 +222,16 @@ void SummaServer::UpdateMetrics() {
   int alive = 0;
   for (const MemberInfo& member : s.members) alive += member.state == MemberState::kAlive;
   m_.members_alive->Set(alive);
+  AdvanceCounter(*m_.late_pushes, static_cast<double>(s.late_pushes));
+  for (const MemberInfo& member : s.members) {
+    if (member.rank < 0 || member.rank >= static_cast<int>(s.lateness.size())) continue;
+    const RankLateness& l = s.lateness[member.rank];
+    const std::map<std::string, std::string> rank = {{"rank", absl::StrCat(member.rank)}};
+    AdvanceCounter(m_.member_late_pushes->Add(rank), static_cast<double>(l.late_pushes));
+    m_.member_push_delay->Add(rank).Set(absl::ToDoubleSeconds(l.mean_delay()));
+    m_.member_last_push_delay->Add(rank).Set(absl::ToDoubleSeconds(l.last_delay));
+    m_.member_steps_behind->Add(rank).Set(static_cast<double>(l.steps_behind));
+  }
   m_.checkpoint_age->Set(s.checkpoint.written == absl::InfinitePast()
                              ? -1
                              : absl::ToDoubleSeconds(core_.options().clock->Now() - s.checkpoint.written));

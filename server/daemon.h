@@ -99,6 +99,12 @@ class SummaServer {
     prometheus::Gauge* checkpoint_age;
     prometheus::Gauge* learning_rate;
     prometheus::Histogram* step_seconds;
+    // Backup workers (--backup_workers): in total, and per member by the label rank.
+    prometheus::Counter* late_pushes;
+    prometheus::Family<prometheus::Counter>* member_late_pushes;
+    prometheus::Family<prometheus::Gauge>* member_push_delay;
+    prometheus::Family<prometheus::Gauge>* member_last_push_delay;
+    prometheus::Family<prometheus::Gauge>* member_steps_behind;
   };
   std::unique_ptr<MetricsEndpoint> metrics_;  // null without metrics
   Metrics m_{};

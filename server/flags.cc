@@ -68,11 +68,19 @@ ABSL_FLAG(std::string, workers, "1",
           "global batch is split over the larger group from that step; under --on_worker_loss="
           "shrink the group shrinks again, down to any size; one server shard only)");
 ABSL_FLAG(std::string, mode, ModeName(ServerOptions().mode),
-          "consistency mode: sync (a step completes when every worker pushed, as the seed), async "
+          "consistency mode: sync (a step completes when every worker pushed, as the seed; all but "
+          "--backup_workers of them), async "
           "(each push applied on arrival), or ssp (async, but a worker more than --staleness steps "
           "ahead of the slowest waits)");
 ABSL_FLAG(int, staleness, ServerOptions().staleness,
           "ssp: how many steps a worker may run ahead of the slowest");
+ABSL_FLAG(int, backup_workers, ServerOptions().backup_workers,
+          "sync mode: backup workers, B (Chen et al. 2016): a step completes once the first "
+          "group size - B workers have pushed it, without waiting for the slowest B; a push that "
+          "comes after its step completed is dropped (not summed; counted per worker in status "
+          "and metrics as late_pushes) and answered with the newest weights, from which that "
+          "worker goes on, skipping the steps it missed. 0 (the default) waits for every worker; "
+          "B must be less than the workers the job starts with (--workers' MIN)");
 ABSL_FLAG(absl::Duration, lease, ServerOptions().lease,
           "a worker that makes no call (workers heartbeat) for this long is lost");
 ABSL_FLAG(std::string, on_worker_loss, OnWorkerLossName(ServerOptions().on_worker_loss),
@@ -194,6 +202,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   if (!mode.ok()) return mode.status();
   o.mode = *mode;
   o.staleness = absl::GetFlag(FLAGS_staleness);
+  o.backup_workers = absl::GetFlag(FLAGS_backup_workers);
   absl::StatusOr<OnWorkerLoss> loss = ParseOnWorkerLoss(absl::GetFlag(FLAGS_on_worker_loss));
   if (!loss.ok()) return loss.status();
   o.on_worker_loss = *loss;

@@ -3,7 +3,9 @@ with --rank=-1 and another is killed under shrink; the job's group log names the
 step, the workers' --example_log shows that each epoch's examples were each covered once, and
 the weights are those of one process replaying the same splits (a device per rank, summed in
 rank order: --fault_replay_groups), bit for bit. A joiner of an async and an ssp job trains to
-the end beside the others.
+the end beside the others. With a backup worker (--backup_workers=1) the steps go on without a
+stopped worker, which skips ahead when it comes back, and the weights are those of one process
+replaying the pushes summed (--fault_replay_summed), bit for bit.
 
 Run: elastic_process_test.py --bin BUILD_DIR [unittest args]"""
 import os
@@ -11,6 +13,7 @@ import re
 import signal
 import sys
 import unittest
+import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "tools"))
 from fault_job import Job, JobCases, configure  # noqa: E402
@@ -133,6 +136,90 @@ class ElasticProcessTest(JobCases, unittest.TestCase):
             job.start_worker(0, *SMALL, "--devices=cpu,cpu,cpu", f"--fault_replay_groups={replay}")
             self.finish(g, job)
             self.assertEqual(job.weights(), elastic_weights)
+
+    def test_backup_workers_go_on_without_a_stopped_worker_which_then_skips_ahead(self):
+        # Three workers, one backup: each step is summed from the first two pushes. One epoch of
+        # 40 steps of 48 examples, 16 a rank. So that the ranks summed are known (not a race):
+        # rank 2 is held before its first push, so steps 0-14 are ranks 0 and 1's; rank 1 is held
+        # before its push of step 15 and SIGSTOPped, and rank 2, released, pushes step 0 late,
+        # skips to 15 and sums steps 15-39 with rank 0 while rank 1 is stopped; rank 0 and 2 then
+        # wait in the epoch's loss round for rank 1, whose push of step 15 comes late, and which
+        # skips to the end. Which pushes each step summed follows from that alone.
+        examples, batch, paused_at = 1920, 48, 15
+        steps, shard = examples // batch, batch // 3
+        small = [f"--train_limit={examples}", f"--batch_size={batch}", "--epochs=1"]
+        server = ["--deterministic", "--partition_bytes=65536"]
+        with ProcessGroup() as g:
+            metrics_port = os.path.join(g.dir, "metrics.port")
+            job = Job(g, 3, ["--backup_workers=1", *server, "--metrics_address=127.0.0.1:0",
+                             f"--metrics_port_file={metrics_port}"])
+            held, stopped = os.path.join(g.dir, "held"), os.path.join(g.dir, "stopped")
+            job.start_worker(0, *small)
+            job.start_worker(1, *small, f"--fault_pause={paused_at}:{stopped}")
+            job.start_worker(2, *small, f"--fault_pause=0:{held}")
+            g.wait_for_log(job.workers[2], "pausing before the push of step 0", 120)
+            g.wait_for_log(job.workers[1], f"pausing before the push of step {paused_at}", 120)
+            self.assertEqual(int(job.status()["version"]), paused_at)
+            job.workers[1].send_signal(signal.SIGSTOP)
+            open(held, "w").close()
+
+            def member(rank):
+                return {int(m.get("rank", 0)): m for m in job.status()["members"]}[rank]
+
+            # Steps go on while rank 1 is stopped (its lease lapses; under wait it stays a member).
+            job.wait_version(steps)
+            wait_until("rank 1's lease to lapse", lambda: member(1)["state"] == "lapsed")
+            self.assertIsNone(job.workers[1].poll())
+            open(stopped, "w").close()
+            job.workers[1].send_signal(signal.SIGCONT)
+            outs = self.finish(g, job)
+            self.assertIn(f"rank 2: its push of step 0 came late (the step completed without it; --backup_workers) "
+                          f"and the job is at step {paused_at}: skipping {paused_at - 1} steps", outs[2])
+            self.assertIn(f"rank 1: its push of step {paused_at} came late (the step completed without it; "
+                          f"--backup_workers) and the job is at step {steps}: skipping {steps - paused_at - 1} steps",
+                          outs[1])
+            self.assertNotIn("came late", outs[0])
+            self.assertIn("sync mode, 1 backup worker", outs[0])
+            status = job.status()
+            parts = int(status["partitionCount"])
+            self.assertGreater(parts, 1)
+            self.assertEqual(int(status["version"]), steps)
+            self.assertEqual(int(status["backupWorkers"]), 1)
+            members = {int(m.get("rank", 0)): m for m in status["members"]}
+            # One late push a partition for each held rank, none for rank 0.
+            late = {r: int(members[r].get("latePushes", 0)) for r in range(3)}
+            self.assertEqual(late, {0: 0, 1: parts, 2: parts})
+            self.assertEqual(int(status["latePushes"]), 2 * parts)
+            self.assertEqual(int(members[1].get("stepsBehind", 0)), steps - paused_at)
+            self.assertEqual(int(members[2].get("stepsBehind", 0)), 0)  # its last push was on time
+            self.assertGreater(float(members[1].get("lastPushDelaySeconds", 0)), 0)
+            # Every step summed two shards: the examples applied are those of the pushes summed.
+            self.assertEqual(int(status["examplesApplied"]), steps * 2 * shard)
+            weights = job.weights()
+            # The same per member in the metrics (refreshed every tick of the server's).
+            port = int(g.wait_for_file(metrics_port, job.server))
+            want = {f'summa_server_member_late_pushes_total{{rank="{r}"}}': late[r] for r in range(3)}
+            want['summa_server_member_steps_behind{rank="1"}'] = steps - paused_at
+            want["summa_server_late_pushes_total"] = 2 * parts
+
+            def scraped():
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                    lines = dict(line.rsplit(" ", 1) for line in r.read().decode().splitlines()
+                                 if line and not line.startswith("#"))
+                return {name: float(lines.get(name, "nan")) for name in want}
+
+            wait_until("the late pushes in the metrics", lambda: scraped() == want, 10)
+
+        # One process replays the pushes summed: a device per rank of a 3-way split of each
+        # batch, of which only ranks 0 and 1 (steps 0-14) and 0 and 2 (from 15) are summed, in
+        # rank order as --deterministic sums them. The same weights, bit for bit.
+        with ProcessGroup() as g:
+            job = Job(g, 1, server)
+            job.start_worker(0, *small, "--devices=cpu,cpu,cpu", "--fault_replay_groups=0:3",
+                             f"--fault_replay_summed=0:0+1,{paused_at}:0+2")
+            self.finish(g, job)
+            self.assertEqual(int(job.status()["examplesApplied"]), steps * 2 * shard)
+            self.assertEqual(job.weights(), weights)
 
     def test_a_joiner_of_an_async_or_ssp_job_trains_beside_the_others(self):
         for mode in (["--mode=async"], ["--mode=ssp", "--staleness=2"]):

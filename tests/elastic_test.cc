@@ -2,7 +2,9 @@
 // admitted from the first step no worker can have started under the old group, the steps before
 // it complete without it, the steps from it wait for it, the job's data position (the group of
 // each stretch of steps) is in status and in checkpoints, and async and ssp joiners start where
-// the slowest member is.
+// the slowest member is. Backup workers (--backup_workers=B): a step completes with the first
+// group size - B pushes, a later push of it is answered at once with the newest weights, not
+// summed, and counted late; with B = 0 the step waits for every rank.
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -256,6 +258,176 @@ TEST_F(ElasticTest, AJoinerOfAnEmptyGroupTakesTheStepUnderWay) {
   EXPECT_EQ(back->live_ranks, std::vector<int>{0});
   Step(ps, 1, {0});
   EXPECT_EQ(ps.version(), 2u);
+}
+
+// Three ranks, one partition of 2 floats, sgd at lr 1, summed in rank order.
+class BackupWorkersTest : public ::testing::Test {
+ protected:
+  ServerOptions Options(int backup_workers) {
+    ServerOptions o;
+    o.world_size = 3;
+    o.backup_workers = backup_workers;
+    o.optimizer.learning_rate = 1.0;
+    o.clock = &clock_;
+    o.require_sessions = false;
+    o.deterministic = true;
+    return o;
+  }
+  void JoinAll(ParameterServer& ps) {
+    for (int r = 0; r < 3; ++r) {
+      JoinRequestView v;
+      v.rank = r;
+      v.world_size = 3;
+      v.params = {{{"w", DType::kFloat32, {2}}, absl::string_view(zeros_)}};
+      ASSERT_TRUE(ps.Join(v).ok()) << r;
+    }
+  }
+  PushRequestView Push(int rank, uint64_t step, int64_t examples) {
+    PushRequestView v;
+    v.rank = rank;
+    v.step = step;
+    v.partition = 0;
+    v.data = grads_[rank];
+    v.num_examples = examples;
+    return v;
+  }
+  std::shared_ptr<FakeCall> PushPull(ParameterServer& ps, int rank, uint64_t step, int64_t examples) {
+    auto call = std::make_shared<FakeCall>();
+    ps.PushPull(Push(rank, step, examples), call);
+    return call;
+  }
+  const std::string zeros_ = Bytes({0, 0});
+  // Each rank's gradient, summed over its examples.
+  const std::string grads_[3] = {Bytes({1, 2}), Bytes({3, 6}), Bytes({101, 202})};
+  FakeClock clock_;
+};
+
+TEST_F(BackupWorkersTest, AStepCompletesWithTheFirstPushesAndALateOneIsAnsweredAtOnceNotSummed) {
+  ParameterServer ps(Options(/*backup_workers=*/1));
+  JoinAll(ps);
+  auto first = PushPull(ps, 0, 0, 2);
+  EXPECT_FALSE(first->answered());
+  clock_.Advance(absl::Seconds(1));
+  auto second = PushPull(ps, 1, 0, 2);  // 3 - 1 = 2 pushes: step 0 completes with ranks 0 and 1
+  ASSERT_TRUE(first->Wait().ok());
+  ASSERT_TRUE(second->Wait().ok());
+  // By hand: w = 0 - lr * ({1, 2} + {3, 6}) / (2 + 2).
+  const std::vector<float> after_step0 = {-1, -2};
+  EXPECT_EQ(second->values(), after_step0);
+  EXPECT_EQ(second->counter(), 1u);
+  EXPECT_FALSE(second->late());
+  clock_.Advance(absl::Seconds(4));
+  // Rank 2's push of step 0 comes after it completed: answered at once, with the newest weights,
+  // marked late; its gradient is not summed.
+  auto late = PushPull(ps, 2, 0, 2);
+  ASSERT_TRUE(late->answered());
+  ASSERT_TRUE(late->Wait().ok());
+  EXPECT_TRUE(late->late());
+  EXPECT_EQ(late->counter(), 1u);
+  EXPECT_EQ(late->values(), after_step0);
+  EXPECT_EQ(Weights(ps), after_step0);
+  // A retry of the late push is answered alike and counted once; a plain Push of it is refused
+  // with the reason.
+  auto again = PushPull(ps, 2, 0, 2);
+  ASSERT_TRUE(again->Wait().ok());
+  EXPECT_TRUE(again->late());
+  const absl::Status refused = ps.Push(Push(2, 0, 2)).status();
+  EXPECT_TRUE(IsLatePush(refused)) << refused;
+  StatusSnapshot s = ps.Status();
+  EXPECT_EQ(s.examples_applied, 4u);
+  EXPECT_EQ(s.late_pushes, 1u);
+  ASSERT_EQ(s.lateness.size(), 3u);
+  EXPECT_EQ(s.lateness[2].late_pushes, 1u);
+  EXPECT_EQ(s.lateness[2].steps_behind, 1u);
+  EXPECT_EQ(s.lateness[2].last_delay, absl::Seconds(5));  // from step 0's first push
+  EXPECT_EQ(s.lateness[1].late_pushes, 0u);
+  EXPECT_EQ(s.lateness[1].last_delay, absl::Seconds(1));
+  EXPECT_EQ(s.lateness[1].steps_behind, 0u);
+  EXPECT_EQ(s.lateness[0].last_delay, absl::ZeroDuration());
+  EXPECT_EQ(s.members[2].pushes, 0u);  // none of its pushes was taken
+
+  // Rank 2 goes on from the step the reply named, and is summed when it is among the first.
+  auto on_time = PushPull(ps, 2, 1, 2);
+  auto with_it = PushPull(ps, 0, 1, 2);
+  ASSERT_TRUE(on_time->Wait().ok());
+  ASSERT_TRUE(with_it->Wait().ok());
+  EXPECT_FALSE(on_time->late());
+  // By hand: w = {-1, -2} - lr * ({101, 202} + {1, 2}) / (2 + 2).
+  const std::vector<float> after_step1 = {-26.5, -53};
+  EXPECT_EQ(on_time->values(), after_step1);
+  auto late1 = PushPull(ps, 1, 1, 2);
+  ASSERT_TRUE(late1->Wait().ok());
+  EXPECT_TRUE(late1->late());
+  EXPECT_EQ(late1->counter(), 2u);
+  EXPECT_EQ(Weights(ps), after_step1);
+  s = ps.Status();
+  EXPECT_EQ(s.examples_applied, 8u);
+  EXPECT_EQ(s.late_pushes, 2u);
+  EXPECT_EQ(s.lateness[1].late_pushes, 1u);
+  EXPECT_EQ(s.lateness[2].steps_behind, 0u);  // its last push was on time
+  EXPECT_EQ(s.lateness[2].late_pushes, 1u);
+}
+
+// A late push several steps behind is answered with the newest weights, whose version is past
+// the step after it: the worker goes on from there.
+TEST_F(BackupWorkersTest, ALatePushSeveralStepsBehindGetsTheNewestVersion) {
+  ParameterServer ps(Options(1));
+  JoinAll(ps);
+  for (uint64_t step = 0; step < 3; ++step) {
+    auto a = PushPull(ps, 0, step, 2);
+    auto b = PushPull(ps, 1, step, 2);
+    ASSERT_TRUE(a->Wait().ok() && b->Wait().ok()) << step;
+  }
+  auto late = PushPull(ps, 2, 0, 2);
+  ASSERT_TRUE(late->Wait().ok());
+  EXPECT_TRUE(late->late());
+  EXPECT_EQ(late->counter(), 3u);
+  EXPECT_EQ(ps.Status().lateness[2].steps_behind, 3u);
+}
+
+// B = 0: nothing changes; the step waits for all three.
+TEST_F(BackupWorkersTest, WithoutBackupWorkersAStepWaitsForEveryRank) {
+  ParameterServer ps(Options(/*backup_workers=*/0));
+  JoinAll(ps);
+  auto first = PushPull(ps, 0, 0, 1);
+  auto second = PushPull(ps, 1, 0, 1);
+  EXPECT_FALSE(first->answered());
+  EXPECT_FALSE(second->answered());
+  EXPECT_EQ(ps.version(), 0u);
+  auto third = PushPull(ps, 2, 0, 2);
+  for (auto* call : {&first, &second, &third}) ASSERT_TRUE((*call)->Wait().ok());
+  EXPECT_FALSE(third->late());
+  // By hand: w = 0 - lr * ({1, 2} + {3, 6} + {101, 202}) / (1 + 1 + 2).
+  EXPECT_EQ(third->values(), (std::vector<float>{-26.25, -52.5}));
+  // A retry is a duplicate, as before, never late.
+  const absl::Status refused = ps.Push(Push(2, 0, 2)).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_FALSE(IsLatePush(refused));
+  const StatusSnapshot s = ps.Status();
+  EXPECT_EQ(s.late_pushes, 0u);
+  EXPECT_TRUE(s.lateness.empty());
+}
+
+TEST(BackupWorkersOptionsTest, SyncOnlyAndFewerThanTheGroupItStartsWith) {
+  ServerOptions o;
+  o.world_size = 3;
+  o.backup_workers = 2;
+  EXPECT_TRUE(ValidateOptions(o).ok());
+  for (int bad : {-1, 3}) {
+    o.backup_workers = bad;
+    EXPECT_EQ(ValidateOptions(o).code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  o.backup_workers = 1;
+  o.min_workers = 1;  // --workers=1:3: a group of 1 has no backup
+  EXPECT_EQ(ValidateOptions(o).code(), absl::StatusCode::kInvalidArgument);
+  o.min_workers = 2;
+  EXPECT_TRUE(ValidateOptions(o).ok());
+  for (Mode mode : {Mode::kAsync, Mode::kSsp}) {
+    o.mode = mode;
+    const absl::Status s = ValidateOptions(o);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("needs sync mode"), absl::string_view::npos) << s;
+  }
 }
 
 TEST(ParseWorkersTest, TakesNOrMinColonMax) {

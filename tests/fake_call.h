@@ -19,6 +19,7 @@ class FakeCall : public ParkedCall {
     values_.assign(values.values().begin(), values.values().end());
   }
   void Finish(absl::Status status) override { done_.set_value(std::move(status)); }
+  void MarkLate() override { late_ = true; }
 
   // Waits at most `timeout` for the answer; DEADLINE_EXCEEDED "not answered" otherwise.
   absl::Status Wait(absl::Duration timeout = absl::Seconds(10)) {
@@ -32,11 +33,13 @@ class FakeCall : public ParkedCall {
   }
   uint64_t counter() const { return counter_; }
   const std::vector<float>& values() const { return values_; }
+  bool late() const { return late_; }  // the core marked the answer a late push's
 
  private:
   std::atomic<bool> claimed_{false};
   uint64_t counter_ = 0;
   std::vector<float> values_;
+  bool late_ = false;
   std::promise<absl::Status> done_;
   std::shared_future<absl::Status> future_ = done_.get_future().share();
 };

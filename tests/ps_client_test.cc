@@ -81,7 +81,7 @@ TEST_P(RawPathTest, PushesStampedWithAStaleViewAreRefusedAndTheWorkerRefreshesAn
   ASSERT_EQ(Status().view(), 1u);
   std::vector<float> grad(8, 2.0f), w(8), expected(8);
   std::vector<int> live;
-  absl::Status s = zero->PushPull(0, 2, grad.data(), w.data(), &live);
+  absl::Status s = zero->PushPull(0, 2, grad.data(), w.data(), &live).status();
   ASSERT_TRUE(s.ok()) << s;
   for (int i = 0; i < 8; ++i) expected[i] = float(i) - 0.5f;  // rank 0 alone: 2 over 2 examples, lr 0.5
   EXPECT_EQ(w, expected);
@@ -130,12 +130,12 @@ TEST_P(RawPathTest, TheProtocolHoldsWhenEveryMessageIsReworded) {
   // A refusal's message is indeed reworded; its code stays.
   std::vector<float> grad(8, 2.0f), w(8), expected(8);
   std::vector<int> live;
-  absl::Status refused = zero->PushPull(7, 2, grad.data(), w.data(), &live);
+  absl::Status refused = zero->PushPull(7, 2, grad.data(), w.data(), &live).status();
   EXPECT_EQ(refused.code(), absl::StatusCode::kOutOfRange) << refused;
   EXPECT_TRUE(absl::StrContains(refused.message(), "reworded OUT_OF_RANGE")) << refused;
   // Rank 1 leaves: rank 0's pushes are stamped with a stale view, refused, refreshed and sent again.
   ASSERT_TRUE(one->Leave(1).ok());
-  absl::Status s = zero->PushPull(0, 2, grad.data(), w.data(), &live);
+  absl::Status s = zero->PushPull(0, 2, grad.data(), w.data(), &live).status();
   ASSERT_TRUE(s.ok()) << s;
   for (int i = 0; i < 8; ++i) expected[i] = float(i) - 0.5f;  // rank 0 alone: 2 over 2 examples, lr 0.5
   EXPECT_EQ(w, expected);
@@ -145,6 +145,81 @@ TEST_P(RawPathTest, TheProtocolHoldsWhenEveryMessageIsReworded) {
 
 // The request buffers the gRPC data path's threads keep between calls are counted in GetStatus;
 // the socket plane reads requests into buffers of its own, so over it they stay empty.
+// Backup workers (--backup_workers=1 of three ranks): ranks 0 and 1 go on without rank 2, whose
+// push-pull of step 0 comes back late from every partition (PullResponse.late, on either
+// transport), one partition a step ahead of the others: the client pulls the others to that
+// version and goes on from it, with every partition's weights of that version.
+TEST_P(RawPathTest, ALatePushPullGoesOnFromTheVersionEveryPartitionIsBroughtTo) {
+  configure_ = [](server::ServerOptions& o) {
+    o.backup_workers = 1;
+    o.require_sessions = false;  // the test pushes to the core as ranks 0 and 1 too
+    o.deterministic = true;
+  };
+  StartServer(3, /*partition_bytes=*/12);  // 8 floats in partitions of 3, 3, 2
+  const std::vector<TensorSpec> specs = {{"w", DType::kFloat32, {8}}};
+  const std::vector<float> initial = {0, 1, 2, 3, 4, 5, 6, 7};
+  std::unique_ptr<worker::ParameterClient> clients[3] = {Client(1), Client(1), Client(1)};
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(clients[r]->Join(r, 3, specs, r == 0 ? initial.data() : nullptr, "").ok()) << r;
+  }
+  const std::vector<float> grad(8, 1.0f);
+  for (uint64_t step = 0; step < 3; ++step) {
+    absl::StatusOr<uint64_t> next[2];
+    std::vector<float> w[2] = {std::vector<float>(8), std::vector<float>(8)};
+    std::thread one([&] { next[1] = clients[1]->PushPull(step, 1, grad.data(), w[1].data(), nullptr); });
+    next[0] = clients[0]->PushPull(step, 1, grad.data(), w[0].data(), nullptr);
+    one.join();
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(next[r].ok()) << next[r].status();
+      EXPECT_EQ(*next[r], step + 1);
+    }
+  }
+  // Step 3 of partition 0 (ids in offset order) completes: it is a step ahead of the others.
+  server::ParameterServer& core = server_->core();
+  const std::string three = std::string(3 * sizeof(float), '\0'), two = std::string(2 * sizeof(float), '\0');
+  auto push = [&](int rank, uint32_t partition) {
+    server::PushRequestView v;
+    v.rank = rank;
+    v.step = 3;
+    v.partition = partition;
+    v.num_examples = 1;
+    v.data = partition == 2 ? two : three;
+    return core.Push(v).status();
+  };
+  for (int r : {0, 1}) ASSERT_TRUE(push(r, 0).ok());
+  absl::StatusOr<uint64_t> late;
+  std::vector<float> weights(8);
+  std::vector<int> live;
+  std::thread waiting([&] { late = clients[2]->PushPull(0, 1, grad.data(), weights.data(), &live); });
+  // Its pulls of partitions 1 and 2 wait for version 4.
+  for (int tries = 0; Status().parked_calls() < 2 && tries < 1000; ++tries) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(Status().parked_calls(), 2);
+  for (uint32_t p : {1u, 2u}) {
+    for (int r : {0, 1}) EXPECT_TRUE(push(r, p).ok());
+  }
+  waiting.join();
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_EQ(*late, 4u);
+  EXPECT_EQ(weights, server::ParameterServerPeer::Weights(core));
+  EXPECT_EQ(live, (std::vector<int>{0, 1, 2}));
+  const pb::ServerStatus status = Status();
+  EXPECT_EQ(status.backup_workers(), 1);
+  EXPECT_EQ(status.late_pushes(), 3u);  // one a partition
+  ASSERT_EQ(status.members_size(), 3);
+  EXPECT_EQ(status.members(2).late_pushes(), 3u);
+  EXPECT_EQ(status.members(2).steps_behind(), 4u);  // partition 0's
+  EXPECT_EQ(status.members(0).late_pushes(), 0u);
+  // The client says so to a caller that cannot skip (a staged step): the reason, not a guess.
+  ASSERT_TRUE(clients[2]->BeginStaged(0, 1, grad.data(), weights.data()).ok());
+  for (size_t i = 0; i < 3; ++i) clients[2]->StartStaged(i);
+  size_t i;
+  absl::Status staged;
+  ASSERT_TRUE(clients[2]->NextStaged(&i, &staged));
+  EXPECT_TRUE(IsLatePush(staged)) << staged;
+  while (clients[2]->NextStaged(&i, &staged)) {
+  }
+}
+
 TEST_P(RawPathTest, TheRequestBuffersThreadsKeepAreCountedInTheStatus) {
   StartServer(1, /*partition_bytes=*/12);  // 8 floats in partitions of 3, 3, 2
   EXPECT_EQ(Status().request_buffer_bytes(), 0);
@@ -186,7 +261,7 @@ TEST_P(RawPathTest, WorkersOverSeveralChannelsTakeExactSyncSteps) {
       for (int step = 0; step < kSteps; ++step) {
         // Rank r pushes element i as (r + 1) * (i + 1) over r + 1 examples.
         for (int i = 0; i < 8; ++i) grad[i] = float((rank + 1) * (i + 1));
-        absl::Status s = client->PushPull(step, rank + 1, grad.data(), w.data(), nullptr);
+        absl::Status s = client->PushPull(step, rank + 1, grad.data(), w.data(), nullptr).status();
         ASSERT_TRUE(s.ok()) << s;
       }
       EXPECT_EQ(client->on_socket_plane(), plane_ == worker::DataPlane::kSocket);

@@ -5,6 +5,7 @@ numpy arrays (one over 4 MiB in chunks), the server's refusals surface as SummaE
 code and message, a SIGKILLed Python worker rejoins under --on_worker_loss=wait and the job ends
 on the undisturbed run's weights, and the data path copies once per direction."""
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -167,6 +168,34 @@ class PythonClientTest(unittest.TestCase):
             self.assertIsNone(server.poll(), "the server keeps running")
             rank0.close()
             other.close()
+
+    def test_a_late_push_pull_is_refused_with_its_reason_not_a_guessed_version(self):
+        # --backup_workers=1 of 2: a step completes with its first push. Rank 0 steps alone to
+        # version 3; rank 1's push-pull of step 0 comes back late, past step 1, which a Python
+        # caller counting its own steps cannot go on from: each client says so (LATE_PUSH).
+        clients = [False] + ([True] if importlib.util.find_spec("summa._native") else [])
+        for native in clients:
+            with ProcessGroup() as g:
+                server, port = g.start_server(ARGS.server, "--workers=2", "--backup_workers=1", "--lr=1")
+                address = f"127.0.0.1:{port}"
+                ranks = [summa.Client(address, rank=r, world_size=2, join_timeout=5, native=native)
+                         for r in range(2)]
+                ranks[0].join([("w", (4,))], np.zeros(4, np.float32))
+                ranks[1].join([("w", (4,))])
+                grad, weights = np.ones(4, np.float32), np.zeros(4, np.float32)
+                for step in range(3):
+                    ranks[0].push_pull(step, 1, grad, weights)
+                np.testing.assert_array_equal(weights, np.full(4, -3, np.float32))
+                with self.assertRaises(summa.SummaError) as caught:
+                    ranks[1].push_pull(0, 1, grad, np.zeros(4, np.float32))
+                self.assertEqual(caught.exception.code, grpc.StatusCode.FAILED_PRECONDITION, native)
+                self.assertEqual(caught.exception.reason, "LATE_PUSH", native)
+                self.assertIn("--backup_workers", caught.exception.message)
+                status = ranks[0].status()
+                self.assertEqual(status.backup_workers, 1)
+                self.assertEqual([m.late_pushes for m in status.members], [0, 1], native)
+                for c in ranks:
+                    c.close()
 
     # 160 steps: through the C++ client a step takes about 10 ms here, and the faults below are
     # made at version 10, found by polling the server every 50 ms.

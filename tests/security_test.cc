@@ -176,7 +176,7 @@ TEST_F(SecurityTest, TwoShardsUnderMutualTlsReportToShardZeroAndServeAWorker) {
   ASSERT_EQ(joined->partitions.size(), 2u);
   const std::vector<float> grad = {1, 1, 1, 1};
   std::vector<float> w(4);
-  absl::Status stepped = client.PushPull(0, 1, grad.data(), w.data(), nullptr);
+  absl::Status stepped = client.PushPull(0, 1, grad.data(), w.data(), nullptr).status();
   ASSERT_TRUE(stepped.ok()) << stepped;
   EXPECT_EQ(w, (std::vector<float>{0, 1, 2, 3}));  // lr 1, the gradient over 1 example
 }

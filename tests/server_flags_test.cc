@@ -33,6 +33,7 @@ std::vector<std::pair<std::string, std::string>> AsFlags(const ServerOptions& o)
       {"workers", Text(o.world_size)},
       {"mode", ModeName(o.mode)},
       {"staleness", Text(o.staleness)},
+      {"backup_workers", Text(o.backup_workers)},
       {"lease", Text(o.lease)},
       {"on_worker_loss", OnWorkerLossName(o.on_worker_loss)},
       {"rejoin_deadline", Text(o.rejoin_deadline)},

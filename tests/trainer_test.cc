@@ -29,6 +29,8 @@ class FakeStore final : public ParameterStore {
   std::vector<int> live;     // the group that Join and PushPull report
   std::map<uint64_t, std::vector<int>> live_after_step;  // the group a step's reply reports
   std::map<int, absl::Status> push_pull_fails;  // by PushPull call, 0-based
+  // Backup workers: a step whose push comes late, and the step the others are at by then.
+  std::map<uint64_t, uint64_t> late_to;
   std::map<int, absl::Status> reduce_fails;     // by AllReduce call of "summa.train.loss"
   std::vector<std::string> log;
   std::vector<std::string> device_gathers;  // the AllReduce calls of "summa.train.devices"
@@ -56,8 +58,8 @@ class FakeStore final : public ParameterStore {
     std::copy(weights_.begin(), weights_.end(), weights);
     return next_step;
   }
-  absl::Status PushPull(uint64_t step, int64_t num_examples, const float* gradients, float* weights,
-                        std::vector<int>* live_ranks) override {
+  absl::StatusOr<uint64_t> PushPull(uint64_t step, int64_t num_examples, const float* gradients, float* weights,
+                                    std::vector<int>* live_ranks) override {
     const int call = push_pulls_++;
     if (auto fail = push_pull_fails.find(call); fail != push_pull_fails.end()) {
       log.push_back(absl::StrCat("push ", step, " failed: ", absl::StatusCodeToString(fail->second.code())));
@@ -65,10 +67,11 @@ class FakeStore final : public ParameterStore {
     }
     log.push_back(absl::StrCat("push ", step, " of ", num_examples));
     next_step = step + 1;
+    if (auto late = late_to.find(step); late != late_to.end()) next_step = late->second;
     if (auto shrink = live_after_step.find(step); shrink != live_after_step.end()) live = shrink->second;
     std::copy(weights_.begin(), weights_.end(), weights);
     *live_ranks = live;
-    return absl::OkStatus();
+    return next_step;
   }
   absl::StatusOr<bool> Push(uint64_t step, int64_t num_examples, const float*) override {
     return absl::UnimplementedError("the trainer push-pulls");
@@ -192,6 +195,25 @@ TEST_F(TrainerTest, TakesTheWholeBatchOnceTheOtherMemberIsDropped) {
   EXPECT_EQ(Log(), absl::StrJoin({"join 1 of 2", "push 0 of 2", "push 1 of 2", "loss round 0 rank 1 members",
                                   "push 2 of 4", "push 3 of 4", "loss round 1 rank 1 members", "leave 1"},
                                  "\n"));
+}
+
+TEST_F(TrainerTest, ALatePushSkipsToTheStepTheReplyNamesAndSaysSo) {
+  options_.epochs = 3;  // 6 steps
+  store_.late_to[0] = 1;  // late, but the others are only at the next step: nothing skipped
+  store_.late_to[2] = 5;  // the others went on to the last epoch's second step
+  ASSERT_TRUE(Run().ok()) << Output();
+  // Epoch 1's second step is skipped, its loss round still summed (this rank's step 2), and
+  // epoch 2 goes on from step 5.
+  EXPECT_EQ(Log(), absl::StrJoin({"join 0 of 1", "push 0 of 4", "push 1 of 4", "loss round 0 rank 0 members",
+                                  "push 2 of 4", "loss round 1 rank 0 members", "push 5 of 4",
+                                  "loss round 2 rank 0 members", "leave 0"},
+                                 "\n"));
+  EXPECT_NE(Output().find("rank 0: its push of step 2 came late (the step completed without it; --backup_workers) "
+                          "and the job is at step 5: skipping 2 steps\n"),
+            std::string::npos)
+      << Output();
+  EXPECT_EQ(Output().find("its push of step 0"), std::string::npos) << Output();
+  EXPECT_EQ(board_.Get().step, 6u);
 }
 
 TEST_F(TrainerTest, RejoinsWhenTheServerIsLostAndGoesOn) {

@@ -45,6 +45,13 @@ std::string ReplayGroups(const std::vector<std::pair<uint64_t, int>>& groups) {
   return absl::StrJoin(items, ",");
 }
 
+// --fault_replay_summed's text for the field it fills.
+std::string ReplaySummed(const std::vector<std::pair<uint64_t, std::vector<int>>>& summed) {
+  std::vector<std::string> items;
+  for (const auto& [from, devices] : summed) items.push_back(absl::StrCat(from, ":", absl::StrJoin(devices, "+")));
+  return absl::StrJoin(items, ",");
+}
+
 Rows AsFlags(const WorkerOptions& o) {
   const TrainerOptions& t = o.trainer;
   Rows rows = {
@@ -86,6 +93,7 @@ Rows AsFlags(const WorkerOptions& o) {
                            {"fault_exit_before_epoch_end", Text(o.faults.exit_before_round)},
                            {"fault_delay_push", Text(o.faults.delay_push)},
                            {"fault_replay_groups", ReplayGroups(o.trainer.replay_groups)},
+                           {"fault_replay_summed", ReplaySummed(o.trainer.replay_summed)},
                            {"fault_pause", Pauses(o.faults.pauses)},
                            {"fault_hold_push_until_fenced", o.faults.hold_push_until_fenced ? "true" : "false"}});
 #endif

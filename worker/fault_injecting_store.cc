@@ -51,13 +51,13 @@ void FaultInjectingStore::BeforePush(uint64_t step) {
   std::fflush(out_);
 }
 
-absl::Status FaultInjectingStore::PushPull(uint64_t step, int64_t num_examples,
-                                           const float* gradients, float* weights,
-                                           std::vector<int>* live_ranks) {
+absl::StatusOr<uint64_t> FaultInjectingStore::PushPull(uint64_t step, int64_t num_examples,
+                                                       const float* gradients, float* weights,
+                                                       std::vector<int>* live_ranks) {
   BeforePush(step);
   const int64_t s = static_cast<int64_t>(step);
   if (s == plan_.repeat_push_pull_at) {
-    SUMMA_RETURN_IF_ERROR(inner_->PushPull(step, num_examples, gradients, weights, live_ranks));
+    SUMMA_RETURN_IF_ERROR(inner_->PushPull(step, num_examples, gradients, weights, live_ranks).status());
     std::fprintf(out_, "rank %d: fault injection: dropping the reply to the push-pull of step %lld "
                  "and sending it again\n", rank_, static_cast<long long>(s));
     std::fflush(out_);
@@ -68,7 +68,8 @@ absl::Status FaultInjectingStore::PushPull(uint64_t step, int64_t num_examples,
   }
   SUMMA_ASSIGN_OR_RETURN(bool completed, inner_->Push(step, num_examples, gradients));
   if (!completed) Exit(absl::StrCat("after the push of step ", step));
-  return inner_->PullAll(step + 1, weights).status();
+  SUMMA_RETURN_IF_ERROR(inner_->PullAll(step + 1, weights).status());
+  return step + 1;
 }
 
 absl::StatusOr<std::vector<float>> FaultInjectingStore::AllReduce(const Collective& group,

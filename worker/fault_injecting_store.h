@@ -65,8 +65,8 @@ class FaultInjectingStore final : public ParameterStore {
   absl::StatusOr<uint64_t> PullAll(uint64_t min_version, float* weights) override {
     return inner_->PullAll(min_version, weights);
   }
-  absl::Status PushPull(uint64_t step, int64_t num_examples, const float* gradients, float* weights,
-                        std::vector<int>* live_ranks) override;
+  absl::StatusOr<uint64_t> PushPull(uint64_t step, int64_t num_examples, const float* gradients, float* weights,
+                                    std::vector<int>* live_ranks) override;
   absl::StatusOr<bool> Push(uint64_t step, int64_t num_examples, const float* gradients) override {
     BeforePush(step);
     return inner_->Push(step, num_examples, gradients);

@@ -149,6 +149,11 @@ ABSL_FLAG(std::string, fault_replay_groups, "",
           "for tests: STEP:N,STEP:N,... from each STEP on, split each step's shard over the first N "
           "devices only (--devices=cpu,cpu,cpu), so that one worker replays an elastic job whose "
           "group had N ranks from STEP (its group log); empty: every device");
+ABSL_FLAG(std::string, fault_replay_summed, "",
+          "for tests, with --fault_replay_groups: STEP:D+D+...,... from each STEP on, compute and sum "
+          "only these devices' shares of each step's split (device 0 among them) and push their "
+          "examples, so that one worker replays a job with backup workers whose steps summed only "
+          "those ranks' pushes; empty: every device's share");
 ABSL_FLAG(int64_t, fault_exit_before_epoch_end, FaultPlan().exit_before_round,
           "fault injection for tests: exit (status 137) after the last push of this epoch "
           "(0-based), before the epoch-end loss collective; -1: never");
@@ -192,8 +197,8 @@ absl::StatusOr<SyntheticOptions> SyntheticOptionsFromFlags() {
                                "retry_deadline", "trace_file", "example_log", "after_training",
                                // Test builds only; Changed is false for a flag not defined.
                                "fault_exit_after_push", "fault_repeat_pushpull_at",
-                               "fault_exit_before_epoch_end", "fault_delay_push", "fault_replay_groups", "fault_pause",
-                               "fault_hold_push_until_fenced"}) {
+                               "fault_exit_before_epoch_end", "fault_delay_push", "fault_replay_groups", "fault_replay_summed",
+                               "fault_pause", "fault_hold_push_until_fenced"}) {
     if (Changed(training)) {
       return absl::InvalidArgumentError(
           absl::StrCat("--", training, " does not apply to --synthetic (it trains no model; see --help)"));
@@ -300,6 +305,23 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags() {
       return absl::InvalidArgumentError(absl::StrCat("--fault_replay_groups: '", item, "' is not STEP:N with N >= 1"));
     }
     o.trainer.replay_groups.push_back({from, n});
+  }
+  for (absl::string_view item : absl::StrSplit(absl::GetFlag(FLAGS_fault_replay_summed), ',', absl::SkipEmpty())) {
+    const std::pair<absl::string_view, absl::string_view> parts = absl::StrSplit(item, absl::MaxSplits(':', 1));
+    uint64_t from = 0;
+    std::vector<int> devices;
+    bool parsed = absl::SimpleAtoi(parts.first, &from);
+    for (absl::string_view d : absl::StrSplit(parts.second, '+')) {
+      int device = -1;
+      parsed = parsed && absl::SimpleAtoi(d, &device) && device >= 0 && (devices.empty() || device > devices.back());
+      devices.push_back(device);
+    }
+    if (!parsed || devices.front() != 0 || o.trainer.replay_groups.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--fault_replay_summed: '", item,
+                                                     "' is not STEP:0+D+... (ascending devices, 0 first), or "
+                                                     "--fault_replay_groups is not given"));
+    }
+    o.trainer.replay_summed.push_back({from, std::move(devices)});
   }
 #endif
   return o;

@@ -193,7 +193,7 @@ absl::StatusOr<SyntheticResult> RunSynthetic(const SyntheticOptions& options, Pa
   std::vector<int> live;
   for (int64_t step = 0; step < options.steps; ++step) {
     const absl::Time start = absl::Now();
-    SUMMA_RETURN_IF_ERROR(store->PushPull(step, examples, gradient.get(), weights.get(), &live));
+    SUMMA_RETURN_IF_ERROR(store->PushPull(step, examples, gradient.get(), weights.get(), &live).status());
     const double us = absl::ToDoubleMicroseconds(absl::Now() - start);
     result.step_us.push_back(us);
     std::fprintf(out, "%s\n", FormatSyntheticStep(rank, step, us).c_str());

@@ -234,8 +234,11 @@ absl::Status Trainer::PlanOverlap(const JoinInfo& joined) {
   ParameterClient* const client = store_->staged_client();
   // An encoded push (--wire_dtype, --compress) takes the whole gradient at once, and a model on
   // several devices has its gradient only once theirs are summed: nothing to overlap.
+  // With backup workers a reply may move the step on past the next one, whose forward an
+  // overlapped step has begun already: those steps follow their exchange.
   overlapping_ = options_.overlap && client != nullptr && models_.size() == 1 && models_[0]->weights() != nullptr &&
-                 joined.wire_dtype == WireDType::kFloat32 && !joined.compression.sparse();
+                 joined.wire_dtype == WireDType::kFloat32 && !joined.compression.sparse() &&
+                 joined.backup_workers == 0;
   if (!overlapping_) return absl::OkStatus();
   if (overlap_ == nullptr) {
     overlap_ = std::make_unique<LayerExchange>(client, models_[0].get(), backends_[0], weights_->data(),
@@ -259,11 +262,17 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
                                                 : "sync mode";
   if (joined.wire_dtype != WireDType::kFloat32) absl::StrAppend(&mode_, ", ", WireDTypeName(joined.wire_dtype), " on the wire");
   if (joined.compression.sparse()) absl::StrAppend(&mode_, ", ", CompressionName(joined.compression));
+  if (joined.backup_workers > 0) {
+    absl::StrAppend(&mode_, ", ", joined.backup_workers, " backup worker", joined.backup_workers == 1 ? "" : "s");
+  }
   leases_.Start(rank_, joined.lease);
-  SUMMA_RETURN_IF_ERROR(store_->PullAll(joined.version, weights_->data()).status());
+  SUMMA_ASSIGN_OR_RETURN(const uint64_t pulled, store_->PullAll(joined.version, weights_->data()));
   SUMMA_RETURN_IF_ERROR(LoadWeights());
   SUMMA_RETURN_IF_ERROR(PlanOverlap(joined));
   uint64_t step = joined.next_step;
+  // With backup workers the others need not wait for this rank: its weights may be of a later
+  // step than the one its Join named, and it goes on from that one.
+  if (joined.backup_workers > 0 && joined.mode == summa::v1::MODE_SYNC) step = std::max(step, pulled);
   const int64_t steps_per_epoch = StepsPerEpoch(n, batch);
   if (step >= static_cast<uint64_t>(steps_per_epoch) && (step % steps_per_epoch == 0 || !rejoining)) {
     // This member went away at an epoch's end (a crash, a lost server), or joins a running job
@@ -339,6 +348,7 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
         std::fflush(options_.example_log);
       }
       Tracer* const tracer = options_.tracer;
+      uint64_t next = step + 1;  // the step to push next
       if (overlapping_) {
         // This step's exchange runs on into the next step's forward, which waits per layer.
         TraceSpan compute(tracer, "compute", "worker");
@@ -354,21 +364,38 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
         for (const auto& [from, n] : options_.replay_groups) {
           if (from <= step) devices = n;
         }
-        SUMMA_RETURN_IF_ERROR(ComputeGradients(shard.begin, static_cast<int>(shard.size()), devices));
+        const std::vector<int>* summed = nullptr;
+        for (const auto& [from, ds] : options_.replay_summed) {
+          if (from <= step) summed = &ds;
+        }
+        SUMMA_ASSIGN_OR_RETURN(const int64_t pushed,
+                               ComputeGradients(shard.begin, static_cast<int>(shard.size()), devices, summed));
         SUMMA_RETURN_IF_ERROR(models_[0]->GetGradients(gradients_->data()));
         compute.reset();
         {
           TraceSpan exchange(tracer, "exchange", "worker");
-          SUMMA_RETURN_IF_ERROR(
-              store_->PushPull(step, shard.size(), gradients_->data(), weights_->data(), &live_));
+          SUMMA_ASSIGN_OR_RETURN(next, store_->PushPull(step, pushed, gradients_->data(), weights_->data(), &live_));
         }
         TraceSpan load(tracer, "load", "worker");
         SUMMA_RETURN_IF_ERROR(LoadWeights());
         ++steps_done_;  // overlapped, counted as its exchange ends (overlap_->steps_finished())
       }
-      ++step;
       examples += shard.size();
       global_examples += std::min(batch, n - b * batch);
+      if (next > step + 1) {
+        // Backup workers: this push came after the step completed without it (dropped), and the
+        // others went on; the weights are step `next`'s, and so is this rank's place in the data.
+        if (options_.progress_bar) std::fprintf(out_, "\r\033[K");
+        std::fprintf(out_, "rank %d: its push of step %llu came late (the step completed without it; "
+                     "--backup_workers) and the job is at step %llu: skipping %llu step%s\n", rank_,
+                     static_cast<unsigned long long>(step), static_cast<unsigned long long>(next),
+                     static_cast<unsigned long long>(next - step - 1), next - step - 1 == 1 ? "" : "s");
+        std::fflush(out_);
+        // The loop's ++b lands on step `next`: past this epoch's end, the epochs it skipped run
+        // no step, and each still sums its loss (this rank's share of the epoch, perhaps none).
+        b += static_cast<int64_t>(next - step - 1);
+      }
+      step = next;
       const absl::Time now = absl::Now();
       if (options_.step_observer) options_.step_observer(now - step_start);
       const double rate = global_examples / std::max(1e-9, absl::ToDoubleSeconds(now - start));

@@ -69,6 +69,11 @@ struct TrainerOptions {
   // splits and the rank-order sums of an elastic job whose group sizes changed at those steps.
   // Empty: every device, every step.
   std::vector<std::pair<uint64_t, int>> replay_groups;
+  // Test builds (summa-worker --fault_replay_summed), with replay_groups: from each (step,
+  // devices), compute and sum only these devices' shares of each step's split (device 0 among
+  // them) and push their examples, so that the process replays a job with backup workers whose
+  // steps summed only those ranks' pushes. Empty: every device's share.
+  std::vector<std::pair<uint64_t, std::vector<int>>> replay_summed;
 };
 
 struct EpochResult {
@@ -106,8 +111,10 @@ class Trainer {
   absl::Status JoinAndTrain(const std::vector<float>& initial, bool rejoining);
   // Forward and backward of the `n` examples at `begin` in this epoch's order, split across the
   // devices; the summed gradient lands in the first model's gradients. Waits for no device.
-  // `devices`: the first so many (all when larger).
-  absl::Status ComputeGradients(int64_t begin, int n, int devices = 1 << 30);
+  // `devices`: the first so many (all when larger); of them only those in `summed` (sorted, 0
+  // first) when not null. Returns the examples summed.
+  absl::StatusOr<int64_t> ComputeGradients(int64_t begin, int n, int devices = 1 << 30,
+                                           const std::vector<int>* summed = nullptr);
   // Whether this attempt's steps overlap their exchange (overlapping_), after its Join.
   absl::Status PlanOverlap(const JoinInfo& joined);
   // Makes `order` (this epoch's order of the training set) every device's row indices.

@@ -78,12 +78,19 @@ absl::Status Trainer::LoadWeights() {
   return absl::OkStatus();
 }
 
-absl::Status Trainer::ComputeGradients(int64_t begin, int n, int used) {
+absl::StatusOr<int64_t> Trainer::ComputeGradients(int64_t begin, int n, int used, const std::vector<int>* summed) {
   const int devices = std::min(used, static_cast<int>(models_.size()));
   const int64_t params = models_[0]->num_params();
+  auto computes = [&](int d) {
+    return d < devices && (summed == nullptr || std::binary_search(summed->begin(), summed->end(), d));
+  };
+  int64_t examples = 0;
+  for (int d = 0; d < devices; ++d) {
+    if (computes(d)) examples += (d + 1) * n / devices - d * n / devices;
+  }
   // split_batch again, each device's part on its own thread.
   SUMMA_RETURN_IF_ERROR(device_threads_->Run([&](int d) {
-    if (d >= devices) return absl::OkStatus();
+    if (!computes(d)) return absl::OkStatus();
     const int from = d * n / devices, to = (d + 1) * n / devices;
     const Resident& r = resident_[d];
     return models_[d]->ComputeGradients(
@@ -92,12 +99,13 @@ absl::Status Trainer::ComputeGradients(int64_t begin, int n, int used) {
   // The seed's allreduce inside one worker: sum every device's gradient onto the first.
   Backend& first = *backends_[0];
   for (int d = 1; d < devices; ++d) {
+    if (!computes(d)) continue;
     SUMMA_RETURN_IF_ERROR(first.CopyFromPeer(*backends_[d], models_[d]->gradients()->data(),
                                              params, peer_gradients_->data()));
     SUMMA_RETURN_IF_ERROR(first.Axpy(1.0f, peer_gradients_->data(), models_[0]->gradients()->data(),
                                      params));
   }
-  return absl::OkStatus();
+  return examples;
 }
 
 absl::StatusOr<double> Trainer::TestAccuracy() {

@@ -33,6 +33,15 @@ prometheus::Gauge& MetricsEndpoint::Gauge(const std::string& name, const std::st
   return prometheus::BuildGauge().Name(name).Help(help).Register(*registry_).Add({});
 }
 
+prometheus::Family<prometheus::Counter>& MetricsEndpoint::CounterFamily(const std::string& name,
+                                                                       const std::string& help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(*registry_);
+}
+
+prometheus::Family<prometheus::Gauge>& MetricsEndpoint::GaugeFamily(const std::string& name, const std::string& help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(*registry_);
+}
+
 prometheus::Histogram& MetricsEndpoint::StepHistogram(const std::string& name, const std::string& help) {
   prometheus::Histogram::BucketBoundaries buckets;
   for (double b = 0.001; b < 40; b *= 2) buckets.push_back(b);

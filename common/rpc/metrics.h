@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "prometheus/counter.h"
+#include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
@@ -31,6 +32,10 @@ class MetricsEndpoint {
   // One unlabelled metric of each kind, registered under `name`.
   prometheus::Counter& Counter(const std::string& name, const std::string& help);
   prometheus::Gauge& Gauge(const std::string& name, const std::string& help);
+  // A family of labelled metrics registered under `name`, whose members are added as their
+  // labels appear (Family::Add, idempotent).
+  prometheus::Family<prometheus::Counter>& CounterFamily(const std::string& name, const std::string& help);
+  prometheus::Family<prometheus::Gauge>& GaugeFamily(const std::string& name, const std::string& help);
   // Buckets for step times: 1 ms to about 33 s, doubling.
   prometheus::Histogram& StepHistogram(const std::string& name, const std::string& help);
 

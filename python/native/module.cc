@@ -126,12 +126,21 @@ class NativeClient {
     const float* g = FloatBuffer(gradients, false, floats_, "gradients").data;
     float* w = FloatBuffer(weights, true, floats_, "weights").data;
     std::vector<int> live;
-    absl::Status s;
+    absl::StatusOr<uint64_t> next;
     {
       py::gil_scoped_release release;
-      s = client_->PushPull(step, num_examples, g, w, &live);
+      next = client_->PushPull(step, num_examples, g, w, &live);
     }
-    Check(s);
+    Check(next.status());
+    if (*next != step + 1) {
+      // A late push (summa-server --backup_workers): the weights are a later step's, which this
+      // API's caller, counting its own steps, would not know to go on from.
+      Check(WithReason(absl::FailedPreconditionError(absl::StrCat(
+                           "the push of step ", step, " came after its step completed (summa-server "
+                           "--backup_workers) and was dropped; the weights are those of step ", *next,
+                           ", which the Python client does not skip to: join again")),
+                       StatusReason::kLatePush));
+    }
     return live;
   }
 

@@ -294,6 +294,14 @@ class Client:
         for p, raw in zip(self.joined.partitions, replies):
             header, data = _wire.split_data(raw, 4)
             h = pb.PullResponse.FromString(header)
+            if check_version is not None and h.version != check_version and h.late:
+                # A late push (summa-server --backup_workers): the weights are a later step's, and
+                # this API's caller counts its own steps.
+                raise SummaError(grpc.StatusCode.FAILED_PRECONDITION,
+                                 f"the push of step {check_version - 1} came after its step completed "
+                                 f"(summa-server --backup_workers) and was dropped; partition {p.id} is "
+                                 f"at version {h.version}, which this client does not skip to: join again",
+                                 reason="LATE_PUSH")
             if check_version is not None and h.version != check_version:
                 raise SummaError(grpc.StatusCode.INTERNAL,
                                  f"asked for version {check_version} of partition {p.id}, got {h.version}")

@@ -1,5 +1,6 @@
 #include "server/core/consistency.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -21,6 +22,7 @@ class SyncPolicy final : public ConsistencyPolicy {
     if (r.step < p.version) {
       // A retry whose first reply was lost after the step completed: counted once already.
       if (p.next_step[r.rank] > r.step) return Duplicate(r);
+      if (ctx_.backup_workers > 0) return Late(p, r, now);
       return absl::FailedPreconditionError(absl::StrCat("step ", r.step, " of partition ", r.partition,
                                                         " is finished (the partition is at version ",
                                                         p.version, ")"));
@@ -35,6 +37,7 @@ class SyncPolicy final : public ConsistencyPolicy {
                                                         " (view ", group.view, "): it takes part from a later step"));
     }
     if (!p.barrier.Arrive(r.rank, now).ok()) return absl::InternalError("barrier refused a checked arrival");
+    if (ctx_.backup_workers > 0) Time(p.lateness[r.rank], now - p.barrier.first_arrival(), 0);
     if (values == PushValues::kSkip) {
       p.skip_step = true;
     } else {
@@ -96,9 +99,14 @@ class SyncPolicy final : public ConsistencyPolicy {
     for (int r : p.step_group.ranks) {
       if (!p.barrier.has_arrived(r)) missing.push_back(r);
     }
+    const std::string more =
+        ctx_.backup_workers == 0
+            ? ""
+            : absl::StrCat(" (", Needed(p.step_group) - (p.step_group.size() - static_cast<int>(missing.size())),
+                           " more of them: --backup_workers=", ctx_.backup_workers, ")");
     return absl::StrCat("partition ", p.range.id, " is at version ", p.version, "; step ", p.version,
                         " still waits for pushes from rank", missing.size() == 1 ? " " : "s ",
-                        absl::StrJoin(missing, ", "));
+                        absl::StrJoin(missing, ", "), more);
   }
 
  private:
@@ -107,8 +115,19 @@ class SyncPolicy final : public ConsistencyPolicy {
   void MaybeComplete(Partition& p, absl::Time now, CallsToFinish& out) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu) {
     if (p.barrier.arrived() == 0) return;  // nothing pushed: an exclusion completes nothing
-    for (int r : SyncGroup(p, out).ranks) {
-      if (!p.barrier.has_arrived(r)) return;
+    if (ctx_.backup_workers > 0) {
+      const GroupView& group = SyncGroup(p, out);
+      int pushed = 0;
+      for (int r : group.ranks) pushed += p.barrier.has_arrived(r);
+      if (pushed < Needed(group)) return;
+      // Where a late push of this step measures its delay from.
+      const int slot = static_cast<int>(p.version % Partition::kRecentSteps);
+      p.began_step[slot] = p.version;
+      p.step_began[slot] = p.barrier.first_arrival();
+    } else {
+      for (int r : SyncGroup(p, out).ranks) {
+        if (!p.barrier.has_arrived(r)) return;
+      }
     }
     const bool skip = p.skip_step || p.aggregator.contributions() == 0;
     p.aggregator.Finish();
@@ -144,6 +163,39 @@ class SyncPolicy final : public ConsistencyPolicy {
         p.step_group.view, " (ranks ", absl::StrJoin(p.step_group.ranks, ", "), "): a member left the group "
         "during it; compute this worker's share of the step over the new group and push again")),
         StatusReason::kStaleView);
+  }
+
+  // Backup workers: the pushes a step of `group` completes with.
+  int Needed(const GroupView& group) const { return std::max(1, group.size() - ctx_.backup_workers); }
+
+  // Records one push's delay from its step's first push, and the steps it trails by.
+  static void Time(RankLateness& l, absl::Duration delay, uint64_t behind) {
+    ++l.timed_pushes;
+    l.total_delay += delay;
+    l.last_delay = delay;
+    l.steps_behind = behind;
+  }
+
+  // A push of step `r.step`, which the partition completed without it (backup workers): dropped,
+  // and counted late once (a retry of it is answered alike, not counted again).
+  absl::Status Late(Partition& p, const PushRequestView& r, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu) {
+    RankLateness& l = p.lateness[r.rank];
+    if (l.last_late_step != r.step) {
+      l.last_late_step = r.step;
+      ++l.late_pushes;
+      const int slot = static_cast<int>(r.step % Partition::kRecentSteps);
+      const uint64_t behind = p.version - r.step;
+      if (p.began_step[slot] == r.step) {
+        Time(l, now - p.step_began[slot], behind);
+      } else {
+        l.steps_behind = behind;  // too old a step to know when it began
+      }
+    }
+    return WithReason(absl::FailedPreconditionError(absl::StrCat(
+        "late push: step ", r.step, " of partition ", r.partition, " completed without rank ", r.rank,
+        "'s push (--backup_workers=", ctx_.backup_workers, ": a step is summed from the first group size - ",
+        ctx_.backup_workers, " pushes), which was dropped; the partition is at version ", p.version,
+        ": pull it and go on from there")), StatusReason::kLatePush);
   }
 
   // Drops the step's pushes and fails their push-pulls (parked ones; AnswerPushPull fails one

@@ -4,7 +4,13 @@
 //    (server/core/group_view.h: the ranks admitted by that step, less those excluded since; a
 //    step whose unpushed member is excluded starts again under the new group) has pushed a
 //    partition for the step, the optimizer runs on the sum divided by the examples covered and
-//    the version advances (the seed's bulk-synchronous step);
+//    the version advances (the seed's bulk-synchronous step); with backup workers (B =
+//    PolicyContext::backup_workers > 0) once the first max(1, group size - B) ranks of the group
+//    have, and a push of a step the partition completed without it is late: dropped, counted in
+//    Partition::lateness, refused with FAILED_PRECONDITION and reason kLatePush (a push-pull of
+//    it is then answered with the newest weights: ParameterServer::PushPull). Each partition
+//    decides alone which ranks it sums: where pushes of a step race, two partitions of it may sum
+//    different ranks (each update is still the mean gradient of the examples it summed);
 //  - async: each push is applied on arrival with its own example count;
 //  - ssp: as async, but a push-pull more than `staleness` steps ahead of the slowest member waits.
 // Every method runs with the partition's lock held and collects the calls it answers in `out`,
@@ -54,6 +60,7 @@ struct PolicyContext {
   const Optimizer* optimizer = nullptr;   // Not owned.
   const Membership* members = nullptr;    // Not owned.
   int staleness = 0;
+  int backup_workers = 0;  // sync: ServerOptions::backup_workers
   std::function<void(absl::Duration)> step_observer;  // may be null
   Tracer* tracer = nullptr;                            // Not owned; may be null.
 };
@@ -65,8 +72,9 @@ class ConsistencyPolicy {
 
   // Takes a validated push from a member, its values decoded to float32 in `gradient`. True when
   // it completed its step (sync) or was applied. ALREADY_EXISTS for a push already counted;
-  // FAILED_PRECONDITION for a finished step or a rank out of the group; OUT_OF_RANGE for a future
-  // step. Refusals change nothing.
+  // FAILED_PRECONDITION for a finished step or a rank out of the group (with backup workers, a
+  // finished step's push is late: reason kLatePush, counted once in the rank's lateness);
+  // OUT_OF_RANGE for a future step. Refusals change nothing else.
   virtual absl::StatusOr<bool> Push(Partition& p, const PushRequestView& r, absl::Span<const float> gradient,
                                     PushValues values, absl::Time now, CallsToFinish& out) const = 0;
   // After the membership shrank: completes what that completes (sync: or starts the step again

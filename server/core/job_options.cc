@@ -117,6 +117,21 @@ absl::Status ValidateOptions(const ServerOptions& options) {
         "deterministic aggregation needs sync mode (--mode=sync), not ", ModeName(options.mode),
         ": async and ssp apply each push alone, in the order pushes arrive"));
   }
+  if (options.backup_workers != 0) {
+    const int group = options.min_workers > 0 ? options.min_workers : options.world_size;
+    if (options.mode != Mode::kSync) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--backup_workers=", options.backup_workers, " needs sync mode (--mode=sync), not ", ModeName(options.mode),
+          ": async and ssp apply each push alone and wait for no step"));
+    }
+    if (options.backup_workers < 0 || options.backup_workers >= group) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--backup_workers=", options.backup_workers, " must be at least 0 and less than the ", group,
+          " workers the job starts with (--workers", options.min_workers > 0 && options.min_workers < options.world_size
+              ? absl::StrCat("=", options.min_workers, ":", options.world_size, "'s MIN") : "",
+          "): a step completes once group size - B ranks have pushed it"));
+    }
+  }
   if (options.checkpoint_every < 0) {
     return absl::InvalidArgumentError("the checkpoint interval must not be negative");
   }

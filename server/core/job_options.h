@@ -47,6 +47,13 @@ struct ServerOptions {
   int staleness = 2;  // ssp: how many steps a worker may run ahead of the slowest
   OptimizerOptions optimizer;
   NonFinite nonfinite = NonFinite::kReject;
+  // Sync only: backup workers (Chen et al., "Revisiting Distributed Synchronous SGD", 2016). With
+  // B > 0 a partition completes a step once the first (group size - B) ranks of the step's group
+  // have pushed it (at least one); a rank whose push of the step comes after that is late for
+  // the partition: its push is dropped (not summed, counted per rank), and a push-pull of it is
+  // answered with the partition's newest weights, from which the worker goes on. 0: every rank
+  // of the group is waited for. At most MIN - 1 (--workers=MIN:MAX).
+  int backup_workers = 0;
   // Sync only: each step's pushes are summed in rank order, whatever order they arrive in, so the
   // weights are the same bits on every run of the same job (server/core/aggregator.h).
   bool deterministic = false;

@@ -21,6 +21,7 @@ PolicyContext MakeContext(const ServerOptions& o, const Optimizer* optimizer, co
   c.optimizer = optimizer;
   c.members = members;
   c.staleness = o.staleness;
+  c.backup_workers = o.backup_workers;
   c.step_observer = o.step_observer;
   c.tracer = o.tracer;
   return c;
@@ -405,10 +406,21 @@ StatusSnapshot ParameterServer::Status() const {
     s.parameter_count = m->map.num_elements();
     s.partition_count = static_cast<int>(m->partitions.size());
     s.version = UINT64_MAX;
+    if (options_.backup_workers > 0) s.lateness.resize(options_.world_size);
     for (const auto& p : m->partitions) {
       s.partition_bytes_held += p->range.length * 4;
       absl::ReaderMutexLock lock(&p->mu);
       s.version = std::min(s.version, p->version);
+      for (size_t r = 0; r < s.lateness.size(); ++r) {
+        const RankLateness& from = p->lateness[r];
+        RankLateness& to = s.lateness[r];
+        to.late_pushes += from.late_pushes;
+        to.timed_pushes += from.timed_pushes;
+        to.total_delay += from.total_delay;
+        to.last_delay = std::max(to.last_delay, from.last_delay);
+        to.steps_behind = std::max(to.steps_behind, from.steps_behind);
+        s.late_pushes += from.late_pushes;
+      }
       if (p->reports) {
         s.steps_restarted = p->restarts;
         s.examples_applied = p->examples_applied;

@@ -113,6 +113,11 @@ struct StatusSnapshot {
   std::vector<GroupChange> group_log;  // oldest first (ParameterServer::GroupLog)
   uint64_t steps_restarted = 0;        // sync: steps started again under a new group
   uint64_t examples_applied = 0;       // sync: examples of the completed steps, summed
+  // Sync with backup workers (--backup_workers; empty without): per rank, over this server's
+  // partitions, its late pushes and timed pushes and delays summed, and its last delay and steps
+  // behind the largest of any partition's; late_pushes, every rank's summed.
+  std::vector<RankLateness> lateness;
+  uint64_t late_pushes = 0;
 };
 
 class ParameterServer {

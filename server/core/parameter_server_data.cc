@@ -231,11 +231,15 @@ void ParameterServer::Pull(int rank, uint64_t session, uint32_t partition, uint6
 
 void ParameterServer::PushPull(const PushRequestView& request, std::shared_ptr<ParkedCall> call) {
   absl::StatusOr<bool> pushed = Push(request);
-  // A push that was already counted (a retry after a lost reply) only pulls.
-  if (!pushed.ok() && !absl::IsAlreadyExists(pushed.status())) {
+  // A push that was already counted (a retry after a lost reply) only pulls. A late one (backup
+  // workers: its step completed without it) was dropped, and pulls the newest weights, which its
+  // step is past: the answer says so.
+  const bool late = IsLatePush(pushed.status());
+  if (!pushed.ok() && !absl::IsAlreadyExists(pushed.status()) && !late) {
     if (call->Claim()) call->Finish(pushed.status());
     return;
   }
+  if (late) call->MarkLate();
   const Model& m = *model();
   // A rollback since the push voided its session before it published this model.
   if (absl::Status s = membership_.CheckSession(request.rank, request.session); !s.ok()) {

@@ -32,6 +32,10 @@ class ParkedCall {
   // (no copy); `counter` is the version (or round) the values belong to.
   virtual void Fill(uint64_t counter, const Snapshot& values) = 0;
   virtual void Finish(absl::Status status) = 0;
+  // The answer is a late push's (sync mode with backup workers: its step completed without it,
+  // and the values are the partition's newest, whose version may be past the step after it).
+  // Called by the core before it hands the call on; calls that answer no push-pull ignore it.
+  virtual void MarkLate() {}
   // The bytes each value takes in the answer (4, or 2 for a pull in a 16-bit wire dtype): what
   // the server counts as sent.
   virtual int value_bytes() const { return 4; }

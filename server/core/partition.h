@@ -23,6 +23,22 @@
 
 namespace summa::server {
 
+// Sync mode with backup workers (--backup_workers): how late one rank's pushes to a partition
+// come. The delay of a push is the time from its step's first push (on this partition) to it.
+struct RankLateness {
+  uint64_t late_pushes = 0;  // dropped: the step had completed without them
+  uint64_t timed_pushes = 0;   // pushes whose delay is in total_delay (on time, and late ones of recent steps)
+  absl::Duration total_delay = absl::ZeroDuration();
+  absl::Duration last_delay = absl::ZeroDuration();
+  // At its last push: the steps the partition had completed past the step pushed (0 on time).
+  uint64_t steps_behind = 0;
+  uint64_t last_late_step = UINT64_MAX;  // a retry of this dropped push is not counted again
+
+  absl::Duration mean_delay() const {
+    return timed_pushes == 0 ? absl::ZeroDuration() : total_delay / static_cast<int64_t>(timed_pushes);
+  }
+};
+
 struct Partition {
   // `deterministic`: the aggregator keeps each rank's push and sums them in rank order.
   Partition(PartitionRange r, int world_size, absl::Span<const float> initial, int num_slots,
@@ -35,6 +51,7 @@ struct Partition {
         aggregator(r.length, deterministic ? world_size : 0),
         barrier(world_size),
         next_step(world_size, 0),
+        lateness(world_size),
         step_group(GroupView::Whole(world_size)),
         last_completion(now) {
     for (auto& s : slots) slot_views.push_back(absl::MakeSpan(s));
@@ -68,6 +85,13 @@ struct Partition {
   // examples of the steps completed (what the updates were divided by).
   uint64_t restarts ABSL_GUARDED_BY(mu) = 0;
   uint64_t examples_applied ABSL_GUARDED_BY(mu) = 0;
+  // Sync with backup workers: per rank, how late its pushes come; and when the first push of
+  // each of the last kRecentSteps completed steps came (step_began[s % kRecentSteps], valid
+  // where began_step holds s), the origin of a late push's delay.
+  std::vector<RankLateness> lateness ABSL_GUARDED_BY(mu);
+  static constexpr int kRecentSteps = 64;
+  std::vector<absl::Time> step_began ABSL_GUARDED_BY(mu) = std::vector<absl::Time>(kRecentSteps);
+  std::vector<uint64_t> began_step ABSL_GUARDED_BY(mu) = std::vector<uint64_t>(kRecentSteps, UINT64_MAX);
   bool skip_step ABSL_GUARDED_BY(mu) = false;            // sync: a push under --nonfinite=skip_step
   ParkingLot parked ABSL_GUARDED_BY(mu);        // waiting for a version
   ParkingLot clock_parked ABSL_GUARDED_BY(mu);  // ssp: waiting for the slowest member

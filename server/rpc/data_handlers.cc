@@ -128,10 +128,12 @@ std::shared_ptr<Parked> PullCall(const ParameterServer* core, DataCall* call, ui
                                  Parked::Holds holds) {
   const Parked::WaitSpan wait{core->options().tracer, "wait", partition};
   grpc::ByteBuffer* response = call->response();
-  auto parked = std::make_shared<Parked>(call, [core, response, partition, dtype](uint64_t version, const Snapshot& w) {
+  auto parked = std::make_shared<Parked>(call, [core, response, partition, dtype](uint64_t version, const Snapshot& w,
+                                                                               bool late) {
     pb::PullResponse header;
     header.set_partition(partition);
     header.set_version(version);
+    if (late) header.set_late(true);
     header.set_dtype(WireDTypeToProto(dtype));
     // The group of the step this version starts: the ranks and their view, one value.
     const GroupView group = core->membership().GroupAt(version);
@@ -267,7 +269,7 @@ void ParameterServerService::ServeAllReduce(DataCall* call) {
   if (!bytes.ok()) return Done(call, bytes.status());
   auto answer = std::make_shared<Parked>(
       call,
-      [response = call->response(), spec = *spec](uint64_t round, const Snapshot& sum) {
+      [response = call->response(), spec = *spec](uint64_t round, const Snapshot& sum, bool) {
         pb::Tensor tensor;
         SpecToProto(spec, &tensor);
         pb::AllReduceResponse outer;

@@ -61,7 +61,7 @@ grpc::Status ParameterServerService::Follow(grpc::ServerContext* context, const 
     if (holding_ && held_ < kMaxHeldReports) {
       absl::StatusOr<PeerBudget::Hold> parked = parked_.Take(PeerKey(-1, context->peer()), 1);
       if (parked.ok()) {
-        held = std::make_shared<Parked>(&blocked, [answer](uint64_t, const Snapshot&) { answer(/*held=*/true); },
+        held = std::make_shared<Parked>(&blocked, [answer](uint64_t, const Snapshot&, bool) { answer(/*held=*/true); },
                                         Parked::WaitSpan{}, Parked::Holds{*std::move(parked), {}});
         held_reports_.Park(held, request->view() + 1, absl::InfiniteFuture());
         ++held_;

@@ -26,7 +26,8 @@ const Snapshot& NoSnapshot();
 // client cancelling (or a timer); only the winner fills the response and sends the answer.
 class Parked final : public ParkedCall {
  public:
-  using FillFn = std::function<void(uint64_t, const Snapshot&)>;
+  // The counter, the values, and whether the core marked the answer late (MarkLate).
+  using FillFn = std::function<void(uint64_t, const Snapshot&, bool late)>;
 
   // What the trace calls the time from the call's arrival to its answer.
   struct WaitSpan {
@@ -51,8 +52,9 @@ class Parked final : public ParkedCall {
   bool claimed() const override { return claimed_.load(); }
   void Fill(uint64_t counter, const Snapshot& values) override {
     if (wait_.tracer != nullptr) wait_.tracer->Complete(wait_.name, "server", arrived_, absl::Now(), wait_.partition);
-    fill_(counter, values);
+    fill_(counter, values, late_);
   }
+  void MarkLate() override { late_ = true; }
   // An answered call is no longer parked: its parked-call hold goes now, its bytes when it is
   // forgotten (an AllReduce contribution's stay in the round's sum until the round ends).
   void Finish(absl::Status status) override {
@@ -69,6 +71,7 @@ class Parked final : public ParkedCall {
   const absl::Time arrived_;
   Holds holds_;
   const int value_bytes_;
+  bool late_ = false;  // set before the core hands the call on; read by its claimer
 };
 
 // A synchronous handler's call that waits, on its own thread, to be answered through a Parked

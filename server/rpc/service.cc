@@ -53,6 +53,7 @@ grpc::Status ParameterServerService::Join(grpc::ServerContext* context, const pb
   response->set_partition_bytes(core_->options().partition_bytes);
   response->set_lease_seconds(absl::ToDoubleSeconds(core_->options().lease));
   response->set_staleness(core_->options().staleness);
+  response->set_backup_workers(core_->options().backup_workers);
   response->set_initialize(joined->initialize);
   response->set_wire_dtype(WireDTypeToProto(core_->options().wire_dtype));
   response->set_topk_ratio(core_->options().compression.topk_ratio);
@@ -157,6 +158,13 @@ grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context, con
     out->set_examples(m.examples);
     out->set_from_step(m.from_step);
     out->set_last_seen_seconds_ago(absl::ToDoubleSeconds(now - m.last_seen));
+    if (m.rank >= 0 && m.rank < static_cast<int>(s.lateness.size())) {
+      const RankLateness& l = s.lateness[m.rank];
+      out->set_late_pushes(l.late_pushes);
+      out->set_mean_push_delay_seconds(absl::ToDoubleSeconds(l.mean_delay()));
+      out->set_last_push_delay_seconds(absl::ToDoubleSeconds(l.last_delay));
+      out->set_steps_behind(l.steps_behind);
+    }
   }
   response->set_model_defined(s.model_defined);
   response->set_partitions_pending(s.partitions_pending);
@@ -205,6 +213,8 @@ grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context, con
   }
   response->set_steps_restarted(s.steps_restarted);
   response->set_examples_applied(s.examples_applied);
+  response->set_backup_workers(o.backup_workers);
+  response->set_late_pushes(s.late_pushes);
   response->set_joins_refused(joins_.refused());
   response->set_request_buffer_bytes(request_buffer_bytes());
   if (o.shards > 1 && o.shard == 0) {

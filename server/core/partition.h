@@ -51,8 +51,8 @@ struct Partition {
         aggregator(r.length, deterministic ? world_size : 0),
         barrier(world_size),
         next_step(world_size, 0),
-        lateness(world_size),
         step_group(GroupView::Whole(world_size)),
+        lateness(world_size),
         last_completion(now) {
     for (auto& s : slots) slot_views.push_back(absl::MakeSpan(s));
   }

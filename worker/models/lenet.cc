@@ -165,7 +165,7 @@ absl::Status LeNet::Backward(int n, DeviceBuffer& grads, LayerHooks* hooks) {
 }
 
 absl::Status LeNet::ComputeGradients(const Examples& examples, int n) {
-  return ChunkedGradients(*backend_, {max_batch_, chunk_, kImageFloats}, *this, examples, n, *grads_,
+  return ChunkedGradients(*backend_, {max_batch_, chunk_, kImageFloats, {}}, *this, examples, n, *grads_,
                           *chunk_grads_);
 }
 
@@ -177,7 +177,7 @@ absl::Status LeNet::ComputeGradientsPerLayer(const Examples& examples, int n, La
 absl::StatusOr<double> LeNet::TakeLoss() { return TakeLossTotals(*backend_, *loss_totals_, kClasses); }
 
 absl::StatusOr<int64_t> LeNet::CountCorrect(const float* images, const float* labels, int n) {
-  return ChunkedCountCorrect({max_batch_, chunk_, kImageFloats}, *this, images, labels, n);
+  return ChunkedCountCorrect({max_batch_, chunk_, kImageFloats, {}}, *this, images, labels, n);
 }
 
 absl::StatusOr<int64_t> LeNet::CountLastCorrect(int n) { return head_->CountCorrect(labels_->data(), 0, n); }

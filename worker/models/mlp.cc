@@ -91,7 +91,7 @@ absl::Status Mlp::Backward(int n, DeviceBuffer& grads, LayerHooks* hooks) {
 }
 
 absl::Status Mlp::ComputeGradients(const Examples& examples, int n) {
-  return ChunkedGradients(*backend_, {max_batch_, chunk_, kImageFloats}, *this, examples, n, *grads_,
+  return ChunkedGradients(*backend_, {max_batch_, chunk_, kImageFloats, {}}, *this, examples, n, *grads_,
                           *chunk_grads_);
 }
 
@@ -103,7 +103,7 @@ absl::Status Mlp::ComputeGradientsPerLayer(const Examples& examples, int n, Laye
 absl::StatusOr<double> Mlp::TakeLoss() { return TakeLossTotals(*backend_, *loss_totals_, kClasses); }
 
 absl::StatusOr<int64_t> Mlp::CountCorrect(const float* images, const float* labels, int n) {
-  return ChunkedCountCorrect({max_batch_, chunk_, kImageFloats}, *this, images, labels, n);
+  return ChunkedCountCorrect({max_batch_, chunk_, kImageFloats, {}}, *this, images, labels, n);
 }
 
 absl::StatusOr<int64_t> Mlp::CountLastCorrect(int n) {

@@ -111,15 +111,6 @@ int Membership::RankToAssign() const {
   return world_size_;
 }
 
-bool Membership::WouldGrow(int rank) const {
-  if (rank == -1) {
-    absl::MutexLock lock(&mu_);
-    rank = RankToAssign();
-  }
-  if (rank < 0 || rank >= world_size_) return false;
-  return excluded(rank) || slots_[rank].from_step.load(std::memory_order_acquire) == UINT64_MAX;
-}
-
 absl::StatusOr<Admitted> Membership::Admit(int rank, const std::string& peer,
                                            const std::string& status_address, uint64_t grow_from) {
   absl::MutexLock lock(&mu_);

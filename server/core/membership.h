@@ -134,9 +134,6 @@ class Membership {
   // earlier session of the rank) and the step it takes part from.
   absl::StatusOr<Admitted> Admit(int rank, const std::string& peer, const std::string& status_address,
                                  uint64_t grow_from = 0);
-  // Whether Admit(rank) would admit a rank not yet in the group (growth); -1 as Admit reads it.
-  // Under the caller's serialization of joins (the server's define lock).
-  bool WouldGrow(int rank) const;
 
   // OK when `session` is `rank`'s current session; FAILED_PRECONDITION naming the rank, the newer
   // peer and what to do when it is an older one (fenced) or none; NOT_FOUND when the rank never

@@ -12,9 +12,9 @@
 // The structs whose defaults the flags take.
 using summa::server::Coordinator;
 using summa::server::LimitOptions;
-using summa::server::OptimizerOptions;
+using summa::OptimizerOptions;
 using summa::server::ServerOptions;
-using summa::server::LrScheduleName;
+using summa::LrScheduleName;
 using summa::server::ModeName;
 using summa::server::NonFiniteName;
 using summa::server::OnWorkerLossName;

@@ -1,4 +1,4 @@
-#include "server/core/optimizer.h"
+#include "common/optimizer.h"
 
 #include <cmath>
 #include <fstream>
@@ -10,7 +10,7 @@
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 
-namespace summa::server {
+namespace summa {
 namespace {
 
 // The inputs tests/optimizer_reference.py gave torch.optim (see its docstring).
@@ -185,4 +185,4 @@ TEST(OptimizerTest, RefusesBadOptionsNamingThem) {
 }
 
 }  // namespace
-}  // namespace summa::server
+}  // namespace summa

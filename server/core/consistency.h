@@ -32,7 +32,7 @@
 #include "common/compression.h"
 #include "server/core/job_options.h"
 #include "server/core/membership.h"
-#include "server/core/optimizer.h"
+#include "common/optimizer.h"
 #include "server/core/parked_call.h"
 #include "server/core/partition.h"
 

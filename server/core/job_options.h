@@ -15,7 +15,7 @@
 #include "common/compression.h"
 #include "common/trace.h"
 #include "server/core/limits.h"
-#include "server/core/optimizer.h"
+#include "common/optimizer.h"
 #include "summa/v1/summa.pb.h"
 
 namespace summa::server {

@@ -30,7 +30,7 @@
 #include "server/core/consistency.h"
 #include "server/core/job_options.h"
 #include "server/core/membership.h"
-#include "server/core/optimizer.h"
+#include "common/optimizer.h"
 #include "server/core/parked_call.h"
 #include "server/core/partition.h"
 #include "summa/v1/checkpoint.pb.h"

@@ -1,10 +1,10 @@
-#include "server/core/optimizer.h"
+#include "common/optimizer.h"
 
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 
-namespace summa::server {
+namespace summa {
 namespace {
 
 absl::Status NonNegative(const char* what, double v) {
@@ -200,4 +200,4 @@ std::string Optimizer::Describe() const {
   return absl::StrCat(DescribeRule(), ", lr schedule ", schedule);
 }
 
-}  // namespace summa::server
+}  // namespace summa

@@ -1,12 +1,13 @@
-// Optimizer: the update a partition's master weights take from a step's summed gradient, with
-// the state it keeps per weight in named slots (the momentum buffer; Adam's two moments) that the
-// partition owns and checkpoints carry by name. PyTorch semantics, so a job matches
+// Optimizer: the update weights take from a step's summed gradient, with the state it keeps per
+// weight in named slots (the momentum buffer; Adam's two moments): a server partition's master
+// weights (which own the slots, and checkpoints carry them by name), a DiLoCo worker's local
+// weights (its inner optimizer), and, in DiLoCo, the server's outer weights. PyTorch semantics, so a job matches
 // torch.optim given the same gradients: the gradient is the pushed sum divided by the examples
 // it covers; `sgd` (momentum, nesterov, L2 weight decay added to the gradient), `adam` (L2 decay
 // added to the gradient) and `adamw` (decoupled decay), each under a learning-rate schedule.
 // Immutable after Create; thread-safe (const).
-#ifndef SUMMA_SERVER_CORE_OPTIMIZER_H_
-#define SUMMA_SERVER_CORE_OPTIMIZER_H_
+#ifndef SUMMA_COMMON_OPTIMIZER_H_
+#define SUMMA_COMMON_OPTIMIZER_H_
 
 #include <cstdint>
 #include <memory>
@@ -16,7 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 
-namespace summa::server {
+namespace summa {
 
 enum class LrSchedule { kConstant, kStep, kCosine };
 
@@ -75,6 +76,6 @@ class Optimizer {
   const OptimizerOptions options_;
 };
 
-}  // namespace summa::server
+}  // namespace summa
 
-#endif  // SUMMA_SERVER_CORE_OPTIMIZER_H_
+#endif  // SUMMA_COMMON_OPTIMIZER_H_

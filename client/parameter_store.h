@@ -31,6 +31,8 @@ struct JoinInfo {
   // Sync mode: the job's backup workers (summa-server --backup_workers): a push may come late,
   // and PushPull then moves on past the steps this rank missed.
   int backup_workers = 0;
+  // DiLoCo (summa-server --mode=diloco): the local steps between exchanges, H; 0 otherwise.
+  int sync_every = 0;
   absl::Duration lease = absl::Seconds(10);
   std::vector<PartitionRange> partitions;
   std::vector<int> live_ranks;

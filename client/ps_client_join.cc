@@ -157,6 +157,7 @@ absl::StatusOr<JoinInfo> ParameterClient::Join(int rank, int world,
   info.mode = response.mode();
   info.staleness = response.staleness();
   info.backup_workers = response.backup_workers();
+  info.sync_every = response.sync_every();
   if (response.lease_seconds() > 0) info.lease = absl::Seconds(response.lease_seconds());
   info.live_ranks.assign(response.live_ranks().begin(), response.live_ranks().end());
   // Every shard's partitions, in offset order, must tile the model.

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/byte_size.h"
@@ -70,8 +71,21 @@ ABSL_FLAG(std::string, workers, "1",
 ABSL_FLAG(std::string, mode, ModeName(ServerOptions().mode),
           "consistency mode: sync (a step completes when every worker pushed, as the seed; all but "
           "--backup_workers of them), async "
-          "(each push applied on arrival), or ssp (async, but a worker more than --staleness steps "
-          "ahead of the slowest waits)");
+          "(each push applied on arrival), ssp (async, but a worker more than --staleness steps "
+          "ahead of the slowest waits), diloco (DiLoCo: each worker takes --sync_every local steps "
+          "with its own inner optimizer, then pushes the change of its weights; an outer step "
+          "averages the group's, weighted by examples, under --outer_optimizer) or diloco-async "
+          "(each worker's change applied as it arrives, as a 1/group-size share)");
+ABSL_FLAG(int, sync_every, 500,
+          "diloco: H, the local steps each worker takes between exchanges with the server (the "
+          "paper's 500; 1 exchanges every step). A worker's place in the data follows from H, so "
+          "a checkpoint restores only into the same H");
+ABSL_FLAG(std::string, outer_optimizer, "nesterov",
+          "diloco: the outer optimizer the server applies to the averaged pseudo-gradient: "
+          "nesterov (SGD with Nesterov momentum, the paper's) or sgd (heavy-ball momentum; with "
+          "--outer_momentum=0 --outer_lr=1 the average of the workers' weights)");
+ABSL_FLAG(double, outer_lr, 0.7, "diloco: the outer learning rate");
+ABSL_FLAG(double, outer_momentum, 0.9, "diloco: the outer momentum, in [0, 1)");
 ABSL_FLAG(int, staleness, ServerOptions().staleness,
           "ssp: how many steps a worker may run ahead of the slowest");
 ABSL_FLAG(int, backup_workers, ServerOptions().backup_workers,
@@ -191,6 +205,58 @@ ABSL_FLAG(double, join_rate, LimitOptions().join_rate,
           "joins per second the server accepts, after a burst of max(this, 2 x --workers)");
 
 namespace summa::server {
+namespace {
+
+// Set to other than its default (this Abseil keeps whether a flag was on the command line
+// private; a default given explicitly changes nothing either way).
+bool OnCommandLine(absl::string_view name) {
+  const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+  return flag != nullptr && flag->CurrentValue() != flag->DefaultValue();
+}
+
+// --mode=diloco's flags into `o`: H, and the outer optimizer as the server's. The inner
+// optimizer is the workers', so the server's own optimizer flags are refused with DiLoCo, and
+// the outer ones without it.
+absl::Status DilocoFromFlags(bool diloco, ServerOptions& o) {
+  constexpr const char* kOuter[] = {"sync_every", "outer_optimizer", "outer_lr", "outer_momentum"};
+  constexpr const char* kInner[] = {"optimizer", "lr", "momentum", "nesterov", "beta1", "beta2", "eps"};
+  if (!diloco) {
+    for (const char* name : kOuter) {
+      if (OnCommandLine(name)) {
+        return absl::InvalidArgumentError(absl::StrCat("--", name, " is for --mode=diloco (or diloco-async), not --mode=",
+                                                       ModeName(o.mode)));
+      }
+    }
+    return absl::OkStatus();
+  }
+  for (const char* name : kInner) {
+    if (OnCommandLine(name)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--", name, " with --mode=diloco: the server's optimizer is the outer one (--outer_optimizer, "
+          "--outer_lr, --outer_momentum); each worker brings its inner one (summa-worker --inner_optimizer, "
+          "or the Python loop's torch optimizer)"));
+    }
+  }
+  o.sync_every = absl::GetFlag(FLAGS_sync_every);
+  if (o.sync_every < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--sync_every=", o.sync_every, " must be at least 1"));
+  }
+  const std::string outer = absl::GetFlag(FLAGS_outer_optimizer);
+  if (outer != "nesterov" && outer != "sgd") {
+    return absl::InvalidArgumentError(absl::StrCat("unknown --outer_optimizer '", outer, "': use nesterov or sgd"));
+  }
+  OptimizerOptions& opt = o.optimizer;
+  opt.name = "sgd";
+  opt.learning_rate = absl::GetFlag(FLAGS_outer_lr);
+  opt.momentum = absl::GetFlag(FLAGS_outer_momentum);
+  opt.nesterov = outer == "nesterov";
+  if (opt.nesterov && opt.momentum == 0) {
+    return absl::InvalidArgumentError("--outer_optimizer=nesterov needs --outer_momentum > 0 (or use sgd)");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   ServerOptions o;
@@ -198,9 +264,10 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   if (!workers.ok()) return workers.status();
   o.min_workers = workers->first;
   o.world_size = workers->second;
-  absl::StatusOr<Mode> mode = ParseMode(absl::GetFlag(FLAGS_mode));
+  absl::StatusOr<std::pair<Mode, bool>> mode = ParseJobMode(absl::GetFlag(FLAGS_mode));
   if (!mode.ok()) return mode.status();
-  o.mode = *mode;
+  o.mode = mode->first;
+  const bool diloco = mode->second;
   o.staleness = absl::GetFlag(FLAGS_staleness);
   o.backup_workers = absl::GetFlag(FLAGS_backup_workers);
   absl::StatusOr<OnWorkerLoss> loss = ParseOnWorkerLoss(absl::GetFlag(FLAGS_on_worker_loss));
@@ -232,6 +299,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   opt.gamma = absl::GetFlag(FLAGS_lr_gamma);
   opt.warmup_steps = absl::GetFlag(FLAGS_lr_warmup_steps);
   opt.total_steps = absl::GetFlag(FLAGS_lr_total_steps);
+  if (absl::Status s = DilocoFromFlags(diloco, o); !s.ok()) return s;
   o.partition_bytes = absl::GetFlag(FLAGS_partition_bytes);
   o.shards = absl::GetFlag(FLAGS_shards);
   o.shard = absl::GetFlag(FLAGS_shard);

@@ -53,11 +53,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   const int port = (*server)->port();
-  std::string mode = summa::server::ModeName(options.mode);
+  std::string mode = absl::StrCat(summa::server::JobModeName(options), " mode");
+  if (options.sync_every > 0) absl::StrAppend(&mode, " (", options.sync_every, " local steps between exchanges)");
   if (options.backup_workers > 0) {
     absl::StrAppend(&mode, " (", options.backup_workers, " backup worker", options.backup_workers == 1 ? "" : "s", ")");
   }
-  std::printf("summa-server listening on port %d: %d workers, %s mode, %s, partitions of %lld bytes%s\n",
+  std::printf("summa-server listening on port %d: %d workers, %s, %s, partitions of %lld bytes%s\n",
               port, options.world_size, mode.c_str(),
               (*server)->core().Status().optimizer.c_str(), static_cast<long long>(options.partition_bytes),
               options.shards > 1 ? absl::StrCat(", shard ", options.shard, " of ", options.shards).c_str() : "");

@@ -7,6 +7,7 @@
 
 #include "gtest/gtest.h"
 #include "tests/parameter_server_peer.h"
+#include "tests/synthetic_dataset.h"
 #include "server/daemon.h"
 #include "worker/models/lenet.h"
 #include "client/ps_client.h"
@@ -14,24 +15,6 @@
 
 namespace summa::worker {
 namespace {
-
-Dataset Synthetic(int64_t count, uint64_t seed) {
-  Dataset set;
-  set.count = count;
-  set.rows = set.cols = 28;
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> pixel(0, 1);
-  set.images.resize(count * 784);
-  set.labels.resize(count);
-  for (int64_t i = 0; i < count; ++i) {
-    set.labels[i] = static_cast<int32_t>(rng() % 10);
-    // A class-dependent bright band, so training makes real progress.
-    for (int p = 0; p < 784; ++p) {
-      set.images[i * 784 + p] = 0.3f * pixel(rng) + ((p / 28) / 3 == set.labels[i] ? 0.7f : 0.0f);
-    }
-  }
-  return set;
-}
 
 struct JobRun {
   std::vector<float> server_weights;
@@ -95,7 +78,7 @@ double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
 class EquivalenceTest : public ::testing::Test {
  protected:
   // 230 examples in batches of 50: four full batches and a short one of 30, per epoch.
-  const Dataset data_ = Synthetic(230, 5);
+  const Dataset data_ = SyntheticDataset(230, 5);
 };
 
 TEST_F(EquivalenceTest, TwoWorkersMatchOneWorkerWithTheWholeBatch) {

@@ -34,6 +34,7 @@ std::vector<std::pair<std::string, std::string>> AsFlags(const ServerOptions& o)
       {"mode", ModeName(o.mode)},
       {"staleness", Text(o.staleness)},
       {"backup_workers", Text(o.backup_workers)},
+      {"sync_every", Text(o.sync_every)},
       {"lease", Text(o.lease)},
       {"on_worker_loss", OnWorkerLossName(o.on_worker_loss)},
       {"rejoin_deadline", Text(o.rejoin_deadline)},
@@ -81,6 +82,7 @@ std::vector<std::pair<std::string, std::string>> AsFlags(const TlsFiles& tls, co
 // Flags whose default stands for something no field can hold, and what it is.
 const std::vector<std::pair<std::string, std::string>> kSentinels = {
     {"shard", "-1"},  // find the shard: 0 unsharded, else $HOSTNAME's ordinal
+    {"sync_every", "500"},  // H under --mode=diloco (the paper's); the field's 0 is "not DiLoCo"
 };
 
 // Flags that fill no options struct: the listeners main starts (SummaServer::Start's arguments,
@@ -89,7 +91,9 @@ const std::vector<std::pair<std::string, std::string>> kSentinels = {
 const std::set<std::string> kNoField = {
     "address",        "port_file",        "metrics_address", "metrics_port_file", "health_address",
     "health_port_file", "data_address",   "data_port_file",  "trace_file",        "token_file",
-    "admin_token_file", "status_needs_token"};
+    "admin_token_file", "status_needs_token",
+    // --mode=diloco's outer optimizer: they fill `optimizer` then, in place of its own flags.
+    "outer_optimizer", "outer_lr", "outer_momentum"};
 
 std::string DefaultOf(const std::string& name) {
   const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);

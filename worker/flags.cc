@@ -12,6 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "common/byte_size.h"
+#include "common/optimizer.h"
 
 // The structs whose defaults the flags take.
 using summa::worker::DataPlaneName;
@@ -62,6 +63,14 @@ ABSL_FLAG(bool, overlap, TrainerOptions().overlap,
           "of the default 4 MiB, and nothing then overlaps. It pays where the compute leaves the "
           "cores free (GPUs); CPU workers that fill every core gain nothing (see "
           "bench/results-train.md). The join line says \"overlapped\" where it is on");
+ABSL_FLAG(std::string, inner_optimizer, TrainerOptions().inner.name,
+          "DiLoCo jobs (summa-server --mode=diloco): the optimizer of the local steps this worker "
+          "takes between exchanges: sgd, adam or adamw (the paper's), PyTorch's semantics; its "
+          "state lives across exchanges. Other jobs use the server's optimizer and ignore it");
+ABSL_FLAG(double, inner_lr, TrainerOptions().inner.learning_rate, "DiLoCo: the inner learning rate");
+ABSL_FLAG(double, inner_momentum, TrainerOptions().inner.momentum, "DiLoCo, inner sgd: momentum in [0, 1)");
+ABSL_FLAG(double, inner_weight_decay, TrainerOptions().inner.weight_decay,
+          "DiLoCo: the inner optimizer's weight decay (L2 for sgd and adam, decoupled for adamw)");
 ABSL_FLAG(std::string, data_dir, WorkerOptions().data_dir,
           "directory with the Fashion-MNIST (or MNIST) IDX files, gzipped or not");
 ABSL_FLAG(uint64_t, seed, TrainerOptions().seed, "seed of the initial weights and of every epoch's shuffle");
@@ -232,6 +241,13 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags() {
   o.trainer.model = absl::GetFlag(FLAGS_model);
   o.trainer.model_parallel = absl::GetFlag(FLAGS_model_parallel);
   o.trainer.micro_batches = absl::GetFlag(FLAGS_micro_batches);
+  o.trainer.inner.name = absl::GetFlag(FLAGS_inner_optimizer);
+  o.trainer.inner.learning_rate = absl::GetFlag(FLAGS_inner_lr);
+  o.trainer.inner.momentum = absl::GetFlag(FLAGS_inner_momentum);
+  o.trainer.inner.weight_decay = absl::GetFlag(FLAGS_inner_weight_decay);
+  if (absl::Status inner = Optimizer::Create(o.trainer.inner).status(); !inner.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--inner_optimizer: ", inner.message()));
+  }
   if (o.trainer.model_parallel != 1 && o.trainer.model_parallel != 2) {
     return absl::InvalidArgumentError(absl::StrCat("--model_parallel must be 1 or 2, got ",
                                                    o.trainer.model_parallel));

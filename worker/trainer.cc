@@ -238,7 +238,7 @@ absl::Status Trainer::PlanOverlap(const JoinInfo& joined) {
   // overlapped step has begun already: those steps follow their exchange.
   overlapping_ = options_.overlap && client != nullptr && models_.size() == 1 && models_[0]->weights() != nullptr &&
                  joined.wire_dtype == WireDType::kFloat32 && !joined.compression.sparse() &&
-                 joined.backup_workers == 0;
+                 joined.backup_workers == 0 && joined.sync_every == 0;
   if (!overlapping_) return absl::OkStatus();
   if (overlap_ == nullptr) {
     overlap_ = std::make_unique<LayerExchange>(client, models_[0].get(), backends_[0], weights_->data(),
@@ -265,6 +265,14 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
   if (joined.backup_workers > 0) {
     absl::StrAppend(&mode_, ", ", joined.backup_workers, " backup worker", joined.backup_workers == 1 ? "" : "s");
   }
+  sync_every_ = joined.sync_every;
+  if (sync_every_ > 0) {
+    if (local_ == nullptr) {
+      SUMMA_ASSIGN_OR_RETURN(local_, LocalOptimizer::Create(options_.inner, models_[0]->num_params()));
+    }
+    mode_ = absl::StrCat(joined.mode == summa::v1::MODE_SYNC ? "diloco" : "diloco-async", " mode, ", sync_every_,
+                         " local steps of ", local_->Describe(), " between exchanges");
+  }
   leases_.Start(rank_, joined.lease);
   SUMMA_ASSIGN_OR_RETURN(const uint64_t pulled, store_->PullAll(joined.version, weights_->data()));
   SUMMA_RETURN_IF_ERROR(LoadWeights());
@@ -273,7 +281,10 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
   // With backup workers the others need not wait for this rank: its weights may be of a later
   // step than the one its Join named, and it goes on from that one.
   if (joined.backup_workers > 0 && joined.mode == summa::v1::MODE_SYNC) step = std::max(step, pulled);
-  const int64_t steps_per_epoch = StepsPerEpoch(n, batch);
+  // The server's steps per epoch: every batch's, or DiLoCo's exchanges, the last of an epoch
+  // over the batches left (an epoch ends on the outer weights).
+  const int64_t batches_per_epoch = StepsPerEpoch(n, batch);
+  const int64_t steps_per_epoch = sync_every_ > 0 ? (batches_per_epoch + sync_every_ - 1) / sync_every_ : batches_per_epoch;
   if (step >= static_cast<uint64_t>(steps_per_epoch) && (step % steps_per_epoch == 0 || !rejoining)) {
     // This member went away at an epoch's end (a crash, a lost server), or joins a running job
     // (an elastic job's new member, from the step it was admitted at), so it may owe the last
@@ -333,6 +344,26 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
         return absl::FailedPreconditionError(absl::StrCat("rank ", rank_, " is no longer in the group"));
       }
       const absl::Time step_start = absl::Now();
+      if (sync_every_ > 0) {
+        SUMMA_ASSIGN_OR_RETURN(const uint64_t next,
+                               LocalSteps(step, epoch, b * sync_every_, std::min(batches_per_epoch, (b + 1) * sync_every_),
+                                          &examples, &global_examples));
+        step = next;
+        ++steps_done_;
+        const absl::Time now = absl::Now();
+        if (options_.step_observer) options_.step_observer(now - step_start);
+        const double rate = global_examples / std::max(1e-9, absl::ToDoubleSeconds(now - start));
+        board_->Update([&](WorkerState& s) {
+          s.epoch = epoch + 1;
+          s.step = step;
+          s.examples_per_second = rate;
+        });
+        if (options_.progress_bar && (now - last_draw > absl::Milliseconds(200) || b + 1 == steps_per_epoch)) {
+          DrawProgress(epoch + 1, b + 1, steps_per_epoch, rate);
+          last_draw = now;
+        }
+        continue;
+      }
       const ShardRange shard = ShardOf(n, batch, b, static_cast<int>(me - live_.begin()),
                                        static_cast<int>(live_.size()));
       if (shard.size() > max_shard_) {

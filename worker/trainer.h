@@ -21,6 +21,8 @@
 #include "worker/compute/backend.h"
 #include "worker/compute/device_threads.h"
 #include "client/lease_keeper.h"
+#include "common/optimizer.h"
+#include "worker/local_optimizer.h"
 #include "worker/layer_exchange.h"
 #include "worker/models/model.h"
 #include "client/parameter_store.h"
@@ -53,6 +55,9 @@ struct TrainerOptions {
   // where the store is a ParameterClient, the job's wire format dense float32, and one device
   // computes the whole model; elsewhere the exchange follows the compute.
   bool overlap = true;
+  // DiLoCo jobs (summa-server --mode=diloco): the optimizer of the worker's local steps between
+  // exchanges (summa-worker --inner_optimizer, --inner_lr...). Unused in other jobs.
+  OptimizerOptions inner;
   // How long to keep rejoining while the server is unreachable or has forgotten this worker
   // (a server restart), counted from the last step that succeeded.
   absl::Duration retry_deadline = absl::Minutes(5);
@@ -115,6 +120,12 @@ class Trainer {
   // first) when not null. Returns the examples summed.
   absl::StatusOr<int64_t> ComputeGradients(int64_t begin, int n, int devices = 1 << 30,
                                            const std::vector<int>* summed = nullptr);
+  // DiLoCo: exchange `step`'s local steps, global batches [first, end) of the epoch's order, each
+  // split over the group as a sync step is, then its pseudo-gradient's push-pull; the weights
+  // are the outer step's after it. Returns the step to push next; `examples` gets this rank's
+  // examples and `global_examples` the batches'.
+  absl::StatusOr<uint64_t> LocalSteps(uint64_t step, int epoch, int64_t first, int64_t end, int64_t* examples,
+                                      int64_t* global_examples);
   // Whether this attempt's steps overlap their exchange (overlapping_), after its Join.
   absl::Status PlanOverlap(const JoinInfo& joined);
   // Makes `order` (this epoch's order of the training set) every device's row indices.
@@ -168,6 +179,9 @@ class Trainer {
   std::string mode_;           // "sync mode", "async mode" or "ssp mode, staleness K"
   // Steps this process completed, over all attempts: these, and overlap_'s steps_finished().
   uint64_t steps_done_ = 0;
+  // DiLoCo (sync_every_ > 0): the inner optimizer and the anchor, made at the first such Join.
+  int sync_every_ = 0;
+  std::unique_ptr<LocalOptimizer> local_;
   std::unique_ptr<LayerExchange> overlap_;  // made at the first Join that can overlap
   bool overlapping_ = false;                // this attempt's steps go through overlap_
   LeaseKeeper leases_;

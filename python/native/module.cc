@@ -102,6 +102,7 @@ class NativeClient {
     d["next_step"] = joined->next_step;
     d["mode"] = static_cast<int>(joined->mode);
     d["staleness"] = joined->staleness;
+    d["sync_every"] = joined->sync_every;
     d["lease_seconds"] = absl::ToDoubleSeconds(joined->lease);
     d["partitions"] = partitions;
     d["live_ranks"] = joined->live_ranks;

@@ -41,7 +41,8 @@ _INITIALIZE_WINDOW = 8
 
 # What Join returned, as the trainer needs it.
 Joined = collections.namedtuple(
-    "Joined", "rank world_size mode version next_step partitions live_ranks lease_seconds staleness")
+    "Joined", "rank world_size mode version next_step partitions live_ranks lease_seconds staleness sync_every",
+    defaults=(0,))
 Partition = collections.namedtuple("Partition", "id offset length")
 TLS = collections.namedtuple("TLS", "ca cert key", defaults=(None, None, None))
 
@@ -186,7 +187,7 @@ class Client:
         self._specs = specs
         self.joined = Joined(response.rank, response.world_size, response.mode, response.version,
                              response.next_step, partitions, list(response.live_ranks),
-                             response.lease_seconds, response.staleness)
+                             response.lease_seconds, response.staleness, response.sync_every)
         if response.initialize:
             if initial is None:
                 raise SummaError(grpc.StatusCode.FAILED_PRECONDITION,
@@ -205,7 +206,7 @@ class Client:
         self._specs = specs
         self.joined = Joined(j["rank"], self.world_size, j["mode"], j["version"], j["next_step"],
                              [Partition(*p) for p in j["partitions"]], list(j["live_ranks"]),
-                             j["lease_seconds"], j["staleness"])
+                             j["lease_seconds"], j["staleness"], j["sync_every"])
         return self.joined
 
     def _native_call(self, what, fn, *args):

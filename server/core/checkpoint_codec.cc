@@ -27,7 +27,10 @@ absl::StatusOr<std::vector<float>> FloatsOf(const std::string& bytes, int64_t n,
 
 // `with_shard`: and which shard of how many.
 std::string Describe(const JobDescription& j, bool with_shard) {
-  return absl::StrCat(j.world_size, " workers, ", ModeName(j.mode), " mode, partitions of ",
+  const std::string mode = j.sync_every > 0 ? absl::StrCat(j.mode == Mode::kSync ? "diloco" : "diloco-async",
+                                                           " (every ", j.sync_every, " local steps)")
+                                            : ModeName(j.mode);
+  return absl::StrCat(j.world_size, " workers, ", mode, " mode, partitions of ",
                       j.partition_bytes, " bytes, optimizer ", j.optimizer_name, " with state [",
                       absl::StrJoin(j.slot_names, ", "), "]",
                       with_shard && j.shards > 1 ? absl::StrCat(", shard ", j.shard, " of ", j.shards) : "");
@@ -81,6 +84,7 @@ summa::v1::Checkpoint EncodeCheckpointHeader(const JobDescription& job, const st
   c.set_optimizer(job.optimizer);
   c.set_optimizer_name(job.optimizer_name);
   for (const std::string& name : job.slot_names) c.add_slot_names(name);
+  c.set_sync_every(job.sync_every);
   if (job.shards > 1) {
     c.set_shard(job.shard);
     c.set_shards(job.shards);
@@ -114,6 +118,7 @@ absl::StatusOr<CheckpointHeader> DecodeCheckpointHeader(const summa::v1::Checkpo
   theirs.optimizer_name = c.optimizer_name();
   theirs.optimizer = c.optimizer();
   theirs.slot_names.assign(c.slot_names().begin(), c.slot_names().end());
+  theirs.sync_every = c.sync_every();
   theirs.shard = c.shard();
   theirs.shards = std::max(1, c.shards());
   if (theirs.shard < 0 || theirs.shard >= theirs.shards) {
@@ -122,7 +127,7 @@ absl::StatusOr<CheckpointHeader> DecodeCheckpointHeader(const summa::v1::Checkpo
   const bool shard_taken = match == ShardMatch::kAnyShard || (theirs.shard == ours.shard && theirs.shards == ours.shards);
   if (theirs.world_size != ours.world_size || theirs.mode != ours.mode || !shard_taken ||
       theirs.partition_bytes != ours.partition_bytes || theirs.optimizer_name != ours.optimizer_name ||
-      theirs.slot_names != ours.slot_names) {
+      theirs.slot_names != ours.slot_names || theirs.sync_every != ours.sync_every) {
     // Partitions are the unit a checkpoint holds and shards are dealt: a model cut otherwise is
     // another set of partitions, with versions and pushes seen each of its own.
     const std::string cut = theirs.partition_bytes == ours.partition_bytes

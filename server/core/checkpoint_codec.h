@@ -32,6 +32,7 @@ struct JobDescription {
   std::string optimizer_name;
   std::string optimizer;
   std::vector<std::string> slot_names;
+  int sync_every = 0;  // DiLoCo's H; 0 for a job of gradients
   int shard = 0;   // this server's shard of `shards`: which partitions its checkpoints hold
   int shards = 1;
 };

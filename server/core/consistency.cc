@@ -229,13 +229,18 @@ class AsyncPolicy final : public ConsistencyPolicy {
                                                 r.partition, " but its next step is ", next));
     }
     ++next;
+    // A DiLoCo pseudo-gradient moves the outer weights by its share of what the group's together
+    // would (the sync average's), not by a whole step's each.
+    const int64_t examples =
+        ctx_.sync_every > 0 ? r.num_examples * static_cast<int64_t>(std::max<size_t>(1, StepGroup(p).ranks.size()))
+                            : r.num_examples;
     if (values == PushValues::kZeroNonFinite) {
       p.aggregator.Add(r.rank, gradient, r.num_examples, /*zero_nonfinite=*/true);
       p.aggregator.Finish();
-      Advance(p, p.aggregator.sum(), r.num_examples, false, now, out);
+      Advance(p, p.aggregator.sum(), examples, false, now, out);
       p.aggregator.Reset();
     } else {
-      Advance(p, gradient, r.num_examples, values == PushValues::kSkip, now, out);
+      Advance(p, gradient, examples, values == PushValues::kSkip, now, out);
     }
     p.Release(p.clock_parked, Slowest(p), out);
     return true;

@@ -11,7 +11,8 @@
 //    it is then answered with the newest weights: ParameterServer::PushPull). Each partition
 //    decides alone which ranks it sums: where pushes of a step race, two partitions of it may sum
 //    different ranks (each update is still the mean gradient of the examples it summed);
-//  - async: each push is applied on arrival with its own example count;
+//  - async: each push is applied on arrival with its own example count (DiLoCo's
+//    pseudo-gradients: with its examples times the group's size, a share of a whole group's);
 //  - ssp: as async, but a push-pull more than `staleness` steps ahead of the slowest member waits.
 // Every method runs with the partition's lock held and collects the calls it answers in `out`,
 // to be finished after the lock is released. A push is identified by (rank, step, partition):
@@ -61,6 +62,7 @@ struct PolicyContext {
   const Membership* members = nullptr;    // Not owned.
   int staleness = 0;
   int backup_workers = 0;  // sync: ServerOptions::backup_workers
+  int sync_every = 0;      // DiLoCo: ServerOptions::sync_every
   std::function<void(absl::Duration)> step_observer;  // may be null
   Tracer* tracer = nullptr;                            // Not owned; may be null.
 };

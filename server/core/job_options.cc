@@ -31,6 +31,21 @@ const char* OnWorkerLossName(OnWorkerLoss policy) { return kLossNames[static_cas
 const char* NonFiniteName(NonFinite policy) { return kNonFiniteNames[static_cast<int>(policy)]; }
 
 absl::StatusOr<Mode> ParseMode(absl::string_view name) { return Parse<Mode>("mode", name, kModeNames); }
+absl::StatusOr<std::pair<Mode, bool>> ParseJobMode(absl::string_view name) {
+  if (name == "diloco") return std::make_pair(Mode::kSync, true);
+  if (name == "diloco-async") return std::make_pair(Mode::kAsync, true);
+  absl::StatusOr<Mode> mode = ParseMode(name);
+  if (!mode.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown mode '", name, "': use sync, async, ssp, diloco or diloco-async"));
+  }
+  return std::make_pair(*mode, false);
+}
+
+std::string JobModeName(const ServerOptions& options) {
+  if (options.sync_every > 0) return options.mode == Mode::kSync ? "diloco" : "diloco-async";
+  return ModeName(options.mode);
+}
+
 absl::StatusOr<OnWorkerLoss> ParseOnWorkerLoss(absl::string_view name) {
   return Parse<OnWorkerLoss>("worker-loss policy", name, kLossNames);
 }
@@ -130,6 +145,20 @@ absl::Status ValidateOptions(const ServerOptions& options) {
           " workers the job starts with (--workers", options.min_workers > 0 && options.min_workers < options.world_size
               ? absl::StrCat("=", options.min_workers, ":", options.world_size, "'s MIN") : "",
           "): a step completes once group size - B ranks have pushed it"));
+    }
+  }
+  if (options.sync_every < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--sync_every=", options.sync_every, " must be at least 1"));
+  }
+  if (options.sync_every > 0) {
+    if (options.mode == Mode::kSsp) {
+      return absl::InvalidArgumentError("DiLoCo's outer steps are sync (--mode=diloco) or async (--mode=diloco-async), not ssp");
+    }
+    if (options.backup_workers != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--backup_workers=", options.backup_workers, " with --mode=diloco: an outer step waits for every "
+          "member's pseudo-gradient (a late one would throw away its H steps); use --mode=diloco-async for "
+          "workers of different speeds"));
     }
   }
   if (options.checkpoint_every < 0) {

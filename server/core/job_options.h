@@ -31,6 +31,9 @@ const char* OnWorkerLossName(OnWorkerLoss policy);
 const char* NonFiniteName(NonFinite policy);
 // INVALID_ARGUMENT naming the choices for anything else.
 absl::StatusOr<Mode> ParseMode(absl::string_view name);
+// --mode as summa-server takes it: sync, async, ssp, or diloco (DiLoCo with sync outer steps) or
+// diloco-async; the consistency mode and whether it is DiLoCo. INVALID_ARGUMENT naming the choices.
+absl::StatusOr<std::pair<Mode, bool>> ParseJobMode(absl::string_view name);
 absl::StatusOr<OnWorkerLoss> ParseOnWorkerLoss(absl::string_view name);
 absl::StatusOr<NonFinite> ParseNonFinite(absl::string_view name);
 summa::v1::Mode ModeToProto(Mode mode);
@@ -54,6 +57,15 @@ struct ServerOptions {
   // answered with the partition's newest weights, from which the worker goes on. 0: every rank
   // of the group is waited for. At most MIN - 1 (--workers=MIN:MAX).
   int backup_workers = 0;
+  // DiLoCo (Douillard et al., "DiLoCo: Distributed Low-Communication Training of Language
+  // Models", 2023): 0, or H, the local steps each worker takes with its own inner optimizer
+  // between exchanges. With H > 0 a push is a pseudo-gradient (the weights the worker last pulled
+  // less its weights after its H steps, times the examples they covered), a step is an outer
+  // step, and `optimizer` is the outer optimizer (the paper's: Nesterov SGD, lr 0.7, momentum
+  // 0.9). In sync mode (--mode=diloco) a step averages the group's pseudo-gradients weighted by
+  // their examples; in async mode (--mode=diloco-async) each is applied as it arrives, as its
+  // share of a whole group's: divided by its examples times the group's size.
+  int sync_every = 0;
   // Sync only: each step's pushes are summed in rank order, whatever order they arrive in, so the
   // weights are the same bits on every run of the same job (server/core/aggregator.h).
   bool deterministic = false;
@@ -108,6 +120,9 @@ absl::StatusOr<int> ShardFromHostname(const char* hostname);
 absl::StatusOr<std::pair<int, int>> ParseWorkers(absl::string_view text);
 
 absl::Status ValidateOptions(const ServerOptions& options);
+
+// The job's mode as --mode spells it: "sync", "diloco", "diloco-async"...
+std::string JobModeName(const ServerOptions& options);
 
 }  // namespace summa::server
 

@@ -22,6 +22,7 @@ PolicyContext MakeContext(const ServerOptions& o, const Optimizer* optimizer, co
   c.members = members;
   c.staleness = o.staleness;
   c.backup_workers = o.backup_workers;
+  c.sync_every = o.sync_every;
   c.step_observer = o.step_observer;
   c.tracer = o.tracer;
   return c;

@@ -42,6 +42,7 @@ JobDescription ParameterServer::Job() const {
   j.optimizer_name = optimizer_->name();
   j.optimizer = optimizer_->Describe();
   j.slot_names = optimizer_->SlotNames();
+  j.sync_every = options_.sync_every;
   return j;
 }
 

@@ -54,6 +54,7 @@ grpc::Status ParameterServerService::Join(grpc::ServerContext* context, const pb
   response->set_lease_seconds(absl::ToDoubleSeconds(core_->options().lease));
   response->set_staleness(core_->options().staleness);
   response->set_backup_workers(core_->options().backup_workers);
+  response->set_sync_every(core_->options().sync_every);
   response->set_initialize(joined->initialize);
   response->set_wire_dtype(WireDTypeToProto(core_->options().wire_dtype));
   response->set_topk_ratio(core_->options().compression.topk_ratio);
@@ -214,6 +215,7 @@ grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context, con
   response->set_steps_restarted(s.steps_restarted);
   response->set_examples_applied(s.examples_applied);
   response->set_backup_workers(o.backup_workers);
+  response->set_sync_every(o.sync_every);
   response->set_late_pushes(s.late_pushes);
   response->set_joins_refused(joins_.refused());
   response->set_request_buffer_bytes(request_buffer_bytes());

@@ -19,6 +19,8 @@
 # --trace_dir: every process writes its timeline there (server.json, worker<r>.json; Chrome
 # trace JSON); bench/trace_summary.py sums them up per stage.
 # e.g. --server_args "--mode=ssp --staleness=2 --checkpoint_dir=/tmp/ckpt"
+# --server_args "--mode=diloco ..." (or diloco-async): the server's optimizer is the outer one,
+# so --lr goes to the workers as --inner_lr (a later -- --inner_lr=X wins), not to the server.
 set -uo pipefail
 
 workers=2 shards=1 epochs=10 batch=256 lr=0.2
@@ -28,7 +30,7 @@ server_args=""
 extra=()
 python_script=""
 given=()  # --epochs and --batch_size as given, for a --python script
-usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; }
 while (($#)); do
   case "$1" in
     --workers) workers=$2; shift 2 ;;
@@ -62,6 +64,13 @@ fi
 for b in "${needed[@]}"; do
   [[ -x "$b" ]] || { echo "launch: $b not found; build first (scripts/build.sh)" >&2; exit 2; }
 done
+# DiLoCo refuses the server's --lr: it is the workers' inner rate there.
+server_lr=(--lr="$lr")
+inner_lr=()
+if [[ " $server_args " =~ [[:space:]]--mode=diloco(-async)?[[:space:]] ]]; then
+  server_lr=()
+  inner_lr=(--inner_lr="$lr")
+fi
 run_dir=${run_dir:-$(mktemp -d "${TMPDIR:-/tmp}/summa-run.XXXXXX")}
 mkdir -p "$run_dir"
 
@@ -99,7 +108,7 @@ for ((i = 0; i < shards; i++)); do
   data_plane=(--data_address=127.0.0.1:0)
   [[ "$server_args" == *--tls_cert* ]] && data_plane=()
   "$server_bin" --address=127.0.0.1:0 --port_file="$run_dir/$name.port" --workers="$workers" \
-    --lr="$lr" "${data_plane[@]}" "${shard_flags[@]}" "${server_trace[@]}" $server_args >"$run_dir/$name.log" 2>&1 &
+    "${server_lr[@]}" "${data_plane[@]}" "${shard_flags[@]}" "${server_trace[@]}" $server_args >"$run_dir/$name.log" 2>&1 &
   server_pid=$!
   pids+=("$server_pid")
   echo "$server_pid" >"$run_dir/$name.pid"
@@ -131,7 +140,7 @@ for ((r = 0; r < workers; r++)); do
     cmd=("$worker_bin")
   fi
   args=(--server="$servers" --rank="$r" --world_size="$workers" --batch_size="$batch"
-        --epochs="$epochs" --status_port_file="$run_dir/worker$r.status_port" "${extra[@]}")
+        --epochs="$epochs" --status_port_file="$run_dir/worker$r.status_port" "${inner_lr[@]}" "${extra[@]}")
   [[ -n "${trace_dir:-}" ]] && args+=(--trace_file="$trace_dir/worker$r.json")
   # A Python script takes its own flags (after --), not summa-worker's.
   [[ -n "$python_script" ]] && args=()

@@ -5,6 +5,7 @@ server or its allreduce.
     summa.init("127.0.0.1:50051", world_size=2)          # rank from $RANK / $JOB_COMPLETION_INDEX
     opt = summa.ParameterServerOptimizer(model.parameters())   # the server's optimizer, or:
     opt = summa.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+    opt = summa.DiLoCo(model, torch.optim.AdamW(model.parameters()))  # summa-server --mode=diloco
 
 Errors are SummaError, carrying the server's grpc.StatusCode and message.
 """
@@ -16,7 +17,7 @@ from .client import ALLREDUCE_CHUNK_BYTES, TLS, Client, Joined, Partition  # noq
 from .errors import SummaError  # noqa: F401
 
 __all__ = ["init", "shutdown", "rank", "world_size", "allreduce", "broadcast_parameters",
-           "ParameterServerOptimizer", "DistributedOptimizer", "SummaError", "Client", "TLS"]
+           "ParameterServerOptimizer", "DistributedOptimizer", "DiLoCo", "SummaError", "Client", "TLS"]
 
 _client = None
 _collective_count = {}
@@ -160,4 +161,7 @@ def __getattr__(name):
     if name in ("ParameterServerOptimizer", "DistributedOptimizer"):
         from . import optim
         return getattr(optim, name)
+    if name == "DiLoCo":
+        from .diloco import DiLoCo
+        return DiLoCo
     raise AttributeError(f"module 'summa' has no attribute {name!r}")

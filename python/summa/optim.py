@@ -302,6 +302,7 @@ class ParameterServerOptimizer:
         initial = self._weights_np if c.rank <= 0 else None
         joined = c.join(self.specs, initial)
         self.mode = joined.mode
+        self.sync_every = joined.sync_every  # DiLoCo's H (summa.DiLoCo); 0 otherwise
         self.live_ranks = joined.live_ranks
         self.partitions = joined.partitions
         self.version = c.pull(joined.version, self._weights_np)

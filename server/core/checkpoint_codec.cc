@@ -102,23 +102,29 @@ summa::v1::PartitionCheckpoint EncodePartition(const PartitionSnapshot& p) {
   return out;
 }
 
+absl::StatusOr<JobDescription> CheckpointJob(const summa::v1::Checkpoint& c) {
+  JobDescription job;
+  job.world_size = c.world_size();
+  absl::StatusOr<Mode> mode = ModeFromProto(c.mode());
+  if (!mode.ok()) return absl::DataLossError(absl::StrCat("the checkpoint's ", mode.status().message()));
+  job.mode = *mode;
+  job.partition_bytes = c.partition_bytes();
+  job.optimizer_name = c.optimizer_name();
+  job.optimizer = c.optimizer();
+  job.slot_names.assign(c.slot_names().begin(), c.slot_names().end());
+  job.shard = c.shard();
+  job.shards = std::max(1, c.shards());
+  if (job.shard < 0 || job.shard >= job.shards) {
+    return absl::DataLossError(absl::StrCat("the checkpoint names shard ", job.shard, " of ", job.shards));
+  }
+  return job;
+}
+
 absl::StatusOr<CheckpointHeader> DecodeCheckpointHeader(const summa::v1::Checkpoint& c,
                                                         const JobDescription& ours, ShardMatch match) {
   CheckpointHeader h;
-  JobDescription& theirs = h.job;
-  theirs.world_size = c.world_size();
-  absl::StatusOr<Mode> mode = ModeFromProto(c.mode());
-  if (!mode.ok()) return absl::DataLossError(absl::StrCat("the checkpoint's ", mode.status().message()));
-  theirs.mode = *mode;
-  theirs.partition_bytes = c.partition_bytes();
-  theirs.optimizer_name = c.optimizer_name();
-  theirs.optimizer = c.optimizer();
-  theirs.slot_names.assign(c.slot_names().begin(), c.slot_names().end());
-  theirs.shard = c.shard();
-  theirs.shards = std::max(1, c.shards());
-  if (theirs.shard < 0 || theirs.shard >= theirs.shards) {
-    return absl::DataLossError(absl::StrCat("the checkpoint names shard ", theirs.shard, " of ", theirs.shards));
-  }
+  SUMMA_ASSIGN_OR_RETURN(h.job, CheckpointJob(c));
+  const JobDescription& theirs = h.job;
   const bool shard_taken = match == ShardMatch::kAnyShard || (theirs.shard == ours.shard && theirs.shards == ours.shards);
   if (theirs.world_size != ours.world_size || theirs.mode != ours.mode || !shard_taken ||
       theirs.partition_bytes != ours.partition_bytes || theirs.optimizer_name != ours.optimizer_name ||

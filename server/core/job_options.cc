@@ -139,6 +139,13 @@ absl::Status ValidateOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("at least 1 checkpoint must be kept, got --keep_checkpoints=", options.keep_checkpoints));
   }
+  if (!options.export_path.empty() && options.shards > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--export writes the whole model, and shard ", options.shard, " of ", options.shards,
+        " holds only its partitions: export a sharded job's weights from its checkpoints with "
+        "summa-checkpoint export ", options.checkpoint_dir.empty() ? "CHECKPOINT_DIR" : options.checkpoint_dir,
+        " OUT.safetensors"));
+  }
   if (options.clock == nullptr) return absl::InvalidArgumentError("no clock");
   if (absl::Status s = ValidateLimits(options.limits, options.partition_bytes); !s.ok()) return s;
   return Optimizer::Create(options.optimizer).status();

@@ -6,7 +6,7 @@
 # By default: everything, as the test suite runs it, with fault injection (summa-worker's
 # test-only --fault_* flags, which tests/fault_process_test.py, shard_fault_process_test.py and
 # train_process_test.py use).
-# --binaries builds only summa-server, summa-worker and, with CUDA, the worker's plugin
+# --binaries builds only summa-server, summa-checkpoint, summa-worker and, with CUDA, the worker's plugin
 # libsumma_cuda.so (no tests, benchmarks or Python package), and without fault injection: the
 # container image's build stage.
 set -euo pipefail
@@ -16,7 +16,7 @@ targets=()
 fault_injection=ON
 if [[ "${1:-}" == --binaries ]]; then
   shift
-  targets=(--target summa-server summa-worker)
+  targets=(--target summa-server summa-checkpoint summa-worker)
   fault_injection=OFF
   if [[ -x /usr/local/cuda/bin/nvcc && " $* " != *" -DSUMMA_DISABLE_CUDA=ON "* ]]; then
     targets+=(summa_cuda)

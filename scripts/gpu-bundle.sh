@@ -12,7 +12,7 @@ bundle=.bundle
 out=$bundle/stage
 rm -rf "$bundle"
 mkdir -p "$out/bin/server" "$out/bin/worker" "$out/bin/tests" "$out/lib" "$out/scripts" "$bundle/data"
-cp "$build/server/summa-server" "$out/bin/server/"
+cp "$build/server/summa-server" "$build/server/summa-checkpoint" "$out/bin/server/"
 cp "$build/worker/summa-worker" "$out/bin/worker/"
 mkdir -p "$out/bin/worker/cuda"
 # The CUDA backend plugin, found beside the executables that load it.

@@ -52,14 +52,14 @@ if [[ -n "$prebuilt" ]]; then
       "-DSUMMA_FAULT_INJECTION=OFF, or build without --prebuilt" >&2
     exit 2
   fi
-  for binary in server/summa-server worker/summa-worker; do
+  for binary in server/summa-server server/summa-checkpoint worker/summa-worker; do
     if [[ ! -x "$prebuilt/$binary" ]]; then
       echo "image: --prebuilt $prebuilt holds no $binary: build it first (scripts/build.sh)" >&2
       exit 2
     fi
   done
   # Binaries older than the sources would be labelled with a revision they were not built from.
-  if ninja -C "$prebuilt" -n summa-server summa-worker 2>/dev/null | grep -qE 'Building|Linking'; then
+  if ninja -C "$prebuilt" -n summa-server summa-checkpoint summa-worker 2>/dev/null | grep -qE 'Building|Linking'; then
     echo "image: --prebuilt $prebuilt is not up to date with the sources: build it first (scripts/build.sh)" >&2
     exit 2
   fi
@@ -94,6 +94,7 @@ if [[ -n "$prebuilt" ]]; then
   # The binaries only: the CUDA plugin a build of this machine may hold needs CUDA's libraries,
   # which the CPU image has not.
   install -D -m 0755 "$prebuilt/server/summa-server" "$staged/server/summa-server"
+  install -D -m 0755 "$prebuilt/server/summa-checkpoint" "$staged/server/summa-checkpoint"
   install -D -m 0755 "$prebuilt/worker/summa-worker" "$staged/worker/summa-worker"
 fi
 if [[ "$flavour" == cpu ]] && ! scripts/container.sh image inspect "$base" >/dev/null 2>&1; then

@@ -1,6 +1,7 @@
 #include "server/daemon.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <thread>
@@ -87,6 +88,15 @@ absl::StatusOr<std::unique_ptr<SummaServer>> SummaServer::Start(const std::strin
     prometheus::Histogram* histogram = m.step_seconds;
     options.step_observer = [histogram](absl::Duration d) { histogram->Observe(absl::ToDoubleSeconds(d)); };
   }
+  // Read and checked before anything starts, even when a checkpoint will take precedence: a
+  // bad file is the operator's mistake to hear of now.
+  std::optional<InitialWeights> initial;
+  if (!options.init_from.empty()) {
+    absl::StatusOr<InitialWeights> read =
+        ReadInitialWeights(options.init_from, options.partition_bytes, options.limits.max_model_bytes);
+    if (!read.ok()) return absl::Status(read.status().code(), absl::StrCat("--init_from: ", read.status().message()));
+    initial = *std::move(read);
+  }
   std::unique_ptr<SummaServer> server(new SummaServer(options, std::move(security.tokens)));
   server->metrics_ = std::move(metrics);
   server->m_ = m;
@@ -117,6 +127,20 @@ absl::StatusOr<std::unique_ptr<SummaServer>> SummaServer::Start(const std::strin
       // and a later restart needs no file of the old shard count.
       absl::Status written = core.MaybeCheckpoint(/*force=*/true);
       if (!written.ok()) SUMMA_LOG(ERROR) << "checkpoint of the re-sharded state failed: " << written.message();
+    }
+  }
+  if (initial.has_value()) {
+    ParameterServer& core = server->core_;
+    if (core.Status().model_defined) {
+      SUMMA_LOG(WARNING) << "--init_from=" << options.init_from << " not used: the checkpoint restored ("
+                         << core.Status().checkpoint.path << ", version " << core.version()
+                         << ") takes precedence";
+    } else {
+      const size_t tensors = initial->specs.size();
+      const size_t values = initial->flat.size();
+      if (absl::Status s = core.StartFrom(*std::move(initial)); !s.ok()) return s;
+      SUMMA_LOG(INFO) << "the model starts from " << options.init_from << " (" << tensors << " tensors, " << values
+                      << " parameters) at version 0; the first Join must describe the same tensors";
     }
   }
   absl::StatusOr<RunningServer> running =
@@ -268,6 +292,18 @@ void SummaServer::Shutdown() {
       absl::SleepFor(absl::Milliseconds(50));  // real time: the workers' pushes are in flight
     }
     if (!s.ok()) SUMMA_LOG(ERROR) << "final checkpoint failed: " << s.message();
+  }
+  if (const std::string& path = core_.options().export_path; !path.empty()) {
+    const std::filesystem::path file(path);
+    const std::string dir = file.has_parent_path() ? file.parent_path().string() : ".";
+    absl::StatusOr<ExportedModel> exported = ExportWhenOneVersion(core_, dir, file.filename().string());
+    final_export_ = exported.status();
+    if (exported.ok()) {
+      SUMMA_LOG(INFO) << "final weights (version " << exported->version << ", " << exported->tensors << " tensors, "
+                      << exported->bytes << " bytes) exported to " << exported->path;
+    } else {
+      SUMMA_LOG(ERROR) << "--export=" << path << " failed: " << exported.status().message();
+    }
   }
   core_.Shutdown();
   hub_.Shutdown();

@@ -1,10 +1,11 @@
 // SummaServer: the daemon's life cycle around the core and its gRPC edge. It restores the newest
 // checkpoint, starts the gRPC server (and Prometheus metrics, and a health-only port), and runs
 // one thread of its own (the ticker) that expires leases and deadlines, writes due checkpoints,
-// refreshes metrics and runs the edge's blocking tasks (the Checkpoint RPC's disk writes), so no
-// gRPC thread blocks on disk. Another thread of its own waits for SIGINT/SIGTERM when asked. Both
-// threads are joined by Shutdown(), which is idempotent and also run by the destructor.
-// Thread-safe.
+// refreshes metrics and runs the edge's blocking tasks (the Checkpoint and Export RPCs' disk
+// writes), so no gRPC thread blocks on disk. Another thread of its own waits for SIGINT/SIGTERM
+// when asked. Both threads are joined by Shutdown(), which is idempotent and also run by the
+// destructor. With --init_from it starts the model from a safetensors file (unless a checkpoint
+// is restored); with --export it writes the final weights as safetensors on Shutdown. Thread-safe.
 #ifndef SUMMA_SERVER_DAEMON_H_
 #define SUMMA_SERVER_DAEMON_H_
 
@@ -77,6 +78,12 @@ class SummaServer {
   // that is done, for every caller. A blocking task the edge hands over after the ticker stopped
   // runs on the caller's thread.
   void Shutdown();
+  // Whether Shutdown wrote --export's file: OK without --export; the failure otherwise (no model
+  // defined, or the file could not be written).
+  absl::Status final_export() {
+    absl::MutexLock lock(&shutdown_mu_);
+    return final_export_;
+  }
 
  private:
   SummaServer(ServerOptions options, TokenCheck tokens);
@@ -120,6 +127,7 @@ class SummaServer {
   std::unique_ptr<ShardFollower> follower_;  // a shard other than 0 with a coordinator
   absl::Mutex shutdown_mu_;  // held through a whole Shutdown, so later callers wait for it
   bool shutdown_done_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+  absl::Status final_export_ ABSL_GUARDED_BY(shutdown_mu_);
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;

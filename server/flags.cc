@@ -117,6 +117,18 @@ ABSL_FLAG(int, keep_checkpoints, ServerOptions().keep_checkpoints,
           "keep the newest this many checkpoints. With --shards, a worker that finds the shards "
           "more than one step apart rolls them back to the newest version every shard keeps: 2 "
           "cover one shard's restart; keep more where a shard's newest files may be lost");
+ABSL_FLAG(std::string, export_dir, ServerOptions().export_dir,
+          "directory the Export call writes safetensors files into (a caller names the file, "
+          "never the directory); empty: --checkpoint_dir");
+ABSL_FLAG(std::string, export, ServerOptions().export_path,
+          "write the final weights (float32, the model's tensor names and shapes) to this "
+          "safetensors file as the server shuts down; not with --shards>1 (summa-checkpoint export "
+          "assembles a sharded job's checkpoints); empty: none");
+ABSL_FLAG(std::string, init_from, ServerOptions().init_from,
+          "safetensors file the model starts from: read and checked at start; the first Join must "
+          "describe the same tensors (names, order, shapes) and the model takes the file's values "
+          "instead of the joiner's. A checkpoint restored at start takes precedence; empty: the "
+          "first joiner's values");
 ABSL_FLAG(std::string, optimizer, OptimizerOptions().name,
           "optimizer applied to the summed gradient divided by the examples pushed, with "
           "PyTorch's semantics: sgd, adam or adamw (decoupled weight decay)");
@@ -314,6 +326,9 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   o.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+  o.export_dir = absl::GetFlag(FLAGS_export_dir);
+  o.export_path = absl::GetFlag(FLAGS_export);
+  o.init_from = absl::GetFlag(FLAGS_init_from);
   o.require_sessions = absl::GetFlag(FLAGS_require_sessions);
   LimitOptions& l = o.limits;
   const struct {

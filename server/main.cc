@@ -96,6 +96,11 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "summa-server: %s\n", std::string(s.message()).c_str());
     }
   }
+  if (absl::Status exported = running.final_export(); !exported.ok()) {
+    std::fprintf(stderr, "summa-server: --export=%s: %s\n", options.export_path.c_str(),
+                 std::string(exported.message()).c_str());
+    return 1;
+  }
   if (!job_error.empty()) {
     std::fprintf(stderr, "summa-server: the job ended: %s\n", job_error.c_str());
     return 1;

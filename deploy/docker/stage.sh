@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The image's build stage, after scripts/build.sh --binaries: puts what the runtime stage takes
 # under STAGE, and nothing else:
-#   STAGE/opt/summa/bin/   summa-server, summa-worker (stripped; a summa-worker built with fault
+#   STAGE/opt/summa/bin/   summa-server, summa-checkpoint, summa-worker (stripped; a summa-worker built with fault
 #                          injection, the test suite's, is refused) and, when CUDA was built, the
 #                          worker's plugin in cuda/libsumma_cuda.so (where the worker looks for it)
 #   STAGE/packages         the distribution's packages that own every shared library they load,
@@ -18,7 +18,7 @@ stage=${1:?usage: deploy/docker/stage.sh STAGE [BUILD_DIR]}
 from=${2:-build}
 bin=$stage/opt/summa/bin
 mkdir -p "$bin"
-install -m 0755 -s "$from"/server/summa-server "$from"/worker/summa-worker "$bin/"
+install -m 0755 -s "$from"/server/summa-server "$from"/server/summa-checkpoint "$from"/worker/summa-worker "$bin/"
 # A production image: a summa-worker with the test-only --fault_* flags (a build configured with
 # -DSUMMA_FAULT_INJECTION=ON, as scripts/build.sh makes the test suite's) is refused.
 help=$("$bin/summa-worker" --helpfull 2>&1 || true)
@@ -42,7 +42,7 @@ owner() {
   echo "stage: no package owns $path ($real); the runtime stage could not install it" >&2
   return 1
 }
-for f in "$bin"/summa-server "$bin"/summa-worker "$bin"/cuda/*.so; do
+for f in "$bin"/summa-server "$bin"/summa-checkpoint "$bin"/summa-worker "$bin"/cuda/*.so; do
   [[ -f "$f" ]] || continue
   if ldd "$f" | grep -q "not found"; then
     echo "stage: $f needs a library that is not here:" >&2

@@ -7,7 +7,9 @@ server or its allreduce.
     opt = summa.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
     opt = summa.DiLoCo(model, torch.optim.AdamW(model.parameters()))  # summa-server --mode=diloco
 
-Errors are SummaError, carrying the server's grpc.StatusCode and message.
+Errors are SummaError, carrying the server's grpc.StatusCode and message. A model's weights go in
+and out as safetensors with summa.save_safetensors(model, path) and summa.load_safetensors(model,
+path) (the files summa-server --export and --init_from write and read).
 """
 import os
 
@@ -15,9 +17,11 @@ import numpy as np
 
 from .client import ALLREDUCE_CHUNK_BYTES, TLS, Client, Joined, Partition  # noqa: F401
 from .errors import SummaError  # noqa: F401
+from .safetensors import load_safetensors, read_safetensors, save_safetensors  # noqa: F401
 
 __all__ = ["init", "shutdown", "rank", "world_size", "allreduce", "broadcast_parameters",
-           "ParameterServerOptimizer", "DistributedOptimizer", "DiLoCo", "SummaError", "Client", "TLS"]
+           "ParameterServerOptimizer", "DistributedOptimizer", "DiLoCo", "SummaError", "Client", "TLS",
+           "save_safetensors", "load_safetensors", "read_safetensors"]
 
 _client = None
 _collective_count = {}

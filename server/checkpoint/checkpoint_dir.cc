@@ -35,7 +35,7 @@ using Readers = absl::Span<CheckpointReader* const>;
 // `what`.
 absl::StatusOr<bool> RestoreFrom(const std::vector<std::string>& paths, const std::string& what,
                                  absl::FunctionRef<absl::Status(Readers)> restore, std::vector<std::string>* warnings,
-                                 summa::v1::Checkpoint* header) {
+                                 summa::v1::Checkpoint* header, absl::string_view verb = "restore") {
   std::vector<std::unique_ptr<CheckpointReader>> readers;
   std::vector<CheckpointReader*> handed;
   for (const std::string& path : paths) {
@@ -59,7 +59,7 @@ absl::StatusOr<bool> RestoreFrom(const std::vector<std::string>& paths, const st
       return false;
     }
   }
-  return absl::Status(restored.code(), absl::StrCat("cannot restore ", what, ": ", restored.message()));
+  return absl::Status(restored.code(), absl::StrCat("cannot ", verb, " ", what, ": ", restored.message()));
 }
 
 // A set of another shard count that no version is whole in, as a person reads it.
@@ -223,6 +223,29 @@ absl::StatusOr<std::optional<RestoredCheckpoint>> RestoreNewestForShard(
                                           absl::StrJoin(paths, ", "), ")");
     SUMMA_ASSIGN_OR_RETURN(const bool restored, RestoreFrom(paths, what, reshard, warnings, &header));
     if (restored) return RestoredCheckpoint{paths[0], std::move(header), c.set->shards};
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<std::optional<RestoredCheckpoint>> ReadNewestWholeCheckpoint(
+    const std::string& dir, absl::FunctionRef<absl::Status(Readers)> read, std::vector<std::string>* warnings) {
+  const std::vector<CheckpointSet> sets = FindCheckpointSets(dir);
+  std::vector<std::pair<uint64_t, const CheckpointSet*>> candidates;
+  for (const CheckpointSet& set : sets) {
+    for (uint64_t v : set.CommonVersions()) candidates.emplace_back(v, &set);
+  }
+  // Sets come by shard count ascending: a stable sort by version keeps the fewer shards first.
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (const auto& [version, set] : candidates) {
+    std::vector<std::string> paths;
+    for (const std::string& d : set->dirs) paths.push_back(CheckpointPath(d, version));
+    const std::string what = set->shards == 1 ? paths[0]
+                                              : absl::StrCat("the checkpoints of version ", version, " of ",
+                                                             set->shards, " shards (", absl::StrJoin(paths, ", "), ")");
+    summa::v1::Checkpoint header;
+    SUMMA_ASSIGN_OR_RETURN(const bool done, RestoreFrom(paths, what, read, warnings, &header, "read"));
+    if (done) return RestoredCheckpoint{paths[0], std::move(header), set->shards};
   }
   return std::nullopt;
 }

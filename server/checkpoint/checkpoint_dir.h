@@ -81,6 +81,17 @@ absl::StatusOr<std::optional<RestoredCheckpoint>> RestoreNewestForShard(
     const std::string& dir, int shard, int shards, absl::FunctionRef<absl::Status(CheckpointReader&)> restore,
     absl::FunctionRef<absl::Status(absl::Span<CheckpointReader* const>)> reshard, std::vector<std::string>* warnings);
 
+// For a reader outside any job (summa-checkpoint): the newest checkpoint of the whole model that
+// the job's checkpoint directory `dir` holds under any shard count, its own files (one server)
+// or a set of K shards' files of one version that every shard keeps; handed to `read` (one
+// reader per shard, in shard order), newest version first (on a tie, the fewer shards), until
+// one succeeds. A torn or corrupt file is skipped with a line in `warnings`; any other failure of
+// `read` is returned, naming the files. The result's from_shards is the set's shard count (1 for
+// one server's files); nullopt when `dir` holds none.
+absl::StatusOr<std::optional<RestoredCheckpoint>> ReadNewestWholeCheckpoint(
+    const std::string& dir, absl::FunctionRef<absl::Status(absl::Span<CheckpointReader* const>)> read,
+    std::vector<std::string>* warnings);
+
 }  // namespace summa::server
 
 #endif  // SUMMA_SERVER_CHECKPOINT_CHECKPOINT_DIR_H_

@@ -27,9 +27,8 @@ absl::StatusOr<std::vector<float>> FloatsOf(const std::string& bytes, int64_t n,
 
 // `with_shard`: and which shard of how many.
 std::string Describe(const JobDescription& j, bool with_shard) {
-  const std::string mode = j.sync_every > 0 ? absl::StrCat(j.mode == Mode::kSync ? "diloco" : "diloco-async",
-                                                           " (every ", j.sync_every, " local steps)")
-                                            : ModeName(j.mode);
+  const std::string mode = absl::StrCat(JobModeName(j.mode, j.sync_every),
+                                        j.sync_every > 0 ? absl::StrCat(" (every ", j.sync_every, " local steps)") : "");
   return absl::StrCat(j.world_size, " workers, ", mode, " mode, partitions of ",
                       j.partition_bytes, " bytes, optimizer ", j.optimizer_name, " with state [",
                       absl::StrJoin(j.slot_names, ", "), "]",
@@ -106,24 +105,30 @@ summa::v1::PartitionCheckpoint EncodePartition(const PartitionSnapshot& p) {
   return out;
 }
 
+absl::StatusOr<JobDescription> CheckpointJob(const summa::v1::Checkpoint& c) {
+  JobDescription job;
+  job.world_size = c.world_size();
+  absl::StatusOr<Mode> mode = ModeFromProto(c.mode());
+  if (!mode.ok()) return absl::DataLossError(absl::StrCat("the checkpoint's ", mode.status().message()));
+  job.mode = *mode;
+  job.partition_bytes = c.partition_bytes();
+  job.optimizer_name = c.optimizer_name();
+  job.optimizer = c.optimizer();
+  job.slot_names.assign(c.slot_names().begin(), c.slot_names().end());
+  job.sync_every = c.sync_every();
+  job.shard = c.shard();
+  job.shards = std::max(1, c.shards());
+  if (job.shard < 0 || job.shard >= job.shards) {
+    return absl::DataLossError(absl::StrCat("the checkpoint names shard ", job.shard, " of ", job.shards));
+  }
+  return job;
+}
+
 absl::StatusOr<CheckpointHeader> DecodeCheckpointHeader(const summa::v1::Checkpoint& c,
                                                         const JobDescription& ours, ShardMatch match) {
   CheckpointHeader h;
-  JobDescription& theirs = h.job;
-  theirs.world_size = c.world_size();
-  absl::StatusOr<Mode> mode = ModeFromProto(c.mode());
-  if (!mode.ok()) return absl::DataLossError(absl::StrCat("the checkpoint's ", mode.status().message()));
-  theirs.mode = *mode;
-  theirs.partition_bytes = c.partition_bytes();
-  theirs.optimizer_name = c.optimizer_name();
-  theirs.optimizer = c.optimizer();
-  theirs.slot_names.assign(c.slot_names().begin(), c.slot_names().end());
-  theirs.sync_every = c.sync_every();
-  theirs.shard = c.shard();
-  theirs.shards = std::max(1, c.shards());
-  if (theirs.shard < 0 || theirs.shard >= theirs.shards) {
-    return absl::DataLossError(absl::StrCat("the checkpoint names shard ", theirs.shard, " of ", theirs.shards));
-  }
+  SUMMA_ASSIGN_OR_RETURN(h.job, CheckpointJob(c));
+  const JobDescription& theirs = h.job;
   const bool shard_taken = match == ShardMatch::kAnyShard || (theirs.shard == ours.shard && theirs.shards == ours.shards);
   if (theirs.world_size != ours.world_size || theirs.mode != ours.mode || !shard_taken ||
       theirs.partition_bytes != ours.partition_bytes || theirs.optimizer_name != ours.optimizer_name ||

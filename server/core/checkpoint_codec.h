@@ -67,6 +67,10 @@ struct CheckpointHeader {
 // restarted with another --shards).
 enum class ShardMatch { kSameShard, kAnyShard };
 
+// The job a checkpoint's header records, checked against nothing (an offline reader's "ours");
+// DATA_LOSS for an unknown mode or a shard outside its count.
+absl::StatusOr<JobDescription> CheckpointJob(const summa::v1::Checkpoint& header);
+
 // FAILED_PRECONDITION naming both sides when the checkpoint's job differs from `ours` (in its shard
 // and shard count too under kSameShard); DATA_LOSS when the header is malformed. `held` is the
 // checkpoint's shard's, as AssignShards cut the model over the checkpoint's shard count.

@@ -41,10 +41,12 @@ absl::StatusOr<std::pair<Mode, bool>> ParseJobMode(absl::string_view name) {
   return std::make_pair(*mode, false);
 }
 
-std::string JobModeName(const ServerOptions& options) {
-  if (options.sync_every > 0) return options.mode == Mode::kSync ? "diloco" : "diloco-async";
-  return ModeName(options.mode);
+std::string JobModeName(Mode mode, int sync_every) {
+  if (sync_every > 0) return mode == Mode::kSync ? "diloco" : "diloco-async";
+  return ModeName(mode);
 }
+
+std::string JobModeName(const ServerOptions& options) { return JobModeName(options.mode, options.sync_every); }
 
 absl::StatusOr<OnWorkerLoss> ParseOnWorkerLoss(absl::string_view name) {
   return Parse<OnWorkerLoss>("worker-loss policy", name, kLossNames);
@@ -167,6 +169,13 @@ absl::Status ValidateOptions(const ServerOptions& options) {
   if (options.keep_checkpoints < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("at least 1 checkpoint must be kept, got --keep_checkpoints=", options.keep_checkpoints));
+  }
+  if (!options.export_path.empty() && options.shards > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--export writes the whole model, and shard ", options.shard, " of ", options.shards,
+        " holds only its partitions: export a sharded job's weights from its checkpoints with "
+        "summa-checkpoint export ", options.checkpoint_dir.empty() ? "CHECKPOINT_DIR" : options.checkpoint_dir,
+        " OUT.safetensors"));
   }
   if (options.clock == nullptr) return absl::InvalidArgumentError("no clock");
   if (absl::Status s = ValidateLimits(options.limits, options.partition_bytes); !s.ok()) return s;

@@ -102,6 +102,14 @@ struct ServerOptions {
   // that shards (which step together) keep checkpoints of the same versions.
   int64_t checkpoint_every = 100;
   int keep_checkpoints = 2;  // the newest this many are kept
+  // Weights in and out as safetensors (common/safetensors.h). export_dir: where the Export call
+  // writes (--export_dir; empty: checkpoint_dir). export_path: the file the final weights go to
+  // as the daemon shuts down (--export; empty: none). init_from: the file the model's initial
+  // values come from (--init_from; empty: the first joiner's); a checkpoint restored at start
+  // takes precedence.
+  std::string export_dir;
+  std::string export_path;
+  std::string init_from;
   // Called with each step's duration (partition 0, under its lock: keep it cheap), or null.
   std::function<void(absl::Duration)> step_observer;
   const Clock* clock = Clock::Real();  // Not owned.
@@ -121,7 +129,9 @@ absl::StatusOr<std::pair<int, int>> ParseWorkers(absl::string_view text);
 
 absl::Status ValidateOptions(const ServerOptions& options);
 
-// The job's mode as --mode spells it: "sync", "diloco", "diloco-async"...
+// The job's mode as --mode spells it: "sync", "diloco", "diloco-async"... (`sync_every`: DiLoCo's
+// H, 0 for a job of gradients).
+std::string JobModeName(Mode mode, int sync_every);
 std::string JobModeName(const ServerOptions& options);
 
 }  // namespace summa::server

@@ -1,5 +1,6 @@
 #include "server/core/parameter_server.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -128,30 +129,81 @@ void ParameterServer::PublishModel(std::unique_ptr<Model> model) {
   model_.store(model_owner_.get(), std::memory_order_release);
 }
 
+absl::Status ParameterServer::StartFrom(InitialWeights weights) {
+  absl::MutexLock lock(&define_mu_);
+  if (model_owner_ != nullptr) return absl::FailedPreconditionError("the model is already defined");
+  int64_t total = 0;
+  for (const TensorSpec& spec : weights.specs) total += spec.num_elements();
+  if (total != static_cast<int64_t>(weights.flat.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(weights.source, ": its tensors hold ", total, " values, not ",
+                                                   weights.flat.size()));
+  }
+  initial_ = std::move(weights);
+  return absl::OkStatus();
+}
+
+absl::Status ParameterServer::CheckInitialModel(const InitialWeights& initial, const JoinRequestView& request) const {
+  const std::vector<TensorSpec>& file = initial.specs;
+  auto in = [](const std::vector<TensorSpec>& specs, const std::string& name) {
+    return std::any_of(specs.begin(), specs.end(), [&](const TensorSpec& s) { return s.name == name; });
+  };
+  std::vector<TensorSpec> model;
+  for (const JoinTensor& t : request.params) model.push_back(t.spec);
+  std::string why;
+  for (size_t i = 0; i < std::max(file.size(), model.size()) && why.empty(); ++i) {
+    if (i >= model.size()) {
+      why = absl::StrCat(file[i].name, ": in ", initial.source, ", not in the model");
+    } else if (i >= file.size() || !in(file, model[i].name)) {
+      why = absl::StrCat(model[i].name, ": in the model, not in ", initial.source);
+    } else if (!in(model, file[i].name)) {
+      why = absl::StrCat(file[i].name, ": in ", initial.source, ", not in the model");
+    } else if (model[i].name != file[i].name) {
+      why = absl::StrCat("tensor ", i, " is ", model[i].name, " in the model and ", file[i].name, " in ",
+                         initial.source, ": the order differs");
+    } else if (model[i].shape != file[i].shape) {
+      why = absl::StrCat(model[i].name, ": shape ", ShapeString(file[i].shape), " in ", initial.source, ", ",
+                         ShapeString(model[i].shape), " in the model");
+    }
+  }
+  if (why.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("the model does not match --init_from: ", why));
+}
+
 absl::Status ParameterServer::DefineModel(const JoinRequestView& request) {
+  if (initial_.has_value()) SUMMA_RETURN_IF_ERROR(CheckInitialModel(*initial_, request));
   std::vector<TensorSpec> specs;
   int64_t total = 0;
   for (const JoinTensor& t : request.params) {
     specs.push_back(t.spec);
-    if (request.values_follow ? !t.data.empty() : static_cast<int64_t>(t.data.size()) != t.spec.num_bytes()) {
+    const bool whole = static_cast<int64_t>(t.data.size()) == t.spec.num_bytes();
+    // Values the file replaces may be left out.
+    if (request.values_follow ? !t.data.empty() : !whole && !(initial_.has_value() && t.data.empty())) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tensor '", t.spec.name, "' of shape ", ShapeString(t.spec.shape), " needs ",
           t.spec.num_bytes(), " bytes of float32 values, got ", t.data.size()));
     }
     total += t.spec.num_elements();
   }
-  std::vector<float> flat(request.values_follow ? 0 : total);
-  int64_t offset = 0;
-  for (const JoinTensor& t : request.params) {
-    if (!request.values_follow) std::memcpy(flat.data() + offset, t.data.data(), t.data.size());
-    offset += t.spec.num_elements();
+  std::vector<float> flat;
+  std::string values_from = request.values_follow ? "; the initial values follow partition by partition" : "";
+  if (initial_.has_value()) {
+    // The file's values, whatever the joiner sent: its tensors are the file's (checked above).
+    flat = std::move(initial_->flat);
+    values_from = absl::StrCat("; the initial values are ", initial_->source, "'s (--init_from)");
+  } else if (!request.values_follow) {
+    flat.resize(total);
+    int64_t offset = 0;
+    for (const JoinTensor& t : request.params) {
+      std::memcpy(flat.data() + offset, t.data.data(), t.data.size());
+      offset += t.spec.num_elements();
+    }
   }
   SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<Model> defined, NewModel(std::move(specs), flat));
+  initial_.reset();
   PublishModel(std::move(defined));
   SUMMA_LOG(INFO) << "model defined by rank " << request.rank << ": " << request.params.size()
                   << " tensors, " << model()->map.num_elements() << " parameters in "
-                  << model()->partitions.size() << " partitions"
-                  << (request.values_follow ? "; the initial values follow partition by partition" : "");
+                  << model()->partitions.size() << " partitions" << values_from;
   return absl::OkStatus();
 }
 
@@ -215,7 +267,9 @@ absl::StatusOr<JoinResult> ParameterServer::Join(const JoinRequestView& request)
     const bool has_values = !request.params.empty() &&
                             std::all_of(request.params.begin(), request.params.end(),
                                         [](const JoinTensor& t) { return !t.data.empty(); });
-    if (!has_values && !request.values_follow) {
+    // With --init_from the values are the file's: a joiner that describes the model defines it.
+    const bool from_file = initial_.has_value() && !request.params.empty();
+    if (!has_values && !request.values_follow && !from_file) {
       return absl::UnavailableError(absl::StrCat(
           "no model yet: rank ", request.rank, " must wait until a worker (rank 0) joins with the "
           "initial values; retry"));

@@ -1,7 +1,7 @@
 // ParameterServer: the daemon's core, free of gRPC. It learns the model from the first Join that
 // carries values (or from a checkpoint), holds the partitions (server/core/partition.h) and hands
 // each push to the job's consistency policy (server/core/consistency.h); membership and leases live
-// in server/core/membership.h, the optimizer in server/core/optimizer.h, checkpoint encoding in
+// in server/core/membership.h, the optimizer in common/optimizer.h, checkpoint encoding in
 // server/core/checkpoint_codec.h. Pulls that cannot be answered yet are parked and answered when their
 // step completes, or at their deadline.
 //
@@ -15,11 +15,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -31,6 +33,7 @@
 #include "server/core/job_options.h"
 #include "server/core/membership.h"
 #include "common/optimizer.h"
+#include "server/core/model_export.h"
 #include "server/core/parked_call.h"
 #include "server/core/partition.h"
 #include "summa/v1/checkpoint.pb.h"
@@ -149,6 +152,13 @@ class ParameterServer {
   // size included: a checkpoint's partitions are the ones a restore deals out).
   absl::Status RestoreResharded(absl::Span<const ShardCheckpoint> set);
 
+  // The model's initial values come from `weights` (before any Join, and not after a restore):
+  // the Join that defines the model must describe the same tensors in the same order, or is
+  // refused with FAILED_PRECONDITION naming the first that differs, and the model takes these
+  // values instead of the joiner's (a joiner that sends none, values_follow or not, defines it
+  // too). FAILED_PRECONDITION once the model is defined.
+  absl::Status StartFrom(InitialWeights weights);
+
   // Admits (or readmits) a member. INVALID_ARGUMENT for a wrong world size, a rank outside the
   // group or a bad tensor; FAILED_PRECONDITION when the model differs from the server's or the
   // rank was dropped; UNAVAILABLE when no one has supplied initial values yet (retry). A join
@@ -217,6 +227,19 @@ class ParameterServer {
   // Blocks on disk I/O: call it from a thread of the daemon's, never from a gRPC callback.
   absl::Status MaybeCheckpoint(bool force);
 
+  // Writes the master weights, of one moment, as a safetensors file `file_name` in `dir` (both
+  // the operator's: the edge checks a caller's name with CheckExportName first; empty:
+  // DefaultExportName). In sync mode every partition is at one version (all partition locks
+  // held while copied, as a checkpoint takes them); in async and ssp mode it is one moment, and
+  // the version is the lowest. FAILED_PRECONDITION without a model or its values, or on a shard
+  // of several (naming summa-checkpoint export); UNAVAILABLE while partitions are between
+  // versions (retry); INTERNAL when the file cannot be written. Blocks on disk I/O.
+  absl::StatusOr<ExportedModel> Export(const std::string& dir, const std::string& file_name);
+  // Export's directory: --export_dir, or the checkpoint directory; empty: none.
+  const std::string& export_dir() const {
+    return options_.export_dir.empty() ? options_.checkpoint_dir : options_.export_dir;
+  }
+
   // Fails every parked call with UNAVAILABLE: the server is going down.
   void Shutdown();
 
@@ -268,6 +291,18 @@ class ParameterServer {
   // Publishes a restored model and the group of `header`, and marks the server restored.
   absl::Status Adopt(std::pair<std::unique_ptr<Model>, uint64_t> restored, const summa::v1::Checkpoint& header)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(define_mu_);
+  // Every partition at one moment: all their locks held (in id order) while `take(low, high)`,
+  // over their versions (`frozen`: their frozen copies'), says whether to copy them, and while
+  // they are copied (the weights alone when `weights_only`). Empty copies when it said no.
+  struct MomentCopy {
+    uint64_t low = UINT64_MAX;
+    uint64_t high = 0;
+    std::vector<PartitionSnapshot> copies;  // in id order
+  };
+  MomentCopy CopyAtOneMoment(const Model& model, bool frozen, bool weights_only,
+                             absl::FunctionRef<bool(uint64_t low, uint64_t high)> take) const;
+  // The first Join's model against --init_from's: FAILED_PRECONDITION naming the first difference.
+  absl::Status CheckInitialModel(const InitialWeights& initial, const JoinRequestView& request) const;
   // Sync checkpoints: copies `p` for the checkpoint writer when it just reached a multiple of
   // --checkpoint_every, and tells checkpoint_due_ once every partition has.
   void MaybeFreeze(const Model& model, Partition& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
@@ -324,6 +359,8 @@ class ParameterServer {
 
   absl::Mutex define_mu_;  // serializes defining the model
   std::unique_ptr<Model> model_owner_ ABSL_GUARDED_BY(define_mu_);
+  // --init_from's weights until the model is defined (StartFrom).
+  std::optional<InitialWeights> initial_ ABSL_GUARDED_BY(define_mu_);
   // Models a rollback replaced: calls that read the pointer before may still hold them. Kept
   // until the server goes (one model's memory per rollback).
   std::vector<std::unique_ptr<Model>> retired_ ABSL_GUARDED_BY(define_mu_);

@@ -2,10 +2,12 @@
 // partition written through server/checkpoint/checkpoint_file.h a partition at a time, and the restore that
 // refuses another job's and fills the model a partition at a time.
 #include <algorithm>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
+#include "common/safetensors.h"
 #include "common/status_macros.h"
 #include "server/checkpoint/checkpoint_dir.h"
 #include "server/core/checkpoint_codec.h"
@@ -17,13 +19,15 @@ namespace {
 // `p` as a sync checkpoint holds it, into `out`'s buffers (which keep their capacity). Pushes to
 // the step in progress are summed, not applied, and the checkpoint does not hold that sum: after
 // a restore their ranks push that step again.
-void CopyForSyncCheckpoint(const Partition& p, PartitionSnapshot& out) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+void CopyForSyncCheckpoint(const Partition& p, PartitionSnapshot& out, bool weights_only = false)
+    ABSL_NO_THREAD_SAFETY_ANALYSIS {
   // The caller holds p.mu.
   out.id = p.range.id;
   out.version = p.version;
   out.updates = p.updates;
   out.examples_applied = p.examples_applied;
   out.weights.assign(p.weights.begin(), p.weights.end());
+  if (weights_only) return;
   out.slots.resize(p.slots.size());
   for (size_t i = 0; i < p.slots.size(); ++i) out.slots[i].assign(p.slots[i].begin(), p.slots[i].end());
   out.next_steps.assign(p.next_step.begin(), p.next_step.end());
@@ -221,6 +225,73 @@ void ParameterServer::MaybeFreeze(const Model& model, Partition& p) {
   }
 }
 
+ParameterServer::MomentCopy ParameterServer::CopyAtOneMoment(
+    const Model& m, bool frozen, bool weights_only, absl::FunctionRef<bool(uint64_t, uint64_t)> take) const
+    ABSL_NO_THREAD_SAFETY_ANALYSIS {  // every partition's lock, taken and released in id order
+  MomentCopy out;
+  for (const auto& p : m.partitions) p->mu.Lock();
+  for (const auto& p : m.partitions) {
+    const uint64_t v = frozen ? (p->has_frozen ? p->frozen.version : 0) : p->version;
+    out.low = std::min(out.low, v);
+    out.high = std::max(out.high, v);
+  }
+  if (take(out.low, out.high)) {
+    out.copies.reserve(m.partitions.size());
+    for (const auto& p : m.partitions) {
+      if (frozen) {
+        out.copies.push_back(p->frozen);
+        continue;
+      }
+      out.copies.emplace_back();
+      CopyForSyncCheckpoint(*p, out.copies.back(), weights_only);
+    }
+  }
+  for (auto it = m.partitions.rbegin(); it != m.partitions.rend(); ++it) (*it)->mu.Unlock();
+  return out;
+}
+
+absl::StatusOr<ExportedModel> ParameterServer::Export(const std::string& dir, const std::string& file_name) {
+  SUMMA_RETURN_IF_ERROR(CheckExportName(file_name));
+  if (options_.shards > 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this server is shard ", options_.shard, " of ", options_.shards,
+        " and holds only its partitions: export a sharded job's weights from its checkpoints with "
+        "summa-checkpoint export ", options_.checkpoint_dir.empty() ? "CHECKPOINT_DIR" : options_.checkpoint_dir,
+        " OUT.safetensors (every shard's newest checkpoint of one version, assembled)"));
+  }
+  if (dir.empty()) {
+    return absl::FailedPreconditionError(
+        "this server has no directory to export into: start it with --export_dir (or --checkpoint_dir)");
+  }
+  // Not beside a rollback, which replaces the model (and empties the old one's partitions).
+  absl::MutexLock checkpoint_lock(&checkpoint_mu_);
+  SUMMA_ASSIGN_OR_RETURN(const Model* const m, ReadyModel());
+  const bool one_version = policy_->CheckpointNeedsOneVersion();
+  MomentCopy moment = CopyAtOneMoment(*m, /*frozen=*/false, /*weights_only=*/true,
+                                      [&](uint64_t low, uint64_t high) { return !one_version || low == high; });
+  if (moment.copies.empty()) {
+    return absl::UnavailableError(absl::StrCat("the partitions are between versions ", moment.low, " and ",
+                                               moment.high, " (a step is completing); retry"));
+  }
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) return absl::InternalError(absl::StrCat("create ", dir, ": ", error.message()));
+  const std::string path =
+      absl::StrCat(dir, "/", file_name.empty() ? DefaultExportName(moment.low) : file_name);
+  const std::vector<TensorSpec>& specs = m->map.specs();
+  SUMMA_ASSIGN_OR_RETURN(
+      std::unique_ptr<SafetensorsWriter> writer,
+      SafetensorsWriter::Create(path, specs, ExportMetadata(Job(), moment.low, options_.clock->Now(), "summa-server")));
+  for (PartitionSnapshot& copy : moment.copies) {
+    SUMMA_RETURN_IF_ERROR(writer->Append(copy.weights));
+    std::vector<float>().swap(copy.weights);  // freed once written
+  }
+  SUMMA_ASSIGN_OR_RETURN(const uint64_t bytes, writer->Finish());
+  SUMMA_LOG(INFO) << "exported version " << moment.low << " (" << specs.size() << " tensors, " << bytes
+                  << " bytes) to " << path;
+  return ExportedModel{path, moment.low, static_cast<int>(specs.size()), bytes};
+}
+
 absl::Status ParameterServer::MaybeCheckpoint(bool force) {
   if (checkpoint_dir_.empty()) return absl::OkStatus();
   absl::MutexLock checkpoint_lock(&checkpoint_mu_);
@@ -238,33 +309,19 @@ absl::Status ParameterServer::MaybeCheckpoint(bool force) {
   // Sync shards, when not forced: the copies every partition took as it reached the same multiple
   // of --checkpoint_every (MaybeFreeze), so that every shard writes the same versions.
   const bool frozen = !force && FreezesForCheckpoints();
-  std::vector<PartitionSnapshot> copies;
-  for (const auto& p : m->partitions) p->mu.Lock();
-  uint64_t low = UINT64_MAX, high = 0;
-  for (const auto& p : m->partitions) {
-    const uint64_t v = frozen ? (p->has_frozen ? p->frozen.version : 0) : p->version;
-    low = std::min(low, v);
-    high = std::max(high, v);
-  }
-  // Frozen copies are of multiples of the interval: any newer than the last file is due (a forced
-  // checkpoint or a restore in between skips none).
-  const bool due = force || (frozen ? low > last
-                                    : options_.checkpoint_every > 0 &&
-                                          low >= last + static_cast<uint64_t>(options_.checkpoint_every));
-  const bool consistent = !one_version || low == high;
-  const bool write = due && consistent && (low != last || force);
-  if (write && one_version) {
-    copies.reserve(m->partitions.size());
-    for (const auto& p : m->partitions) {
-      if (frozen) {
-        copies.push_back(p->frozen);
-        continue;
-      }
-      copies.emplace_back();
-      CopyForSyncCheckpoint(*p, copies.back());
-    }
-  }
-  for (auto it = m->partitions.rbegin(); it != m->partitions.rend(); ++it) (*it)->mu.Unlock();
+  bool due = false, consistent = false, write = false;
+  MomentCopy moment = CopyAtOneMoment(*m, frozen, /*weights_only=*/false, [&](uint64_t low, uint64_t high) {
+    // Frozen copies are of multiples of the interval: any newer than the last file is due (a
+    // forced checkpoint or a restore in between skips none).
+    due = force || (frozen ? low > last
+                           : options_.checkpoint_every > 0 &&
+                                 low >= last + static_cast<uint64_t>(options_.checkpoint_every));
+    consistent = !one_version || low == high;
+    write = due && consistent && (low != last || force);
+    return write && one_version;
+  });
+  const uint64_t low = moment.low;
+  std::vector<PartitionSnapshot>& copies = moment.copies;
   if (!due) return absl::OkStatus();
   if (!consistent) {
     // Frozen copies of unlike versions: the newest is still being taken (or the writer fell

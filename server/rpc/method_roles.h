@@ -35,6 +35,7 @@ inline constexpr MethodRole kMethodRoles[] = {
     {"GetStatus", Role::kStatus},
     // Operators' calls.
     {"Checkpoint", Role::kAdmin},
+    {"Export", Role::kAdmin},
 };
 
 // The role `method` requires; the admin's for a name not in the table, so that a method added

@@ -22,6 +22,17 @@ namespace pb = ::summa::v1;
 
 }  // namespace
 
+absl::StatusOr<ExportedModel> ExportWhenOneVersion(ParameterServer& core, const std::string& dir,
+                                                   const std::string& file_name) {
+  absl::StatusOr<ExportedModel> exported;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    exported = core.Export(dir, file_name);
+    if (!absl::IsUnavailable(exported.status())) break;
+    absl::SleepFor(absl::Milliseconds(20));  // real time: the workers' pushes are in flight
+  }
+  return exported;
+}
+
 grpc::Status ParameterServerService::Authorize(const grpc::ServerContextBase& context,
                                                std::string_view method) const {
   return ToGrpcStatus(tokens_->Check(context, RequiredRole(method)));
@@ -105,6 +116,20 @@ grpc::Status ParameterServerService::Checkpoint(grpc::ServerContext* context, co
     response->set_version(status.checkpoint.version);
   }
   return ToGrpcStatus(s);
+}
+
+grpc::Status ParameterServerService::Export(grpc::ServerContext* context, const pb::ExportRequest* request,
+                                            pb::ExportResponse* response) {
+  if (grpc::Status denied = Authorize(*context, "Export"); !denied.ok()) return denied;
+  absl::StatusOr<ExportedModel> exported;
+  OnDaemonThread([&] { exported = ExportWhenOneVersion(*core_, core_->export_dir(), request->file_name()); });
+  if (exported.ok()) {
+    response->set_path(exported->path);
+    response->set_version(exported->version);
+    response->set_tensors(exported->tensors);
+    response->set_bytes(static_cast<int64_t>(exported->bytes));
+  }
+  return ToGrpcStatus(exported.status());
 }
 
 grpc::Status ParameterServerService::RollBack(grpc::ServerContext* context, const pb::RollBackRequest* request,

@@ -95,6 +95,12 @@ class DataCall : public Answerable {
   bool cancelled_ ABSL_GUARDED_BY(parked_mu_) = false;
 };
 
+// ParameterServer::Export, retried for up to two seconds while the partitions are between
+// versions (a sync step completing: the workers' next pull or compute leaves a moment when every
+// partition is at one). Blocks on disk I/O and sleeps: the daemon's thread, never gRPC's.
+absl::StatusOr<ExportedModel> ExportWhenOneVersion(ParameterServer& core, const std::string& dir,
+                                                   const std::string& file_name);
+
 class ParameterServerService final : public ServiceBase {
  public:
   // Runs a task off the gRPC threads, later.
@@ -123,6 +129,9 @@ class ParameterServerService final : public ServiceBase {
   // Checkpoint and RollBack wait for the daemon's thread (Background) to do the disk work.
   grpc::Status Checkpoint(grpc::ServerContext* context, const summa::v1::CheckpointRequest* request,
                           summa::v1::CheckpointResponse* response) override;
+  // Export too: it writes the weights' file on the daemon's thread.
+  grpc::Status Export(grpc::ServerContext* context, const summa::v1::ExportRequest* request,
+                      summa::v1::ExportResponse* response) override;
   grpc::Status RollBack(grpc::ServerContext* context, const summa::v1::RollBackRequest* request,
                         summa::v1::RollBackResponse* response) override;
   grpc::Status GetStatus(grpc::ServerContext* context, const summa::v1::GetStatusRequest* request,

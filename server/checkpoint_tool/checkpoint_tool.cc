@@ -1,0 +1,119 @@
+#include "server/checkpoint_tool/checkpoint_tool.h"
+
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "common/status_macros.h"
+#include "server/checkpoint/checkpoint_dir.h"
+#include "server/checkpoint/checkpoint_file.h"
+#include "server/core/checkpoint_codec.h"
+#include "server/core/model_export.h"
+
+namespace summa::server {
+namespace {
+
+using Readers = absl::Span<CheckpointReader* const>;
+
+// The headers of one checkpoint or of a set (shard order), decoded against the job the first
+// records (nothing else to hold them to).
+absl::StatusOr<std::vector<CheckpointHeader>> Decode(Readers readers) {
+  SUMMA_ASSIGN_OR_RETURN(const JobDescription job, CheckpointJob(readers.front()->header()));
+  if (readers.size() == 1) {
+    SUMMA_ASSIGN_OR_RETURN(CheckpointHeader h, DecodeCheckpointHeader(readers.front()->header(), job));
+    return std::vector<CheckpointHeader>{std::move(h)};
+  }
+  std::vector<const summa::v1::Checkpoint*> set;
+  for (CheckpointReader* reader : readers) set.push_back(&reader->header());
+  return DecodeCheckpointSet(set, job);
+}
+
+void Print(Readers readers, const std::vector<CheckpointHeader>& headers, bool tensors, std::ostream& out) {
+  const CheckpointHeader& first = headers.front();
+  const JobDescription& job = first.job;
+  int64_t parameters = first.map.num_elements();
+  for (size_t i = 0; i < headers.size(); ++i) {
+    const CheckpointHeader& h = headers[i];
+    int64_t held = 0;
+    for (const PartitionRange& r : h.held) held += r.length;
+    out << "checkpoint " << readers[i]->path() << "\n"
+        << "  shard:      " << h.job.shard << " of " << h.job.shards << " (" << h.held.size() << " of "
+        << h.map.partitions().size() << " partitions, " << held << " of " << parameters << " parameters)\n";
+  }
+  out << "  job:        " << job.world_size << " workers, " << JobModeName(job.mode, job.sync_every) << " mode"
+      << (job.sync_every > 0 ? absl::StrCat(" (", job.sync_every, " local steps between exchanges; the outer optimizer)") : "")
+      << ", optimizer "
+      << job.optimizer << " (state: " << (job.slot_names.empty() ? "none" : absl::StrJoin(job.slot_names, ", "))
+      << "), partitions of " << job.partition_bytes << " bytes\n"
+      << "  version:    " << first.version << " (steps completed)\n"
+      << "  created:    " << absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", first.created, absl::UTCTimeZone()) << "\n";
+  const summa::v1::Checkpoint& c = readers.front()->header();
+  if (c.has_group()) {
+    out << "  group:      view " << c.group().view() << ", ranks [" << absl::StrJoin(c.group().ranks(), ", ")
+        << "]\n";
+  } else {
+    out << "  group:      every rank\n";
+  }
+  out << "  tensors:    " << first.map.specs().size() << " (" << parameters << " parameters, "
+      << parameters * 4 << " bytes of float32)\n";
+  if (!tensors) return;
+  for (const TensorSpec& spec : first.map.specs()) out << "    " << spec.name << " " << ShapeString(spec.shape) << "\n";
+}
+
+// Hands CKPT's readers to `use`: a file's alone, or a directory's newest whole checkpoint (one
+// server's or a set's), skipping torn files with a line on `out`.
+absl::Status WithCheckpoint(const std::string& ckpt, std::ostream& out, absl::FunctionRef<absl::Status(Readers)> use) {
+  std::error_code error;
+  if (!std::filesystem::is_directory(ckpt, error)) {
+    SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(ckpt));
+    CheckpointReader* readers[] = {reader.get()};
+    return use(readers);
+  }
+  std::vector<std::string> warnings;
+  absl::StatusOr<std::optional<RestoredCheckpoint>> read = ReadNewestWholeCheckpoint(ckpt, use, &warnings);
+  for (const std::string& w : warnings) out << "summa-checkpoint: " << w << "\n";
+  if (!read.ok()) return read.status();
+  if (!read->has_value()) {
+    return absl::NotFoundError(absl::StrCat(
+        ckpt, " holds no whole checkpoint (ckpt-*.summa files, or shard-I-of-K directories of them, every shard "
+              "keeping one version)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ShowCheckpoint(const std::string& ckpt, bool tensors, std::ostream& out) {
+  return WithCheckpoint(ckpt, out, [&](Readers readers) -> absl::Status {
+    SUMMA_ASSIGN_OR_RETURN(const std::vector<CheckpointHeader> headers, Decode(readers));
+    Print(readers, headers, tensors, out);
+    // A directory's checkpoint is shown once it is known whole; a file's header alone is shown.
+    for (CheckpointReader* reader : readers) SUMMA_RETURN_IF_ERROR(reader->Verify());
+    return absl::OkStatus();
+  });
+}
+
+absl::Status ExportCheckpoint(const std::string& ckpt, const std::string& out_path, std::ostream& out) {
+  return WithCheckpoint(ckpt, out, [&](Readers readers) -> absl::Status {
+    SUMMA_ASSIGN_OR_RETURN(const std::vector<CheckpointHeader> headers, Decode(readers));
+    const JobDescription& job = headers.front().job;
+    if (headers.size() == 1 && job.shards > 1) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          readers.front()->path(), " is shard ", job.shard, " of ", job.shards,
+          "'s checkpoint and holds only its partitions: give the job's checkpoint directory (the one holding "
+          "shard-I-of-", job.shards, "/) to assemble every shard's checkpoint of one version"));
+    }
+    Print(readers, headers, /*tensors=*/false, out);
+    std::vector<PartitionSource*> sources(readers.begin(), readers.end());
+    SUMMA_ASSIGN_OR_RETURN(const ExportedModel exported,
+                           ExportCheckpointWeights(headers, sources, out_path, readers.front()->path()));
+    out << "wrote " << exported.path << ": version " << exported.version << ", " << exported.tensors << " tensors, "
+        << exported.bytes << " bytes (safetensors, F32)\n";
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace summa::server

@@ -13,9 +13,10 @@ epoch, bytes against sync, test accuracy after every epoch (the full test set, e
 seconds per epoch (information only: noisy on a shared machine). Exits non-zero unless every job
 exited 0, each ran what it was asked (mode, H, optimizers, from the join lines), its pushes are
 workers x epochs x ceil(batches/H) (the sync job: every batch), its bytes are its pushes and
-replies times the model's fp32 bytes, each DiLoCo row's bytes are ceil(batches/H)/batches of
-sync's (within --bytes_tolerance, for the joins' first pulls), and each DiLoCo row's last test
-accuracy is at least the sync job's less --acc_tolerance.
+replies times the model's fp32 bytes (the replies: one a push, and each worker's first pull at
+its join), each DiLoCo row's exchange bytes (less those first pulls) are exactly
+ceil(batches/H)/batches of sync's and its total bytes within --bytes_tolerance of that, and each
+DiLoCo row's last test accuracy is at least the sync job's less --acc_tolerance.
 """
 import argparse
 import gzip

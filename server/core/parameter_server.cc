@@ -312,7 +312,7 @@ absl::StatusOr<JoinResult> ParameterServer::Join(const JoinRequestView& request)
   }
   result.restored = restored_.load(std::memory_order_acquire);
   SUMMA_LOG(INFO) << "rank " << rank << " joined from " << request.peer << " at version "
-                  << result.version << " (" << ModeName(options_.mode) << " mode)";
+                  << result.version << " (" << JobModeName(options_) << " mode)";
   return result;
 }
 

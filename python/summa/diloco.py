@@ -33,6 +33,8 @@ class DiLoCo(ParameterServerOptimizer):
     say). Parameters become views of one flat buffer, as with ParameterServerOptimizer, whose
     shard(), group(), rank and leave() it has. Not thread-safe."""
 
+    _pushes_pseudo_gradients = True  # what a --mode=diloco server takes (ParameterServerOptimizer is refused)
+
     def __init__(self, model, inner, client=None):
         super().__init__(model, client=client, overlap=False)
         if not self.sync_every:

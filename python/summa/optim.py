@@ -245,6 +245,10 @@ class ParameterServerOptimizer:
     `overlap=False` exchanges the whole gradient at step(), after backward. `local_group`: see
     the module's docstring (the server then counts one member per host). Not thread-safe."""
 
+    # What a push carries: gradients; summa.DiLoCo's are pseudo-gradients (a DiLoCo server takes
+    # no other, and refuses this class at the join).
+    _pushes_pseudo_gradients = False
+
     def __init__(self, model, client=None, overlap=True, num_examples=1, local_group=None):
         from . import _default_client
         self.client = client or _default_client()
@@ -301,6 +305,13 @@ class ParameterServerOptimizer:
         c = self.client
         initial = self._weights_np if c.rank <= 0 else None
         joined = c.join(self.specs, initial)
+        if joined.sync_every and not self._pushes_pseudo_gradients:
+            # Its pushes would be taken as DiLoCo's pseudo-gradients (anchor - weights): a
+            # gradient there steps the outer weights the wrong way, with no error anywhere.
+            raise ValueError(f"summa: the server at {c.server} is a DiLoCo job (summa-server --mode=diloco, "
+                             f"--sync_every={joined.sync_every}): its pushes are pseudo-gradients, not "
+                             "gradients; train with summa.DiLoCo(model, inner_torch_optimizer), or start the "
+                             "server in another --mode for ParameterServerOptimizer")
         self.mode = joined.mode
         self.sync_every = joined.sync_every  # DiLoCo's H (summa.DiLoCo); 0 otherwise
         self.live_ranks = joined.live_ranks

@@ -376,6 +376,99 @@ class PythonClientTest(unittest.TestCase):
                 covered = [i for b, e, *_ in got for i in range(b, e)]
                 self.assertEqual(covered, list(range(batch)), step)
 
+    def test_two_diloco_processes_match_a_replay_of_the_algorithm(self):
+        """summa.DiLoCo in two processes against summa-server --mode=diloco --sync_every=5: 4
+        exchanges of 5 local steps, the inner optimizer torch's, the outer the server's Nesterov.
+        tools/diloco_child.py --replay computes the same job in one process with no server (each
+        rank's inner optimizer and its state across exchanges, the pseudo-gradients examples *
+        (anchor - weights) summed, Sgd::Apply's Nesterov in numpy float32): bit for bit the same,
+        since every operation is the same float32 operation in the same order (the server sums
+        two pushes, and a + b == b + a; the build does not contract to FMA)."""
+        child = os.path.join(os.path.dirname(__file__), "tools", "diloco_child.py")
+        H, exchanges, batch, params = 5, 4, 24, 8 * 16 + 16 + 16 * 4 + 4
+        for inner in ("sgd", "adam"):
+            with ProcessGroup() as g:
+                server, port = g.start_server(ARGS.server, "--workers=2", "--mode=diloco", f"--sync_every={H}",
+                                              "--outer_optimizer=nesterov", "--outer_lr=0.7",
+                                              "--outer_momentum=0.9")
+                common = [f"--exchanges={exchanges}", f"--batch={batch}", f"--inner={inner}"]
+                dumps = [os.path.join(g.dir, f"w{r}.npy") for r in range(2)]
+                procs = [g.start(f"diloco{r}", [sys.executable, child, f"--server=127.0.0.1:{port}", f"--rank={r}",
+                                                "--world=2", *common, f"--out={dumps[r]}"], env=child_env())
+                         for r in range(2)]
+                replay = os.path.join(g.dir, "replay.npy")
+                procs.append(g.start("replay", [sys.executable, child, "--replay", "--world=2", f"--H={H}",
+                                                *common, f"--out={replay}"], env=child_env()))
+                for p in procs:
+                    self.assertEqual(g.wait(p, 120), 0, g.log(p))
+                for r in range(2):
+                    self.assertIn(f"rank {r} joined at exchange 0, H={H}", g.log(procs[r]))
+                client = summa.Client(f"127.0.0.1:{port}")
+                status = client.status()
+                client.close()
+                # The version counts outer steps: one an exchange.
+                self.assertEqual(status.version, exchanges, inner)
+                self.assertEqual(status.sync_every, H)
+                self.assertEqual((status.parameter_count, status.partition_count), (params, 1))
+                # One push an exchange from each rank (one partition), each of its H shards' examples,
+                # and nothing else on the wire: bytes_in counts the pushes' float32 values.
+                self.assertEqual([m.pushes for m in status.members], [exchanges, exchanges], inner)
+                self.assertEqual([m.examples for m in status.members], [exchanges * H * batch // 2] * 2, inner)
+                self.assertEqual(status.examples_applied, exchanges * H * batch)
+                self.assertEqual(status.bytes_in, 2 * exchanges * params * 4, inner)
+                w0, w1, want = np.load(dumps[0]), np.load(dumps[1]), np.load(replay)
+                self.assertTrue(np.array_equal(w0, w1), f"{inner}: both ranks hold the outer weights")
+                self.assertTrue(np.array_equal(w0, want),
+                                f"{inner}: {int((w0 != want).sum())} of {params} weights differ from the replay, "
+                                f"by at most {np.abs(w0 - want).max()}")
+                # The job moved the weights (an exchange that did nothing would not match either).
+                torch.manual_seed(5)
+                initial = torch.cat([p.detach().reshape(-1) for p in torch.nn.Sequential(
+                    torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).parameters()]).numpy()
+                self.assertGreater(float(np.abs(want - initial).max()), 0.05, inner)
+
+    def test_diloco_and_the_server_optimizer_are_each_refused_by_the_others_server(self):
+        """summa.DiLoCo needs a --mode=diloco server; ParameterServerOptimizer, whose pushes are
+        gradients, is refused by one (a DiLoCo server takes each push as a pseudo-gradient).
+        Either refusal is a ValueError saying what to do, and the job then runs with the right
+        class (a later process as the same rank fences the refused one)."""
+        model = lambda: torch.nn.Linear(3, 2)  # noqa: E731
+        for diloco_server in (False, True):
+            with ProcessGroup() as g:
+                flags = ["--mode=diloco", "--sync_every=2"] if diloco_server else ["--lr=0.1"]
+                server, port = g.start_server(ARGS.server, "--workers=1", *flags)
+                address = f"127.0.0.1:{port}"
+                refused = summa.Client(address, rank=0, world_size=1, join_timeout=5)
+                m = model()
+                with self.assertRaises(ValueError) as caught:
+                    if diloco_server:
+                        summa.ParameterServerOptimizer(m, client=refused)
+                    else:
+                        summa.DiLoCo(m, torch.optim.SGD(m.parameters(), lr=0.1), client=refused)
+                if diloco_server:
+                    self.assertIn("is a DiLoCo job (summa-server --mode=diloco, --sync_every=2)", str(caught.exception))
+                    self.assertIn("summa.DiLoCo(model, inner_torch_optimizer)", str(caught.exception))
+                else:
+                    self.assertIn("is not a DiLoCo job (summa-server --mode=diloco)", str(caught.exception))
+                    self.assertIn("use ParameterServerOptimizer", str(caught.exception))
+                # The right class as the same rank: it trains, and the refused one pushed nothing.
+                right = summa.Client(address, rank=0, world_size=1, join_timeout=5)
+                m = model()
+                x, y = torch.ones(4, 3), torch.zeros(4, 2)
+                if diloco_server:
+                    opt = summa.DiLoCo(m, torch.optim.SGD(m.parameters(), lr=0.1), client=right)
+                else:
+                    opt = summa.ParameterServerOptimizer(m, client=right, overlap=False)
+                for _ in range(2):  # two local steps and their exchange, or two steps
+                    opt.zero_grad()
+                    torch.nn.functional.mse_loss(m(x), y).backward()
+                    opt.step(4)
+                status = right.status()
+                self.assertEqual(status.version, 1 if diloco_server else 2)
+                self.assertEqual([(m.rank, m.pushes) for m in status.members], [(0, status.version)])
+                refused.close()
+                right.close()
+
     def test_a_newer_join_for_the_rank_fences_the_older_client(self):
         with ProcessGroup() as g:
             server, port = g.start_server(ARGS.server, "--workers=1")

@@ -13,6 +13,17 @@ whole batch. The three Summa lines are marked.
 --optimizer=distributed trains with summa.DistributedOptimizer (local SGD on gradients summed
 through AllReduce) instead; --reference trains one process on the whole batch with no server
 (what the tests hold Summa to). A restarted process resumes at the step the server is at.
+
+--optimizer=diloco trains with summa.DiLoCo against a DiLoCo server: each process steps its own
+torch optimizer (--inner, at --lr) on the mean loss of its shard, and every H-th step (the
+server's --sync_every) exchanges its pseudo-gradient for the server's outer weights; an epoch's
+end exchanges too (opt.sync(), a fourth Summa line), so that its evaluation is of the outer
+weights. The data position is the loop's own count of steps: a restarted diloco process starts
+the data over (resuming where the job is, is --optimizer=ps's).
+
+  build/server/summa-server --workers=2 --mode=diloco --sync_every=10 &
+  RANK=0 python3 pytorch_lenet.py --world_size=2 --optimizer=diloco --inner=adamw --lr=1e-3 &
+  RANK=1 python3 pytorch_lenet.py --world_size=2 --optimizer=diloco --inner=adamw --lr=1e-3
 Set OPENBLAS_NUM_THREADS and OMP_NUM_THREADS before starting Python.
 """
 import argparse
@@ -95,11 +106,18 @@ def main():
     ap.add_argument("--world_size", type=int, default=None, help="default $WORLD_SIZE, else 1")
     ap.add_argument("--token_file", default=None)
     ap.add_argument("--tls_ca", default=None)
-    ap.add_argument("--optimizer", choices=["ps", "distributed"], default="ps",
+    ap.add_argument("--optimizer", choices=["ps", "distributed", "diloco"], default="ps",
                     help="ps: the server's optimizer; distributed: local SGD (--lr) on gradients "
-                         "summed through AllReduce")
+                         "summed through AllReduce; diloco: DiLoCo against summa-server --mode=diloco, "
+                         "--inner at --lr taking the local steps on each shard's mean loss, an exchange "
+                         "every --sync_every steps and at each epoch's end (a restarted diloco process "
+                         "starts the data over; resuming at the job's place in the data is ps's)")
+    ap.add_argument("--inner", choices=["sgd", "adamw"], default="sgd",
+                    help="--optimizer=diloco: the inner torch optimizer")
     ap.add_argument("--reference", action="store_true", help="one process, no server")
-    ap.add_argument("--lr", type=float, default=0.2, help="--optimizer=distributed and --reference")
+    ap.add_argument("--lr", type=float, default=None,
+                    help="--optimizer=distributed and --reference (default 0.2), or diloco's inner "
+                         "optimizer (default 0.2 for sgd, 0.001 for adamw)")
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--batch_size", type=int, default=256, help="the global minibatch")
     ap.add_argument("--seed", type=int, default=0)
@@ -113,6 +131,9 @@ def main():
                     help="exchange the whole gradient after backward instead of overlapping it with "
                          "backward and the next forward")
     args = ap.parse_args()
+    diloco = args.optimizer == "diloco" and not args.reference
+    if args.lr is None:
+        args.lr = 0.001 if diloco and args.inner == "adamw" else 0.2
     torch.set_num_threads(args.threads)
 
     x_train, y_train = load(args.data_dir, "train", args.train_limit)
@@ -126,6 +147,9 @@ def main():
                    tls=args.tls_ca)
         if args.optimizer == "ps":
             opt = summa.ParameterServerOptimizer(model, overlap=not args.no_overlap)  # Summa 2/3
+        elif diloco:
+            inner = (torch.optim.SGD if args.inner == "sgd" else torch.optim.AdamW)(model.parameters(), lr=args.lr)
+            opt = summa.DiLoCo(model, inner)  # Summa 2/3
         else:
             summa.broadcast_parameters(model, root_rank=0)
             # SGD on the summed gradient at lr / batch: the seed's update (a short last batch
@@ -136,31 +160,48 @@ def main():
 
     n, batch = len(y_train), args.batch_size
     steps_per_epoch = -(-n // batch)
-    # The optimizer's next step is the position in the data: a restarted process, or one whose
-    # server came back from an older checkpoint, carries on where the server is.
-    print(f"rank {rank} of {world} {'joined' if not args.reference else 'started'} at step "
-          f"{opt.next_step}", flush=True)
+    # `done`, the global steps taken, is the position in the data. It is the optimizer's next step:
+    # a restarted process, or one whose server came back from an older checkpoint, carries on
+    # where the server is. DiLoCo's next_step counts exchanges: the loop counts its steps itself.
+    if diloco:
+        done = 0
+        print(f"rank {rank} of {world} joined at exchange {opt.next_step} (H={opt.sync_every})", flush=True)
+    else:
+        done = opt.next_step
+        print(f"rank {rank} of {world} {'joined' if not args.reference else 'started'} at step "
+              f"{opt.next_step}", flush=True)
     last_steps = args.steps or args.epochs * steps_per_epoch
     epochs = []
-    while opt.next_step < last_steps:
-        epoch, first = divmod(opt.next_step, steps_per_epoch)
+    while done < last_steps:
+        epoch, first = divmod(done, steps_per_epoch)
         order = torch.randperm(n, generator=torch.Generator().manual_seed(args.seed * 1000 + epoch))
         start, loss_sum, seen = time.perf_counter(), 0.0, 0
         for b in range(first, steps_per_epoch):
-            if opt.next_step >= last_steps:
+            if done >= last_steps:
                 break
             idx = order[b * batch:(b + 1) * batch]
             size = len(idx)
             lo, hi = opt.shard(size)  # split_batch over the step's group (it may grow or shrink)
             opt.zero_grad()
+            if diloco:
+                loss = F.cross_entropy(model(x_train[idx[lo:hi]]), y_train[idx[lo:hi]])  # the shard's mean
+                loss.backward()
+                opt.step(num_examples=hi - lo)  # Summa 3/3: the inner step; every H-th also exchanges
+                loss_sum += loss.item() * (hi - lo)
+                seen += hi - lo
+                done += 1
+                continue
             opt.num_examples = hi - lo  # the examples behind this gradient (its pushes start in backward)
             loss = F.cross_entropy(model(x_train[idx[lo:hi]]), y_train[idx[lo:hi]], reduction="sum")
             loss.backward()
             opt.step()  # Summa 3/3
             loss_sum += loss.item()
             seen += hi - lo
-            if opt.next_step != epoch * steps_per_epoch + b + 1:
+            done = opt.next_step
+            if done != epoch * steps_per_epoch + b + 1:
                 break  # the server resumed at another step: follow it
+        if diloco:
+            opt.sync()  # the epoch's last steps exchanged: the evaluation is of the outer weights
         seconds = time.perf_counter() - start
         with torch.no_grad():
             acc = (model(x_test).argmax(1) == y_test).float().mean().item()
@@ -174,7 +215,9 @@ def main():
         np.save(args.dump_weights, torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy())
     if rank == 0 and epochs:
         print("RESULT " + json.dumps({"sec_per_epoch": sum(e["seconds"] for e in epochs) / len(epochs),
-                                      "test_acc": epochs[-1]["test_acc"], "steps": opt.next_step}), flush=True)
+                                      "test_acc": epochs[-1]["test_acc"],
+                                      **({"exchanges": opt.next_step} if diloco else {}), "steps": done}),
+              flush=True)
     if not args.reference:
         summa.shutdown()
     return 0

@@ -24,6 +24,7 @@ the data over (resuming where the job is, is --optimizer=ps's).
   build/server/summa-server --workers=2 --mode=diloco --sync_every=10 &
   RANK=0 python3 pytorch_lenet.py --world_size=2 --optimizer=diloco --inner=adamw --lr=1e-3 &
   RANK=1 python3 pytorch_lenet.py --world_size=2 --optimizer=diloco --inner=adamw --lr=1e-3
+
 Set OPENBLAS_NUM_THREADS and OMP_NUM_THREADS before starting Python.
 """
 import argparse

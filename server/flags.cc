@@ -84,7 +84,9 @@ ABSL_FLAG(std::string, outer_optimizer, "nesterov",
           "diloco: the outer optimizer the server applies to the averaged pseudo-gradient: "
           "nesterov (SGD with Nesterov momentum, the paper's) or sgd (heavy-ball momentum; with "
           "--outer_momentum=0 --outer_lr=1 the average of the workers' weights)");
-ABSL_FLAG(double, outer_lr, 0.7, "diloco: the outer learning rate");
+ABSL_FLAG(double, outer_lr, 0.7,
+          "diloco: the outer learning rate (the --lr_schedule flags, when given, schedule it over "
+          "the outer steps)");
 ABSL_FLAG(double, outer_momentum, 0.9, "diloco: the outer momentum, in [0, 1)");
 ABSL_FLAG(int, staleness, ServerOptions().staleness,
           "ssp: how many steps a worker may run ahead of the slowest");
@@ -231,7 +233,8 @@ bool OnCommandLine(absl::string_view name) {
 // the outer ones without it.
 absl::Status DilocoFromFlags(bool diloco, ServerOptions& o) {
   constexpr const char* kOuter[] = {"sync_every", "outer_optimizer", "outer_lr", "outer_momentum"};
-  constexpr const char* kInner[] = {"optimizer", "lr", "momentum", "nesterov", "beta1", "beta2", "eps"};
+  constexpr const char* kInner[] = {"optimizer", "lr",   "momentum", "nesterov",
+                                    "beta1",     "beta2", "eps",     "weight_decay"};
   if (!diloco) {
     for (const char* name : kOuter) {
       if (OnCommandLine(name)) {

@@ -11,6 +11,7 @@
 
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/marshalling.h"
+#include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"
 #include "absl/strings/match.h"
 #include "common/byte_size.h"
@@ -135,6 +136,62 @@ TEST(ServerFlagsTest, TheDefaultFlagsGiveTheDefaultOptions) {
   absl::StatusOr<Coordinator> coordinator = CoordinatorFromFlags();
   ASSERT_TRUE(coordinator.ok()) << coordinator.status();
   EXPECT_EQ(AsFlags(security->tls, *coordinator), AsFlags(TlsFiles(), Coordinator()));
+}
+
+// Sets flags from "name=value" items for the scope of the FlagSaver the caller holds.
+void SetFlags(const std::vector<std::string>& items) {
+  for (const std::string& item : items) {
+    const size_t eq = item.find('=');
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(item.substr(0, eq));
+    ASSERT_NE(flag, nullptr) << item;
+    std::string error;
+    ASSERT_TRUE(flag->ParseFrom(item.substr(eq + 1), &error)) << item << ": " << error;
+  }
+}
+
+TEST(ServerFlagsTest, DilocoTakesTheOuterOptimizerAndRefusesTheServersOwn) {
+  ::unsetenv("HOSTNAME");
+  {
+    absl::FlagSaver restore;
+    SetFlags({"mode=diloco"});
+    absl::StatusOr<ServerOptions> o = ServerOptionsFromFlags();
+    ASSERT_TRUE(o.ok()) << o.status();
+    EXPECT_EQ(o->mode, Mode::kSync);
+    EXPECT_EQ(o->sync_every, 500) << "the paper's H";
+    EXPECT_EQ(o->optimizer.name, "sgd");
+    EXPECT_EQ(o->optimizer.learning_rate, 0.7);
+    EXPECT_EQ(o->optimizer.momentum, 0.9);
+    EXPECT_TRUE(o->optimizer.nesterov);
+  }
+  {
+    absl::FlagSaver restore;
+    SetFlags({"mode=diloco-async", "sync_every=10", "outer_optimizer=sgd", "outer_lr=1", "outer_momentum=0"});
+    absl::StatusOr<ServerOptions> o = ServerOptionsFromFlags();
+    ASSERT_TRUE(o.ok()) << o.status();
+    EXPECT_EQ(o->mode, Mode::kAsync);
+    EXPECT_EQ(o->sync_every, 10);
+    EXPECT_EQ(o->optimizer.learning_rate, 1.0);
+    EXPECT_FALSE(o->optimizer.nesterov);
+    EXPECT_EQ(JobModeName(*o), "diloco-async");
+  }
+  const std::vector<std::pair<std::vector<std::string>, std::string>> refused = {
+      {{"mode=diloco", "lr=0.5"}, "--lr with --mode=diloco"},
+      {{"mode=diloco", "weight_decay=0.1"}, "--weight_decay with --mode=diloco"},
+      {{"mode=diloco", "sync_every=0"}, "--sync_every=0"},
+      {{"mode=diloco", "outer_optimizer=adam"}, "unknown --outer_optimizer 'adam'"},
+      {{"mode=diloco", "outer_momentum=0"}, "nesterov needs --outer_momentum > 0"},
+      {{"sync_every=10"}, "--sync_every is for --mode=diloco"},
+      {{"outer_lr=0.5"}, "--outer_lr is for --mode=diloco"},
+      {{"mode=diloco", "backup_workers=1", "workers=2"}, "--backup_workers=1 with --mode=diloco"},
+      {{"mode=dilo"}, "use sync, async, ssp, diloco or diloco-async"},
+  };
+  for (const auto& [flags, why] : refused) {
+    absl::FlagSaver restore;
+    SetFlags(flags);
+    absl::StatusOr<ServerOptions> o = ServerOptionsFromFlags();
+    EXPECT_TRUE(absl::IsInvalidArgument(o.status())) << flags[0] << ": " << o.status();
+    EXPECT_TRUE(absl::StrContains(o.status().message(), why)) << o.status();
+  }
 }
 
 // A new flag is either one of a field, and checked above, or named in kNoField.

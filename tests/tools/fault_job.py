@@ -33,13 +33,16 @@ def accuracies(text):
 class Job:
     """A server and its workers inside one ProcessGroup."""
 
-    def __init__(self, group, world, server_flags=(), port=None, shards=1, label=""):
+    def __init__(self, group, world, server_flags=(), port=None, shards=1, label="",
+                 optimizer=("--optimizer=adam", "--lr=0.001"), workers=None):
         # `label` starts the servers' names (logs, port files): another job in the same group
-        # (the same job restarted on other shards) needs one of its own.
+        # (the same job restarted on other shards) needs one of its own. `optimizer`: the
+        # server's (none for DiLoCo, whose workers bring theirs); `workers`: --workers' value
+        # (default `world`).
         self.g, self.world, self.label = group, world, label
         # The data path on the socket data plane (the workers find it): a restarted server serves
         # it on a new port, which the workers must find again.
-        self.server_flags = ["--workers=%d" % world, "--optimizer=adam", "--lr=0.001", "--lease=1s",
+        self.server_flags = ["--workers=%s" % (workers or world), *optimizer, "--lease=1s",
                              "--data_address=127.0.0.1:0", *server_flags]
         if shards == 1:
             self.start_server(port)

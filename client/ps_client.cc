@@ -149,7 +149,7 @@ absl::Status ParameterClient::ForEach(size_t n, absl::FunctionRef<CallSpec(size_
     const CallSpec spec = start(i);
     if (tracer_ != nullptr) call_begun_[i] = absl::Now();
     transport_->Start(i, spec.shard, spec.method, spec.request, spec.reply,
-                      absl::Now() + std::min(call_deadline_, spec.timeout));
+                      absl::Now() + std::min(data_deadline_, spec.timeout));
   };
   for (size_t i = 0; i < n; ++i) launch(i);
   absl::Status first_error;

@@ -143,6 +143,9 @@ class ParameterClient final : public ParameterStore {
   // its new shard of the step, so that every example is summed once. Off by default: the same
   // gradient goes again (a caller that cannot redo a step, as a user's PyTorch loop).
   void set_recompute_on_stale_view(bool on) { recompute_on_stale_view_ = on; }
+  // The caller takes a DiLoCo job's local steps and pushes pseudo-gradients (JoinRequest's
+  // takes_local_steps): without it a DiLoCo server refuses the Join. Off by default.
+  void set_takes_local_steps(bool on) { takes_local_steps_ = on; }
   // The data path's transport (kAuto unless set). The choice is made at the first data-path
   // call and again after every Join (a restarted server may serve its plane on another port).
   void set_data_plane(DataPlane plane) {
@@ -240,6 +243,9 @@ class ParameterClient final : public ParameterStore {
 
   const std::string address_;
   const absl::Duration call_deadline_;
+  // The data path's calls: call_deadline_, times H in a DiLoCo job (a push-pull there waits for
+  // every member's H local steps, as the server's barrier deadline does). Set at each Join.
+  absl::Duration data_deadline_ = call_deadline_;
   const absl::Duration join_deadline_;
   const std::string token_;  // sent with every call (none when empty)
   const bool tls_;
@@ -279,6 +285,7 @@ class ParameterClient final : public ParameterStore {
   } staged_;
   size_t staged_in_flight_ = 0;
   bool recompute_on_stale_view_ = false;
+  bool takes_local_steps_ = false;
   std::vector<int> staged_live_ranks_;
 };
 

@@ -68,6 +68,7 @@ absl::StatusOr<JoinInfo> ParameterClient::Join(int rank, int world,
   // The values, when this worker has them, follow partition by partition (SendInitialValues):
   // no message holds the whole model.
   request.set_values_follow(initial != nullptr);
+  request.set_takes_local_steps(takes_local_steps_);
   // Shard 0 first: it assigns the rank (when asked to) that the others are joined with.
   const int k = static_cast<int>(shards_.size());
   std::vector<pb::JoinResponse> responses;
@@ -158,11 +159,19 @@ absl::StatusOr<JoinInfo> ParameterClient::Join(int rank, int world,
   info.staleness = response.staleness();
   info.backup_workers = response.backup_workers();
   info.sync_every = response.sync_every();
+  data_deadline_ = call_deadline_ * std::max(1, info.sync_every);
   if (response.lease_seconds() > 0) info.lease = absl::Seconds(response.lease_seconds());
   info.live_ranks.assign(response.live_ranks().begin(), response.live_ranks().end());
   // Every shard's partitions, in offset order, must tile the model.
   std::vector<std::pair<PartitionRange, int>> held;
   for (int i = 0; i < k; ++i) {
+    if (responses[i].sync_every() != response.sync_every() || responses[i].mode() != response.mode()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the shards run different jobs: shard 0 (", shards_[0]->address, ") ", pb::Mode_Name(response.mode()),
+          " with sync_every ", response.sync_every(), ", shard ", i, " (", shards_[i]->address, ") ",
+          pb::Mode_Name(responses[i].mode()), " with sync_every ", responses[i].sync_every(),
+          ": start every shard with the same --mode and --sync_every"));
+    }
     info.version = std::min(info.version, responses[i].version());
     info.next_step = std::min(info.next_step, responses[i].next_step());
     for (const pb::Partition& p : responses[i].partitions()) held.push_back({{p.id(), p.offset(), p.length()}, i});

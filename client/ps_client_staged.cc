@@ -43,7 +43,7 @@ void ParameterClient::StartStaged(size_t i) {
 void ParameterClient::LaunchStaged(size_t i) {
   EncodePush(i, staged_.step, staged_.num_examples, staged_.gradients);
   if (tracer_ != nullptr) call_begun_[i] = absl::Now();
-  transport_->Start(i, shard_of_[i], DataMethod::kPushPull, &requests_[i], &replies_[i], absl::Now() + call_deadline_);
+  transport_->Start(i, shard_of_[i], DataMethod::kPushPull, &requests_[i], &replies_[i], absl::Now() + data_deadline_);
   ++staged_in_flight_;
 }
 

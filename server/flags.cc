@@ -114,7 +114,8 @@ ABSL_FLAG(std::string, checkpoint_dir, ServerOptions().checkpoint_dir,
 ABSL_FLAG(int64_t, checkpoint_every, ServerOptions().checkpoint_every,
           "write a checkpoint every this many steps (and on SIGTERM); 0: only on SIGTERM. In a "
           "sharded sync job the checkpoints are of the versions that are multiples of it, so that "
-          "shards keep the same versions");
+          "shards keep the same versions. With --mode=diloco a step is an exchange (H local steps "
+          "of every worker), and the default is 1");
 ABSL_FLAG(int, keep_checkpoints, ServerOptions().keep_checkpoints,
           "keep the newest this many checkpoints. With --shards, a worker that finds the shards "
           "more than one step apart rolls them back to the newest version every shard keeps: 2 "
@@ -192,7 +193,8 @@ ABSL_FLAG(int, shard, -1,
           "ordinal that ends $HOSTNAME (a StatefulSet's pod summa-server-1 is shard 1)");
 ABSL_FLAG(absl::Duration, barrier_deadline, ServerOptions().barrier_deadline,
           "how long a pull or an AllReduce waits for the rest of its group before it fails with "
-          "DEADLINE_EXCEEDED (e.g. 30s, 10m)");
+          "DEADLINE_EXCEEDED (e.g. 30s, 10m). With --mode=diloco a pull waits this long per local "
+          "step of an exchange (H times it): it waits for every member's H steps");
 // Limits (server/core/limits.h): what the server holds for its callers. Past one, a call is refused
 // with RESOURCE_EXHAUSTED naming the flag. A peer is a member rank, or a client address.
 ABSL_FLAG(std::string, max_message_bytes, summa::FormatByteSize(LimitOptions().max_message_bytes),
@@ -221,9 +223,10 @@ ABSL_FLAG(double, join_rate, LimitOptions().join_rate,
 namespace summa::server {
 namespace {
 
-// Set to other than its default (this Abseil keeps whether a flag was on the command line
-// private; a default given explicitly changes nothing either way).
-bool OnCommandLine(absl::string_view name) {
+// Set to other than its default. This Abseil keeps whether a flag was on the command line
+// private, so a flag given its default value counts as not given: it is ignored where it does not
+// apply (--mode=diloco --lr=0.1), which changes nothing either way.
+bool OffDefault(absl::string_view name) {
   const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
   return flag != nullptr && flag->CurrentValue() != flag->DefaultValue();
 }
@@ -237,7 +240,7 @@ absl::Status DilocoFromFlags(bool diloco, ServerOptions& o) {
                                     "beta1",     "beta2", "eps",     "weight_decay"};
   if (!diloco) {
     for (const char* name : kOuter) {
-      if (OnCommandLine(name)) {
+      if (OffDefault(name)) {
         return absl::InvalidArgumentError(absl::StrCat("--", name, " is for --mode=diloco (or diloco-async), not --mode=",
                                                        ModeName(o.mode)));
       }
@@ -245,7 +248,7 @@ absl::Status DilocoFromFlags(bool diloco, ServerOptions& o) {
     return absl::OkStatus();
   }
   for (const char* name : kInner) {
-    if (OnCommandLine(name)) {
+    if (OffDefault(name)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--", name, " with --mode=diloco: the server's optimizer is the outer one (--outer_optimizer, "
           "--outer_lr, --outer_momentum); each worker brings its inner one (summa-worker --inner_optimizer, "
@@ -253,6 +256,8 @@ absl::Status DilocoFromFlags(bool diloco, ServerOptions& o) {
     }
   }
   o.sync_every = absl::GetFlag(FLAGS_sync_every);
+  // An outer step is H local steps of every worker: checkpoint each, unless told otherwise.
+  if (!OffDefault("checkpoint_every")) o.checkpoint_every = 1;
   if (o.sync_every < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--sync_every=", o.sync_every, " must be at least 1"));
   }
@@ -314,7 +319,6 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   opt.gamma = absl::GetFlag(FLAGS_lr_gamma);
   opt.warmup_steps = absl::GetFlag(FLAGS_lr_warmup_steps);
   opt.total_steps = absl::GetFlag(FLAGS_lr_total_steps);
-  if (absl::Status s = DilocoFromFlags(diloco, o); !s.ok()) return s;
   o.partition_bytes = absl::GetFlag(FLAGS_partition_bytes);
   o.shards = absl::GetFlag(FLAGS_shards);
   o.shard = absl::GetFlag(FLAGS_shard);
@@ -329,6 +333,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   o.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+  if (absl::Status s = DilocoFromFlags(diloco, o); !s.ok()) return s;
   o.export_dir = absl::GetFlag(FLAGS_export_dir);
   o.export_path = absl::GetFlag(FLAGS_export);
   o.init_from = absl::GetFlag(FLAGS_init_from);

@@ -9,6 +9,7 @@ takes its share of the exchanges from the next one, and every example is still s
   diloco_process_test.py --bin BUILD_DIR [unittest args]
 """
 import os
+import re
 import signal
 import sys
 import time
@@ -81,14 +82,19 @@ class DilocoProcessTest(JobCases, unittest.TestCase):
             job = self.diloco_job(g, workers="1:2")
             go = os.path.join(g.dir, "go")
             # Rank 0 alone takes whole batches; it waits before exchange 6's push for the joiner.
-            job.start_worker(0, *INNER, f"--fault_pause=6:{go}")
+            logs = [os.path.join(g.dir, f"examples{r}.log") for r in range(2)]
+            job.start_worker(0, *INNER, f"--fault_pause=6:{go}", f"--example_log={logs[0]}")
             g.wait_for_log(job.workers[0], "pausing before the push of step 6", seconds=120)
-            job.start_worker(1, *INNER)
+            job.start_worker(1, *INNER, f"--example_log={logs[1]}")
             wait_until("rank 1 admitted", lambda: len(job.status().get("members", [])) == 2)
             with open(go, "w"):
                 pass
             outs = self.finish(g, job)
             status = job.status()
+            lines = []
+            for path in logs:
+                with open(path) as f:
+                    lines += f.read().splitlines()
         # Admitted from the first exchange no worker can have begun: 7, after the one rank 0
         # holds; it pulled exchange 7's outer weights and took its H steps from them.
         self.assertIn("rank 1 of 2 joined at step 7", outs[1])
@@ -98,6 +104,24 @@ class DilocoProcessTest(JobCases, unittest.TestCase):
         self.assertEqual(int(status["version"]), EXCHANGES, status)
         self.assertEqual(int(status["examplesApplied"]), EXAMPLES, status)
         self.assertEqual(accuracies(outs[0]), accuracies(outs[1]), "both end each epoch on the outer weights")
+        # Each local step's shard, from both logs: every epoch's order covered once, each batch
+        # by the exchange's group (rank 0 alone before exchange 7, both from it).
+        covered = {}
+        for line in lines:
+            m = re.match(r"step (\d+) batch (\d+) epoch (\d+) rank (\d+) index \d+ of (\d+) group \S+ "
+                         r"begin (\d+) end (\d+)", line)
+            self.assertIsNotNone(m, line)
+            step, batch, epoch, rank, size, begin, end = map(int, m.groups())
+            self.assertEqual(size, 1 if step < 7 else 2, line)
+            self.assertEqual(batch // H, step % 13, line)
+            covered.setdefault(epoch, []).append((begin, end))
+        self.assertEqual(sorted(covered), [0, 1, 2])
+        for epoch, ranges in covered.items():
+            ranges.sort()
+            self.assertEqual(ranges[0][0], 0, epoch)
+            self.assertEqual(ranges[-1][1], 8000, epoch)
+            for (_, end), (begin, _) in zip(ranges, ranges[1:]):
+                self.assertEqual(end, begin, f"epoch {epoch}: a gap or an overlap at {end}")
         self.assertGreater(accuracies(outs[0])[-1], 0.5)
 
 

@@ -46,6 +46,7 @@ JobRun Train(const server::ServerOptions& so, int workers, int64_t batch, const 
     threads.emplace_back([&, rank] {
       std::unique_ptr<Backend> backend = NewCpuBackend(1);
       ParameterClient client(address, absl::Seconds(60), absl::Seconds(30));
+      client.set_takes_local_steps(true);  // as summa-worker's
       StatusBoard board;
       TrainerOptions o;
       o.rank = rank;
@@ -202,14 +203,16 @@ TEST(DilocoTest, TwoWorkersOneLocalStepFollowTheSyncJob) {
 }
 
 TEST(DilocoTest, TwoWorkersTenLocalStepsAreAReplayOfTheAlgorithm) {
-  // 25 batches of 64 an epoch: exchanges of 10, 10 and 5 local steps; two epochs, so the inner
-  // Adam's state runs across exchanges and epochs. The outer optimizer is the paper's.
+  // 32 batches of 51 an epoch (the last of 19): exchanges of 10, 10, 10 and 2 local steps; two
+  // epochs, so the inner Adam's state runs across exchanges and epochs. The shards are uneven
+  // (25 and 26 examples, 9 and 10 in the last batch), so the ranks' pseudo-gradients weigh
+  // differently in the average. The outer optimizer is the paper's.
   const Dataset data = SyntheticDataset(1600, 7);
   const OptimizerOptions outer = Sgd(0.7, 0.9, /*nesterov=*/true);
-  const JobRun run = Train(Job(2, server::Mode::kSync, 10, outer), 2, 64, data, 2, Adam(1e-3));
+  const JobRun run = Train(Job(2, server::Mode::kSync, 10, outer), 2, 51, data, 2, Adam(1e-3));
   ASSERT_FALSE(run.server_weights.empty());
-  EXPECT_EQ(run.version, 6u) << "3 exchanges an epoch";
-  const std::vector<float> replay = Replay(2, 64, data, 2, 10, Adam(1e-3), outer);
+  EXPECT_EQ(run.version, 8u) << "4 exchanges an epoch";
+  const std::vector<float> replay = Replay(2, 51, data, 2, 10, Adam(1e-3), outer);
   EXPECT_GT(MaxAbsDiff(replay, LeNetInitial()), 1e-3) << "training must move the weights";
   EXPECT_EQ(Differing(run.server_weights, replay), 0) << "max diff " << MaxAbsDiff(run.server_weights, replay);
   for (const auto& w : run.worker_weights) EXPECT_EQ(w, run.server_weights);
@@ -230,6 +233,12 @@ TEST(DilocoTest, AsyncWithOneWorkerIsTheReplay) {
 // pseudo-gradients are weighted.
 class DilocoServerTest : public server::ParameterServerTest {
  protected:
+  server::JoinRequestView DilocoJoin(int rank, bool with_values) {
+    server::JoinRequestView v = JoinView(rank, with_values);
+    v.takes_local_steps = true;
+    return v;
+  }
+
   static server::ServerOptions DilocoOptions(server::Mode mode) {
     server::ServerOptions o = Options();  // 2 workers, outer SGD at rate 1, partitions of 4 and 2
     o.mode = mode;
@@ -240,8 +249,8 @@ class DilocoServerTest : public server::ParameterServerTest {
 
 TEST_F(DilocoServerTest, SyncAveragesPseudoGradientsWeightedByExamples) {
   server::ParameterServer ps(DilocoOptions(server::Mode::kSync));
-  ASSERT_TRUE(ps.Join(JoinView(0, true)).ok());
-  ASSERT_TRUE(ps.Join(JoinView(1, false)).ok());
+  ASSERT_TRUE(ps.Join(DilocoJoin(0, true)).ok());
+  ASSERT_TRUE(ps.Join(DilocoJoin(1, false)).ok());
   // Rank 0 covered 8 examples and moved by {1, 1, 1, 1}; rank 1 covered 24 and moved by
   // {3, 3, 3, 3}: the average is (8*1 + 24*3) / 32 = 2.5.
   ASSERT_TRUE(ps.Push(PushView(0, 0, 0, server::Bytes({8, 8, 8, 8}), 8)).ok());
@@ -249,10 +258,20 @@ TEST_F(DilocoServerTest, SyncAveragesPseudoGradientsWeightedByExamples) {
   EXPECT_EQ(server::Weights(ps), (std::vector<float>{-1.5f, -0.5f, 0.5f, 1.5f, 10, 20}));
 }
 
+TEST_F(DilocoServerTest, AJoinerThatTakesNoLocalStepsIsRefused) {
+  // Its pushes would be gradients (an older worker, a synthetic one, the Python
+  // ParameterServerOptimizer), which a DiLoCo job takes as pseudo-gradients.
+  server::ParameterServer ps(DilocoOptions(server::Mode::kSync));
+  absl::StatusOr<server::JoinResult> refused = ps.Join(JoinView(0, true));
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find("does not take local steps"), std::string::npos) << refused.status();
+  EXPECT_TRUE(ps.Join(DilocoJoin(0, true)).ok());
+}
+
 TEST_F(DilocoServerTest, AsyncTakesEachPseudoGradientAsItsShareOfTheGroup) {
   server::ParameterServer ps(DilocoOptions(server::Mode::kAsync));
-  ASSERT_TRUE(ps.Join(JoinView(0, true)).ok());
-  ASSERT_TRUE(ps.Join(JoinView(1, false)).ok());
+  ASSERT_TRUE(ps.Join(DilocoJoin(0, true)).ok());
+  ASSERT_TRUE(ps.Join(DilocoJoin(1, false)).ok());
   // Rank 0's pseudo-gradient {2, 2, 2, 2} over 8 examples, applied alone: half of it (one of
   // two members), not the whole as an async gradient would be.
   ASSERT_TRUE(ps.Push(PushView(0, 0, 0, server::Bytes({16, 16, 16, 16}), 8)).ok());

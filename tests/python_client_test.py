@@ -429,9 +429,9 @@ class PythonClientTest(unittest.TestCase):
 
     def test_diloco_and_the_server_optimizer_are_each_refused_by_the_others_server(self):
         """summa.DiLoCo needs a --mode=diloco server; ParameterServerOptimizer, whose pushes are
-        gradients, is refused by one (a DiLoCo server takes each push as a pseudo-gradient).
-        Either refusal is a ValueError saying what to do, and the job then runs with the right
-        class (a later process as the same rank fences the refused one)."""
+        gradients, is refused by one at its Join (a DiLoCo server takes each push as a
+        pseudo-gradient): FAILED_PRECONDITION from the server, a ValueError from DiLoCo, each
+        saying what to do; the job then runs with the right class."""
         model = lambda: torch.nn.Linear(3, 2)  # noqa: E731
         for diloco_server in (False, True):
             with ProcessGroup() as g:
@@ -440,14 +440,15 @@ class PythonClientTest(unittest.TestCase):
                 address = f"127.0.0.1:{port}"
                 refused = summa.Client(address, rank=0, world_size=1, join_timeout=5)
                 m = model()
-                with self.assertRaises(ValueError) as caught:
+                with self.assertRaises(summa.SummaError if diloco_server else ValueError) as caught:
                     if diloco_server:
                         summa.ParameterServerOptimizer(m, client=refused)
                     else:
                         summa.DiLoCo(m, torch.optim.SGD(m.parameters(), lr=0.1), client=refused)
                 if diloco_server:
-                    self.assertIn("is a DiLoCo job (summa-server --mode=diloco, --sync_every=2)", str(caught.exception))
-                    self.assertIn("summa.DiLoCo(model, inner_torch_optimizer)", str(caught.exception))
+                    self.assertEqual(caught.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
+                    self.assertIn("this is a DiLoCo job (summa-server --mode=diloco, 2 local steps", str(caught.exception))
+                    self.assertIn("the Python summa.DiLoCo", str(caught.exception))
                 else:
                     self.assertIn("is not a DiLoCo job (summa-server --mode=diloco)", str(caught.exception))
                     self.assertIn("use ParameterServerOptimizer", str(caught.exception))

@@ -162,6 +162,7 @@ TEST(ServerFlagsTest, DilocoTakesTheOuterOptimizerAndRefusesTheServersOwn) {
     EXPECT_EQ(o->optimizer.learning_rate, 0.7);
     EXPECT_EQ(o->optimizer.momentum, 0.9);
     EXPECT_TRUE(o->optimizer.nesterov);
+    EXPECT_EQ(o->checkpoint_every, 1) << "an outer step is H local steps of every worker";
   }
   {
     absl::FlagSaver restore;
@@ -184,6 +185,7 @@ TEST(ServerFlagsTest, DilocoTakesTheOuterOptimizerAndRefusesTheServersOwn) {
       {{"outer_lr=0.5"}, "--outer_lr is for --mode=diloco"},
       {{"mode=diloco", "backup_workers=1", "workers=2"}, "--backup_workers=1 with --mode=diloco"},
       {{"mode=dilo"}, "use sync, async, ssp, diloco or diloco-async"},
+      {{"mode=diloco", "wire_dtype=fp16"}, "past fp16's range"},
   };
   for (const auto& [flags, why] : refused) {
     absl::FlagSaver restore;

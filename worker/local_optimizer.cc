@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/logging.h"
 #include "common/status_macros.h"
 
 namespace summa::worker {
@@ -21,9 +22,17 @@ LocalOptimizer::LocalOptimizer(std::unique_ptr<const Optimizer> optimizer, int64
 
 void LocalOptimizer::Begin(uint64_t step, absl::Span<const float> weights) {
   std::copy(weights.begin(), weights.end(), anchor_.begin());
-  if (has_begun_ && begun_ == step) {
+  if (has_begun_ && step <= begun_) {
+    // The exchange begun last, again: its state. An older one (the server came back from an
+    // older checkpoint): the state of the last, the nearest kept; those steps are then not the
+    // first run's to the bit.
+    if (step < begun_) {
+      SUMMA_LOG(WARNING) << "exchange " << step << " begins again from the inner optimizer's state of exchange "
+                         << begun_ << " (the state before " << step << " is not kept)";
+    }
     for (size_t i = 0; i < slots_.size(); ++i) slots_[i] = begun_slots_[i];
     updates_ = begun_updates_;
+    begun_ = step;
     return;
   }
   has_begun_ = true;

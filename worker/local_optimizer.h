@@ -27,8 +27,10 @@ class LocalOptimizer {
   static absl::StatusOr<std::unique_ptr<LocalOptimizer>> Create(const OptimizerOptions& inner, int64_t params);
 
   // Exchange `step`'s local steps begin from `weights`, just pulled: they become the anchor. The
-  // inner state is what it was when `step` began before, if it did (the steps are taken again),
-  // and otherwise the state as the last steps left it, remembered for a repeat.
+  // inner state is what it was when `step` began before, if it was the exchange begun last (the
+  // steps are taken again); for an older one (a server restored from an older checkpoint) the
+  // state the last one began from, the nearest kept; otherwise the state as the last steps left
+  // it, remembered for a repeat.
   void Begin(uint64_t step, absl::Span<const float> weights);
   // One local step of the weights from a gradient summed over `examples` (none: no step).
   void Step(absl::Span<float> weights, absl::Span<const float> grad_sum, int64_t examples);
@@ -46,6 +48,7 @@ class LocalOptimizer {
   const std::unique_ptr<const Optimizer> optimizer_;
   std::vector<float> anchor_;
   std::vector<std::vector<float>> slots_;  // by optimizer_->SlotNames()
+  // Views of slots_, which keep their buffers: they are only ever assigned vectors of their size.
   std::vector<absl::Span<float>> slot_spans_;
   uint64_t updates_ = 0;
   // The state exchange `begun_` began from, for a repeat of its steps.

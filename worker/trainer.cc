@@ -265,6 +265,13 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
   if (joined.backup_workers > 0) {
     absl::StrAppend(&mode_, ", ", joined.backup_workers, " backup worker", joined.backup_workers == 1 ? "" : "s");
   }
+  if (local_ != nullptr && joined.sync_every != sync_every_) {
+    // A server restarted into another job (no checkpoint, another --mode or H): this worker's
+    // place in the data and its local steps belong to the job it joined first.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the server's job changed under this worker: it had ", sync_every_, " local steps between exchanges (DiLoCo) "
+        "and now has ", joined.sync_every, " (a server restarted with another --mode or --sync_every and no checkpoint)"));
+  }
   sync_every_ = joined.sync_every;
   if (sync_every_ > 0) {
     if (local_ == nullptr) {
@@ -335,6 +342,21 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
     absl::Time last_draw = start;
     int64_t examples = 0;
     int64_t global_examples = 0;
+    // After step b (of the epoch's steps_per_epoch): its time, the status board, the progress bar.
+    auto step_done = [&](int64_t b, absl::Time step_start) {
+      const absl::Time now = absl::Now();
+      if (options_.step_observer) options_.step_observer(now - step_start);
+      const double rate = global_examples / std::max(1e-9, absl::ToDoubleSeconds(now - start));
+      board_->Update([&](WorkerState& s) {
+        s.epoch = epoch + 1;
+        s.step = step;
+        s.examples_per_second = rate;
+      });
+      if (options_.progress_bar && (now - last_draw > absl::Milliseconds(200) || b + 1 == steps_per_epoch)) {
+        DrawProgress(epoch + 1, b + 1, steps_per_epoch, rate);
+        last_draw = now;
+      }
+    };
     for (int64_t b = static_cast<int64_t>(step) - int64_t{epoch} * steps_per_epoch; b < steps_per_epoch; ++b) {
       // Overlapped, the last step's exchange still runs: its first reply names this step's group.
       if (overlapping_) SUMMA_RETURN_IF_ERROR(overlap_->AwaitGroup(&live_));
@@ -350,18 +372,7 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
                                           &examples, &global_examples));
         step = next;
         ++steps_done_;
-        const absl::Time now = absl::Now();
-        if (options_.step_observer) options_.step_observer(now - step_start);
-        const double rate = global_examples / std::max(1e-9, absl::ToDoubleSeconds(now - start));
-        board_->Update([&](WorkerState& s) {
-          s.epoch = epoch + 1;
-          s.step = step;
-          s.examples_per_second = rate;
-        });
-        if (options_.progress_bar && (now - last_draw > absl::Milliseconds(200) || b + 1 == steps_per_epoch)) {
-          DrawProgress(epoch + 1, b + 1, steps_per_epoch, rate);
-          last_draw = now;
-        }
+        step_done(b, step_start);
         continue;
       }
       const ShardRange shard = ShardOf(n, batch, b, static_cast<int>(me - live_.begin()),
@@ -427,18 +438,7 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
         b += static_cast<int64_t>(next - step - 1);
       }
       step = next;
-      const absl::Time now = absl::Now();
-      if (options_.step_observer) options_.step_observer(now - step_start);
-      const double rate = global_examples / std::max(1e-9, absl::ToDoubleSeconds(now - start));
-      board_->Update([&](WorkerState& s) {
-        s.epoch = epoch + 1;
-        s.step = step;
-        s.examples_per_second = rate;
-      });
-      if (options_.progress_bar && (now - last_draw > absl::Milliseconds(200) || b + 1 == steps_per_epoch)) {
-        DrawProgress(epoch + 1, b + 1, steps_per_epoch, rate);
-        last_draw = now;
-      }
+      step_done(b, step_start);
     }
     // The epoch's last exchange ends before the loss collective, the evaluation and the end.
     if (overlapping_) SUMMA_RETURN_IF_ERROR(overlap_->Settle(&live_));

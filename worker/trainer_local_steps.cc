@@ -33,9 +33,12 @@ absl::StatusOr<uint64_t> Trainer::LocalSteps(uint64_t step, int epoch, int64_t f
                                               " prepared for"));
     }
     if (options_.example_log != nullptr) {
-      std::fprintf(options_.example_log, "step %llu epoch %d rank %d index %d of %d group %s begin %lld end %lld\n",
-                   static_cast<unsigned long long>(step), epoch, rank_, index, size, absl::StrJoin(live_, ",").c_str(),
-                   static_cast<long long>(shard.begin), static_cast<long long>(shard.end));
+      // The exchange's step, and which of the epoch's batches its local step took.
+      std::fprintf(options_.example_log,
+                   "step %llu batch %lld epoch %d rank %d index %d of %d group %s begin %lld end %lld\n",
+                   static_cast<unsigned long long>(step), static_cast<long long>(b), epoch, rank_, index, size,
+                   absl::StrJoin(live_, ",").c_str(), static_cast<long long>(shard.begin),
+                   static_cast<long long>(shard.end));
       std::fflush(options_.example_log);
     }
     {

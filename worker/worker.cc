@@ -209,6 +209,7 @@ absl::Status RunWorker(const WorkerOptions& options) {
   client.set_tracer(tracer.get());
   // A step the group changed under is computed again over the new group (every example once).
   client.set_recompute_on_stale_view(true);
+  client.set_takes_local_steps(true);  // the trainer runs a DiLoCo job's local steps
   client.set_data_plane(options.data_plane);
   ParameterStore* store = &client;
 #if SUMMA_FAULT_INJECTION

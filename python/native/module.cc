@@ -75,7 +75,8 @@ class NativeClient {
   ~NativeClient() { Close(); }
 
   py::dict Join(int rank, int world, const std::vector<std::pair<std::string, std::vector<int64_t>>>& specs,
-                const std::optional<py::buffer>& initial) {
+                const std::optional<py::buffer>& initial, bool takes_local_steps) {
+    client_->set_takes_local_steps(takes_local_steps);
     std::vector<TensorSpec> tensors;
     int64_t total = 0;
     for (const auto& [name, shape] : specs) {
@@ -284,7 +285,8 @@ PYBIND11_MODULE(_native, m) {
            py::arg("address"), py::arg("call_timeout"), py::arg("join_timeout"), py::arg("token") = "",
            py::arg("ca") = "", py::arg("cert") = "", py::arg("key") = "", py::arg("data_plane") = "auto",
            py::arg("channels") = 1)
-      .def("join", &NativeClient::Join, py::arg("rank"), py::arg("world"), py::arg("specs"), py::arg("initial"))
+      .def("join", &NativeClient::Join, py::arg("rank"), py::arg("world"), py::arg("specs"), py::arg("initial"),
+           py::arg("takes_local_steps") = false)
       .def("pull", &NativeClient::Pull)
       .def("push_pull", &NativeClient::PushPull)
       .def("push", &NativeClient::Push)

@@ -131,14 +131,16 @@ class Client:
         """The server's summa.v1.ServerStatus."""
         return self._call(self._stub.GetStatus, pb.GetStatusRequest(), "GetStatus", 10)
 
-    def join(self, specs, initial=None):
+    def join(self, specs, initial=None, takes_local_steps=False):
         """Joins as self.rank with the model `specs` ([(name, shape)], float32, in the flat order).
         `initial` (a float32 array of every value, or None) is sent partition by partition when
-        the server asks for it (the first joiner of a model). Returns Joined."""
+        the server asks for it (the first joiner of a model). `takes_local_steps`: the caller
+        takes a DiLoCo job's local steps and pushes pseudo-gradients (summa.DiLoCo); a DiLoCo
+        server refuses a joiner without it. Returns Joined."""
         if self.native is not None:
-            return self._join_native(specs, initial)
+            return self._join_native(specs, initial, takes_local_steps)
         request = pb.JoinRequest(rank=self.rank, world_size=self.world_size,
-                                 values_follow=initial is not None)
+                                 values_follow=initial is not None, takes_local_steps=takes_local_steps)
         total = 0
         for name, shape in specs:
             request.params.add(name=name, dtype=pb.DTYPE_FLOAT32, shape=list(shape))
@@ -196,10 +198,11 @@ class Client:
         self._start_heartbeat(response.lease_seconds)
         return self.joined
 
-    def _join_native(self, specs, initial):
+    def _join_native(self, specs, initial, takes_local_steps):
         try:
             j = self.native.join(self.rank, self.world_size, [(n, list(s)) for n, s in specs],
-                                 None if initial is None else np.ascontiguousarray(initial, np.float32))
+                                 None if initial is None else np.ascontiguousarray(initial, np.float32),
+                                 takes_local_steps)
         except _native.NativeError as e:
             raise from_native(e, f"join {self.server} as rank {self.rank}") from None
         self.rank = j["rank"]

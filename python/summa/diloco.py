@@ -25,6 +25,7 @@ them. `next_step` counts exchanges: a restarted process resumes at the server's.
 import torch
 
 from .optim import ParameterServerOptimizer
+from .v1 import summa_pb2 as pb
 
 
 class DiLoCo(ParameterServerOptimizer):
@@ -50,8 +51,12 @@ class DiLoCo(ParameterServerOptimizer):
         self.examples = 0
 
     def _join(self):
+        h = getattr(self, "sync_every", None)
         joined = super()._join()
-        self.sync_every = joined.sync_every
+        if hasattr(self, "anchor") and joined.sync_every != h:
+            raise ValueError(f"summa: the server's job changed under this process: {h} local steps between "
+                             f"exchanges, now {joined.sync_every} (a server restarted with another --mode or "
+                             "--sync_every and no checkpoint)")
         if hasattr(self, "anchor"):
             # A rejoin pulled the outer weights: the steps since the last exchange start again
             # from them.
@@ -91,8 +96,14 @@ class DiLoCo(ParameterServerOptimizer):
             self.staging.upload_all(self.flat.weights)
         if pushed:
             self.next_step = max(self.next_step, step + 1)
-        self.version = self.next_step
+        self.version = self.next_step if self.mode == pb.MODE_SYNC else self.version + 1
         self.anchor.copy_(self.flat.weights)
         self.local_steps = 0
         self.examples = 0
         return True
+
+    def leave(self):
+        """Exchanges the steps taken since the last exchange, then leaves the job (the others go
+        on without this rank)."""
+        self.sync()
+        self.client.leave()

@@ -304,14 +304,10 @@ class ParameterServerOptimizer:
     def _join(self):
         c = self.client
         initial = self._weights_np if c.rank <= 0 else None
-        joined = c.join(self.specs, initial)
-        if joined.sync_every and not self._pushes_pseudo_gradients:
-            # Its pushes would be taken as DiLoCo's pseudo-gradients (anchor - weights): a
-            # gradient there steps the outer weights the wrong way, with no error anywhere.
-            raise ValueError(f"summa: the server at {c.server} is a DiLoCo job (summa-server --mode=diloco, "
-                             f"--sync_every={joined.sync_every}): its pushes are pseudo-gradients, not "
-                             "gradients; train with summa.DiLoCo(model, inner_torch_optimizer), or start the "
-                             "server in another --mode for ParameterServerOptimizer")
+        # A DiLoCo server refuses a joiner that does not take local steps (FAILED_PRECONDITION):
+        # its gradients would be taken as pseudo-gradients and step the outer weights the wrong
+        # way, with no error anywhere.
+        joined = c.join(self.specs, initial, takes_local_steps=self._pushes_pseudo_gradients)
         self.mode = joined.mode
         self.sync_every = joined.sync_every  # DiLoCo's H (summa.DiLoCo); 0 otherwise
         self.live_ranks = joined.live_ranks

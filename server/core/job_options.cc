@@ -156,6 +156,11 @@ absl::Status ValidateOptions(const ServerOptions& options) {
     if (options.mode == Mode::kSsp) {
       return absl::InvalidArgumentError("DiLoCo's outer steps are sync (--mode=diloco) or async (--mode=diloco-async), not ssp");
     }
+    if (options.wire_dtype == WireDType::kFloat16) {
+      return absl::InvalidArgumentError(
+          "--wire_dtype=fp16 with --mode=diloco: a pseudo-gradient travels times its examples (H local steps' "
+          "worth), past fp16's range of 65504; use bf16 (fp32's range)");
+    }
     if (options.backup_workers != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--backup_workers=", options.backup_workers, " with --mode=diloco: an outer step waits for every "

@@ -234,6 +234,13 @@ absl::Status ParameterServer::CheckSameModel(const Model& model, const JoinReque
 
 absl::StatusOr<JoinResult> ParameterServer::Join(const JoinRequestView& request) {
   SUMMA_RETURN_IF_ERROR(Answerable());
+  if (options_.sync_every > 0 && !request.takes_local_steps) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this is a DiLoCo job (summa-server --mode=", JobModeName(options_), ", ", options_.sync_every,
+        " local steps between exchanges) and the joiner does not take local steps: its pushes would be "
+        "gradients, taken as pseudo-gradients. Join with summa-worker (of this release or later) or the "
+        "Python summa.DiLoCo"));
+  }
   if (request.world_size != options_.world_size &&
       (!membership_.elastic() || request.world_size < options_.min_workers || request.world_size > options_.world_size)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -407,7 +414,7 @@ void ParameterServer::Tick(absl::Time now) {
     if (p->retired) continue;
     auto why = [&] {
       return absl::DeadlineExceededError(absl::StrCat("barrier deadline of ",
-                                                      absl::FormatDuration(options_.barrier_deadline),
+                                                      absl::FormatDuration(BarrierDeadline()),
                                                       " passed: ", policy_->WaitingFor(*p)));
     };
     p->parked.Expire(now, why, expired);

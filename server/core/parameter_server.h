@@ -11,6 +11,7 @@
 #ifndef SUMMA_SERVER_CORE_PARAMETER_SERVER_H_
 #define SUMMA_SERVER_CORE_PARAMETER_SERVER_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -54,6 +55,8 @@ struct JoinRequestView {
   std::string status_address;
   // The params carry no values; this joiner sends them through Initialize when asked.
   bool values_follow = false;
+  // It takes a DiLoCo job's local steps and pushes pseudo-gradients (JoinRequest).
+  bool takes_local_steps = false;
 };
 
 struct InitializeView {
@@ -283,6 +286,9 @@ class ParameterServer {
   };
 
   const Model* model() const { return model_.load(std::memory_order_acquire); }
+  // How long a parked call may wait: --barrier_deadline, per local step of a DiLoCo exchange (a
+  // step there is H local steps of the slowest member).
+  absl::Duration BarrierDeadline() const { return options_.barrier_deadline * std::max(1, options_.sync_every); }
   // The model a checkpoint holds, unpublished, and its lowest version: this shard's own (one
   // checkpoint) or, `resharded`, a whole set of another shard count's (RestoreResharded).
   // DATA_LOSS when partitions are torn, corrupt or do not tile the model.

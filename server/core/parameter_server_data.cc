@@ -210,7 +210,7 @@ void ParameterServer::PullFrom(const Model& m, uint32_t partition, uint64_t min_
       // be failed.
       if (call->Claim()) refusal.Add(std::move(call), std::move(gone));
     } else {
-      p.parked.Park(std::move(call), min_version, options_.clock->Now() + options_.barrier_deadline);
+      p.parked.Park(std::move(call), min_version, options_.clock->Now() + BarrierDeadline());
     }
   }
   CountAnswers(answer, p.range.length);
@@ -254,7 +254,7 @@ void ParameterServer::PushPull(const PushRequestView& request, std::shared_ptr<P
       if (call->Claim()) refusal.Add(std::move(call), std::move(gone));
     } else {
       policy_->AnswerPushPull(p, request.rank, request.step, std::move(call),
-                              options_.clock->Now() + options_.barrier_deadline, answer);
+                              options_.clock->Now() + BarrierDeadline(), answer);
     }
   }
   CountAnswers(answer, p.range.length);

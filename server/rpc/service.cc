@@ -48,6 +48,7 @@ grpc::Status ParameterServerService::Join(grpc::ServerContext* context, const pb
   view.peer = context->peer();
   view.status_address = request->status_address();
   view.values_follow = request->values_follow();
+  view.takes_local_steps = request->takes_local_steps();
   for (const pb::Tensor& t : request->params()) {
     absl::StatusOr<TensorSpec> spec = SpecFromProto(t);
     if (!spec.ok()) return ToGrpcStatus(spec.status());

@@ -12,6 +12,7 @@
 
 // The structs whose defaults the flags take.
 using summa::server::Coordinator;
+using summa::server::DilocoDefaults;
 using summa::server::LimitOptions;
 using summa::OptimizerOptions;
 using summa::server::ServerOptions;
@@ -76,18 +77,18 @@ ABSL_FLAG(std::string, mode, ModeName(ServerOptions().mode),
           "with its own inner optimizer, then pushes the change of its weights; an outer step "
           "averages the group's, weighted by examples, under --outer_optimizer) or diloco-async "
           "(each worker's change applied as it arrives, as a 1/group-size share)");
-ABSL_FLAG(int, sync_every, 500,
+ABSL_FLAG(int, sync_every, DilocoDefaults().sync_every,
           "diloco: H, the local steps each worker takes between exchanges with the server (the "
           "paper's 500; 1 exchanges every step). A worker's place in the data follows from H, so "
           "a checkpoint restores only into the same H");
-ABSL_FLAG(std::string, outer_optimizer, "nesterov",
+ABSL_FLAG(std::string, outer_optimizer, DilocoDefaults().outer_optimizer,
           "diloco: the outer optimizer the server applies to the averaged pseudo-gradient: "
           "nesterov (SGD with Nesterov momentum, the paper's) or sgd (heavy-ball momentum; with "
           "--outer_momentum=0 --outer_lr=1 the average of the workers' weights)");
-ABSL_FLAG(double, outer_lr, 0.7,
+ABSL_FLAG(double, outer_lr, DilocoDefaults().outer_lr,
           "diloco: the outer learning rate (the --lr_schedule flags, when given, schedule it over "
           "the outer steps)");
-ABSL_FLAG(double, outer_momentum, 0.9, "diloco: the outer momentum, in [0, 1)");
+ABSL_FLAG(double, outer_momentum, DilocoDefaults().outer_momentum, "diloco: the outer momentum, in [0, 1)");
 ABSL_FLAG(int, staleness, ServerOptions().staleness,
           "ssp: how many steps a worker may run ahead of the slowest");
 ABSL_FLAG(int, backup_workers, ServerOptions().backup_workers,

@@ -86,7 +86,7 @@ std::vector<std::pair<std::string, std::string>> AsFlags(const TlsFiles& tls, co
 // Flags whose default stands for something no field can hold, and what it is.
 const std::vector<std::pair<std::string, std::string>> kSentinels = {
     {"shard", "-1"},  // find the shard: 0 unsharded, else $HOSTNAME's ordinal
-    {"sync_every", "500"},  // H under --mode=diloco (the paper's); the field's 0 is "not DiLoCo"
+    {"sync_every", Text(DilocoDefaults().sync_every)},  // H under --mode=diloco; the field's 0 is "not DiLoCo"
 };
 
 // Flags that fill no options struct: the listeners main starts (SummaServer::Start's arguments,
@@ -157,10 +157,10 @@ TEST(ServerFlagsTest, DilocoTakesTheOuterOptimizerAndRefusesTheServersOwn) {
     absl::StatusOr<ServerOptions> o = ServerOptionsFromFlags();
     ASSERT_TRUE(o.ok()) << o.status();
     EXPECT_EQ(o->mode, Mode::kSync);
-    EXPECT_EQ(o->sync_every, 500) << "the paper's H";
+    EXPECT_EQ(o->sync_every, DilocoDefaults().sync_every);
     EXPECT_EQ(o->optimizer.name, "sgd");
-    EXPECT_EQ(o->optimizer.learning_rate, 0.7);
-    EXPECT_EQ(o->optimizer.momentum, 0.9);
+    EXPECT_EQ(o->optimizer.learning_rate, DilocoDefaults().outer_lr);
+    EXPECT_EQ(o->optimizer.momentum, DilocoDefaults().outer_momentum);
     EXPECT_TRUE(o->optimizer.nesterov);
     EXPECT_EQ(o->checkpoint_every, 1) << "an outer step is H local steps of every worker";
   }

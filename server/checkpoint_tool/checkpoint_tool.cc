@@ -48,7 +48,7 @@ void Print(Readers readers, const std::vector<CheckpointHeader>& headers, bool t
       << ", optimizer "
       << job.optimizer << " (state: " << (job.slot_names.empty() ? "none" : absl::StrJoin(job.slot_names, ", "))
       << "), partitions of " << job.partition_bytes << " bytes\n"
-      << "  version:    " << first.version << " (steps completed)\n"
+      << "  version:    " << first.version << (job.sync_every > 0 ? " (outer steps completed)\n" : " (steps completed)\n")
       << "  created:    " << absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", first.created, absl::UTCTimeZone()) << "\n";
   const summa::v1::Checkpoint& c = readers.front()->header();
   if (c.has_group()) {

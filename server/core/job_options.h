@@ -40,6 +40,15 @@ summa::v1::Mode ModeToProto(Mode mode);
 // INVALID_ARGUMENT for MODE_UNSPECIFIED or an unknown value.
 absl::StatusOr<Mode> ModeFromProto(summa::v1::Mode mode);
 
+// What --mode=diloco starts from unless told otherwise: the paper's H and outer optimizer
+// (Nesterov SGD), the one home of these defaults (summa-server's flags take them from here).
+struct DilocoDefaults {
+  int sync_every = 500;
+  const char* outer_optimizer = "nesterov";
+  double outer_lr = 0.7;
+  double outer_momentum = 0.9;
+};
+
 struct ServerOptions {
   // The most ranks the job holds (--workers=MIN:MAX's MAX, or N).
   int world_size = 1;

@@ -14,6 +14,7 @@
 #include "server/daemon.h"
 #include "server/core/checkpoint_codec.h"
 #include "tests/parameter_server_fixtures.h"
+#include "tests/in_process_job.h"
 #include "tests/parameter_server_peer.h"
 #include "tests/synthetic_dataset.h"
 #include "worker/models/lenet.h"
@@ -26,47 +27,18 @@ namespace {
 
 constexpr uint64_t kSeed = 11;
 
-struct JobRun {
-  std::vector<float> server_weights;
-  std::vector<std::vector<float>> worker_weights;
-  uint64_t version = 0;
-};
+using JobRun = InProcessRun;
 
 JobRun Train(const server::ServerOptions& so, int workers, int64_t batch, const Dataset& data, int epochs,
-          const OptimizerOptions& inner) {
-  auto server = server::SummaServer::Start("127.0.0.1:0", so);
-  EXPECT_TRUE(server.ok()) << server.status();
-  if (!server.ok()) return {};
-  const std::string address = "127.0.0.1:" + std::to_string((*server)->port());
-  JobRun run;
-  run.worker_weights.resize(workers);
-  std::vector<std::thread> threads;
-  std::FILE* sink = std::fopen("/dev/null", "w");
-  for (int rank = 0; rank < workers; ++rank) {
-    threads.emplace_back([&, rank] {
-      std::unique_ptr<Backend> backend = NewCpuBackend(1);
-      ParameterClient client(address, absl::Seconds(60), absl::Seconds(30));
-      client.set_takes_local_steps(true);  // as summa-worker's
-      StatusBoard board;
-      TrainerOptions o;
-      o.rank = rank;
-      o.world_size = workers;
-      o.batch_size = batch;
-      o.epochs = epochs;
-      o.seed = kSeed;
-      o.evaluate = false;
-      o.inner = inner;
-      Trainer trainer(o, &data, nullptr, {backend.get()}, &client, &board, sink);
-      absl::Status s = trainer.Run();
-      ASSERT_TRUE(s.ok()) << "rank " << rank << ": " << s;
-      run.worker_weights[rank] = trainer.weights();
-    });
-  }
-  for (auto& t : threads) t.join();
-  std::fclose(sink);
-  run.server_weights = server::ParameterServerPeer::Weights((*server)->core());
-  run.version = (*server)->core().version();
-  return run;
+             const OptimizerOptions& inner) {
+  EXPECT_EQ(so.world_size, workers);
+  return RunInProcess(so, data, /*devices=*/1, [&](TrainerOptions& o, ParameterClient& client) {
+    client.set_takes_local_steps(true);  // as summa-worker's
+    o.batch_size = batch;
+    o.epochs = epochs;
+    o.seed = kSeed;
+    o.inner = inner;
+  });
 }
 
 server::ServerOptions Job(int workers, server::Mode mode, int sync_every, OptimizerOptions outer) {

@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
-#include "tests/parameter_server_peer.h"
+#include "tests/in_process_job.h"
 #include "tests/synthetic_dataset.h"
 #include "server/daemon.h"
 #include "worker/models/lenet.h"
@@ -16,11 +16,7 @@
 namespace summa::worker {
 namespace {
 
-struct JobRun {
-  std::vector<float> server_weights;
-  std::vector<std::vector<float>> worker_weights;
-  std::vector<double> losses;  // rank 0's per-epoch loss
-};
+using JobRun = InProcessRun;
 
 JobRun Train(int workers, int64_t batch, const Dataset& data, int epochs, int devices = 1,
              int64_t partition_bytes = 4 << 20) {
@@ -29,43 +25,11 @@ JobRun Train(int workers, int64_t batch, const Dataset& data, int epochs, int de
   so.optimizer.learning_rate = 0.2;
   so.barrier_deadline = absl::Seconds(60);
   so.partition_bytes = partition_bytes;
-  auto server = server::SummaServer::Start("127.0.0.1:0", so);
-  EXPECT_TRUE(server.ok()) << server.status();
-  const std::string address = "127.0.0.1:" + std::to_string((*server)->port());
-  JobRun run;
-  run.worker_weights.resize(workers);
-  std::vector<std::thread> threads;
-  std::FILE* sink = std::fopen("/dev/null", "w");
-  for (int rank = 0; rank < workers; ++rank) {
-    threads.emplace_back([&, rank] {
-      std::vector<std::unique_ptr<Backend>> backends;
-      std::vector<Backend*> raw;
-      for (int d = 0; d < devices; ++d) {
-        backends.push_back(NewCpuBackend(1));
-        raw.push_back(backends.back().get());
-      }
-      ParameterClient client(address, absl::Seconds(60), absl::Seconds(30));
-      StatusBoard board;
-      TrainerOptions o;
-      o.rank = rank;
-      o.world_size = workers;
-      o.batch_size = batch;
-      o.epochs = epochs;
-      o.seed = 11;
-      o.evaluate = false;
-      Trainer trainer(o, &data, nullptr, raw, &client, &board, sink);
-      absl::Status s = trainer.Run();
-      ASSERT_TRUE(s.ok()) << "rank " << rank << ": " << s;
-      run.worker_weights[rank] = trainer.weights();
-      if (rank == 0) {
-        for (const EpochResult& r : trainer.results()) run.losses.push_back(r.loss);
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  std::fclose(sink);
-  run.server_weights = server::ParameterServerPeer::Weights((*server)->core());
-  return run;
+  return RunInProcess(so, data, devices, [&](TrainerOptions& o, ParameterClient&) {
+    o.batch_size = batch;
+    o.epochs = epochs;
+    o.seed = 11;
+  });
 }
 
 double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {

@@ -71,6 +71,12 @@ ABSL_FLAG(double, inner_lr, TrainerOptions().inner.learning_rate, "DiLoCo: the i
 ABSL_FLAG(double, inner_momentum, TrainerOptions().inner.momentum, "DiLoCo, inner sgd: momentum in [0, 1)");
 ABSL_FLAG(double, inner_weight_decay, TrainerOptions().inner.weight_decay,
           "DiLoCo: the inner optimizer's weight decay (L2 for sgd and adam, decoupled for adamw)");
+ABSL_FLAG(bool, inner_nesterov, TrainerOptions().inner.nesterov,
+          "DiLoCo, inner sgd: Nesterov momentum (needs --inner_momentum > 0)");
+ABSL_FLAG(double, inner_beta1, TrainerOptions().inner.beta1, "DiLoCo, inner adam or adamw: beta1, in [0, 1)");
+ABSL_FLAG(double, inner_beta2, TrainerOptions().inner.beta2,
+          "DiLoCo, inner adam or adamw: beta2, in [0, 1) (the DiLoCo paper's AdamW: 0.95)");
+ABSL_FLAG(double, inner_eps, TrainerOptions().inner.eps, "DiLoCo, inner adam or adamw: added to the denominator");
 ABSL_FLAG(std::string, data_dir, WorkerOptions().data_dir,
           "directory with the Fashion-MNIST (or MNIST) IDX files, gzipped or not");
 ABSL_FLAG(uint64_t, seed, TrainerOptions().seed, "seed of the initial weights and of every epoch's shuffle");
@@ -245,6 +251,10 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags() {
   o.trainer.inner.learning_rate = absl::GetFlag(FLAGS_inner_lr);
   o.trainer.inner.momentum = absl::GetFlag(FLAGS_inner_momentum);
   o.trainer.inner.weight_decay = absl::GetFlag(FLAGS_inner_weight_decay);
+  o.trainer.inner.nesterov = absl::GetFlag(FLAGS_inner_nesterov);
+  o.trainer.inner.beta1 = absl::GetFlag(FLAGS_inner_beta1);
+  o.trainer.inner.beta2 = absl::GetFlag(FLAGS_inner_beta2);
+  o.trainer.inner.eps = absl::GetFlag(FLAGS_inner_eps);
   if (absl::Status inner = Optimizer::Create(o.trainer.inner).status(); !inner.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--inner_optimizer: ", inner.message()));
   }

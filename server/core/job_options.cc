@@ -4,6 +4,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 
 namespace summa::server {
@@ -36,7 +37,8 @@ absl::StatusOr<std::pair<Mode, bool>> ParseJobMode(absl::string_view name) {
   if (name == "diloco-async") return std::make_pair(Mode::kAsync, true);
   absl::StatusOr<Mode> mode = ParseMode(name);
   if (!mode.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown mode '", name, "': use sync, async, ssp, diloco or diloco-async"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown mode '", name, "': use ", absl::StrJoin(kModeNames, ", "), ", diloco or diloco-async"));
   }
   return std::make_pair(*mode, false);
 }

@@ -265,7 +265,7 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
   if (joined.backup_workers > 0) {
     absl::StrAppend(&mode_, ", ", joined.backup_workers, " backup worker", joined.backup_workers == 1 ? "" : "s");
   }
-  if (local_ != nullptr && joined.sync_every != sync_every_) {
+  if (rejoining && joined.sync_every != sync_every_) {
     // A server restarted into another job (no checkpoint, another --mode or H): this worker's
     // place in the data and its local steps belong to the job it joined first.
     return absl::FailedPreconditionError(absl::StrCat(

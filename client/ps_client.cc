@@ -28,7 +28,7 @@ namespace pb = ::summa::v1;
 ParameterClient::ParameterClient(const std::string& address, absl::Duration call_deadline,
                                  absl::Duration join_deadline, int channels, ClientSecurity security)
     : address_(address), call_deadline_(call_deadline), join_deadline_(join_deadline),
-      token_(std::move(security.token)), tls_(security.tls.enabled()) {
+      token_(std::move(security.token)), tls_(security.tls) {
   const std::shared_ptr<grpc::ChannelCredentials> credentials = ChannelCredentialsFor(security.tls);
   for (absl::string_view one : absl::StrSplit(address, ',')) {
     auto shard = std::make_unique<Shard>();
@@ -100,10 +100,6 @@ absl::Status ParameterClient::ChooseDataPlane() {
     plane_chosen_ = !ask_again;
     return absl::OkStatus();
   };
-  if (tls_) {
-    return decline(absl::FailedPreconditionError("the socket data plane is plaintext: not for a TLS job"),
-                   /*quiet=*/true);
-  }
   std::vector<SocketCalls::Endpoint> endpoints;
   for (const auto& shard : shards_) {
     std::unique_ptr<grpc::ClientContext> context = NewContext();
@@ -122,11 +118,25 @@ absl::Status ParameterClient::ChooseDataPlane() {
                          absl::StrCat(shard->address, " serves no socket data plane (summa-server --data_address)")),
                      /*quiet=*/true);
     }
+    // The plane speaks what the gRPC port speaks: a TLS client never sends its token in the clear.
+    if (response.tls() != tls_.enabled()) {
+      return decline(absl::FailedPreconditionError(absl::StrCat(
+                         shard->address, "'s data plane speaks ", response.tls() ? "TLS" : "plaintext",
+                         " and this client ", tls_.enabled() ? "TLS (--tls_ca)" : "plaintext")),
+                     /*quiet=*/false);
+    }
     absl::StatusOr<std::string> host = socket_plane::HostOf(shard->address);
     if (!host.ok()) return decline(host.status(), /*quiet=*/false);
     endpoints.push_back({*std::move(host), response.port()});
   }
-  auto calls = std::make_unique<SocketCalls>(endpoints, token_.empty() ? "" : absl::StrCat("Bearer ", token_));
+  if (tls_.enabled() && plane_tls_ == nullptr) {
+    absl::StatusOr<std::unique_ptr<socket_plane::TlsContext>> made =
+        socket_plane::TlsContext::Create(tls_, /*server=*/false);
+    if (!made.ok()) return decline(made.status(), /*quiet=*/false);
+    plane_tls_ = *std::move(made);
+  }
+  auto calls = std::make_unique<SocketCalls>(endpoints, token_.empty() ? "" : absl::StrCat("Bearer ", token_),
+                                             plane_tls_.get());
   for (size_t k = 0; k < endpoints.size(); ++k) {
     // One connection each now: a plane that cannot be reached (a port no one exposed) shows here.
     if (absl::Status s = calls->Open(static_cast<int>(k), absl::Now() + absl::Seconds(10)); !s.ok()) {

@@ -32,6 +32,7 @@
 #include "common/tensor.h"
 #include "common/trace.h"
 #include "common/rpc/data_method.h"
+#include "common/rpc/socket_tls.h"
 #include "common/rpc/transport.h"
 #include "summa/v1/summa.grpc.pb.h"
 #include "client/data_transport.h"
@@ -248,7 +249,9 @@ class ParameterClient final : public ParameterStore {
   absl::Duration data_deadline_ = call_deadline_;
   const absl::Duration join_deadline_;
   const std::string token_;  // sent with every call (none when empty)
-  const bool tls_;
+  const TlsFiles tls_;       // the CA it trusts, and its certificate for mutual TLS; none: plaintext
+  // The socket plane's TLS context, made at the first TLS plane (it outlives the transport).
+  std::unique_ptr<socket_plane::TlsContext> plane_tls_;
   DataPlane data_plane_ = DataPlane::kAuto;
   bool plane_chosen_ = false;
   std::vector<std::unique_ptr<Shard>> shards_;

@@ -10,6 +10,7 @@
 #include <climits>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/rpc/grpc_status.h"
 #include "common/status_macros.h"
@@ -19,7 +20,8 @@ namespace summa::worker {
 using socket_plane::kHeaderBytes;
 
 struct SocketCalls::Connection {
-  socket_plane::OwnedFd fd;
+  socket_plane::Link link;  // the socket, and TLS over it
+  short wait = 0;           // what the link last said it waits for (TLS may read to write)
   int shard = 0;
   bool busy = false;
   size_t tag = 0;
@@ -35,9 +37,10 @@ struct SocketCalls::Connection {
   uint64_t got = 0;  // bytes of the current part received
 };
 
-SocketCalls::SocketCalls(std::vector<Endpoint> shards, std::string authorization)
+SocketCalls::SocketCalls(std::vector<Endpoint> shards, std::string authorization, socket_plane::TlsContext* tls)
     : shards_(std::move(shards)),
       authorization_(std::move(authorization)),
+      tls_(tls),
       caps_(shards_.size(), kMaxConnectionsPerShard),
       wake_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
 
@@ -57,21 +60,26 @@ absl::Status SocketCalls::Open(int shard, absl::Time deadline) {
     return fd.status();
   }
   const std::string what = absl::StrCat("the data plane at ", e.host, ":", e.port);
+  socket_plane::Link link(*std::move(fd));
+  if (tls_ != nullptr) {
+    if (absl::Status s = link.StartTls(*tls_, e.host, deadline); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+    }
+  }
   char hello[socket_plane::kHelloBytes];
   socket_plane::EncodeHello(static_cast<uint32_t>(authorization_.size()), hello);
   iovec iov[2] = {{hello, sizeof(hello)}, {const_cast<char*>(authorization_.data()), authorization_.size()}};
-  SUMMA_RETURN_IF_ERROR(socket_plane::WriteFull(fd->get(), iov, authorization_.empty() ? 1 : 2, deadline,
-                                                absl::StrCat(what, ": hello")));
+  SUMMA_RETURN_IF_ERROR(link.WriteFull(iov, authorization_.empty() ? 1 : 2, deadline, absl::StrCat(what, ": hello")));
   char head[kHeaderBytes];
-  SUMMA_RETURN_IF_ERROR(socket_plane::ReadFull(fd->get(), head, sizeof(head), deadline, absl::StrCat(what, ": hello")));
+  SUMMA_RETURN_IF_ERROR(link.ReadFull(head, sizeof(head), deadline, absl::StrCat(what, ": hello")));
   const socket_plane::ReplyHeader answer = socket_plane::DecodeReplyHeader(head);
   if (answer.code != 0) {
     std::string message(std::min(answer.message_length, socket_plane::kMaxStatusMessageBytes), '\0');
-    socket_plane::ReadFull(fd->get(), message.data(), message.size(), deadline, what).IgnoreError();
+    link.ReadFull(message.data(), message.size(), deadline, what).IgnoreError();
     return absl::Status(static_cast<absl::StatusCode>(answer.code), absl::StrCat(what, ": ", message));
   }
   auto c = std::make_unique<Connection>();
-  c->fd = *std::move(fd);
+  c->link = std::move(link);
   c->shard = shard;
   connections_.push_back(std::move(c));
   return absl::OkStatus();
@@ -81,7 +89,7 @@ absl::Status SocketCalls::Acquire(int shard, absl::Time deadline, Connection** f
   *found = nullptr;
   int open = 0;
   for (auto& c : connections_) {
-    if (c->shard != shard || !c->fd.valid()) continue;
+    if (c->shard != shard || !c->link.valid()) continue;
     ++open;
     if (!c->busy) {
       *found = c.get();
@@ -146,40 +154,32 @@ void SocketCalls::Advance(Connection& c) {
   };
   // Receives into `to` up to `want` bytes; false when nothing more can be read now (or the call ended).
   auto receive = [&](char* to, uint64_t want) -> bool {
-    const ssize_t n = ::recv(c.fd.get(), to, want, MSG_DONTWAIT);
-    if (n > 0) {
-      c.got += static_cast<uint64_t>(n);
-      return true;
+    absl::StatusOr<size_t> n = c.link.Receive(to, want, &c.wait);
+    if (!n.ok()) {
+      failed(absl::IsUnavailable(n.status()) && absl::StrContains(n.status().message(), "closed")
+                 ? "the server closed the connection"
+                 : n.status().message());
+      return false;
     }
-    if (n == 0) {
-      failed("the server closed the connection");
-    } else if (errno == EINTR) {
-      return true;
-    } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      failed(std::strerror(errno));
-    }
-    return false;
+    c.got += *n;
+    return *n > 0;
   };
   for (;;) {
     switch (c.stage) {
       case Connection::Stage::kSend: {
-        msghdr m = {};
-        m.msg_iov = c.iov.data() + c.iov_at;
-        m.msg_iovlen = std::min<size_t>(c.iov.size() - c.iov_at, IOV_MAX);
-        ssize_t n = ::sendmsg(c.fd.get(), &m, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n < 0) {
-          if (errno == EINTR) continue;
-          if (errno != EAGAIN && errno != EWOULDBLOCK) failed(std::strerror(errno));
-          return;
-        }
-        while (c.iov_at < c.iov.size() && static_cast<size_t>(n) >= c.iov[c.iov_at].iov_len) {
-          n -= static_cast<ssize_t>(c.iov[c.iov_at].iov_len);
+        absl::StatusOr<size_t> sent =
+            c.link.Send(c.iov.data() + c.iov_at, static_cast<int>(c.iov.size() - c.iov_at), &c.wait);
+        if (!sent.ok()) return failed(sent.status().message());
+        if (*sent == 0) return;
+        size_t n = *sent;
+        while (c.iov_at < c.iov.size() && n >= c.iov[c.iov_at].iov_len) {
+          n -= c.iov[c.iov_at].iov_len;
           ++c.iov_at;
         }
         if (c.iov_at < c.iov.size()) {
           iovec& v = c.iov[c.iov_at];
           v.iov_base = static_cast<char*>(v.iov_base) + n;
-          v.iov_len -= static_cast<size_t>(n);
+          v.iov_len -= n;
           continue;
         }
         c.slices.clear();
@@ -231,7 +231,7 @@ void SocketCalls::End(Connection& c, absl::Status status) {
   c.busy = false;
   c.slices.clear();
   // A failed call leaves its connection mid-frame (or the server closed it): it goes.
-  if (!status.ok()) c.fd.Reset();
+  if (!status.ok()) c.link.Reset();
 }
 
 bool SocketCalls::Next(size_t* tag, absl::Status* status) {
@@ -249,7 +249,7 @@ bool SocketCalls::Next(size_t* tag, absl::Status* status) {
     // Closed connections go; waiting calls take the connections free (or openable) now.
     connections_.erase(std::remove_if(connections_.begin(), connections_.end(),
                                       [&](const std::unique_ptr<Connection>& c) {
-                                        if (c->fd.valid()) return false;
+                                        if (c->link.valid()) return false;
                                         caps_[c->shard] = kMaxConnectionsPerShard;  // room again
                                         return true;
                                       }),
@@ -272,7 +272,8 @@ bool SocketCalls::Next(size_t* tag, absl::Status* status) {
     polled.clear();
     for (auto& c : connections_) {
       if (!c->busy) continue;
-      fds.push_back({c->fd.get(), static_cast<short>(c->stage == Connection::Stage::kSend ? POLLOUT | POLLIN : POLLIN), 0});
+      const short events = c->stage == Connection::Stage::kSend ? POLLOUT | POLLIN : POLLIN;
+      fds.push_back({c->link.fd(), static_cast<short>(events | c->wait), 0});
       polled.push_back(c.get());
       deadline = std::min(deadline, calls_[c->tag].deadline);
     }

@@ -22,6 +22,7 @@
 #include "absl/time/time.h"
 #include "client/data_transport.h"
 #include "common/rpc/socket_frame.h"
+#include "common/rpc/socket_tls.h"
 #include "common/rpc/wire.h"
 #include "grpcpp/support/byte_buffer.h"
 
@@ -37,8 +38,10 @@ class SocketCalls final : public DataTransport {
     std::string host;
     int port = 0;
   };
-  // `authorization`: the hello's value ("Bearer <token>", or empty).
-  SocketCalls(std::vector<Endpoint> shards, std::string authorization);
+  // `authorization`: the hello's value ("Bearer <token>", or empty). `tls`: the context TLS
+  // connections start from (the shards' planes speak TLS), or null for plaintext; not owned, it
+  // outlives this object.
+  SocketCalls(std::vector<Endpoint> shards, std::string authorization, socket_plane::TlsContext* tls = nullptr);
   ~SocketCalls() override;
 
   // Opens a connection to `shard` now (a probe that the plane is reachable); it stays for calls.
@@ -80,6 +83,7 @@ class SocketCalls final : public DataTransport {
 
   const std::vector<Endpoint> shards_;
   const std::string authorization_;
+  socket_plane::TlsContext* const tls_;
   std::vector<std::unique_ptr<Connection>> connections_;
   std::vector<Call> calls_;     // by tag
   std::vector<Scratch> bodies_;  // each tag's reply bytes

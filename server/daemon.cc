@@ -42,11 +42,6 @@ absl::StatusOr<std::unique_ptr<SummaServer>> SummaServer::Start(const std::strin
                                                                 const std::string& health_address,
                                                                 Coordinator coordinator,
                                                                 const std::string& data_address) {
-  if (!data_address.empty() && security.tls.enabled()) {
-    return absl::InvalidArgumentError(
-        "--data_address serves the data path in plaintext: it cannot go with TLS (--tls_cert; a TLS job's "
-        "data path stays on gRPC)");
-  }
   if (absl::Status tls = ValidateTls(security.tls, /*server=*/true); !tls.ok()) return tls;
   options.follower = !coordinator.address.empty() && options.shard > 0;
   absl::Status valid = ValidateOptions(options);
@@ -154,11 +149,12 @@ absl::StatusOr<std::unique_ptr<SummaServer>> SummaServer::Start(const std::strin
   if (!data_address.empty()) {
     SocketPlaneOptions plane_options;
     plane_options.max_message_bytes = options.limits.max_message_bytes;
+    plane_options.tls = security.tls;
     absl::StatusOr<std::unique_ptr<SocketPlane>> plane =
         SocketPlane::Start(data_address, &server->service_, &server->tokens_, plane_options);
     if (!plane.ok()) return plane.status();
     server->socket_plane_ = *std::move(plane);
-    server->service_.set_data_plane_port(server->socket_plane_->port());
+    server->service_.set_data_plane_port(server->socket_plane_->port(), security.tls.enabled());
   }
   if (!health_address.empty()) {
     absl::StatusOr<RunningServer> health = StartHealthOnlyServer(health_address, server->running_.health.get());

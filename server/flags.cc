@@ -36,10 +36,11 @@ ABSL_FLAG(std::string, health_address, "",
 ABSL_FLAG(std::string, health_port_file, "", "if set, write the bound health port to this file");
 ABSL_FLAG(std::string, data_address, "",
           "host:port of the socket data plane: the data path (Push, Pull, PushPull, Initialize, "
-          "AllReduce) on plain TCP connections of its own beside gRPC, with the same messages and "
+          "AllReduce) on TCP connections of its own beside gRPC, with the same messages and "
           "tokens, 2-4x faster for small calls; workers find it through gRPC and use it unless "
-          "told --data_plane=grpc (port 0: any free port). Plaintext: not with --tls_cert. Empty: "
-          "none, the data path stays on gRPC");
+          "told --data_plane=grpc (port 0: any free port). With --tls_cert it speaks TLS 1.3 with "
+          "the same certificates (and, with --tls_ca, requires client certificates as gRPC does), "
+          "kernel TLS where the kernel offers it. Empty: none, the data path stays on gRPC");
 ABSL_FLAG(std::string, data_port_file, "", "if set, write the bound data-plane port to this file");
 ABSL_FLAG(std::string, trace_file, "",
           "if set, write a timeline of the data path (receive, sum, optimizer and wait, per "

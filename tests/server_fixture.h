@@ -40,7 +40,7 @@ class ServerFixture : public ::testing::Test {
   }
   std::unique_ptr<worker::ParameterClient> Client(int channels, absl::Duration deadline = absl::Seconds(20)) {
     auto client = std::make_unique<worker::ParameterClient>(address_, deadline, absl::Seconds(20), channels,
-                                                            ClientSecurity{{}, token_});
+                                                            ClientSecurity{client_tls_, token_});
     client->set_data_plane(plane_);
     return client;
   }
@@ -50,7 +50,7 @@ class ServerFixture : public ::testing::Test {
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     AttachToken(token_, &ctx);
     pb::ServerStatus status;
-    auto stub = pb::ParameterServer::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+    auto stub = pb::ParameterServer::NewStub(grpc::CreateChannel(address_, ChannelCredentialsFor(client_tls_)));
     EXPECT_TRUE(stub->GetStatus(&ctx, pb::GetStatusRequest(), &status).ok());
     return status;
   }
@@ -61,6 +61,7 @@ class ServerFixture : public ::testing::Test {
   std::string data_address_ = "127.0.0.1:0";
   EndpointSecurity security_;
   std::string token_;  // the clients'
+  TlsFiles client_tls_;  // the clients' (none: plaintext)
   worker::DataPlane plane_ = worker::DataPlane::kGrpc;
 };
 

@@ -203,15 +203,5 @@ TEST(SocketFrameTest, AListenerOnEveryAddressTakesIpv4AndIpv6) {
   }
 }
 
-TEST_F(SocketPlaneTest, TlsAndThePlaneTogetherAreRefusedAtStart) {
-  security_.tls.cert = "/nonexistent/cert.pem";
-  security_.tls.key = "/nonexistent/key.pem";
-  server::ServerOptions o;
-  auto s = server::SummaServer::Start("127.0.0.1:0", o, "", security_, "", {}, "127.0.0.1:0");
-  ASSERT_FALSE(s.ok());
-  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(absl::StrContains(s.status().message(), "plaintext")) << s.status();
-}
-
 }  // namespace
 }  // namespace summa

@@ -46,17 +46,6 @@ int PollMs(absl::Time deadline) {
   return static_cast<int>(std::clamp<int64_t>(ms, 0, 1 << 30));
 }
 
-// Waits until `fd` is ready for `events`; DEADLINE_EXCEEDED at the deadline.
-absl::Status Await(int fd, short events, absl::Time deadline, absl::string_view what) {
-  for (;;) {
-    pollfd p = {fd, events, 0};
-    const int ready = ::poll(&p, 1, PollMs(deadline));
-    if (ready > 0) return absl::OkStatus();
-    if (ready < 0 && errno != EINTR) return ErrnoStatus(errno, what);
-    if (ready == 0 && absl::Now() >= deadline) return absl::DeadlineExceededError(absl::StrCat(what, ": timed out"));
-  }
-}
-
 // Splits "host:port" ("[v6]:port" too); the host may be empty.
 absl::Status SplitAddress(absl::string_view address, std::string* host, int* port) {
   const size_t colon = address.rfind(':');
@@ -90,6 +79,16 @@ absl::StatusOr<AddrInfo> Resolve(const std::string& host, int port, bool passive
 }
 
 }  // namespace
+
+absl::Status Await(int fd, short events, absl::Time deadline, absl::string_view what) {
+  for (;;) {
+    pollfd p = {fd, events, 0};
+    const int ready = ::poll(&p, 1, PollMs(deadline));
+    if (ready > 0) return absl::OkStatus();
+    if (ready < 0 && errno != EINTR) return ErrnoStatus(errno, what);
+    if (ready == 0 && absl::Now() >= deadline) return absl::DeadlineExceededError(absl::StrCat(what, ": timed out"));
+  }
+}
 
 void EncodeRequestHeader(const RequestHeader& header, char out[kHeaderBytes]) {
   Put<uint32_t>(out, header.method);

@@ -1,9 +1,10 @@
 // The socket data plane: summa.v1's data-path calls (Initialize, Push, Pull, PushPull,
-// AllReduce) over a plain TCP connection of their own, beside gRPC, for plaintext jobs. A call's
+// AllReduce) over a TCP connection of their own, beside gRPC: plaintext, or TLS 1.3 for a server
+// with TLS (common/rpc/socket_tls.h; everything below then runs inside the tunnel). A call's
 // request and reply are the very bytes gRPC would carry (the summa.v1 messages, common/rpc/wire.h),
 // framed by a 16-byte header instead of HTTP/2: no streams, no flow-control windows, no hand-over
-// between threads. gRPC's own path stays for every call and every job (TLS above all); a server
-// with a data plane says where it is (the DataPlane RPC), and a client uses it where offered.
+// between threads. gRPC's own path stays for every call and every job; a server with a data plane
+// says where it is and whether it speaks TLS (the DataPlane RPC), and a client uses it where offered.
 //
 // On a connection, all integers little-endian:
 //   hello (client):  "SUMMADP1", u32 length of the authorization value, u32 flags (0 from a client
@@ -114,6 +115,8 @@ class OwnedFd {
 // `deadline` (InfiniteFuture: no limit). UNAVAILABLE when the peer closes or the read fails,
 // DEADLINE_EXCEEDED at the deadline; `what` names the bytes in the message.
 absl::Status ReadFull(int fd, char* data, size_t size, absl::Time deadline, absl::string_view what);
+// Waits until `fd` is ready for `events` (poll's); DEADLINE_EXCEEDED at `deadline`.
+absl::Status Await(int fd, short events, absl::Time deadline, absl::string_view what);
 // Writes every byte of `iov` (which it advances) likewise.
 absl::Status WriteFull(int fd, iovec* iov, int count, absl::Time deadline, absl::string_view what);
 

@@ -144,7 +144,10 @@ class ParameterServerService final : public ServiceBase {
   grpc::Status DataPlane(grpc::ServerContext* context, const summa::v1::DataPlaneRequest* request,
                          summa::v1::DataPlaneResponse* response) override;
   // The socket data plane's port (server/rpc/socket_plane.h), which DataPlane tells; 0: none.
-  void set_data_plane_port(int port) { data_plane_port_.store(port, std::memory_order_relaxed); }
+  void set_data_plane_port(int port, bool tls) {
+    data_plane_tls_.store(tls, std::memory_order_relaxed);
+    data_plane_port_.store(port, std::memory_order_relaxed);
+  }
 
   // A data-path call (from gRPC's data path, server/rpc/data_path.h, or the socket plane), on the
   // thread that read it: authorized by server/rpc/method_roles.h's table, then served.
@@ -185,6 +188,7 @@ class ParameterServerService final : public ServiceBase {
   JoinRate joins_;
   ShardBoard shards_;  // shard 0 of several: the other shards' reports
   std::atomic<int> data_plane_port_{0};
+  std::atomic<bool> data_plane_tls_{false};
   // Shard 0 of several: Follow calls held until the view moves past their target (the
   // report's view + 1) or their wait ends (each waits on its handler's thread). Each holds a
   // thread of gRPC's: at most kMaxHeldReports at once, the others answered at once.

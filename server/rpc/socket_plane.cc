@@ -12,6 +12,7 @@
 #include <utility>
 #include <system_error>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/rpc/grpc_status.h"
@@ -57,11 +58,11 @@ std::string PeerOf(int fd) {
   return absl::StrCat("ipv4:", name, ":", port);
 }
 
-// Writes a reply frame to `fd` within `deadline`: `status`, and `response` when it is OK, or the
+// Writes a reply frame to `link` within `deadline`: `status`, and `response` when it is OK, or the
 // status's details (its reason) as the body when it is not and the client said it reads them
 // (`details`: its hello's kHelloRefusalDetails). `slices` and `iov` are the caller's, kept across
 // replies.
-absl::Status WriteReply(int fd, const grpc::Status& status, const grpc::ByteBuffer& response, absl::Time deadline,
+absl::Status WriteReply(socket_plane::Link& link, const grpc::Status& status, const grpc::ByteBuffer& response, absl::Time deadline,
                         std::vector<grpc::Slice>& slices, std::vector<iovec>& iov, bool details_ok = false) {
   const std::string& message = status.error_message();
   const uint32_t message_length =
@@ -79,7 +80,7 @@ absl::Status WriteReply(int fd, const grpc::Status& status, const grpc::ByteBuff
                        iov);
   if (message_length > 0) iov.insert(iov.begin() + 1, {const_cast<char*>(message.data()), message_length});
   if (with_details) iov.push_back({const_cast<char*>(details.data()), details.size()});
-  return socket_plane::WriteFull(fd, iov.data(), static_cast<int>(iov.size()), deadline, "a reply");
+  return link.WriteFull(iov.data(), static_cast<int>(iov.size()), deadline, "a reply");
 }
 
 // One call read from a connection, as the service's handlers see it. It lives on the
@@ -191,7 +192,7 @@ class SocketPlane::BodyBuffers {
 class SocketPlane::Connection {
  public:
   Connection(SocketPlane* plane, OwnedFd fd)
-      : plane_(plane), fd_(std::move(fd)), wake_(::eventfd(0, EFD_CLOEXEC)), peer_(PeerOf(fd_.get())) {}
+      : plane_(plane), peer_(PeerOf(fd.get())), link_(std::move(fd)), wake_(::eventfd(0, EFD_CLOEXEC)) {}
   ~Connection() {
     if (thread_.joinable()) thread_.join();
   }
@@ -201,7 +202,7 @@ class SocketPlane::Connection {
       Run();
       {
         absl::MutexLock lock(&fd_mu_);
-        fd_.Reset();
+        link_.Reset();
       }
       done_.store(true, std::memory_order_release);
     });
@@ -210,7 +211,7 @@ class SocketPlane::Connection {
   // with SHUT_RDWR, its write).
   void Close(int how) {
     absl::MutexLock lock(&fd_mu_);
-    if (fd_.valid()) ::shutdown(fd_.get(), how);
+    if (link_.valid()) ::shutdown(link_.fd(), how);
   }
   bool done() const { return done_.load(std::memory_order_acquire); }
 
@@ -232,13 +233,13 @@ class SocketPlane::Connection {
   // or a second passes: a close with bytes unread would reset the connection, and the client
   // could lose the refusal sent just before.
   void Linger() {
-    ::shutdown(fd_.get(), SHUT_WR);
+    ::shutdown(link_.fd(), SHUT_WR);
     char sink[64 << 10];
     const absl::Time give_up = absl::Now() + absl::Seconds(1);
     for (absl::Time now = absl::Now(); now < give_up; now = absl::Now()) {
-      pollfd p = {fd_.get(), POLLIN, 0};
+      pollfd p = {link_.fd(), POLLIN, 0};
       if (::poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(give_up - now)) + 1) <= 0) continue;
-      const ssize_t n = ::recv(fd_.get(), sink, sizeof(sink), MSG_DONTWAIT);
+      const ssize_t n = ::recv(link_.fd(), sink, sizeof(sink), MSG_DONTWAIT);
       if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return;
     }
   }
@@ -258,13 +259,14 @@ class SocketPlane::Connection {
   absl::Status Hello() {
     char fixed[socket_plane::kHelloBytes];
     const absl::Time deadline = absl::Now() + kHelloTimeout;
-    SUMMA_RETURN_IF_ERROR(socket_plane::ReadFull(fd_.get(), fixed, sizeof(fixed), deadline, "the hello"));
+    if (plane_->tls_ != nullptr) SUMMA_RETURN_IF_ERROR(StartTls(deadline));
+    SUMMA_RETURN_IF_ERROR(link_.ReadFull(fixed, sizeof(fixed), deadline, "the hello"));
     absl::StatusOr<uint32_t> length = socket_plane::DecodeHello(fixed);
     if (!length.ok()) return Refuse(length.status());
     details_ok_ = (socket_plane::HelloFlags(fixed) & socket_plane::kHelloRefusalDetails) != 0;
     authorization_.resize(*length);
     SUMMA_RETURN_IF_ERROR(
-        socket_plane::ReadFull(fd_.get(), authorization_.data(), authorization_.size(), deadline, "the hello's token"));
+        link_.ReadFull(authorization_.data(), authorization_.size(), deadline, "the hello's token"));
     const absl::Status admitted = plane_->tokens_->Check(authorization_, Role::kWorker);
     // Before the answer: a client told its hello is done may open another connection at once,
     // and this one must no longer count against the hello-phase limit then.
@@ -273,11 +275,36 @@ class SocketPlane::Connection {
     return admitted;
   }
 
+  // The TLS handshake, within the hello's time. A client that opens with anything but TLS (a
+  // plaintext hello, say) is told in plaintext why it is refused.
+  absl::Status StartTls(absl::Time deadline) {
+    unsigned char first = 0;
+    for (;;) {
+      const ssize_t n = ::recv(link_.fd(), &first, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (n == 1) break;
+      if (n == 0) return absl::UnavailableError("the connection closed before its TLS handshake");
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) return absl::UnavailableError(std::strerror(errno));
+      SUMMA_RETURN_IF_ERROR(socket_plane::Await(link_.fd(), POLLIN, deadline, "the TLS handshake"));
+    }
+    if (first != socket_plane::kTlsHandshakeRecord) {
+      return Refuse(absl::FailedPreconditionError(
+          "this data plane speaks TLS 1.3 (summa-server --tls_cert): connect with TLS (--tls_ca), as to its gRPC port"));
+    }
+    if (absl::Status shaken = link_.StartTls(*plane_->tls_, "", deadline); !shaken.ok()) {
+      // A handshake that TLS refused (a certificate that does not verify, no TLS 1.3) is not the
+      // usual end of a connection: worth the line that Run keeps for the unusual.
+      if (absl::StrContains(shaken.message(), "TLS: ")) return absl::PermissionDeniedError(shaken.message());
+      return shaken;
+    }
+    plane_->NoteTls(link_);
+    return absl::OkStatus();
+  }
+
   absl::Status ServeOne() {
     char head[socket_plane::kHeaderBytes];
     // Between calls a connection may stay idle for as long as its client likes.
-    SUMMA_RETURN_IF_ERROR(
-        socket_plane::ReadFull(fd_.get(), head, sizeof(head), absl::InfiniteFuture(), "a request's header"));
+    SUMMA_RETURN_IF_ERROR(link_.ReadFull(head, sizeof(head), absl::InfiniteFuture(), "a request's header"));
     const socket_plane::RequestHeader header = socket_plane::DecodeRequestHeader(head);
     const std::optional<DataMethod> method = DataMethodOfNumber(header.method);
     if (!method.has_value()) {
@@ -297,8 +324,8 @@ class SocketPlane::Connection {
     // would hold them).
     BodyBuffers::Lease lease = plane_->bodies_->Take();
     char* const lead = lease->Resize(header.lead + header.length);  // a 16-byte boundary
-    SUMMA_RETURN_IF_ERROR(socket_plane::ReadFull(fd_.get(), lead, header.lead + header.length,
-                                                 absl::Now() + BodyTimeout(header.length), "a request"));
+    SUMMA_RETURN_IF_ERROR(
+        link_.ReadFull(lead, header.lead + header.length, absl::Now() + BodyTimeout(header.length), "a request"));
     char* const body = lead + header.lead;
     grpc::Slice slice(body, header.length, grpc::Slice::STATIC_SLICE);
     const grpc::ByteBuffer request(&slice, 1);
@@ -317,7 +344,7 @@ class SocketPlane::Connection {
   void AwaitAnswer(SocketCall& call) {
     bool cancelled = false;
     for (;;) {
-      pollfd fds[2] = {{wake_.get(), POLLIN, 0}, {fd_.get(), POLLRDHUP, 0}};
+      pollfd fds[2] = {{wake_.get(), POLLIN, 0}, {link_.fd(), POLLRDHUP, 0}};
       const int ready = ::poll(fds, cancelled ? 1 : 2, -1);
       if (ready < 0) continue;  // EINTR; poll fails otherwise only for bad arguments
       if (fds[0].revents & POLLIN) {
@@ -334,15 +361,15 @@ class SocketPlane::Connection {
   }
 
   absl::Status Reply(const grpc::Status& status, const grpc::ByteBuffer& response) {
-    return WriteReply(fd_.get(), status, response, absl::Now() + kFrameTimeout, slices_, iov_, details_ok_);
+    return WriteReply(link_, status, response, absl::Now() + kFrameTimeout, slices_, iov_, details_ok_);
   }
 
 
   SocketPlane* const plane_;
-  absl::Mutex fd_mu_;  // Close (another thread) against the thread's own close at its end
-  OwnedFd fd_;
-  const OwnedFd wake_;  // the answer's signal (an eventfd)
   const std::string peer_;
+  absl::Mutex fd_mu_;  // Close (another thread) against the thread's own close at its end
+  socket_plane::Link link_;  // the socket, and TLS over it on a TLS plane
+  const OwnedFd wake_;  // the answer's signal (an eventfd)
   std::string authorization_;  // from the hello
   bool counted_in_hello_ = true;  // in the plane's in_hello_; the connection's thread's alone
   bool details_ok_ = false;       // its hello's kHelloRefusalDetails: refusals carry their details
@@ -357,6 +384,14 @@ absl::StatusOr<std::unique_ptr<SocketPlane>> SocketPlane::Start(const std::strin
                                                                 const TokenCheck* tokens,
                                                                 const SocketPlaneOptions& options) {
   std::unique_ptr<SocketPlane> plane(new SocketPlane(service, tokens, options));
+  if (options.tls.enabled()) {
+    absl::StatusOr<std::unique_ptr<socket_plane::TlsContext>> tls =
+        socket_plane::TlsContext::Create(options.tls, /*server=*/true);
+    if (!tls.ok()) {
+      return absl::Status(tls.status().code(), absl::StrCat("the data plane (--data_address): ", tls.status().message()));
+    }
+    plane->tls_ = *std::move(tls);
+  }
   absl::StatusOr<OwnedFd> listener = socket_plane::Listen(address, &plane->port_);
   if (!listener.ok()) {
     return absl::Status(listener.status().code(),
@@ -406,9 +441,14 @@ void SocketPlane::AcceptLoop() {
     if (stopped_) return;
     Reap();
     auto refuse = [&](const std::string& message) {
-      WriteReply(fd, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, message), grpc::ByteBuffer(),
-                 absl::Now() + absl::Milliseconds(100), refusal_slices, refusal_iov)
-          .IgnoreError();
+      // A TLS client cannot read a refusal before its handshake, which takes a thread: it only
+      // sees the connection close (and its client waits for one it has, or fails naming it).
+      if (tls_ == nullptr) {
+        socket_plane::Link plain(std::move(accepted));
+        WriteReply(plain, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, message), grpc::ByteBuffer(),
+                   absl::Now() + absl::Milliseconds(100), refusal_slices, refusal_iov)
+            .IgnoreError();
+      }
       SUMMA_LOG(WARNING) << "data plane: refused a connection: " << message;
     };
     if (connections_.size() >= static_cast<size_t>(options_.max_connections)) {
@@ -430,6 +470,14 @@ void SocketPlane::AcceptLoop() {
       SUMMA_LOG(WARNING) << "data plane: no thread for a connection: " << e.what();
     }
   }
+}
+
+void SocketPlane::NoteTls(const socket_plane::Link& link) {
+  if (tls_noted_.exchange(true, std::memory_order_relaxed)) return;
+  SUMMA_LOG(INFO) << "data plane: " << link.Describe() << "; kernel TLS (SSL_OP_ENABLE_KTLS) for sending "
+                  << (link.kernel_tls_send() ? "on" : "off") << ", for receiving "
+                  << (link.kernel_tls_receive() ? "on" : "off")
+                  << (link.kernel_tls_send() ? "" : " (off: the kernel offers no \"tls\" ULP, or OpenSSL cannot use it)");
 }
 
 void SocketPlane::Reap() {

@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/rpc/socket_frame.h"
+#include "common/rpc/socket_tls.h"
 #include "common/rpc/transport.h"
 #include "server/core/limits.h"
 #include "server/rpc/service.h"
@@ -36,6 +37,9 @@ struct SocketPlaneOptions {
   // thread.
   int max_connections = 4096;
   int max_connections_in_hello = 64;
+  // The gRPC port's TLS files: when set, the plane speaks TLS 1.3 with them (the same
+  // certificate, and with a CA the same client certificates required), its hello inside.
+  TlsFiles tls;
 };
 
 class SocketPlane {
@@ -67,6 +71,8 @@ class SocketPlane {
  private:
   SocketPlane(ParameterServerService* service, const TokenCheck* tokens, const SocketPlaneOptions& options);
   void AcceptLoop();
+  // Logs, once, how the plane's TLS runs (its suite, and whether the kernel does the crypto).
+  void NoteTls(const socket_plane::Link& link);
   // Joins and drops the connections whose threads have ended.
   void Reap() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -74,6 +80,8 @@ class SocketPlane {
   const TokenCheck* const tokens_;
   const SocketPlaneOptions options_;
   const std::unique_ptr<BodyBuffers> bodies_;
+  std::unique_ptr<socket_plane::TlsContext> tls_;  // none: plaintext
+  std::atomic<bool> tls_noted_{false};
   socket_plane::OwnedFd listener_;
   int port_ = 0;
   std::thread acceptor_;

@@ -96,6 +96,15 @@ class Benchmark {
   // Marks `row` not correct when a rank's result for its size was wrong, and says which.
   void ExplainIfIncorrect(TableRow& row, const std::vector<RankReport>& reports);
   std::string RunPath(const std::string& name) const { return absl::StrCat(run_dir_, "/", name); }
+  // A throwaway CA and certificates for the summa-tls rows (scripts/make-certs.sh), in the run's
+  // directory.
+  absl::Status MakeCerts(absl::Time deadline);
+  // "--tls_ca=ca.pem" with the file's path in the run's certificates.
+  std::string TlsFlag(absl::string_view flag) const {
+    const size_t eq = flag.find('=');
+    return absl::StrCat(flag.substr(0, eq + 1), certs_, "/", flag.substr(eq + 1));
+  }
+  std::string certs_;
 
   const DriverOptions& o_;
   const std::string run_dir_;
@@ -145,12 +154,27 @@ void Benchmark::EmitRow(const TableRow& row) {
   Emit(FormatTableRow(row));
 }
 
+absl::Status Benchmark::MakeCerts(absl::Time deadline) {
+  const std::string dir = RunPath("certs");
+  ChildOptions make;
+  make.name = "scripts/make-certs.sh";
+  make.log_path = RunPath("make-certs.log");
+  make.argv = {"/bin/bash", o_.make_certs, dir};
+  SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<ChildProcess> process, ChildProcess::Start(make));
+  std::vector<std::string> ignored;
+  SUMMA_RETURN_IF_ERROR(RunToCompletion({process.get()}, {}, deadline, &ignored));
+  certs_ = dir;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<TableRow> Benchmark::RunServerConfig(const std::string& impl, int ranks, int64_t bytes,
                                                     int shards) {
   const absl::Time deadline = absl::Now() + o_.timeout;
   const std::string label = RowLabel(impl, shards);
   const std::string tag = absl::StrCat(impl, "-k", shards, "-", ranks, "-", FormatByteSize(bytes));
-  const bool summa = impl == "summa" || impl == "summa-grpc";
+  const bool summa = absl::StartsWith(impl, "summa");
+  const bool tls = absl::StartsWith(impl, "summa-tls");
+  if (tls && certs_.empty()) SUMMA_RETURN_IF_ERROR(MakeCerts(deadline));
   std::vector<std::unique_ptr<ChildProcess>> server_processes;
   std::vector<std::string> addresses;
   for (int i = 0; i < shards; ++i) {
@@ -165,6 +189,12 @@ absl::StatusOr<TableRow> Benchmark::RunServerConfig(const std::string& impl, int
                      absl::StrCat("--workers=", ranks),
                      absl::StrCat("--barrier_deadline=", absl::FormatDuration(o_.timeout)),
                      absl::StrCat("--shards=", shards), absl::StrCat("--shard=", i)};
+      // Mutual TLS, as a deployment across machines would run it: the plane and gRPC alike.
+      if (tls) {
+        for (const char* flag : {"--tls_cert=server.pem", "--tls_key=server.key", "--tls_ca=ca.pem"}) {
+          server.argv.push_back(TlsFlag(flag));
+        }
+      }
     } else {
       server.name = absl::StrCat(impl, " server");
       server.argv = {o_.self, absl::StrCat("--role=", impl, "_server"), absl::StrCat("--port_file=", port_file),
@@ -190,7 +220,14 @@ absl::StatusOr<TableRow> Benchmark::RunServerConfig(const std::string& impl, int
                  absl::StrCat("--warmup=", o_.warmup),
                  absl::StrCat("--timeout=", absl::FormatDuration(o_.timeout)),
                  absl::StrCat("--channels=", o_.channels)};
-    if (summa) rank.argv.push_back(impl == "summa" ? "--data_plane=socket" : "--data_plane=grpc");
+    if (summa) {
+      rank.argv.push_back(absl::EndsWith(impl, "grpc") ? "--data_plane=grpc" : "--data_plane=socket");
+    }
+    if (tls) {
+      for (const char* flag : {"--tls_cert=client.pem", "--tls_key=client.key", "--tls_ca=ca.pem"}) {
+        rank.argv.push_back(TlsFlag(flag));
+      }
+    }
     // Rank r counts server r's faults (every server's where there are as many ranks).
     if (r < shards) rank.argv.push_back(absl::StrCat("--server_pid=", server_processes[r]->pid()));
   }
@@ -338,7 +375,7 @@ absl::StatusOr<bool> Benchmark::Run() {
         continue;
       }
       // Shards are summa-server's; the other servers are one process.
-      for (int shards : impl == "summa" || impl == "summa-grpc" ? o_.shards : std::vector<int>{1}) {
+      for (int shards : absl::StartsWith(impl, "summa") ? o_.shards : std::vector<int>{1}) {
         const std::string label = RowLabel(impl, shards);
         for (int64_t bytes : o_.sizes) {
           std::fprintf(stderr, "running %s ...\n", ConfigName(label, ranks, bytes).c_str());
@@ -371,7 +408,7 @@ absl::Status ValidateDriverOptions(const DriverOptions& o) {
     if (std::none_of(std::begin(kImplementations), std::end(kImplementations),
                      [&](const char* known) { return impl == known; })) {
       return absl::InvalidArgumentError(
-          absl::StrCat("--impls: unknown implementation '", impl, "' (summa, summa-grpc, raw, grpc, gloo, mpi)"));
+          absl::StrCat("--impls: unknown implementation '", impl, "' (", absl::StrJoin(kImplementations, ", "), ")"));
     }
   }
   if (o.impls.empty()) return absl::InvalidArgumentError("--impls: name at least one implementation");
@@ -393,7 +430,8 @@ absl::Status ValidateDriverOptions(const DriverOptions& o) {
   if (o.iters < 1) return absl::InvalidArgumentError("--iters must be at least 1");
   if (o.warmup < 0) return absl::InvalidArgumentError("--warmup must not be negative");
   if (o.timeout <= absl::ZeroDuration()) return absl::InvalidArgumentError("--timeout must be positive");
-  if (Contains(o.impls, "summa") && ::access(o.server.c_str(), X_OK) != 0) {
+  const bool summa = std::any_of(o.impls.begin(), o.impls.end(), [](const std::string& i) { return absl::StartsWith(i, "summa"); });
+  if (summa && ::access(o.server.c_str(), X_OK) != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--server: no executable summa-server at ", o.server, " (build it, or pass --server)"));
   }

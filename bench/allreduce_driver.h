@@ -16,7 +16,8 @@
 namespace summa::bench {
 
 // The implementations --impls may name; they run in the order named.
-inline constexpr const char* kImplementations[] = {"summa", "summa-grpc", "raw", "grpc", "gloo", "mpi"};
+inline constexpr const char* kImplementations[] = {"summa",    "summa-grpc", "summa-tls", "summa-tls-grpc",
+                                                   "raw",      "grpc",       "gloo",      "mpi"};
 
 struct DriverOptions {
   std::vector<std::string> impls;
@@ -32,6 +33,7 @@ struct DriverOptions {
   std::string python;       // runs gloo_script
   std::string gloo_script;  // allreduce_gloo.py
   std::string mpi_script;   // allreduce_mpi.py
+  std::string make_certs;   // scripts/make-certs.sh, for the summa-tls rows
   std::string mpirun;       // Open MPI's launcher; empty: the mpi rows say it is missing
   std::string out_path;     // also write the report here, when set
   std::string command_line; // printed first, as the command that produced the report

@@ -37,7 +37,9 @@ ABSL_FLAG(int, warmup, 10, "untimed AllReduce calls before the timed ones (still
 ABSL_FLAG(std::string, impls, "summa,summa-grpc,raw,grpc,gloo,mpi",
           "implementations, comma-separated, run in this order: summa (summa-server's AllReduce "
           "through summa::worker::ParameterClient on the socket data plane, summa-server "
-          "--data_address), summa-grpc (the same calls over gRPC, --data_plane=grpc), raw (the same exchange over plain TCP "
+          "--data_address), summa-grpc (the same calls over gRPC, --data_plane=grpc), summa-tls and "
+          "summa-tls-grpc (the two with mutual TLS 1.3 on both ports: summa-server --tls_cert "
+          "--tls_key --tls_ca, certificates from scripts/make-certs.sh), raw (the same exchange over plain TCP "
           "sockets: the reference), grpc (the same exchange over bare gRPC: one generic method, "
           "the tensor as the whole message, an async server polled by one thread: what gRPC "
           "itself costs), gloo (torch.distributed with the gloo backend, through "
@@ -77,6 +79,9 @@ ABSL_FLAG(std::string, data_plane, "auto",
 ABSL_FLAG(int, server_pid, 0,
           "summa_rank, raw_rank, grpc_rank: count this server process's minor page faults over the timed calls "
           "(the driver sets it for rank 0)");
+ABSL_FLAG(std::string, tls_cert, "", "summa_rank: the client's certificate, for mutual TLS (the summa-tls rows)");
+ABSL_FLAG(std::string, tls_key, "", "summa_rank: the key of --tls_cert");
+ABSL_FLAG(std::string, tls_ca, "", "summa_rank: the CA that signed the server's certificate; set: TLS");
 ABSL_FLAG(std::string, port_file, "", "raw_server, grpc_server: write the port bound on 127.0.0.1 here");
 
 namespace {
@@ -112,6 +117,7 @@ summa::bench::RankOptions RankOptionsFromFlags() {
   o.channels = absl::GetFlag(FLAGS_channels);
   o.server_pid = absl::GetFlag(FLAGS_server_pid);
   o.data_plane = absl::GetFlag(FLAGS_data_plane);
+  o.tls = {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca)};
   return o;
 }
 
@@ -159,6 +165,7 @@ int RunDriver(int argc, char** argv) {
   o.python = absl::GetFlag(FLAGS_python);
   o.gloo_script = absl::GetFlag(FLAGS_gloo_script);
   o.mpi_script = absl::GetFlag(FLAGS_mpi_script);
+  o.make_certs = SUMMA_SOURCE_DIR "/scripts/make-certs.sh";
   o.mpirun = summa::bench::FindOnPath("mpirun");
   o.out_path = absl::GetFlag(FLAGS_out);
   o.command_line = summa::bench::CommandLine(argc, argv);

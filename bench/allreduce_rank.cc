@@ -102,7 +102,8 @@ absl::StatusOr<int64_t> MinorFaults(int pid) { return ProcStatField(pid, 10); }
 
 absl::StatusOr<RankReport> RunSummaRank(const RankOptions& options) {
   SUMMA_ASSIGN_OR_RETURN(const worker::DataPlane plane, worker::ParseDataPlane(options.data_plane));
-  worker::ParameterClient client(options.target, options.timeout, options.timeout, options.channels);
+  worker::ParameterClient client(options.target, options.timeout, options.timeout, options.channels,
+                                 ClientSecurity{options.tls, ""});
   client.set_data_plane(plane);
   worker::Collective group;
   group.name = "summa-bench-allreduce";

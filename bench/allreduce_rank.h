@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "bench/allreduce_report.h"
+#include "common/rpc/transport.h"
 
 namespace summa::bench {
 
@@ -29,6 +30,7 @@ struct RankOptions {
   absl::Duration timeout = absl::Minutes(10);  // bounds each call
   int channels = 1;    // summa: TCP connections of the client
   std::string data_plane = "auto";  // summa: the client's transport (worker::ParseDataPlane)
+  TlsFiles tls;                     // summa: the client's TLS files (none: plaintext)
   int server_pid = 0;  // when set, this rank counts the server's minor page faults over the timed calls
 };
 

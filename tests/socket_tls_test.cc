@@ -167,6 +167,10 @@ TEST_F(TlsPlaneTest, AServerCertificateTheClientCannotVerifyIsRefused) {
   const absl::Status elsewhere = HelloOverTls({"", "", certs_ + "/ca.pem"}, "summa-elsewhere.example");
   EXPECT_EQ(elsewhere.code(), absl::StatusCode::kUnavailable) << elsewhere;
   EXPECT_TRUE(absl::StrContains(elsewhere.message(), "hostname mismatch")) << elsewhere;
+  // ... or an address it does not name (the connection still goes to 127.0.0.1).
+  const absl::Status other_ip = HelloOverTls({"", "", certs_ + "/ca.pem"}, "127.0.0.2");
+  EXPECT_EQ(other_ip.code(), absl::StatusCode::kUnavailable) << other_ip;
+  EXPECT_TRUE(absl::StrContains(other_ip.message(), "IP address mismatch")) << other_ip;
   EXPECT_TRUE(HelloOverTls({"", "", certs_ + "/ca.pem"}, "localhost").ok());
 }
 

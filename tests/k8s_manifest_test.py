@@ -80,7 +80,8 @@ class K8sManifestTest(unittest.TestCase):
 
     def check_tls(self, objs):
         """components/tls: each side mounts its own kubernetes.io/tls Secret, the flags read its
-        keys, the probes moved to the plaintext health port, /metrics to loopback."""
+        keys, the probes moved to the plaintext health port, /metrics to loopback, the socket data
+        plane kept (in TLS)."""
         sts = objs[("StatefulSet", "summa-server")]["spec"]["template"]
         server = sts["spec"]["containers"][0]
         _, path = self.mounted(sts["spec"], server, SERVER_TLS)
@@ -92,8 +93,9 @@ class K8sManifestTest(unittest.TestCase):
         self.assertEqual(server["livenessProbe"]["grpc"]["port"], health_port)
         self.assertIn(health_port, [p["containerPort"] for p in server["ports"]])
         self.assertTrue(flag(server["args"], "metrics_address").startswith("127.0.0.1:"))
-        self.assertIsNone(flag(server["args"], "data_address"), "the socket data plane is plaintext")
-        self.assertNotIn("data", [p["name"] for p in server["ports"]])
+        # The socket data plane stays, in TLS with the same certificate (its flags above).
+        data_port = int(flag(server["args"], "data_address").rsplit(":", 1)[1])
+        self.assertIn(data_port, [p["containerPort"] for p in server["ports"] if p["name"] == "data"])
         self.assertEqual(sts["metadata"]["annotations"]["prometheus.io/scrape"], "false",
                          "no scraping a port that listens on loopback")
         job = objs[("Job", "summa-worker")]["spec"]["template"]
@@ -250,7 +252,7 @@ class K8sManifestTest(unittest.TestCase):
                          "workers reach every shard by its pod's DNS name, in shard order")
         with ProcessGroup() as g:
             secrets = make_secrets(ARGS.source, os.path.join(g.dir, "secrets"))
-            ports = []
+            ports, servers = [], []
 
             def to_local(arg):  # a pod's DNS name to the port its process listens on here
                 for pod, port in zip(pods, ports):
@@ -270,6 +272,7 @@ class K8sManifestTest(unittest.TestCase):
                     server_args.append(f"--health_port_file={health_port_file}")
                 server = g.start(f"server{i}", [binaries[server_container["command"][0]], *server_args],
                                  env={**env, "HOSTNAME": f"summa-server-{i}"})
+                servers.append(server)
                 ports.append(int(g.wait_for_file(port_file, server)))
                 if health_port is not None:
                     self.probe_tls_server(server_container, ports[i], int(g.wait_for_file(health_port_file, server)),
@@ -294,13 +297,12 @@ class K8sManifestTest(unittest.TestCase):
             accs = [float(a) for a in re.findall(r"test acc ([0-9.]+)", out)]
             self.assertEqual(len(accs), int(env["SUMMA_EPOCHS"]))
             self.assertGreater(accs[-1], 0.3, "well above chance (0.1)")
-            # Plaintext: the workers found the socket data plane (with their token) and used it.
-            plane = "the data path goes over the socket data plane"
+            # The workers found the socket data plane (with their token) and used it: in TLS
+            # under components/tls (the server says which suite).
             for w in workers:
-                if health_port is None:
-                    self.assertIn(plane, g.log(w))
-                else:
-                    self.assertNotIn(plane, g.log(w))
+                self.assertIn("the data path goes over the socket data plane", g.log(w))
+            for server in servers:
+                self.assertEqual("data plane: TLSv1.3" in g.log(server), health_port is not None)
 
     def probe_tls_server(self, container, port, health_port, secrets):
         import grpc

@@ -33,10 +33,11 @@ esac
 # --ci: inputs per harness, about 20 s each on the 2-core VM from the seeds (executions per second
 # fall as the inputs grow).
 declare -A ci_runs=([checkpoint_fuzzer]=15000 [idx_fuzzer]=20000 [wire_fuzzer]=600000
-                    [parameter_server_fuzzer]=10000 [all_reduce_fuzzer]=12000)
+                    [parameter_server_fuzzer]=10000 [all_reduce_fuzzer]=12000
+                    [plane_fuzzer]=4000)
 harnesses=("$@")
 if ((${#harnesses[@]} == 0)); then
-  harnesses=(checkpoint_fuzzer idx_fuzzer wire_fuzzer parameter_server_fuzzer all_reduce_fuzzer)
+  harnesses=(checkpoint_fuzzer idx_fuzzer wire_fuzzer parameter_server_fuzzer all_reduce_fuzzer plane_fuzzer)
 fi
 
 scripts/setup.sh --fuzz

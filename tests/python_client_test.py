@@ -497,7 +497,7 @@ class PythonClientTest(unittest.TestCase):
             c = lambda name: os.path.join(certs, name)
             server, port = g.start_server(ARGS.server, "--workers=1", f"--tls_cert={c('server.pem')}",
                                           f"--tls_key={c('server.key')}", f"--tls_ca={c('ca.pem')}",
-                                          f"--token_file={c('worker.token')}")
+                                          f"--token_file={c('worker.token')}", "--data_address=127.0.0.1:0")
             with open(c("worker.token")) as f:
                 token = f.read().strip()
             mtls = summa.TLS(ca=c("ca.pem"), cert=c("client.pem"), key=c("client.key"))
@@ -507,6 +507,9 @@ class PythonClientTest(unittest.TestCase):
             opt.flat.params[0].grad = torch.full((3,), 2.0)
             opt.step(2)  # sgd at the default lr 0.1: 1 - 0.1 * 2 / 2
             self.assertTrue(torch.equal(opt.flat.params[0].detach(), torch.full((3,), 0.9)))
+            # The step went over the socket data plane, in TLS (the server's plane speaks it).
+            self.assertTrue(good.on_socket_plane)
+            self.assertIn("data plane: TLSv1.3", g.log(server))
             good.close()
             # No token: UNAUTHENTICATED, with the server's message.
             anonymous = summa.Client(address, rank=0, world_size=1, tls=mtls, join_timeout=5)

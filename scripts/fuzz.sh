@@ -34,7 +34,7 @@ esac
 # fall as the inputs grow).
 declare -A ci_runs=([checkpoint_fuzzer]=15000 [idx_fuzzer]=20000 [wire_fuzzer]=600000
                     [parameter_server_fuzzer]=10000 [all_reduce_fuzzer]=12000
-                    [plane_fuzzer]=4000)
+                    [plane_fuzzer]=2000)
 harnesses=("$@")
 if ((${#harnesses[@]} == 0)); then
   harnesses=(checkpoint_fuzzer idx_fuzzer wire_fuzzer parameter_server_fuzzer all_reduce_fuzzer plane_fuzzer)

@@ -9,6 +9,7 @@
 #include <poll.h>
 
 #include <cmath>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
@@ -172,6 +173,32 @@ TEST_F(TlsPlaneTest, AServerCertificateTheClientCannotVerifyIsRefused) {
   EXPECT_EQ(other_ip.code(), absl::StatusCode::kUnavailable) << other_ip;
   EXPECT_TRUE(absl::StrContains(other_ip.message(), "IP address mismatch")) << other_ip;
   EXPECT_TRUE(HelloOverTls({"", "", certs_ + "/ca.pem"}, "localhost").ok());
+}
+
+TEST_F(TlsPlaneTest, ARotatedCertificateIsServedToNewConnectionsWithoutARestart) {
+  // The server's files are copies, so that the test can replace them as a renewal would.
+  const std::string live = certs_ + "/live";
+  std::filesystem::create_directories(live);
+  auto install = [&](const std::string& from) {
+    for (const char* name : {"server.pem", "server.key"}) {
+      std::filesystem::copy_file(from + "/" + name, live + "/" + name + ".new",
+                                 std::filesystem::copy_options::overwrite_existing);
+      std::filesystem::rename(live + "/" + name + ".new", live + "/" + name);  // atomic, as kubelet's swap
+    }
+  };
+  install(certs_);
+  token_ = ReadTrimmed(certs_ + "/worker.token");
+  security_.tls = {live + "/server.pem", live + "/server.key", ""};
+  security_.tokens = TokenCheck(token_, "", false);
+  StartServer(1, 4 << 20);
+  const std::string renewed = MakeCerts("renewed");
+  ASSERT_TRUE(HelloOverTls({"", "", certs_ + "/ca.pem"}).ok());
+  install(renewed);
+  // The files are looked at again kCertificateRefreshSeconds after the last look at most.
+  absl::SleepFor(absl::Seconds(kCertificateRefreshSeconds) + absl::Milliseconds(200));
+  const absl::Status old_ca = HelloOverTls({"", "", certs_ + "/ca.pem"});
+  EXPECT_TRUE(absl::StrContains(old_ca.message(), "certificate verify failed")) << old_ca;
+  EXPECT_TRUE(HelloOverTls({"", "", renewed + "/ca.pem"}).ok());
 }
 
 TEST_F(TlsPlaneTest, AContextFromFilesItCannotUseNamesTheFlag) {

@@ -247,7 +247,10 @@ class ParameterClient final : public ParameterStore {
   // every member's H local steps, as the server's barrier deadline does). Set at each Join.
   absl::Duration data_deadline_ = call_deadline_;
   const absl::Duration join_deadline_;
-  const std::string token_;  // sent with every call (none when empty)
+  const ClientToken token_;  // sent with every call (none when empty); its file read again when it changes
+  // The token the socket data plane's connections said in their hellos: a rotated one (token_
+  // changed) has the plane's connections made again (ChooseDataPlane).
+  std::string plane_token_;
   const bool tls_;
   DataPlane data_plane_ = DataPlane::kAuto;
   bool plane_chosen_ = false;

@@ -411,7 +411,8 @@ absl::StatusOr<Coordinator> CoordinatorFromFlags() {
   const std::string cert = absl::GetFlag(FLAGS_tls_cert), ca = absl::GetFlag(FLAGS_tls_ca);
   if (!cert.empty()) c.security.tls = {cert, absl::GetFlag(FLAGS_tls_key), ca.empty() ? cert : ca};
   if (!absl::GetFlag(FLAGS_token_file).empty()) {
-    absl::StatusOr<std::string> t = ReadUnscopedToken(absl::GetFlag(FLAGS_token_file));
+    // Read again when it changes, as shard 0 reads its own: a rotation reaches both.
+    absl::StatusOr<ClientToken> t = ClientToken::FromFile(absl::GetFlag(FLAGS_token_file), ReadUnscopedToken);
     if (!t.ok()) return absl::Status(t.status().code(), absl::StrCat("--coordinator: ", t.status().message()));
     c.security.token = *std::move(t);
   }

@@ -1,7 +1,8 @@
 // common/rpc/tokens.h without a server: the token files' syntax and its refusals (each naming the
 // file and line), who a token says its caller is (its role, the rank it is scoped to), and
 // rotation on a FakeClock: a new token taken at the first refresh after kTokenRefreshSeconds, one
-// taken out accepted for exactly its grace period, files that break keeping the last good tokens.
+// taken out accepted for exactly its grace period, files that break keeping the last good tokens,
+// and a client's token following its file.
 #include "common/rpc/tokens.h"
 
 #include <unistd.h>
@@ -221,6 +222,28 @@ TEST(TokenCheckTest, AFileThatBreaksKeepsTheLastGoodTokens) {
   check->Refresh();
   EXPECT_EQ(Who(*check, "root2", Role::kAdmin), "any rank");
   EXPECT_EQ(Who(*check, "root", Role::kAdmin), "UNAUTHENTICATED");
+}
+
+TEST(ClientTokenTest, FollowsItsFileAndKeepsTheLastGoodToken) {
+  FakeClock clock;
+  const std::string path = Write(PathOf("token"), "first\n");
+  absl::StatusOr<ClientToken> token = ClientToken::FromFile(path, ReadTokenFile, &clock);
+  ASSERT_TRUE(token.ok()) << token.status();
+  const ClientToken copy = *token;  // copies share the file's state
+  EXPECT_EQ(token->Current(), "first");
+  Write(path, "second\n");
+  EXPECT_EQ(token->Current(), "first") << "read again only after kTokenRefreshSeconds";
+  clock.Advance(absl::Seconds(kTokenRefreshSeconds));
+  EXPECT_EQ(copy.Current(), "second");
+  EXPECT_EQ(token->Current(), "second");
+  std::filesystem::remove(path);
+  clock.Advance(absl::Seconds(kTokenRefreshSeconds));
+  EXPECT_EQ(token->Current(), "second");
+  Write(path, "third\n");
+  clock.Advance(absl::Seconds(kTokenRefreshSeconds));
+  EXPECT_EQ(token->Current(), "third");
+  EXPECT_EQ(ClientToken("fixed").Current(), "fixed");
+  EXPECT_EQ(ClientToken().Current(), "");
 }
 
 TEST(TokenFileTest, AClientFileHoldsOneTokenAndAShardTakesTheFirstBareOne) {

@@ -319,6 +319,55 @@ void TokenCheck::Refresh() {
   }
 }
 
+struct ClientToken::File {
+  std::string path;
+  Reader read;
+  const Clock* clock = nullptr;
+  absl::Mutex mu;
+  std::string token ABSL_GUARDED_BY(mu);
+  absl::Time next_read ABSL_GUARDED_BY(mu);
+  std::string problem ABSL_GUARDED_BY(mu);  // why the last read failed: warned of once
+};
+
+absl::StatusOr<ClientToken> ClientToken::FromFile(const std::string& path, Reader read, const Clock* clock) {
+  absl::StatusOr<std::string> token = read(path);
+  if (!token.ok()) return token.status();
+  ClientToken client;
+  client.file_ = std::make_shared<File>();
+  File& f = *client.file_;
+  f.path = path;
+  f.read = std::move(read);
+  f.clock = clock;
+  absl::MutexLock lock(&f.mu);
+  f.token = *std::move(token);
+  f.next_read = clock->Now() + kRefresh;
+  return client;
+}
+
+std::string ClientToken::Current() const {
+  if (file_ == nullptr) return fixed_;
+  File& f = *file_;
+  absl::MutexLock lock(&f.mu);
+  const absl::Time now = f.clock->Now();
+  if (now >= f.next_read) {
+    f.next_read = now + kRefresh;
+    absl::StatusOr<std::string> token = f.read(f.path);
+    if (!token.ok()) {
+      if (token.status().message() != f.problem) {
+        f.problem = std::string(token.status().message());
+        SUMMA_LOG(WARNING) << f.problem << "; calls carry the token read before";
+      }
+    } else {
+      f.problem.clear();
+      if (*token != f.token) {
+        f.token = *std::move(token);
+        SUMMA_LOG(INFO) << "token file " << f.path << " changed: calls carry its new token from now on";
+      }
+    }
+  }
+  return f.token;
+}
+
 void AttachToken(const std::string& token, grpc::ClientContext* context) {
   if (!token.empty()) context->AddMetadata("authorization", absl::StrCat("Bearer ", token));
 }

@@ -1,6 +1,7 @@
-// Bearer tokens, on both sides of a call: the files that hold them, and the server's check of a
-// call's token (the role it holds and, for a worker token, the rank it may be scoped to). The
-// server reads its files again when they change, so tokens rotate without a restart.
+// Bearer tokens, on both sides of a call: the files that hold them, the server's check of a call's
+// token (the role it holds and, for a worker token, the rank it may be scoped to), and the token a
+// client sends. Both sides read their files again when they change, so tokens rotate without a
+// restart.
 //
 // A server's --token_file lists worker tokens, one a line; blank lines and lines whose first
 // non-blank character is # are skipped:
@@ -17,13 +18,14 @@
 // Rotation: TokenCheck::Refresh reads the server's files again once kTokenRefreshSeconds have
 // passed since it last did: a token new to a file is accepted from then on, one gone from it for
 // the grace period more (--token_grace_period), then refused. A file that cannot be read, is empty
-// or does not parse keeps the tokens read last, and a warning says why. No log line or error
-// names a token's value.
+// or does not parse keeps the tokens read last, and a warning says why. ClientToken reads a
+// client's file again as often. No log line or error names a token's value.
 #ifndef SUMMA_COMMON_RPC_TOKENS_H_
 #define SUMMA_COMMON_RPC_TOKENS_H_
 
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -125,6 +127,32 @@ class TokenCheck {
  private:
   struct Tokens;
   std::shared_ptr<Tokens> tokens_;  // null: everything open
+};
+
+// The token a client sends (empty: none): a fixed one, or its file's, read again once
+// kTokenRefreshSeconds have passed since the last read, so that a rotated secret goes out from
+// then on. A read that fails keeps the token read last (a warning says why, once). Copies share
+// the file's state. Thread-safe.
+class ClientToken {
+ public:
+  ClientToken() = default;
+  // A fixed token: a std::string converts (ClientSecurity{tls, token}).
+  ClientToken(std::string token) : fixed_(std::move(token)) {}  // NOLINT(google-explicit-constructor)
+  ClientToken(const char* token) : fixed_(token) {}             // NOLINT(google-explicit-constructor)
+
+  using Reader = std::function<absl::StatusOr<std::string>(const std::string& path)>;
+  // `read(path)` now (its error when it fails), and again as the class comment says. `clock` (not
+  // owned) outlives every copy.
+  static absl::StatusOr<ClientToken> FromFile(const std::string& path, Reader read = ReadTokenFile,
+                                              const Clock* clock = Clock::Real());
+
+  // The token to send now.
+  std::string Current() const;
+
+ private:
+  struct File;
+  std::string fixed_;
+  std::shared_ptr<File> file_;  // null: fixed_
 };
 
 // Adds "authorization: Bearer <token>" to a call (nothing when `token` is empty).

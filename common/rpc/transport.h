@@ -55,10 +55,10 @@ struct EndpointSecurity {
 };
 
 // What a client calls with: the TLS files (the CA it trusts; its own certificate for mTLS) and
-// the token it sends.
+// the token it sends (fixed, or its file's, read again when it changes).
 struct ClientSecurity {
   TlsFiles tls;
-  std::string token;
+  ClientToken token;
 };
 
 }  // namespace summa

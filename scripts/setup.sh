@@ -18,7 +18,7 @@ packages=(
   build-essential cmake pkg-config ninja-build systemd
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgtest-dev libgmock-dev
-  libopenblas-dev zlib1g-dev prometheus-cpp-dev
+  libopenblas-dev zlib1g-dev prometheus-cpp-dev libssl-dev
   dataset-fashion-mnist grpc-proto openssl
   python3 python3-grpcio python3-protobuf python3-yaml python3-dev pybind11-dev
   python3-torch python3-numpy python3-venv python3-setuptools python3-wheel
@@ -29,7 +29,7 @@ binaries=(
   build-essential cmake pkg-config ninja-build
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgtest-dev libgmock-dev
-  libopenblas-dev zlib1g-dev prometheus-cpp-dev grpc-proto
+  libopenblas-dev zlib1g-dev prometheus-cpp-dev libssl-dev grpc-proto
 )
 extra=()
 for arg in "$@"; do

@@ -5,7 +5,7 @@
 
 namespace summa::worker {
 
-GrpcTransport::GrpcTransport(std::vector<std::vector<grpc::GenericStub*>> channels, std::string token)
+GrpcTransport::GrpcTransport(std::vector<std::vector<grpc::GenericStub*>> channels, ClientToken token)
     : channels_(std::move(channels)), token_(std::move(token)), next_channel_(channels_.size(), 0) {}
 
 GrpcTransport::~GrpcTransport() {
@@ -25,7 +25,7 @@ void GrpcTransport::Start(size_t tag, int shard, DataMethod method, const grpc::
   c.reader.reset();
   c.context = std::make_unique<grpc::ClientContext>();
   c.context->set_deadline(absl::ToChronoTime(deadline));
-  AttachToken(token_, c.context.get());
+  AttachToken(token_.Current(), c.context.get());
   c.status = grpc::Status();
   const std::vector<grpc::GenericStub*>& stubs = channels_[shard];
   grpc::GenericStub* stub = stubs[next_channel_[shard]++ % stubs.size()];

@@ -17,14 +17,15 @@
 #include <vector>
 
 #include "client/data_transport.h"
+#include "common/rpc/tokens.h"
 
 namespace summa::worker {
 
 class GrpcTransport final : public DataTransport {
  public:
   // `channels[s]`: shard s's generic stubs, one per channel (not owned; they outlive this).
-  // `token` goes with every call (none when empty).
-  GrpcTransport(std::vector<std::vector<grpc::GenericStub*>> channels, std::string token);
+  // `token` goes with every call (its current value: none when empty).
+  GrpcTransport(std::vector<std::vector<grpc::GenericStub*>> channels, ClientToken token);
   // Waits for every call in flight to end (they all have deadlines).
   ~GrpcTransport() override;
 
@@ -42,7 +43,7 @@ class GrpcTransport final : public DataTransport {
   };
 
   const std::vector<std::vector<grpc::GenericStub*>> channels_;
-  const std::string token_;
+  const ClientToken token_;
   grpc::CompletionQueue queue_;
   // By tag. A deque: growing it keeps the records of calls in flight where gRPC writes their
   // statuses.

@@ -50,7 +50,7 @@ ParameterClient::~ParameterClient() = default;
 std::unique_ptr<grpc::ClientContext> ParameterClient::NewContext() const {
   auto ctx = std::make_unique<grpc::ClientContext>();
   ctx->set_deadline(absl::ToChronoTime(absl::Now() + call_deadline_));
-  AttachToken(token_, ctx.get());
+  AttachToken(token_.Current(), ctx.get());
   return ctx;
 }
 
@@ -80,6 +80,11 @@ std::unique_ptr<DataTransport> ParameterClient::NewGrpcTransport() const {
 }
 
 absl::Status ParameterClient::ChooseDataPlane() {
+  // A token rotated since the socket plane's connections said theirs: new connections say the
+  // new one (the server stops taking the old one once its grace period is over).
+  if (plane_chosen_ && transport_ != nullptr && transport_->socket_plane() && token_.Current() != plane_token_) {
+    plane_chosen_ = false;
+  }
   if (plane_chosen_) return absl::OkStatus();
   // gRPC unless the socket data plane is chosen below; a transport is replaced only between
   // calls, none in flight.
@@ -135,8 +140,9 @@ absl::Status ParameterClient::ChooseDataPlane() {
     if (!made.ok()) return decline(made.status(), /*quiet=*/false);
     plane_tls_ = *std::move(made);
   }
-  auto calls = std::make_unique<SocketCalls>(endpoints, token_.empty() ? "" : absl::StrCat("Bearer ", token_),
-                                             plane_tls_.get());
+  plane_token_ = token_.Current();
+  auto calls = std::make_unique<SocketCalls>(
+      endpoints, plane_token_.empty() ? "" : absl::StrCat("Bearer ", plane_token_), plane_tls_.get());
   for (size_t k = 0; k < endpoints.size(); ++k) {
     // One connection each now: a plane that cannot be reached (a port no one exposed) shows here.
     if (absl::Status s = calls->Open(static_cast<int>(k), absl::Now() + absl::Seconds(10)); !s.ok()) {
@@ -397,7 +403,7 @@ absl::Status ParameterClient::CallShard(const Shard& shard, int rank, absl::Dura
   Response& response = into != nullptr ? *into : local;
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
-  AttachToken(token_, &ctx);
+  AttachToken(token_.Current(), &ctx);
   return FromGrpcStatus(((*shard.stub).*method)(&ctx, request, &response));
 }
 

@@ -248,8 +248,11 @@ class ParameterClient final : public ParameterStore {
   // every member's H local steps, as the server's barrier deadline does). Set at each Join.
   absl::Duration data_deadline_ = call_deadline_;
   const absl::Duration join_deadline_;
-  const std::string token_;  // sent with every call (none when empty)
-  const TlsFiles tls_;       // the CA it trusts, and its certificate for mutual TLS; none: plaintext
+  const ClientToken token_;  // sent with every call (none when empty); its file read again when it changes
+  // The token the socket data plane's connections said in their hellos: a rotated one (token_
+  // changed) has the plane's connections made again (ChooseDataPlane).
+  std::string plane_token_;
+  const TlsFiles tls_;  // the CA it trusts, and its certificate for mutual TLS; none: plaintext
   // The socket plane's TLS context, made at the first TLS plane (it outlives the transport).
   std::unique_ptr<socket_plane::TlsContext> plane_tls_;
   DataPlane data_plane_ = DataPlane::kAuto;

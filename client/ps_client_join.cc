@@ -26,7 +26,7 @@ absl::StatusOr<pb::JoinResponse> ParameterClient::JoinShard(size_t index, const 
   for (int attempt = 1;; ++attempt) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(std::min(give_up, absl::Now() + absl::Seconds(10))));
-    AttachToken(token_, &ctx);
+    AttachToken(token_.Current(), &ctx);
     grpc::Status s = shard.stub->Join(&ctx, request, &response);
     if (s.ok()) return response;
     // A server over its join rate (summa-server --join_rate) takes us a moment later; its other
@@ -136,7 +136,7 @@ absl::StatusOr<JoinInfo> ParameterClient::Join(int rank, int world,
       pb::RollBackResponse answer;
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + call_deadline_));
-      AttachToken(token_, &ctx);
+      AttachToken(token_.Current(), &ctx);
       const absl::Status s = FromGrpcStatus(shards_[i]->stub->RollBack(&ctx, ask, &answer));
       // NOT_FOUND: another member's rollback voided our session first; ABORTED: the shard moved.
       // Either way the next pass looks again.

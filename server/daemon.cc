@@ -211,6 +211,7 @@ void SummaServer::TickLoop() {
       const absl::Time now = core_.options().clock->Now();
       core_.Tick(now);
       hub_.ExpireRounds(now);
+      tokens_.Refresh();  // rotated token files: read at most every kTokenRefreshSeconds
       if (metrics_) UpdateMetrics();
       absl::Status checkpoint = core_.MaybeCheckpoint(/*force=*/false);
       if (!checkpoint.ok() && !absl::IsFailedPrecondition(checkpoint)) {

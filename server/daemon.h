@@ -118,7 +118,7 @@ class SummaServer {
 
   ParameterServer core_;
   AllReduceHub hub_;
-  const TokenCheck tokens_;
+  TokenCheck tokens_;  // its files read again by the ticker (Refresh)
   ParameterServerService service_;
   RunningServer running_;
   std::unique_ptr<DataPath> data_path_;  // on running_.queues[0]; stopped after running_.server

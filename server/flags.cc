@@ -52,13 +52,20 @@ ABSL_FLAG(std::string, tls_cert, summa::TlsFiles().cert,
 ABSL_FLAG(std::string, tls_key, summa::TlsFiles().key, "PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_ca, summa::TlsFiles().ca,
           "PEM CA: require every client to present a certificate it signed (mutual TLS)");
-ABSL_FLAG(std::string, token_file, "",
-          "file holding the bearer token members must send (every call but Checkpoint and "
-          "GetStatus: server/rpc/method_roles.h); empty: those calls are open");
-ABSL_FLAG(std::string, admin_token_file, "",
-          "file holding the operators' bearer token, needed for Checkpoint (and accepted for every "
-          "member call); with any token set and no admin token, admin calls are refused");
-ABSL_FLAG(bool, status_needs_token, false,
+ABSL_FLAG(std::string, token_file, summa::TokenFiles().worker,
+          "file listing the bearer tokens members must send (every call but Checkpoint, Export and "
+          "GetStatus: server/rpc/method_roles.h), one a line (blank lines and # comments skipped): "
+          "TOKEN alone speaks for any rank; TOKEN rank=R only for rank R (its Join for rank -1 gets "
+          "R, and a call as another rank is PERMISSION_DENIED). Read again when it changes (every "
+          "5 s; see --token_grace_period). Empty: those calls are open");
+ABSL_FLAG(std::string, admin_token_file, summa::TokenFiles().admin,
+          "file listing the operators' bearer tokens, one a line, needed for Checkpoint and Export "
+          "(and accepted for every member call, as any rank); with any token set and no admin "
+          "token, admin calls are refused. Read again when it changes, as --token_file");
+ABSL_FLAG(absl::Duration, token_grace_period, summa::TokenFiles().grace,
+          "how long a token taken out of --token_file or --admin_token_file is still accepted "
+          "(the time to roll the new one out to every client); 0: refused at the reload");
+ABSL_FLAG(bool, status_needs_token, summa::TokenFiles().status_needs_token,
           "GetStatus needs a worker or admin token too (health and reflection stay open)");
 ABSL_FLAG(bool, require_sessions, ServerOptions().require_sessions,
           "refuse a member's call that carries no session id (its Join returns one; a newer Join "
@@ -188,7 +195,8 @@ ABSL_FLAG(std::string, coordinator, Coordinator().address,
           "follow its membership view (who is in the group, whether the job has ended), and its "
           "GetStatus shows every shard. They call it "
           "with this server's TLS files (--tls_ca, or --tls_cert when there is none, as the CA to "
-          "trust) and --token_file's token. Empty: each shard keeps its own leases");
+          "trust) and --token_file's first bare token (one scoped to no rank). Empty: each shard "
+          "keeps its own leases");
 // -1 is no shard: it stands for "find it", which no options struct can hold.
 ABSL_FLAG(int, shard, -1,
           "this server's shard, 0 to --shards - 1; default: 0 for an unsharded job, else the "
@@ -371,29 +379,30 @@ absl::StatusOr<EndpointSecurity> SecurityFromFlags() {
   EndpointSecurity s;
   s.tls = {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca)};
   if (absl::Status valid = ValidateTls(s.tls, /*server=*/true); !valid.ok()) return valid;
-  std::string worker, admin;
-  if (!absl::GetFlag(FLAGS_token_file).empty()) {
-    absl::StatusOr<std::string> t = ReadTokenFile(absl::GetFlag(FLAGS_token_file));
-    if (!t.ok()) return t.status();
-    worker = *std::move(t);
-  }
-  if (!absl::GetFlag(FLAGS_admin_token_file).empty()) {
-    absl::StatusOr<std::string> t = ReadTokenFile(absl::GetFlag(FLAGS_admin_token_file));
-    if (!t.ok()) return t.status();
-    admin = *std::move(t);
-  }
-  if (!worker.empty() && worker == admin) {
-    return absl::InvalidArgumentError("--token_file and --admin_token_file hold the same token: give "
-                                      "operators a token of their own");
-  }
-  if (absl::GetFlag(FLAGS_status_needs_token) && worker.empty() && admin.empty()) {
+  const TokenFiles files = TokenFilesFromFlags();
+  if (files.status_needs_token && files.worker.empty() && files.admin.empty()) {
     return absl::InvalidArgumentError("--status_needs_token needs --token_file or --admin_token_file");
+  }
+  if (files.grace < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("--token_grace_period must be 0 or more, got ",
+                                                   absl::FormatDuration(files.grace)));
   }
   if (absl::Status m = CheckMetricsAddress(absl::GetFlag(FLAGS_metrics_address), s.tls); !m.ok()) {
     return m;
   }
-  s.tokens = TokenCheck(worker, admin, absl::GetFlag(FLAGS_status_needs_token));
+  absl::StatusOr<TokenCheck> tokens = TokenCheck::Load(files);
+  if (!tokens.ok()) return tokens.status();
+  s.tokens = *std::move(tokens);
   return s;
+}
+
+TokenFiles TokenFilesFromFlags() {
+  TokenFiles files;
+  files.worker = absl::GetFlag(FLAGS_token_file);
+  files.admin = absl::GetFlag(FLAGS_admin_token_file);
+  files.grace = absl::GetFlag(FLAGS_token_grace_period);
+  files.status_needs_token = absl::GetFlag(FLAGS_status_needs_token);
+  return files;
 }
 
 absl::StatusOr<Coordinator> CoordinatorFromFlags() {
@@ -403,8 +412,9 @@ absl::StatusOr<Coordinator> CoordinatorFromFlags() {
   const std::string cert = absl::GetFlag(FLAGS_tls_cert), ca = absl::GetFlag(FLAGS_tls_ca);
   if (!cert.empty()) c.security.tls = {cert, absl::GetFlag(FLAGS_tls_key), ca.empty() ? cert : ca};
   if (!absl::GetFlag(FLAGS_token_file).empty()) {
-    absl::StatusOr<std::string> t = ReadTokenFile(absl::GetFlag(FLAGS_token_file));
-    if (!t.ok()) return t.status();
+    // Read again when it changes, as shard 0 reads its own: a rotation reaches both.
+    absl::StatusOr<ClientToken> t = ClientToken::FromFile(absl::GetFlag(FLAGS_token_file), ReadUnscopedToken);
+    if (!t.ok()) return absl::Status(t.status().code(), absl::StrCat("--coordinator: ", t.status().message()));
     c.security.token = *std::move(t);
   }
   return c;

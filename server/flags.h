@@ -31,6 +31,8 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags();
 // TLS and tokens; the token files are read. INVALID_ARGUMENT (or the file's error) when they
 // cannot work together.
 absl::StatusOr<EndpointSecurity> SecurityFromFlags();
+// The token flags as they are (SecurityFromFlags reads and checks the files).
+TokenFiles TokenFilesFromFlags();
 // The shard this one follows (--coordinator) and what it calls it with.
 absl::StatusOr<Coordinator> CoordinatorFromFlags();
 

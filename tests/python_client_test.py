@@ -519,6 +519,42 @@ class PythonClientTest(unittest.TestCase):
             self.assertIn("bearer token", caught.exception.message)
             anonymous.close()
 
+    def test_a_token_file_is_read_again_when_it_changes(self):
+        """A client given token_file= (the C++ client's and grpcio's) sends the file's new token
+        once it changes: the server lists the old and new tokens, the clients' files are
+        rewritten, then the server drops the old ones (no grace period) and both still step."""
+        def write(path, text):
+            with open(path + ".new", "w") as f:
+                f.write(text)
+            os.replace(path + ".new", path)
+            return path
+        with ProcessGroup() as g:
+            server_tokens = write(os.path.join(g.dir, "server.tokens"), "old0 rank=0\nold1 rank=1\n")
+            server, port = g.start_server(ARGS.server, "--workers=2", "--mode=async", f"--token_file={server_tokens}",
+                                          "--token_grace_period=0s")
+            files = [write(os.path.join(g.dir, f"rank{r}.token"), f"old{r}\n") for r in range(2)]
+            clients = [summa.Client(f"127.0.0.1:{port}", rank=0, world_size=2, token_file=files[0]),
+                       summa.Client(f"127.0.0.1:{port}", rank=1, world_size=2, token_file=files[1], native=False)]
+            opts = [summa.ParameterServerOptimizer([torch.nn.Parameter(torch.ones(3))], client=c) for c in clients]
+
+            def step_all():
+                for opt in opts:
+                    opt.flat.params[0].grad = torch.full((3,), 1.0)
+                    opt.step(1)  # async: applied at once, whatever the other rank does
+
+            step_all()
+            write(server_tokens, "old0 rank=0\nold1 rank=1\nnew0 rank=0\nnew1 rank=1\n")
+            g.wait_for_log(server, "token files reloaded", 30)
+            for r in range(2):
+                write(files[r], f"new{r}\n")
+            time.sleep(summa.client.TOKEN_REFRESH_SECONDS + 0.5)  # the clients read their files again
+            write(server_tokens, "new0 rank=0\nnew1 rank=1\n")
+            wait_until("the server's second reload", lambda: g.log(server).count("token files reloaded") >= 2, 30)
+            step_all()  # with the old tokens these are UNAUTHENTICATED
+            self.assertEqual(int(clients[0].status().version), 4)
+            for c in clients:
+                c.close()
+
     def test_pip_installs_the_package_with_stubs_generated_from_the_proto(self):
         """pip install generates the stubs and builds summa._native through CMake (in this build
         tree, SUMMA_CMAKE_BUILD_DIR, where the target is up to date: a fresh configure and build

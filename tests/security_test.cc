@@ -2,7 +2,10 @@
 // tokens from scripts/make-certs.sh: TLS and mutual-TLS round trips, plaintext and certificate-
 // less clients refused, tokens (none, wrong, worker on an admin call), a push from a client that
 // never joined, a certificate rotated on disk picked up without a restart, and the plaintext
-// health-only port beside a TLS one (for kubelet's probes, which cannot speak TLS).
+// health-only port beside a TLS one (for kubelet's probes, which cannot speak TLS). Tokens scoped
+// to a rank: a Join and every member call as another rank refused on gRPC and on the socket data
+// plane, changing nothing (the rank's holder keeps its session); calls for the whole job refused
+// to a scoped token. (The token files' syntax and rotation: tests/tokens_test.cc.)
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
@@ -12,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -26,6 +30,7 @@
 #include "server/rpc/method_roles.h"
 #include "summa/v1/summa.grpc.pb.h"
 #include "client/ps_client.h"
+#include "tests/socket_frames.h"
 
 namespace summa {
 namespace {
@@ -301,6 +306,213 @@ TEST_F(SecurityTest, ARotatedCertificateIsServedWithoutARestart) {
   EXPECT_FALSE(with_ca(certs_ + "/ca.pem").ok()) << "the old CA no longer vouches for the server";
 }
 
+// A plaintext server of two ranks whose --token_file lists a bare token and one token for each
+// rank, with an admin token and the socket data plane: rank 0 and rank 1 joined, each with its
+// own token (rank 1's Join, the first, asked for rank -1: its token's rank).
+class ScopedTokenTest : public ::testing::Test {
+ protected:
+  static constexpr const char* kDenied = "this token is rank 0's (--token_file); it cannot act as rank 1";
+
+  void SetUp() override {
+    const std::string dir = ::testing::TempDir() + "/security_test_scoped_" +
+                            ::testing::UnitTest::GetInstance()->current_test_info()->name() + "_" +
+                            std::to_string(::getpid());
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir + "/workers") << "# the job's\nbare-token\n# each rank's\nzero-token rank=0\none-token rank=1\n";
+    std::ofstream(dir + "/admin") << "admin-token\n";
+    absl::StatusOr<TokenCheck> tokens = TokenCheck::Load({dir + "/workers", dir + "/admin"});
+    ASSERT_TRUE(tokens.ok()) << tokens.status();
+    server::ServerOptions o;
+    o.world_size = 2;
+    o.optimizer.learning_rate = 1.0;
+    o.barrier_deadline = absl::Seconds(20);
+    EndpointSecurity security;
+    security.tokens = *std::move(tokens);
+    auto s = server::SummaServer::Start("127.0.0.1:0", o, "", security, "", {}, "127.0.0.1:0");
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = *std::move(s);
+    address_ = "127.0.0.1:" + std::to_string(server_->port());
+    zero_ = Member("zero-token");
+    one_ = Member("one-token");
+    // Rank 1's first: the server would assign rank 0 to a Join for rank -1 by any other token.
+    absl::StatusOr<worker::JoinInfo> joined = one_->Join(-1, 2, Specs(), kInitial.data(), "");
+    ASSERT_TRUE(joined.ok()) << joined.status();
+    EXPECT_EQ(joined->rank, 1) << "a scoped token's Join for rank -1 is its rank's";
+    joined = zero_->Join(0, 2, Specs(), kInitial.data(), "");
+    ASSERT_TRUE(joined.ok()) << joined.status();
+  }
+
+  std::unique_ptr<worker::ParameterClient> Member(const std::string& token) {
+    auto client = std::make_unique<worker::ParameterClient>(address_, absl::Seconds(10), absl::Seconds(5), 1,
+                                                            ClientSecurity{{}, token});
+    client->set_data_plane(worker::DataPlane::kSocket);
+    return client;
+  }
+  static std::vector<TensorSpec> Specs() { return {{"w", DType::kFloat32, {4}}}; }
+
+  // Both ranks take step 0 of gradient 1: each is still a member, with its session.
+  void BothStep() {
+    const std::vector<float> grad = {1, 1, 1, 1};
+    std::vector<float> w0(4), w1(4);
+    absl::Status s0, s1;
+    std::thread t([&] { s1 = one_->PushPull(0, 1, grad.data(), w1.data(), nullptr).status(); });
+    s0 = zero_->PushPull(0, 1, grad.data(), w0.data(), nullptr).status();
+    t.join();
+    ASSERT_TRUE(s0.ok()) << s0;
+    ASSERT_TRUE(s1.ok()) << s1;
+    EXPECT_EQ(w0, (std::vector<float>{0, 1, 2, 3}));  // lr 1, the mean gradient 1
+    EXPECT_EQ(w1, w0);
+  }
+
+  // A typed stub's call of `method` with `token`: its status.
+  template <typename Request, typename Response>
+  grpc::Status Call(grpc::Status (pb::ParameterServer::Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+                    const Request& request, const std::string& token) {
+    auto stub = pb::ParameterServer::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    AttachToken(token, &ctx);
+    Response response;
+    return ((*stub).*method)(&ctx, request, &response);
+  }
+
+  // The same request on the socket data plane, on a connection whose hello carried `token`.
+  absl::StatusOr<test::RawReply> CallPlane(DataMethod method, const google::protobuf::MessageLite& request,
+                                           const std::string& token) {
+    socket_plane::OwnedFd fd = test::RawConnect(server_->data_port());
+    test::SendHello(fd.get(), "Bearer " + token);
+    absl::StatusOr<test::RawReply> hello = test::ReadReply(fd.get());
+    if (!hello.ok()) return hello.status();
+    if (hello->header.code != 0) return absl::InternalError("the hello was refused: " + hello->message);
+    test::SendRequest(fd.get(), static_cast<uint32_t>(method), request.SerializeAsString());
+    return test::ReadReply(fd.get());
+  }
+
+  static inline const std::vector<float> kInitial = {1, 2, 3, 4};
+  std::unique_ptr<server::SummaServer> server_;
+  std::string address_;
+  std::unique_ptr<worker::ParameterClient> zero_, one_;
+};
+
+// Rank 0's token cannot take rank 1 (a newer Join would fence rank 1's process): the Join is
+// refused naming both ranks, and rank 1's holder goes on with its session.
+TEST_F(ScopedTokenTest, AJoinAsAnotherRankIsRefusedAndItsHolderKeepsItsSession) {
+  std::unique_ptr<worker::ParameterClient> thief = Member("zero-token");
+  absl::StatusOr<worker::JoinInfo> joined = thief->Join(1, 2, Specs(), nullptr, "");
+  EXPECT_EQ(joined.status().code(), absl::StatusCode::kPermissionDenied) << joined.status();
+  EXPECT_EQ(joined.status().message(),
+            absl::StrCat("join ", address_, " as rank 1 failed after 1 attempts: ", kDenied));
+  pb::JoinRequest join;
+  join.set_rank(1);
+  join.set_world_size(2);
+  grpc::Status denied = Call(&pb::ParameterServer::Stub::Join, join, "zero-token");
+  EXPECT_EQ(denied.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(denied.error_message(), kDenied);
+  for (const server::MemberInfo& m : server_->core().Status().members) {
+    EXPECT_EQ(m.joins, 1) << "rank " << m.rank << " joined again";
+  }
+  EXPECT_TRUE(one_->Heartbeat(1).ok());
+  BothStep();
+}
+
+// Every member call that names a rank, with rank 0's token as rank 1: refused with the same
+// message on gRPC and on the socket plane, before the core sees it (nothing pushed, rank 1 not
+// made to leave, its session whole). Calls for the whole job are refused to a scoped token.
+TEST_F(ScopedTokenTest, EveryMemberCallAsAnotherRankIsRefusedOnGrpcAndTheSocketPlane) {
+  pb::HeartbeatRequest heartbeat;
+  heartbeat.set_rank(1);
+  pb::LeaveRequest leave;
+  leave.set_rank(1);
+  pb::RollBackRequest roll_back;
+  roll_back.set_rank(1);
+  pb::InitializeRequest initialize;
+  initialize.set_rank(1);
+  initialize.set_dtype(pb::DTYPE_FLOAT32);
+  initialize.set_data(std::string(16, '\0'));
+  pb::PushRequest push;
+  push.set_rank(1);
+  push.set_dtype(pb::DTYPE_FLOAT32);
+  push.set_num_examples(1);
+  push.set_data(std::string(16, '\0'));
+  pb::PullRequest pull;
+  pull.set_rank(1);
+  pb::AllReduceRequest member_sum;
+  member_sum.set_name("sum");
+  member_sum.set_rank(1);
+  member_sum.set_members(true);
+  SpecToProto({"t", DType::kFloat32, {1}}, member_sum.mutable_tensor());
+  member_sum.mutable_tensor()->set_data(std::string(4, '\0'));
+  pb::AllReduceRequest group_sum = member_sum;  // a fixed group's rank 1 of 2
+  group_sum.set_members(false);
+  group_sum.set_group_size(2);
+
+  using Stub = pb::ParameterServer::Stub;
+  const std::vector<std::pair<std::string, grpc::Status>> grpc_calls = {
+      {"Heartbeat", Call(&Stub::Heartbeat, heartbeat, "zero-token")},
+      {"Leave", Call(&Stub::Leave, leave, "zero-token")},
+      {"RollBack", Call(&Stub::RollBack, roll_back, "zero-token")},
+      {"Initialize", Call(&Stub::Initialize, initialize, "zero-token")},
+      {"Push", Call(&Stub::Push, push, "zero-token")},
+      {"Pull", Call(&Stub::Pull, pull, "zero-token")},
+      {"PushPull", Call(&Stub::PushPull, push, "zero-token")},
+      {"member AllReduce", Call(&Stub::AllReduce, member_sum, "zero-token")},
+      {"fixed-group AllReduce", Call(&Stub::AllReduce, group_sum, "zero-token")},
+  };
+  for (const auto& [what, status] : grpc_calls) {
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED) << what << ": " << status.error_message();
+    EXPECT_EQ(status.error_message(), kDenied) << what;
+  }
+  const std::vector<std::pair<DataMethod, const google::protobuf::MessageLite*>> plane_calls = {
+      {DataMethod::kInitialize, &initialize}, {DataMethod::kPush, &push}, {DataMethod::kPull, &pull},
+      {DataMethod::kPushPull, &push},         {DataMethod::kAllReduce, &member_sum},
+      {DataMethod::kAllReduce, &group_sum}};
+  for (const auto& [method, request] : plane_calls) {
+    absl::StatusOr<test::RawReply> reply = CallPlane(method, *request, "zero-token");
+    ASSERT_TRUE(reply.ok()) << DataMethodName(method) << ": " << reply.status();
+    EXPECT_EQ(reply->header.code, static_cast<uint32_t>(grpc::StatusCode::PERMISSION_DENIED))
+        << DataMethodName(method) << ": " << reply->message;
+    EXPECT_EQ(reply->message, kDenied) << DataMethodName(method);
+  }
+
+  // For the whole job: an operator's pull (rank -1), shard coordination.
+  pb::PullRequest operators_pull;
+  operators_pull.set_rank(-1);
+  grpc::Status whole = Call(&Stub::Pull, operators_pull, "zero-token");
+  EXPECT_EQ(whole.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(whole.error_message(), "Pull for rank -1 (no member's: an operator's) acts for the whole job: this token "
+                                   "is rank 0's (--token_file); use a bare token");
+  absl::StatusOr<test::RawReply> plane_pull = CallPlane(DataMethod::kPull, operators_pull, "zero-token");
+  ASSERT_TRUE(plane_pull.ok()) << plane_pull.status();
+  EXPECT_EQ(plane_pull->message, whole.error_message());
+  pb::ShardReport report;
+  report.set_shard(1);
+  report.set_shards(2);
+  grpc::Status follow = Call(&Stub::Follow, report, "zero-token");
+  EXPECT_EQ(follow.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(follow.error_message(), "Follow acts for the whole job: this token is rank 0's (--token_file); use a bare token");
+  // The bare token and the admin's act for the whole job: past the authorization, the call
+  // itself answers (an operator's pull of version 0; this server is not shard 0 of several).
+  EXPECT_TRUE(Call(&Stub::Pull, operators_pull, "bare-token").ok());
+  EXPECT_TRUE(Call(&Stub::Pull, operators_pull, "admin-token").ok());
+  EXPECT_EQ(Call(&Stub::Follow, report, "bare-token").error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  // A rank's own calls pass the scope (rank 1's heartbeat without its session: the core's refusal).
+  const grpc::Status own = Call(&Stub::Heartbeat, heartbeat, "one-token");
+  EXPECT_NE(own.error_code(), grpc::StatusCode::PERMISSION_DENIED) << own.error_message();
+  EXPECT_NE(own.error_code(), grpc::StatusCode::UNAUTHENTICATED) << own.error_message();
+  // The admin role stays the admin token's.
+  grpc::Status checkpoint = Call(&Stub::Checkpoint, pb::CheckpointRequest(), "zero-token");
+  EXPECT_EQ(checkpoint.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(checkpoint.error_message(), "an admin call needs the admin token (--admin_token_file), not a worker's");
+
+  // Nothing of it reached the core: no push, no leave, no contribution, no second session.
+  const server::StatusSnapshot status = server_->core().Status();
+  EXPECT_EQ(status.pushes_served, 0u);
+  ASSERT_EQ(status.members.size(), 2u);
+  for (const server::MemberInfo& m : status.members) EXPECT_EQ(m.state, server::MemberState::kAlive) << m.rank;
+  EXPECT_TRUE(one_->Heartbeat(1).ok());
+  BothStep();
+}
+
 namespace health = ::grpc::health::v1;
 
 // A plaintext health Check: the status's code, and the serving status when it is OK.
@@ -441,10 +653,12 @@ TEST(HealthServiceTest, WatchSendsEachChangeAndAtMostSixteenAtOnce) {
 }
 
 TEST(TransportTest, TokensCompareWholeAndFlagsAreChecked) {
-  EXPECT_TRUE(ConstantTimeEquals("abc", "abc"));
-  EXPECT_FALSE(ConstantTimeEquals("abc", "abd"));
-  EXPECT_FALSE(ConstantTimeEquals("abc", "abcd"));
-  EXPECT_FALSE(ConstantTimeEquals("", "a"));
+  const TokenCheck tokens("abc", "", false);
+  EXPECT_TRUE(tokens.Check("Bearer abc", Role::kWorker).ok());
+  EXPECT_EQ(tokens.Check("Bearer abd", Role::kWorker).code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(tokens.Check("Bearer abcd", Role::kWorker).code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(tokens.Check("Bearer ab", Role::kWorker).code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(tokens.Check("Bearer ", Role::kWorker).code(), absl::StatusCode::kUnauthenticated);
   EXPECT_EQ(ValidateTls({"a.pem", "", ""}, true).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ValidateTls({"", "", "ca.pem"}, true).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ValidateTls({"", "", ""}, false).code(), absl::StatusCode::kOk);

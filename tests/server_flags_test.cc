@@ -3,7 +3,11 @@
 // so that `summa-server` and a test's `ServerOptions()` run the same job.
 #include "server/flags.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <set>
 #include <string>
 #include <utility>
@@ -79,8 +83,16 @@ std::vector<std::pair<std::string, std::string>> AsFlags(const ServerOptions& o)
   };
 }
 
-std::vector<std::pair<std::string, std::string>> AsFlags(const TlsFiles& tls, const Coordinator& c) {
-  return {{"tls_cert", tls.cert}, {"tls_key", tls.key}, {"tls_ca", tls.ca}, {"coordinator", c.address}};
+std::vector<std::pair<std::string, std::string>> AsFlags(const TlsFiles& tls, const TokenFiles& tokens,
+                                                         const Coordinator& c) {
+  return {{"tls_cert", tls.cert},
+          {"tls_key", tls.key},
+          {"tls_ca", tls.ca},
+          {"token_file", tokens.worker},
+          {"admin_token_file", tokens.admin},
+          {"token_grace_period", Text(tokens.grace)},
+          {"status_needs_token", Text(tokens.status_needs_token)},
+          {"coordinator", c.address}};
 }
 
 // Flags whose default stands for something no field can hold, and what it is.
@@ -90,12 +102,10 @@ const std::vector<std::pair<std::string, std::string>> kSentinels = {
 };
 
 // Flags that fill no options struct: the listeners main starts (SummaServer::Start's arguments,
-// all but --address empty by default there too), the files tokens are read from, a switch of
-// TokenCheck's constructor.
+// all but --address empty by default there too).
 const std::set<std::string> kNoField = {
     "address",        "port_file",        "metrics_address", "metrics_port_file", "health_address",
-    "health_port_file", "data_address",   "data_port_file",  "trace_file",        "token_file",
-    "admin_token_file", "status_needs_token",
+    "health_port_file", "data_address",   "data_port_file",  "trace_file",
     // --mode=diloco's outer optimizer: they fill `optimizer` then, in place of its own flags.
     "outer_optimizer", "outer_lr", "outer_momentum"};
 
@@ -114,7 +124,7 @@ std::string SentinelOf(const std::string& name) {
 
 TEST(ServerFlagsTest, EachFlagDefaultsToItsFieldsDefault) {
   std::vector<std::pair<std::string, std::string>> fields = AsFlags(ServerOptions());
-  for (auto& f : AsFlags(TlsFiles(), Coordinator())) fields.push_back(f);
+  for (auto& f : AsFlags(TlsFiles(), TokenFiles(), Coordinator())) fields.push_back(f);
   for (const auto& [name, field] : fields) {
     const std::string sentinel = SentinelOf(name);
     EXPECT_EQ(DefaultOf(name), sentinel.empty() ? field : sentinel)
@@ -135,7 +145,9 @@ TEST(ServerFlagsTest, TheDefaultFlagsGiveTheDefaultOptions) {
   ASSERT_TRUE(security.ok()) << security.status();
   absl::StatusOr<Coordinator> coordinator = CoordinatorFromFlags();
   ASSERT_TRUE(coordinator.ok()) << coordinator.status();
-  EXPECT_EQ(AsFlags(security->tls, *coordinator), AsFlags(TlsFiles(), Coordinator()));
+  EXPECT_EQ(AsFlags(security->tls, TokenFilesFromFlags(), *coordinator),
+            AsFlags(TlsFiles(), TokenFiles(), Coordinator()));
+  EXPECT_FALSE(security->tokens.any());
 }
 
 // Sets flags from "name=value" items for the scope of the FlagSaver the caller holds.
@@ -196,11 +208,44 @@ TEST(ServerFlagsTest, DilocoTakesTheOuterOptimizerAndRefusesTheServersOwn) {
   }
 }
 
+// The token flags are checked at start: a bad line of --token_file named by file and line, a
+// negative grace period, a shard coordinator whose --token_file has no bare token to call with.
+TEST(ServerFlagsTest, TokenFilesAreCheckedAtStart) {
+  ::unsetenv("HOSTNAME");
+  const std::string dir = ::testing::TempDir() + "/server_flags_test_tokens_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/bad") << "# the job's\nbare\nzero rank=zero\n";
+  std::ofstream(dir + "/scoped") << "zero rank=0\none rank=1\n";
+  {
+    absl::FlagSaver restore;
+    SetFlags({"token_file=" + dir + "/bad"});
+    const absl::Status s = SecurityFromFlags().status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(s.message(), "--token_file " + dir + "/bad line 3: rank=zero is not a rank (a whole number, 0 or more; "
+                           "a bare token speaks for any rank)");
+  }
+  {
+    absl::FlagSaver restore;
+    SetFlags({"token_file=" + dir + "/scoped", "token_grace_period=-1s"});
+    EXPECT_EQ(SecurityFromFlags().status().message(), "--token_grace_period must be 0 or more, got -1s");
+  }
+  {
+    absl::FlagSaver restore;
+    SetFlags({"token_file=" + dir + "/scoped", "coordinator=127.0.0.1:1"});
+    absl::StatusOr<EndpointSecurity> security = SecurityFromFlags();
+    ASSERT_TRUE(security.ok()) << security.status();
+    EXPECT_TRUE(security->tokens.any());
+    EXPECT_EQ(CoordinatorFromFlags().status().message(),
+              "--coordinator: --token_file " + dir + "/scoped lists no bare token: a shard calls shard 0 "
+              "(--coordinator) for the whole job, which a token scoped to one rank (rank=) cannot do");
+  }
+}
+
 // A new flag is either one of a field, and checked above, or named in kNoField.
 TEST(ServerFlagsTest, EveryFlagIsCheckedOrFillsNoField) {
   std::set<std::string> checked = kNoField;
   for (const auto& f : AsFlags(ServerOptions())) checked.insert(f.first);
-  for (const auto& f : AsFlags(TlsFiles(), Coordinator())) checked.insert(f.first);
+  for (const auto& f : AsFlags(TlsFiles(), TokenFiles(), Coordinator())) checked.insert(f.first);
   int ours = 0;
   for (const auto& [name, flag] : absl::GetAllFlags()) {
     if (!absl::EndsWith(flag->Filename(), "server/flags.cc")) continue;

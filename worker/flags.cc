@@ -125,7 +125,9 @@ ABSL_FLAG(std::string, tls_cert, WorkerOptions().tls.cert,
           "(mTLS), and served on the status endpoint; with --tls_key");
 ABSL_FLAG(std::string, tls_key, WorkerOptions().tls.key, "PEM private key of --tls_cert");
 ABSL_FLAG(std::string, token_file, WorkerOptions().token_file,
-          "file holding the bearer token the server asks members for (summa-server --token_file)");
+          "file holding the bearer token the server asks members for (summa-server --token_file: "
+          "a token scoped to a rank acts only as that rank), alone; read again when it changes "
+          "(every 5 s), so a rotated secret needs no restart");
 ABSL_FLAG(int, channels, WorkerOptions().channels,
           "TCP connections to summa-server; the model's partitions are spread over them (partition i "
           "on connection i mod channels). More than 1 helps only where one connection is the limit");

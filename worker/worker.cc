@@ -135,9 +135,9 @@ absl::Status RunWorker(const WorkerOptions& options) {
   }
   SUMMA_RETURN_IF_ERROR(ValidateTls(options.tls, /*server=*/false));
   SUMMA_RETURN_IF_ERROR(CheckMetricsAddress(options.metrics_address, options.tls));
-  std::string token;
+  ClientToken token;  // its file read again when it changes: a rotated secret needs no restart
   if (!options.token_file.empty()) {
-    SUMMA_ASSIGN_OR_RETURN(token, ReadTokenFile(options.token_file));
+    SUMMA_ASSIGN_OR_RETURN(token, ClientToken::FromFile(options.token_file));
   }
   if (options.channels < 1 || options.channels > 64) {
     return absl::InvalidArgumentError(absl::StrCat("--channels must be in [1, 64], got ", options.channels));

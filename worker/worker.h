@@ -40,7 +40,7 @@ struct WorkerOptions {
   bool after_training_wait = false;
   std::string example_log;  // when set: appended to, a line per attempt at a step (TrainerOptions)
   // TLS toward the server (its CA; this worker's certificate and key for mTLS, also served on
-  // the status endpoint) and the token file read at start.
+  // the status endpoint) and the token file, read at start and again when it changes.
   TlsFiles tls;
   std::string token_file;
 #if SUMMA_FAULT_INJECTION

@@ -1,13 +1,14 @@
 // Security at the gRPC edge, the same for every endpoint Summa serves or calls: TLS, mutual TLS
 // when a server is given a CA, certificates reloaded when their files change (gRPC's file
-// watcher), and bearer tokens read from files and compared in constant time. The core never sees
-// any of it.
+// watcher), and bearer tokens (common/rpc/tokens.h: read from files and read again when they
+// change, worker tokens optionally scoped to one rank). The core never sees any of it.
 //
 // Roles: a worker token admits the members' calls (Join, Heartbeat, Leave, Initialize, Push,
 // Pull, PushPull, AllReduce); the admin token admits those and the admin calls (Checkpoint);
 // GetStatus, health and reflection are open unless status_needs_token. Members' calls are open
 // while no worker token is set; once any token is, an admin call needs the admin token (refused
-// outright when there is none).
+// outright when there is none). A worker token scoped to rank R acts only as R: the server's
+// table of methods (server/rpc/method_roles.h) says which rank each call acts as.
 #ifndef SUMMA_COMMON_RPC_TRANSPORT_H_
 #define SUMMA_COMMON_RPC_TRANSPORT_H_
 
@@ -19,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/rpc/tokens.h"
 
 namespace summa {
 
@@ -32,6 +34,7 @@ struct TlsFiles {
 
 // How often the certificate files are read again (a rotated certificate is used from then on).
 inline constexpr unsigned kCertificateRefreshSeconds = 5;
+static_assert(kTokenRefreshSeconds == kCertificateRefreshSeconds, "tokens and certificates rotate alike");
 
 // INVALID_ARGUMENT naming the flag: a certificate without its key or the other way round, a
 // server CA without a server certificate, a client with TLS but no CA to trust, a file that
@@ -45,35 +48,6 @@ std::shared_ptr<grpc::ChannelCredentials> ChannelCredentialsFor(const TlsFiles& 
 // metrics are then scraped from the same host or pod).
 absl::Status CheckMetricsAddress(const std::string& address, const TlsFiles& tls);
 
-// The token in `path`, without surrounding whitespace; INVALID_ARGUMENT when unreadable or empty.
-absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
-
-// Equal bytes, in time that depends on the lengths only.
-bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
-
-enum class Role { kStatus, kWorker, kAdmin };
-
-class TokenCheck {
- public:
-  TokenCheck() = default;  // everything open
-  TokenCheck(std::string worker_token, std::string admin_token, bool status_needs_token)
-      : worker_(std::move(worker_token)), admin_(std::move(admin_token)), status_needs_token_(status_needs_token) {}
-
-  // OK, or UNAUTHENTICATED (no token, or one that matches none) or PERMISSION_DENIED (a worker
-  // token on an admin call), naming the flag that sets the token.
-  absl::Status Check(const grpc::ServerContextBase& context, Role role) const;
-  // The same for a call whose "authorization" value (empty when it sent none) came another way
-  // (the socket data plane's hello, common/rpc/socket_frame.h).
-  absl::Status Check(absl::string_view authorization, Role role) const;
-
-  bool any() const { return !worker_.empty() || !admin_.empty(); }
-
- private:
-  std::string worker_;
-  std::string admin_;
-  bool status_needs_token_ = false;
-};
-
 // What an endpoint serves with: its TLS files and the tokens its calls need.
 struct EndpointSecurity {
   TlsFiles tls;
@@ -81,14 +55,11 @@ struct EndpointSecurity {
 };
 
 // What a client calls with: the TLS files (the CA it trusts; its own certificate for mTLS) and
-// the token it sends.
+// the token it sends (fixed, or its file's, read again when it changes).
 struct ClientSecurity {
   TlsFiles tls;
-  std::string token;
+  ClientToken token;
 };
-
-// Adds "authorization: Bearer <token>" to a call (nothing when `token` is empty).
-void AttachToken(const std::string& token, grpc::ClientContext* context);
 
 }  // namespace summa
 

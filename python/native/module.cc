@@ -62,13 +62,20 @@ Floats FloatBuffer(const py::buffer& b, bool writable, int64_t floats, const cha
 
 class NativeClient {
  public:
+  // `token_file`, when given, in place of `token`: read again when it changes (ClientToken).
   NativeClient(const std::string& address, double call_timeout, double join_timeout, const std::string& token,
                const std::string& ca, const std::string& cert, const std::string& key, const std::string& plane,
-               int channels) {
+               int channels, const std::string& token_file) {
     absl::StatusOr<DataPlane> parsed = ParseDataPlane(plane);
     Check(parsed.status());
+    ClientToken sent = token;
+    if (!token_file.empty()) {
+      absl::StatusOr<ClientToken> read = ClientToken::FromFile(token_file);
+      Check(read.status());
+      sent = *std::move(read);
+    }
     client_ = std::make_unique<ParameterClient>(address, absl::Seconds(call_timeout), absl::Seconds(join_timeout),
-                                                channels, ClientSecurity{TlsFiles{cert, key, ca}, token});
+                                                channels, ClientSecurity{TlsFiles{cert, key, ca}, sent});
     client_->set_data_plane(*parsed);
     leases_ = std::make_unique<LeaseKeeper>(client_.get());
   }
@@ -281,10 +288,10 @@ PYBIND11_MODULE(_native, m) {
   summa::worker::g_error = error.ptr();
   py::class_<NativeClient>(m, "Client")
       .def(py::init<const std::string&, double, double, const std::string&, const std::string&, const std::string&,
-                    const std::string&, const std::string&, int>(),
+                    const std::string&, const std::string&, int, const std::string&>(),
            py::arg("address"), py::arg("call_timeout"), py::arg("join_timeout"), py::arg("token") = "",
            py::arg("ca") = "", py::arg("cert") = "", py::arg("key") = "", py::arg("data_plane") = "auto",
-           py::arg("channels") = 1)
+           py::arg("channels") = 1, py::arg("token_file") = "")
       .def("join", &NativeClient::Join, py::arg("rank"), py::arg("world"), py::arg("specs"), py::arg("initial"),
            py::arg("takes_local_steps") = false)
       .def("pull", &NativeClient::Pull)

@@ -38,7 +38,8 @@ def init(server=None, rank=None, world_size=None, token=None, tls=None, **client
     """Connects this process to summa-server. `server` defaults to $SUMMA_SERVER, then
     127.0.0.1:50051; `rank` to $RANK, then $JOB_COMPLETION_INDEX (torchrun, a Kubernetes indexed
     Job), then 0 for a single process and otherwise -1 (the server assigns one at the join);
-    `world_size` to $WORLD_SIZE, then 1; `token` to the contents of $SUMMA_TOKEN_FILE. `tls`: None
+    `world_size` to $WORLD_SIZE, then 1; `token` to the token in $SUMMA_TOKEN_FILE (read again when
+    the file changes, so a rotated secret needs no restart; Client's token_file=). `tls`: None
     (plaintext), True (system roots), a CA file, or summa.TLS(ca, cert, key) for mutual TLS.
     The join itself happens when a ParameterServerOptimizer is built (it needs the model)."""
     global _client
@@ -51,9 +52,8 @@ def init(server=None, rank=None, world_size=None, token=None, tls=None, **client
         rank = _env_rank()
     if rank is None:
         rank = 0 if world_size == 1 else -1
-    if token is None and os.environ.get("SUMMA_TOKEN_FILE"):
-        with open(os.environ["SUMMA_TOKEN_FILE"]) as f:
-            token = f.read().strip()
+    if token is None and os.environ.get("SUMMA_TOKEN_FILE") and "token_file" not in client_options:
+        client_options["token_file"] = os.environ["SUMMA_TOKEN_FILE"]
     _client = Client(server, rank=rank, world_size=world_size, token=token, tls=tls, **client_options)
     return _client
 

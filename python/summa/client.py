@@ -38,6 +38,8 @@ _SERVICE = "/summa.v1.ParameterServer/"
 # as ParameterClient::AllReduceInto cuts them (kAllReduceChunkBytes).
 ALLREDUCE_CHUNK_BYTES = 4 << 20
 _INITIALIZE_WINDOW = 8
+# How often a token file is read again (common/rpc/tokens.h's kTokenRefreshSeconds).
+TOKEN_REFRESH_SECONDS = 5
 
 # What Join returned, as the trainer needs it.
 Joined = collections.namedtuple(
@@ -50,6 +52,40 @@ TLS = collections.namedtuple("TLS", "ca cert key", defaults=(None, None, None))
 def _read(path):
     with open(path, "rb") as f:
         return f.read()
+
+
+class _TokenFile:
+    """A token file read again once TOKEN_REFRESH_SECONDS have passed since the last read (the
+    C++ client's ClientToken does the same), so that a rotated secret goes out from then on; a
+    read that fails keeps the token read last. Thread-safe (the heartbeat thread reads it too)."""
+
+    def __init__(self, path):
+        self.path = path
+        self._lock = threading.Lock()
+        self._token = self._read()  # the first read's error is the caller's
+        self._next = time.monotonic() + TOKEN_REFRESH_SECONDS
+
+    def _read(self):
+        with open(self.path) as f:
+            words = f.read().split()
+        if len(words) != 1:
+            raise ValueError(f"token file {self.path}: {'empty' if not words else 'more than one word'}; "
+                             "a client's token file holds its token alone")
+        return words[0]
+
+    def current(self):
+        with self._lock:
+            if time.monotonic() >= self._next:
+                self._next = time.monotonic() + TOKEN_REFRESH_SECONDS
+                try:
+                    token = self._read()
+                except (OSError, ValueError) as e:
+                    log.warning("%s; calls carry the token read before", e)
+                else:
+                    if token != self._token:
+                        log.info("token file %s changed: calls carry its new token from now on", self.path)
+                        self._token = token
+            return self._token
 
 
 def _credentials(tls):
@@ -66,14 +102,16 @@ def _credentials(tls):
 
 
 class Client:
-    """`server` is host:port. `token` is sent as "authorization: Bearer <token>" on every call;
+    """`server` is host:port. `token` is sent as "authorization: Bearer <token>" on every call
+    (`token_file`, in its place: the file's token, read again when it changes);
     `tls` is None (plaintext), True, a CA path or TLS(ca, cert, key). `call_timeout` bounds each
     call (a push-pull waits for the slowest worker: keep it past the server's --barrier_deadline),
     `join_timeout` the join with its retries, `retry_timeout` the rejoins through a lost server,
     counted from the last good step."""
 
     def __init__(self, server, rank=-1, world_size=1, token=None, tls=None, call_timeout=660.0,
-                 join_timeout=120.0, retry_timeout=300.0, data_plane="auto", channels=1, native=None):
+                 join_timeout=120.0, retry_timeout=300.0, data_plane="auto", channels=1, native=None,
+                 token_file=None):
         """`data_plane`: "auto" (the socket plane where the server offers one), "grpc" or "socket"
         (summa-worker --data_plane); `channels`: TCP connections per shard for gRPC. `native`:
         None uses the C++ client where it was built, True requires it, False takes grpcio."""
@@ -98,10 +136,11 @@ class Client:
             try:
                 self.native = _native.Client(server, float(call_timeout), float(join_timeout), token or "",
                                              files.ca or "", files.cert or "", files.key or "",
-                                             data_plane, int(channels))
+                                             data_plane, int(channels), token_file or "")
             except _native.NativeError as e:
                 raise from_native(e, "client") from None
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._token_file = _TokenFile(token_file) if token_file else None
+        self._token = token
         # The server enforces its own --max_message_bytes; this side takes what it is sent.
         options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
         if tls:
@@ -118,6 +157,11 @@ class Client:
         self._heartbeat_stop = None
         self._heartbeat_thread = None
         self.heartbeat_error = None  # the last failed heartbeat (a fenced session, say)
+
+    @property
+    def _metadata(self):
+        token = self._token_file.current() if self._token_file else self._token
+        return (("authorization", f"Bearer {token}"),) if token else ()
 
     # --- control calls -------------------------------------------------------------------------
 

@@ -95,7 +95,7 @@ void ShardFollower::Loop() {
     pb::ShardView view;
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + interval_ + absl::Seconds(2)));
-    AttachToken(token_, &ctx);
+    AttachToken(token_.Current(), &ctx);
     pb::ShardReport report = ReportOf(*core_);
     report.set_wait_ms(static_cast<uint32_t>(std::clamp<int64_t>(absl::ToInt64Milliseconds(interval_), 1, INT32_MAX)));
     {

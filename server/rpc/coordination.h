@@ -67,7 +67,7 @@ class ShardFollower {
   void Loop();
 
   const std::string coordinator_;
-  const std::string token_;
+  const ClientToken token_;  // its file read again when it changes
   ParameterServer* const core_;  // Not owned.
   const absl::Duration interval_;
   const absl::Duration give_up_;

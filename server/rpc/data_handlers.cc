@@ -147,6 +147,12 @@ std::shared_ptr<Parked> PullCall(const ParameterServer* core, DataCall* call, ui
 
 void Done(DataCall* call, const absl::Status& status) { call->Answer(ToGrpcStatus(status)); }
 
+// OK when `caller` may act as `rank`, the rank a request of `method` names (ActingRank).
+absl::Status MayActAs(const Caller& caller, DataMethod method, int rank) {
+  const absl::string_view name = DataMethodName(method);
+  return ActingRank(caller, {name.data(), name.size()}, rank).status();
+}
+
 }  // namespace
 
 int64_t ParameterServerService::request_buffer_bytes() {
@@ -155,30 +161,30 @@ int64_t ParameterServerService::request_buffer_bytes() {
 
 void ParameterServerService::ServeData(DataMethod method, DataCall* call) {
   const absl::string_view name = DataMethodName(method);
-  if (absl::Status auth = call->Authorize(*tokens_, RequiredRole({name.data(), name.size()})); !auth.ok()) {
-    return Done(call, auth);
-  }
+  const absl::StatusOr<Caller> caller = call->Identify(*tokens_, RequiredRole({name.data(), name.size()}));
+  if (!caller.ok()) return Done(call, caller.status());
   switch (method) {
     case DataMethod::kInitialize:
-      return ServeInitialize(call);
+      return ServeInitialize(call, *caller);
     case DataMethod::kPush:
-      return ServePush(call);
+      return ServePush(call, *caller);
     case DataMethod::kPull:
-      return ServePull(call);
+      return ServePull(call, *caller);
     case DataMethod::kPushPull:
-      return ServePushPull(call);
+      return ServePushPull(call, *caller);
     case DataMethod::kAllReduce:
-      return ServeAllReduce(call);
+      return ServeAllReduce(call, *caller);
   }
 }
 
-void ParameterServerService::ServePush(DataCall* call) {
+void ParameterServerService::ServePush(DataCall* call, const Caller& caller) {
   pb::PushRequest header;
   RequestValues request_values;  // given back and counted when the handler returns
   Scratch& values = request_values.scratch();
   absl::StatusOr<PushRequestView> view =
       ParsePush(*call, &header, &values, core_->options().tracer);
   if (!view.ok()) return Done(call, view.status());
+  if (absl::Status s = MayActAs(caller, DataMethod::kPush, view->rank); !s.ok()) return Done(call, s);
   absl::StatusOr<PeerBudget::Hold> bytes = in_flight_.Take(PeerKey(view->rank, view->peer), view->data.size());
   if (!bytes.ok()) return Done(call, bytes.status());
   absl::StatusOr<bool> completed = core_->Push(*view);
@@ -190,7 +196,7 @@ void ParameterServerService::ServePush(DataCall* call) {
   Done(call, completed.status());
 }
 
-void ParameterServerService::ServeInitialize(DataCall* call) {
+void ParameterServerService::ServeInitialize(DataCall* call, const Caller& caller) {
   pb::InitializeRequest header;
   RequestValues request_values;  // given back and counted when the handler returns
   Scratch& values = request_values.scratch();
@@ -198,6 +204,7 @@ void ParameterServerService::ServeInitialize(DataCall* call) {
   absl::string_view data;
   absl::Status parsed = ParseRequest(*call, kDataPath, &values, &data, &header);
   if (!parsed.ok()) return Done(call, parsed);
+  if (absl::Status s = MayActAs(caller, DataMethod::kInitialize, header.rank()); !s.ok()) return Done(call, s);
   InitializeView view;
   view.rank = header.rank();
   view.session = header.session();
@@ -216,10 +223,11 @@ void ParameterServerService::ServeInitialize(DataCall* call) {
   return Done(call, applied.status());
 }
 
-void ParameterServerService::ServePull(DataCall* call) {
+void ParameterServerService::ServePull(DataCall* call, const Caller& caller) {
   pb::PullRequest r;
   absl::Status parsed = ParseWithBytes(call->request(), {}, nullptr, &r);
   if (!parsed.ok()) return Done(call, parsed);
+  if (absl::Status s = MayActAs(caller, DataMethod::kPull, r.rank()); !s.ok()) return Done(call, s);
   const std::optional<WireDType> dtype = WireDTypeFromProto(r.dtype(), /*unspecified_is_float32=*/true);
   if (!dtype.has_value()) {
     return Done(call, absl::InvalidArgumentError(absl::StrCat(
@@ -232,13 +240,14 @@ void ParameterServerService::ServePull(DataCall* call) {
               PullCall(core_, call, r.partition(), *dtype, {*std::move(parked), {}}));
 }
 
-void ParameterServerService::ServePushPull(DataCall* call) {
+void ParameterServerService::ServePushPull(DataCall* call, const Caller& caller) {
   pb::PushRequest header;
   RequestValues request_values;  // given back and counted when the handler returns
   Scratch& values = request_values.scratch();
   absl::StatusOr<PushRequestView> view =
       ParsePush(*call, &header, &values, core_->options().tracer);
   if (!view.ok()) return Done(call, view.status());
+  if (absl::Status s = MayActAs(caller, DataMethod::kPushPull, view->rank); !s.ok()) return Done(call, s);
   const std::string peer = PeerKey(view->rank, view->peer);
   absl::StatusOr<PeerBudget::Hold> bytes = in_flight_.Take(peer, view->data.size());
   if (!bytes.ok()) return Done(call, bytes.status());
@@ -250,7 +259,7 @@ void ParameterServerService::ServePushPull(DataCall* call) {
                                   {*std::move(parked), {}}));
 }
 
-void ParameterServerService::ServeAllReduce(DataCall* call) {
+void ParameterServerService::ServeAllReduce(DataCall* call, const Caller& caller) {
   pb::AllReduceRequest header;
   RequestValues request_values;  // given back and counted when the handler returns
   Scratch& values = request_values.scratch();
@@ -258,6 +267,7 @@ void ParameterServerService::ServeAllReduce(DataCall* call) {
   absl::string_view data;
   absl::Status parsed = ParseRequest(*call, kDataPath, &values, &data, &header);
   if (!parsed.ok()) return Done(call, parsed);
+  if (absl::Status s = MayActAs(caller, DataMethod::kAllReduce, header.rank()); !s.ok()) return Done(call, s);
   absl::StatusOr<TensorSpec> spec = SpecFromProto(header.tensor());
   if (!spec.ok()) return Done(call, spec.status());
   // A fixed group's rank is the caller's say-so, not an identity: its calls count against its address.

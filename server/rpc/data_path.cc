@@ -72,7 +72,9 @@ class AsyncCall final : public DataCall {
   }
 
   std::string peer() const override { return context_.peer(); }
-  absl::Status Authorize(const TokenCheck& tokens, Role role) const override { return tokens.Check(context_, role); }
+  absl::StatusOr<Caller> Identify(const TokenCheck& tokens, Role role) const override {
+    return tokens.Identify(context_, role);
+  }
   const grpc::ByteBuffer& request() const override { return request_; }
   grpc::ByteBuffer* response() override { return &response_; }
   void Answer(const grpc::Status& status) override {

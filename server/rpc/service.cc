@@ -33,17 +33,22 @@ absl::StatusOr<ExportedModel> ExportWhenOneVersion(ParameterServer& core, const 
   return exported;
 }
 
-grpc::Status ParameterServerService::Authorize(const grpc::ServerContextBase& context,
-                                               std::string_view method) const {
-  return ToGrpcStatus(tokens_->Check(context, RequiredRole(method)));
+grpc::Status ParameterServerService::Authorize(const grpc::ServerContextBase& context, std::string_view method,
+                                               int rank, int* acting) const {
+  absl::StatusOr<Caller> caller = tokens_->Identify(context, RequiredRole(method));
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  absl::StatusOr<int> as = ActingRank(*caller, method, rank);
+  if (!as.ok()) return ToGrpcStatus(as.status());
+  if (acting != nullptr) *acting = *as;
+  return grpc::Status::OK;
 }
 
 grpc::Status ParameterServerService::Join(grpc::ServerContext* context, const pb::JoinRequest* request,
                                           pb::JoinResponse* response) {
-  if (grpc::Status denied = Authorize(*context, "Join"); !denied.ok()) return denied;
-  if (absl::Status rate = joins_.Take(); !rate.ok()) return ToGrpcStatus(rate);
   JoinRequestView view;
-  view.rank = request->rank();
+  // A rank-scoped token's Join for rank -1 is one for its own rank.
+  if (grpc::Status denied = Authorize(*context, "Join", request->rank(), &view.rank); !denied.ok()) return denied;
+  if (absl::Status rate = joins_.Take(); !rate.ok()) return ToGrpcStatus(rate);
   view.world_size = request->world_size();
   view.peer = context->peer();
   view.status_address = request->status_address();
@@ -87,7 +92,7 @@ grpc::Status ParameterServerService::Join(grpc::ServerContext* context, const pb
 
 grpc::Status ParameterServerService::Heartbeat(grpc::ServerContext* context, const pb::HeartbeatRequest* request,
                                                pb::HeartbeatResponse* response) {
-  if (grpc::Status denied = Authorize(*context, "Heartbeat"); !denied.ok()) return denied;
+  if (grpc::Status denied = Authorize(*context, "Heartbeat", request->rank()); !denied.ok()) return denied;
   absl::Status s = core_->Heartbeat(request->rank(), request->session());
   if (s.ok()) {
     response->set_version(core_->version());
@@ -98,7 +103,7 @@ grpc::Status ParameterServerService::Heartbeat(grpc::ServerContext* context, con
 
 grpc::Status ParameterServerService::Leave(grpc::ServerContext* context, const pb::LeaveRequest* request,
                                            pb::LeaveResponse* response) {
-  if (grpc::Status denied = Authorize(*context, "Leave"); !denied.ok()) return denied;
+  if (grpc::Status denied = Authorize(*context, "Leave", request->rank()); !denied.ok()) return denied;
   return ToGrpcStatus(core_->Leave(request->rank(), request->session()));
 }
 
@@ -135,7 +140,7 @@ grpc::Status ParameterServerService::Export(grpc::ServerContext* context, const 
 
 grpc::Status ParameterServerService::RollBack(grpc::ServerContext* context, const pb::RollBackRequest* request,
                                               pb::RollBackResponse* response) {
-  if (grpc::Status denied = Authorize(*context, "RollBack"); !denied.ok()) return denied;
+  if (grpc::Status denied = Authorize(*context, "RollBack", request->rank()); !denied.ok()) return denied;
   // Reads a checkpoint file: on the daemon's thread, one at a time with the checkpoints it writes.
   absl::StatusOr<bool> rolled;
   OnDaemonThread([&] {

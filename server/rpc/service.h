@@ -51,10 +51,10 @@ class Answerable {
 // handler or after it returned; nothing of the call is touched after it.
 class DataCall : public Answerable {
  public:
-  // Who called (gRPC's peer string: "ipv4:127.0.0.1:5555"), and whether the call's token
-  // admits `role`.
+  // Who called (gRPC's peer string: "ipv4:127.0.0.1:5555"), and who its token says it is, if the
+  // token admits `role` (TokenCheck::Identify).
   virtual std::string peer() const = 0;
-  virtual absl::Status Authorize(const TokenCheck& tokens, Role role) const = 0;
+  virtual absl::StatusOr<Caller> Identify(const TokenCheck& tokens, Role role) const = 0;
   virtual const grpc::ByteBuffer& request() const = 0;
   // The request as one piece of memory (starting on a 16-byte boundary) that the handler may
   // write over and that lives while it runs, where it came so (the socket data plane's): its
@@ -150,7 +150,8 @@ class ParameterServerService final : public ServiceBase {
   }
 
   // A data-path call (from gRPC's data path, server/rpc/data_path.h, or the socket plane), on the
-  // thread that read it: authorized by server/rpc/method_roles.h's table, then served.
+  // thread that read it: authorized by server/rpc/method_roles.h's table (the token's role, then,
+  // once its request is parsed, the rank it acts as), then served.
   void ServeData(DataMethod method, DataCall* call);
   // The bytes the data path's threads keep in their request buffers between calls (at most
   // 16 MiB a thread): memory the limits do not hold per peer, shown in GetStatus.
@@ -164,14 +165,17 @@ class ParameterServerService final : public ServiceBase {
   void StopHoldingReports();
 
  private:
-  // OK when the call's token holds the role server/rpc/method_roles.h gives `method`; the
-  // refusal to answer with otherwise.
-  grpc::Status Authorize(const grpc::ServerContextBase& context, std::string_view method) const;
-  void ServeInitialize(DataCall* call);
-  void ServePush(DataCall* call);
-  void ServePull(DataCall* call);
-  void ServePushPull(DataCall* call);
-  void ServeAllReduce(DataCall* call);
+  // OK when the call's token holds the role server/rpc/method_roles.h gives `method` and may act
+  // as the request's `rank` (ActingRank; kAnyRank for a method whose request names none), with
+  // the rank it acts as in `*acting` (when given); the refusal to answer with otherwise.
+  grpc::Status Authorize(const grpc::ServerContextBase& context, std::string_view method, int rank = kAnyRank,
+                         int* acting = nullptr) const;
+  // Each refuses a request whose rank `caller` may not act as (ActingRank) before anything else.
+  void ServeInitialize(DataCall* call, const Caller& caller);
+  void ServePush(DataCall* call, const Caller& caller);
+  void ServePull(DataCall* call, const Caller& caller);
+  void ServePushPull(DataCall* call, const Caller& caller);
+  void ServeAllReduce(DataCall* call, const Caller& caller);
 
   // Runs `task` on the daemon's thread (Background) and waits for it.
   void OnDaemonThread(absl::FunctionRef<void()> task);

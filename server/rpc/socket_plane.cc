@@ -93,8 +93,8 @@ class SocketCall final : public DataCall {
         wake_(wake) {}
 
   std::string peer() const override { return peer_; }
-  absl::Status Authorize(const TokenCheck& tokens, Role role) const override {
-    return tokens.Check(authorization_, role);
+  absl::StatusOr<Caller> Identify(const TokenCheck& tokens, Role role) const override {
+    return tokens.Identify(authorization_, role);
   }
   const grpc::ByteBuffer& request() const override { return request_; }
   std::optional<absl::Span<char>> whole_request() override { return whole_; }

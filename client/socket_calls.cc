@@ -53,12 +53,30 @@ void SocketCalls::Wake() {
 SocketCalls::~SocketCalls() = default;
 
 absl::Status SocketCalls::Open(int shard, absl::Time deadline) {
+  absl::Duration backoff = kFirstHelloBackoff;
+  for (int attempt = 1;; ++attempt) {
+    bool connected = false;
+    absl::Status opened = OpenOnce(shard, deadline, &connected);
+    // A connection closed before its hello's answer came was, most likely, evicted by a server
+    // flooded with connections that never say their hello (server/rpc/socket_plane.h): a new one
+    // soon gets through. An answer (a refusal) or a plane that cannot be reached is final.
+    if (opened.ok() || !connected || !absl::IsUnavailable(opened) || attempt == kHelloAttempts ||
+        absl::Now() + backoff >= deadline) {
+      return opened;
+    }
+    absl::SleepFor(backoff);
+    backoff *= 2;
+  }
+}
+
+absl::Status SocketCalls::OpenOnce(int shard, absl::Time deadline, bool* connected) {
   const Endpoint& e = shards_[shard];
   absl::StatusOr<socket_plane::OwnedFd> fd = socket_plane::Connect(e.host, e.port, deadline);
   if (!fd.ok()) {
     lost_ = true;
     return fd.status();
   }
+  *connected = true;
   const std::string what = absl::StrCat("the data plane at ", e.host, ":", e.port);
   socket_plane::Link link(*std::move(fd));
   if (tls_ != nullptr) {

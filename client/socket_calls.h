@@ -45,7 +45,11 @@ class SocketCalls final : public DataTransport {
   ~SocketCalls() override;
 
   // Opens a connection to `shard` now (a probe that the plane is reachable); it stays for calls.
+  // One that the server closes before its hello is answered is opened again, up to
+  // kHelloAttempts in all, kFirstHelloBackoff apart and doubling, within `deadline`.
   absl::Status Open(int shard, absl::Time deadline);
+  static constexpr int kHelloAttempts = 5;
+  static constexpr absl::Duration kFirstHelloBackoff = absl::Milliseconds(10);
 
   // Starts call `tag` (below the number of calls this object has been given at once so far:
   // replies are kept per tag) to `shard`. `request` stays alive and unchanged until the call
@@ -71,6 +75,8 @@ class SocketCalls final : public DataTransport {
     absl::Time deadline;
   };
   struct Connection;
+  // One try of Open; `connected` is set once the TCP connection is made.
+  absl::Status OpenOnce(int shard, absl::Time deadline, bool* connected);
   // Starts call `tag` on `c`.
   void Begin(Connection& c, size_t tag);
   // Moves `c`'s call on as far as its socket allows; ends it when done or failed.

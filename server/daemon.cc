@@ -79,6 +79,17 @@ absl::StatusOr<std::unique_ptr<SummaServer>> SummaServer::Start(const std::strin
     m.member_steps_behind = &e.GaugeFamily(
         "summa_server_member_steps_behind",
         "Steps completed past the step of a member's last push when it came (0: on time; --backup_workers), by rank");
+    m.plane_connections = &e.Gauge("summa_server_data_plane_connections", "Socket data plane connections open");
+    m.plane_hellos = &e.Counter("summa_server_data_plane_hellos_total",
+                                "Socket data plane connections whose hello (token) passed");
+    m.plane_hellos_failed = &e.Counter(
+        "summa_server_data_plane_failed_hellos_total",
+        "Socket data plane connections whose hello failed: timed out (--data_plane_hello_timeout), not a hello, or "
+        "a token refused");
+    m.plane_hello_evictions = &e.Counter(
+        "summa_server_data_plane_hello_evictions_total",
+        "Socket data plane connections closed in their hello to make room for a newer one "
+        "(--max_data_plane_connections_in_hello, --max_data_plane_connections_in_hello_per_source)");
     m.step_seconds = &e.StepHistogram("summa_server_step_seconds", "Time between consecutive step completions");
     prometheus::Histogram* histogram = m.step_seconds;
     options.step_observer = [histogram](absl::Duration d) { histogram->Observe(absl::ToDoubleSeconds(d)); };
@@ -147,8 +158,13 @@ absl::StatusOr<std::unique_ptr<SummaServer>> SummaServer::Start(const std::strin
   server->data_path_ =
       std::make_unique<DataPath>(&server->service_, server->running_.queues[0].get(), DataPathThreads());
   if (!data_address.empty()) {
+    const LimitOptions& l = options.limits;
     SocketPlaneOptions plane_options;
-    plane_options.max_message_bytes = options.limits.max_message_bytes;
+    plane_options.max_message_bytes = l.max_message_bytes;
+    plane_options.max_connections = l.max_data_plane_connections;
+    plane_options.max_connections_in_hello = l.max_data_plane_connections_in_hello;
+    plane_options.max_connections_in_hello_per_source = l.max_data_plane_connections_in_hello_per_source;
+    plane_options.hello_timeout = l.data_plane_hello_timeout;
     plane_options.tls = security.tls;
     absl::StatusOr<std::unique_ptr<SocketPlane>> plane =
         SocketPlane::Start(data_address, &server->service_, &server->tokens_, plane_options);
@@ -252,6 +268,12 @@ void SummaServer::UpdateMetrics() {
     m_.member_push_delay->Add(rank).Set(absl::ToDoubleSeconds(l.mean_delay()));
     m_.member_last_push_delay->Add(rank).Set(absl::ToDoubleSeconds(l.last_delay));
     m_.member_steps_behind->Add(rank).Set(static_cast<double>(l.steps_behind));
+  }
+  if (socket_plane_) {
+    m_.plane_connections->Set(socket_plane_->connections());
+    AdvanceCounter(*m_.plane_hellos, static_cast<double>(socket_plane_->hellos_passed()));
+    AdvanceCounter(*m_.plane_hellos_failed, static_cast<double>(socket_plane_->hellos_failed()));
+    AdvanceCounter(*m_.plane_hello_evictions, static_cast<double>(socket_plane_->hello_evictions()));
   }
   m_.checkpoint_age->Set(s.checkpoint.written == absl::InfinitePast()
                              ? -1

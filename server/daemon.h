@@ -112,6 +112,11 @@ class SummaServer {
     prometheus::Family<prometheus::Gauge>* member_push_delay;
     prometheus::Family<prometheus::Gauge>* member_last_push_delay;
     prometheus::Family<prometheus::Gauge>* member_steps_behind;
+    // The socket data plane (--data_address): connections, and how their hellos went.
+    prometheus::Gauge* plane_connections;
+    prometheus::Counter* plane_hellos;
+    prometheus::Counter* plane_hellos_failed;
+    prometheus::Counter* plane_hello_evictions;
   };
   std::unique_ptr<MetricsEndpoint> metrics_;  // null without metrics
   Metrics m_{};

@@ -229,6 +229,20 @@ ABSL_FLAG(std::string, max_bytes_in_flight_per_peer,
           "round completes, pushed values while they are applied");
 ABSL_FLAG(double, join_rate, LimitOptions().join_rate,
           "joins per second the server accepts, after a burst of max(this, 2 x --workers)");
+ABSL_FLAG(int64_t, max_data_plane_connections, LimitOptions().max_data_plane_connections,
+          "connections the socket data plane (--data_address) holds at once, each with a thread; "
+          "one more is refused");
+ABSL_FLAG(int64_t, max_data_plane_connections_in_hello, LimitOptions().max_data_plane_connections_in_hello,
+          "data-plane connections at once that have not yet passed their hello (the token check); a "
+          "newer one past this closes the oldest of the source holding the most, those that have "
+          "sent nothing first, so that connections without a token cannot shut members out");
+ABSL_FLAG(int64_t, max_data_plane_connections_in_hello_per_source,
+          LimitOptions().max_data_plane_connections_in_hello_per_source,
+          "data-plane connections in their hello at once from one address (host, any port); a "
+          "newer one past this closes that address's oldest, those that have sent nothing first");
+ABSL_FLAG(absl::Duration, data_plane_hello_timeout, LimitOptions().data_plane_hello_timeout,
+          "how long a data-plane connection has, from its accept, to send its hello (the token) "
+          "before it is closed");
 
 namespace summa::server {
 namespace {
@@ -371,6 +385,11 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   l.max_collectives = absl::GetFlag(FLAGS_max_collectives);
   l.max_open_collectives_per_peer = absl::GetFlag(FLAGS_max_open_collectives_per_peer);
   l.join_rate = absl::GetFlag(FLAGS_join_rate);
+  l.max_data_plane_connections = absl::GetFlag(FLAGS_max_data_plane_connections);
+  l.max_data_plane_connections_in_hello = absl::GetFlag(FLAGS_max_data_plane_connections_in_hello);
+  l.max_data_plane_connections_in_hello_per_source =
+      absl::GetFlag(FLAGS_max_data_plane_connections_in_hello_per_source);
+  l.data_plane_hello_timeout = absl::GetFlag(FLAGS_data_plane_hello_timeout);
   if (absl::Status valid = ValidateOptions(o); !valid.ok()) return valid;
   return o;
 }

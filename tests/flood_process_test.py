@@ -1,10 +1,15 @@
-"""The security issue's flood probe with real processes: beside two workers training LeNet, a
-client floods summa-server with bad and abandoned calls (AllReduce rounds it never completes,
-some cancelled at once, under fresh names; oversized messages; pulls for a rank whose session it
-does not hold; Joins past the rate). Every flood call is refused or parked within the server's
-limits, each refusal naming its flag (gRPC's transport refuses oversized messages itself, naming the
-size); the workers finish their job; and the server's peak RSS stays
-under a bound far below what the flood would otherwise make it hold.
+"""The security issue's flood probes with real processes.
+
+Beside two workers training LeNet, a client floods summa-server with bad and abandoned calls
+(AllReduce rounds it never completes, some cancelled at once, under fresh names; oversized
+messages; pulls for a rank whose session it does not hold; Joins past the rate). Every flood call
+is refused or parked within the server's limits, each refusal naming its flag (gRPC's transport
+refuses oversized messages itself, naming the size); the workers finish their job; and the
+server's peak RSS stays under a bound far below what the flood would otherwise make it hold.
+
+And a flood of connections to the socket data plane that never say their hello, from the
+workers' own address, does not keep the workers (--data_plane=socket, with a token) off the
+plane: the server evicts the flood's idle connections to make room, never the workers'.
 
   flood_process_test.py --bin BUILD_DIR [unittest args]
 """
@@ -12,10 +17,13 @@ import argparse
 import collections
 import os
 import re
+import select
+import socket
 import sys
 import threading
 import time
 import unittest
+import urllib.request
 
 import grpc
 
@@ -40,6 +48,9 @@ OUTSTANDING = 32
 # What the server may reach: LeNet's job (~60 MiB), the AllReduce buffers' limit, and gRPC's
 # receive buffers for the outstanding calls, with room to spare; far below FLOOD_CALLS MiB.
 RSS_BOUND_MIB = 400
+# Connections the silent flood holds open at once: far past the plane's bounds on connections in
+# their hello (64, and 16 from one address).
+SILENT_WIDTH = 300
 
 
 def peak_rss_mib(pid):
@@ -125,6 +136,51 @@ class Flooder:
             self.error = e
 
 
+class SilentFlooder:
+    """Keeps `width` TCP connections open to a port from 127.0.0.1, none of which ever sends a
+    byte, until stopped: each one the server closes is replaced at once. Counts the connections
+    it opened and those the server closed. Runs in a thread of its own (run)."""
+
+    def __init__(self, port, width):
+        self.port = port
+        self.width = width
+        self.opened = 0
+        self.closed = 0
+        self.error = None
+        self.stop = threading.Event()
+        self.flooding = threading.Event()  # set once the server has closed `width` of them
+
+    def run(self):
+        poller = select.poll()
+        held = {}
+        try:
+            while not self.stop.is_set():
+                while len(held) < self.width:
+                    s = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+                    held[s.fileno()] = s
+                    poller.register(s, select.POLLIN)
+                    self.opened += 1
+                for fd, _ in poller.poll(50):  # readable: the server's end (EOF or a reset)
+                    poller.unregister(fd)
+                    held.pop(fd).close()
+                    self.closed += 1
+                if self.closed >= self.width:
+                    self.flooding.set()
+        except Exception as e:  # noqa: BLE001 - reported by the test's thread
+            self.error = e
+        finally:
+            for s in held.values():
+                s.close()
+            self.flooding.set()  # the test waits on it: it ends here, whatever happened
+
+
+def scrape(port, name):
+    """The value of the Prometheus series `name` at 127.0.0.1:port (None when absent)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        m = re.search(rf"^{name} ([0-9.e+-]+)$", r.read().decode(), re.M)
+    return float(m.group(1)) if m else None
+
+
 class FloodProcessTest(unittest.TestCase):
     def test_a_flood_beside_two_training_workers_is_refused_bounded_and_the_job_finishes(self):
         with ProcessGroup() as g:
@@ -171,6 +227,56 @@ class FloodProcessTest(unittest.TestCase):
             self.assertLessEqual(int(held.get("allreduceBufferBytes", 0)), 64 * MIB)
             self.assertLessEqual(int(held.get("allreduceCollectives", 0)), 256)
             self.assertLess(rss, RSS_BOUND_MIB, f"the server's peak RSS: {rss:.0f} MiB")
+
+    def test_silent_connections_to_the_data_plane_do_not_keep_workers_off_it(self):
+        with ProcessGroup() as g:
+            token = os.path.join(g.dir, "token")
+            with open(token, "w") as f:
+                f.write("flood-test-token\n")
+            data_port_file = os.path.join(g.dir, "data.port")
+            metrics_port_file = os.path.join(g.dir, "metrics.port")
+            # The default bounds: 64 connections in their hello, 16 from one address.
+            server, port = g.start_server(ARGS.server, "--workers=2", "--optimizer=adam", "--lr=0.001",
+                                          f"--token_file={token}", "--data_address=127.0.0.1:0",
+                                          f"--data_port_file={data_port_file}", "--metrics_address=127.0.0.1:0",
+                                          f"--metrics_port_file={metrics_port_file}")
+            data_port = int(g.wait_for_file(data_port_file, server))
+            metrics_port = int(g.wait_for_file(metrics_port_file, server))
+            flooder = SilentFlooder(data_port, width=SILENT_WIDTH)
+            thread = threading.Thread(target=flooder.run)
+            thread.start()
+            try:
+                # The workers start into a flood in full force: the server has closed a full
+                # width of its connections (evicted, or at the hello timeout) already.
+                self.assertTrue(flooder.flooding.wait(120), "the flood did not get going")
+                self.assertIsNone(flooder.error, repr(flooder.error))
+                workers = [g.start(f"worker{r}", [
+                    ARGS.worker, f"--server=127.0.0.1:{port}", f"--rank={r}", "--world_size=2",
+                    f"--token_file={token}", "--data_plane=socket", "--progress=never", *JOB])
+                    for r in range(2)]
+                for proc in workers:
+                    self.assertEqual(g.wait(proc, 300), 0, g.log(proc))
+                    self.assertIn("epoch 2", g.log(proc), g.log(proc))
+                    self.assertIn("the data path goes over the socket data plane", g.log(proc), g.log(proc))
+                self.assertIsNone(flooder.error, repr(flooder.error))
+            finally:
+                flooder.stop.set()
+                thread.join(timeout=60)
+            self.assertFalse(thread.is_alive(), "the flooder did not stop")
+            # The server refreshes its series every tick (100 ms): poll until the workers' hellos
+            # show, with a deadline.
+            deadline = time.monotonic() + 30
+            while (scrape(metrics_port, "summa_server_data_plane_hellos_total") or 0) < 2:
+                self.assertLess(time.monotonic(), deadline, "the workers' hellos never showed")
+                time.sleep(0.05)
+            hellos = scrape(metrics_port, "summa_server_data_plane_hellos_total")
+            evictions = scrape(metrics_port, "summa_server_data_plane_hello_evictions_total")
+            failed = scrape(metrics_port, "summa_server_data_plane_failed_hellos_total")
+            print(f"silent flood: {flooder.opened} connections opened, {flooder.closed} closed by the server; "
+                  f"server: {hellos:.0f} hellos passed, {evictions:.0f} evictions, {failed:.0f} failed hellos")
+            self.assertGreater(evictions, 0)
+            self.assertGreater(flooder.opened, 2 * SILENT_WIDTH)  # it kept reconnecting
+            self.assertIn("still in its hello", g.log(server))  # the eviction's line
 
 
 if __name__ == "__main__":

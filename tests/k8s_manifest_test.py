@@ -1,20 +1,25 @@
 """Kubernetes manifests: every overlay renders with `kubectl kustomize` and holds what Summa
 promises (headless Service, StatefulSet with a checkpoint volume and gRPC probes, indexed worker
 Job, ConfigMap, NetworkPolicy, PodDisruptionBudget, one GPU per worker in the gpu overlay, the
-Secrets mounted read-only where the flags point), and the cpu-demo, cpu-demo-sharded and cpu-demo-tls overlays'
-exact command lines and environment train on this machine: the binaries run as the containers
-would, with the Service's DNS name and the listen addresses mapped to 127.0.0.1 (OS-chosen
-ports), the completion index as the rank, and each volume mapped to a directory of its own that
-holds what the kubelet would put there (the Secrets that scripts/k8s-secrets.sh prints, with
-each volume's items and modes). Drift between the manifests, the Secrets' keys and the
-binaries' flags fails here."""
+Secrets mounted read-only where the flags point, each worker's own rank's token under
+components/rank-tokens), and the cpu-demo, cpu-demo-sharded, cpu-demo-tls, cpu-demo-elastic and
+cpu-demo-rank-tokens overlays' exact command lines and environment train on this machine: the
+binaries run as the containers would, with the Service's DNS name and the listen addresses mapped
+to 127.0.0.1 (OS-chosen ports), the completion index as the rank, and each volume mapped to a
+directory of its own that holds what the kubelet would put there (the Secrets that
+scripts/k8s-secrets.sh prints, with each volume's items and modes). Drift between the manifests,
+the Secrets' keys and the binaries' flags fails here."""
 import argparse
+import base64
 import os
 import re
 import signal
+import subprocess
 import sys
 import tempfile
 import unittest
+
+import yaml
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "tools"))
 from k8s_pods import expand, flag, health_check, make_secrets, pod_volumes, render, to_host  # noqa: E402
@@ -26,10 +31,59 @@ ARGS = None
 SERVICE = "summa-server-0.summa-server"  # the server pod's DNS name, in the server's certificate
 TOKENS = "summa-tokens"
 SERVER_TLS, WORKER_TLS = "summa-server-tls", "summa-worker-tls"
+RANK_TOKENS = "summa-rank-tokens"  # components/rank-tokens, scripts/k8s-secrets.sh --rank_tokens=N
+COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+
+
+def secrets_script(directory, *flags):
+    """scripts/k8s-secrets.sh DIR FLAGS...: its exit status, stdout and stderr."""
+    run = subprocess.run([os.path.join(ARGS.source, "scripts/k8s-secrets.sh"), directory, *flags],
+                         capture_output=True, text=True)
+    return run.returncode, run.stdout, run.stderr
+
+
+def make_rank_secrets(directory, ranks):
+    """k8s_pods.make_secrets with --rank_tokens=ranks: the Secrets by name, their data decoded."""
+    rc, out, err = secrets_script(directory, f"--rank_tokens={ranks}")
+    if rc != 0:
+        raise AssertionError(f"k8s-secrets.sh --rank_tokens={ranks} exited with {rc}:\n{err}")
+    return {d["metadata"]["name"]: {**d, "files": {k: base64.b64decode(v) for k, v in d["data"].items()}}
+            for d in yaml.safe_load_all(out) if d}
+
+
+def parse_token_list(text):
+    """A server's --token_file as common/rpc/tokens.h reads it: [(token, rank or None)], in file
+    order, blank and # lines skipped."""
+    listed = []
+    for line in text.splitlines():
+        words = line.split()
+        if not words or words[0].startswith("#"):
+            continue
+        if len(words) == 1:
+            listed.append((words[0], None))
+        else:
+            assert len(words) == 2 and re.fullmatch(r"rank=\d+", words[1]), f"not TOKEN or TOKEN rank=R: {line!r}"
+            listed.append((words[0], int(words[1][len("rank="):])))
+    return listed
+
+
+def pod_env(container, config, index):
+    """What the kubelet expands a container's $(VAR)s from, in pod `index` of an indexed Job: the
+    ConfigMap's variables (envFrom), then the container's env; a fieldRef there may only be the
+    pod's completion-index annotation (which the Job controller sets to `index`)."""
+    env = dict(config)
+    for e in container.get("env", []):
+        if "value" in e:
+            env[e["name"]] = e["value"]
+        else:
+            field = e["valueFrom"]["fieldRef"]["fieldPath"]
+            assert field == COMPLETION_INDEX, f"env {e['name']}: a fieldRef this test cannot resolve: {field}"
+            env[e["name"]] = str(index)
+    return env
 
 
 class K8sManifestTest(unittest.TestCase):
-    def check_common(self, objs, tls=False):
+    def check_common(self, objs, tls=False, rank_tokens=False):
         svc = objs[("Service", "summa-server")]
         self.assertEqual(svc["spec"]["clusterIP"], "None")
         sts = objs[("StatefulSet", "summa-server")]
@@ -47,7 +101,7 @@ class K8sManifestTest(unittest.TestCase):
         self.assertEqual(job["spec"]["template"]["spec"]["restartPolicy"], "OnFailure")
         self.assertIn(("NetworkPolicy", "summa-server"), objs)
         self.assertIn(("PodDisruptionBudget", "summa-server"), objs)
-        self.check_tokens(objs)
+        self.check_tokens(objs, rank_tokens)
         return env
 
     def mounted(self, pod_spec, container, secret_name):
@@ -66,17 +120,35 @@ class K8sManifestTest(unittest.TestCase):
     def assertFlagInMount(self, args, name, mount_path, key):
         self.assertEqual(flag(args, name), f"{mount_path}/{key}", f"--{name} reads {key} from its mount")
 
-    def check_tokens(self, objs):
+    def check_tokens(self, objs, rank_tokens=False):
         sts = objs[("StatefulSet", "summa-server")]["spec"]["template"]["spec"]
         secret, path = self.mounted(sts, sts["containers"][0], TOKENS)
         self.assertNotIn("items", secret, "the server reads both tokens")
+        # Under components/rank-tokens worker-token is the server's list (a bare token, then one per rank).
         self.assertFlagInMount(sts["containers"][0]["args"], "token_file", path, "worker-token")
         self.assertFlagInMount(sts["containers"][0]["args"], "admin_token_file", path, "admin-token")
         job = objs[("Job", "summa-worker")]["spec"]["template"]["spec"]
+        if rank_tokens:
+            self.check_rank_tokens(job)
+            return
         secret, path = self.mounted(job, job["containers"][0], TOKENS)
         self.assertEqual(secret["items"], [{"key": "worker-token", "path": "worker-token"}],
                          "a worker never holds the admin token")
         self.assertFlagInMount(job["containers"][0]["args"], "token_file", path, "worker-token")
+
+    def check_rank_tokens(self, job):
+        """components/rank-tokens: each worker reads its own rank's key of summa-rank-tokens, the
+        completion index declared from the pod's annotation, and no worker mounts summa-tokens (its
+        worker-token is the server's list, whose bare token speaks for every rank)."""
+        worker = job["containers"][0]
+        self.assertEqual([v["name"] for v in job["volumes"] if v.get("secret", {}).get("secretName") == TOKENS], [],
+                         "no volume of summa-tokens in a worker pod")
+        self.assertNotIn("/etc/summa/tokens", [m["mountPath"] for m in worker["volumeMounts"]])
+        secret, path = self.mounted(job, worker, RANK_TOKENS)
+        self.assertNotIn("items", secret, "one pod template for every rank: the whole Secret")
+        self.assertFlagInMount(worker["args"], "token_file", path, "rank-$(JOB_COMPLETION_INDEX)")
+        self.assertEqual([(e["name"], e["valueFrom"]["fieldRef"]["fieldPath"]) for e in worker["env"]],
+                         [("JOB_COMPLETION_INDEX", COMPLETION_INDEX)])
 
     def check_tls(self, objs):
         """components/tls: each side mounts its own kubernetes.io/tls Secret, the flags read its
@@ -141,6 +213,60 @@ class K8sManifestTest(unittest.TestCase):
             self.assertEqual(secrets[name]["type"], "kubernetes.io/tls")
             self.assertEqual(set(secrets[name]["files"]), {"tls.crt", "tls.key", "ca.crt"})
         self.assertEqual(secrets[SERVER_TLS]["files"]["ca.crt"], secrets[WORKER_TLS]["files"]["ca.crt"])
+        self.assertNotIn(RANK_TOKENS, secrets, "per-rank tokens only when asked for")
+
+    def test_secrets_script_makes_rank_tokens_for_what_the_rank_tokens_overlay_mounts(self):
+        """k8s-secrets.sh --rank_tokens=2: summa-rank-tokens holds rank-0 and rank-1, each its
+        rank's token alone, the keys the overlay's workers read; summa-tokens' worker-token is the
+        server's list (a comment, the bare worker.token, then TOKEN rank=R per rank); DIR holds the
+        same files. A count that is not a whole number from 1 is refused before anything is made."""
+        objs = render(ARGS.source, "cpu-demo-rank-tokens")
+        job = objs[("Job", "summa-worker")]
+        worker = job["spec"]["template"]["spec"]["containers"][0]
+        config = objs[("ConfigMap", "summa-job")]["data"]
+        ranks = job["spec"]["completions"]
+        self.assertEqual(ranks, 2)
+        with tempfile.TemporaryDirectory(prefix="summa-k8s-secrets-") as directory:
+            material = os.path.join(directory, "material")
+            secrets = make_rank_secrets(material, ranks)
+            written = {}
+            for name in ["worker.token", "worker-tokens", "rank-0.token", "rank-1.token"]:
+                with open(os.path.join(material, name), "rb") as f:
+                    written[name] = f.read()
+            self.assertEqual(sorted(n for n in os.listdir(material) if n.startswith("rank-")),
+                             ["rank-0.token", "rank-1.token"])
+        self.assertEqual(set(secrets), {TOKENS, SERVER_TLS, WORKER_TLS, RANK_TOKENS})
+        self.assertNotIn("type", secrets[RANK_TOKENS], "Opaque (kubectl leaves the default out)")
+        rank_files = secrets[RANK_TOKENS]["files"]
+        # The key each pod's --token_file names, the Job's completion index expanded as the kubelet would.
+        keys = [os.path.basename(expand(flag(worker["args"], "token_file"), pod_env(worker, config, i)))
+                for i in range(ranks)]
+        self.assertEqual(keys, ["rank-0", "rank-1"])
+        self.assertEqual(set(rank_files), set(keys))
+        rank_tokens = [rank_files[k].decode() for k in keys]
+        for r, token in enumerate(rank_tokens):
+            self.assertRegex(token, r"^[0-9a-f]{64}\n$", "one token alone: a worker refuses a file of more than one word")
+            self.assertEqual(written[f"rank-{r}.token"], rank_files[f"rank-{r}"])
+        self.assertEqual(set(secrets[TOKENS]["files"]), {"worker-token", "admin-token"})
+        server_list = secrets[TOKENS]["files"]["worker-token"].decode()
+        self.assertEqual(written["worker-tokens"].decode(), server_list)
+        self.assertTrue(server_list.startswith("# summa-server's --token_file: "), server_list)
+        bare = written["worker.token"].decode().strip()
+        self.assertEqual(parse_token_list(server_list),
+                         [(bare, None)] + [(t.strip(), r) for r, t in enumerate(rank_tokens)])
+        every = [bare, *(t.strip() for t in rank_tokens), secrets[TOKENS]["files"]["admin-token"].decode().strip()]
+        self.assertEqual(len(set(every)), len(every), "every token its own")
+        with tempfile.TemporaryDirectory(prefix="summa-k8s-secrets-") as directory:
+            for flags, error in [
+                    (["--rank_tokens=0"], "--rank_tokens=0: N must be a whole number, 1 or more (the job's worker count)"),
+                    (["--rank_tokens=two"], "--rank_tokens=two: N must be a whole number, 1 or more"),
+                    (["--rank_tokens=4097"], "--rank_tokens=4097: at most 4096 ranks (a Secret holds at most 1 MiB)"),
+                    (["--rank_tokens"], "--rank_tokens needs its count: --rank_tokens=N"),
+                    (["--rank-tokens=2"], "unknown option --rank-tokens=2")]:
+                rc, out, err = secrets_script(os.path.join(directory, "material"), *flags)
+                self.assertEqual((rc, out), (2, ""), flags)
+                self.assertIn(f"k8s-secrets: {error}", err)
+            self.assertFalse(os.path.exists(os.path.join(directory, "material")), "refused before anything was made")
 
     def test_cpu_demo_command_lines_train_on_this_machine(self):
         objs = render(ARGS.source, "cpu-demo")
@@ -158,6 +284,18 @@ class K8sManifestTest(unittest.TestCase):
         objs = render(ARGS.source, "cpu-demo-tls")
         self.check_common(objs, tls=True)
         self.run_overlay(objs, health_port=self.check_tls(objs))
+
+    def test_cpu_demo_rank_tokens_train_and_a_worker_with_another_ranks_key_is_refused(self):
+        """components/rank-tokens: the server reads the list, each worker its own rank's key; the
+        job trains. A pod whose token file is rank 1's key but whose completion index (its rank) is
+        0, started while both workers are held before step 5's push, is refused with
+        PERMISSION_DENIED naming both ranks, and rank 0's worker keeps its session: each worker
+        joined once and the job ends on its last step. The workers' only extra argument is the test
+        build's --fault_pause, which holds them until the refusal has been seen."""
+        objs = render(ARGS.source, "cpu-demo-rank-tokens")
+        self.check_common(objs, rank_tokens=True)
+        self.assertEqual(self.images(objs), {"summa:cpu"})
+        self.run_overlay(objs, rank_tokens=True)
 
     def test_cpu_demo_elastic_workers_scale_up_and_down_while_the_job_runs(self):
         """The elastic overlay: the workers are a StatefulSet (pod I is rank I, from the pod-index
@@ -233,10 +371,11 @@ class K8sManifestTest(unittest.TestCase):
             accs = [float(a) for a in re.findall(r"test acc ([0-9.]+)", g.log(pods[0]))]
             self.assertGreater(accs[-1], 0.3, "well above chance (0.1)")
 
-    def run_overlay(self, objs, health_port=None):
+    def run_overlay(self, objs, health_port=None, rank_tokens=False):
         """Runs the overlay's server and workers on this host and sees the job train; with TLS,
         also probes as the kubelet would (plaintext, on the health port) and checks that the
-        server's certificate names the address the workers dial."""
+        server's certificate names the address the workers dial; with rank_tokens, holds the
+        workers before step 5 while a pod with rank 1's key as rank 0 is refused."""
         env = objs[("ConfigMap", "summa-job")]["data"]
         sts = objs[("StatefulSet", "summa-server")]["spec"]["template"]["spec"]
         server_container = sts["containers"][0]
@@ -251,7 +390,10 @@ class K8sManifestTest(unittest.TestCase):
         self.assertEqual(env["SUMMA_SERVER"], ",".join(pods),
                          "workers reach every shard by its pod's DNS name, in shard order")
         with ProcessGroup() as g:
-            secrets = make_secrets(ARGS.source, os.path.join(g.dir, "secrets"))
+            if rank_tokens:
+                secrets = make_rank_secrets(os.path.join(g.dir, "secrets"), job["spec"]["completions"])
+            else:
+                secrets = make_secrets(ARGS.source, os.path.join(g.dir, "secrets"))
             ports, servers = [], []
 
             def to_local(arg):  # a pod's DNS name to the port its process listens on here
@@ -281,15 +423,40 @@ class K8sManifestTest(unittest.TestCase):
                     self.assertIn(f"shard {i} of {replicas}", g.log(server))
                 if i > 0:
                     self.assertIn(f"follows shard 0's membership view at 127.0.0.1:{ports[0]}", g.log(server))
-            workers = []
-            for index in range(job["spec"]["completions"]):
-                mounts = pod_volumes(worker_pod, worker, secrets, os.path.join(g.dir, f"worker{index}-pod"))
-                args = [to_host(to_local(expand(x, env)), mounts, {"status_address", "metrics_address"})
+
+            def start_worker(name, index, args_index=None, *test_args):
+                """Pod `index` of the Job; its args expanded as pod `args_index`'s would be (the
+                same pod unless a test mismatches them)."""
+                args_env = pod_env(worker, env, index if args_index is None else args_index)
+                mounts = pod_volumes(worker_pod, worker, secrets, os.path.join(g.dir, f"{name}-pod"))
+                args = [to_host(to_local(expand(x, args_env)), mounts, {"status_address", "metrics_address"})
                         for x in worker["args"]]
-                workers.append(g.start(f"worker{index}", [binaries[worker["command"][0]], *args],
-                                       env={**env, "JOB_COMPLETION_INDEX": str(index)}))
+                # The Job controller's JOB_COMPLETION_INDEX, which summa-worker takes as its rank.
+                return g.start(name, [binaries[worker["command"][0]], *args, *test_args],
+                               env={**pod_env(worker, env, index), "JOB_COMPLETION_INDEX": str(index)})
+
+            go = os.path.join(g.dir, "go")
+            hold = [f"--fault_pause=5:{go}"] if rank_tokens else []
+            workers = [start_worker(f"worker{index}", index, None, *hold)
+                       for index in range(job["spec"]["completions"])]
+            if rank_tokens:
+                for w in workers:
+                    g.wait_for_log(w, "pausing before the push of step 5", 120)
+                intruder = start_worker("intruder", 0, 1)  # rank 1's key, completion index 0
+                self.assertEqual(g.wait(intruder, 120), 1, g.log(intruder))
+                self.assertIn("PERMISSION_DENIED", g.log(intruder))
+                self.assertIn("this token is rank 1's (--token_file); it cannot act as rank 0", g.log(intruder))
+                for w in workers:
+                    self.assertIsNone(w.poll(), f"{w.name} stopped while the intruder was refused:\n{g.log(w)}")
+                open(go, "w").close()
             for w in workers:
                 self.assertEqual(g.wait(w, 300), 0, g.log(w))
+            if rank_tokens:
+                status = Reflector(f"127.0.0.1:{ports[0]}", timeout=5).call("summa.v1.ParameterServer/GetStatus")
+                steps = int(env["SUMMA_EPOCHS"]) * (int(env["SUMMA_TRAIN_LIMIT"]) // int(env["SUMMA_BATCH_SIZE"]))
+                self.assertEqual(int(status["version"]), steps, status)
+                self.assertEqual([(int(m.get("rank", 0)), m["joins"]) for m in status["members"]], [(0, 1), (1, 1)],
+                                 "each worker joined once: the intruder fenced no one")
             out = g.log(workers[0])
             print(out)
             self.assertIn(f"rank 0 of {env['SUMMA_WORKERS']} joined", out)

@@ -91,6 +91,13 @@ TEST(LimitsTest, ValidationNamesTheFlag) {
   l = LimitOptions();
   l.join_rate = 0;
   EXPECT_TRUE(absl::StrContains(ValidateLimits(l, 4 << 20).message(), "--join_rate"));
+  l = LimitOptions();
+  l.max_data_plane_connections_in_hello_per_source = 0;
+  EXPECT_EQ(ValidateLimits(l, 4 << 20).message(),
+            "--max_data_plane_connections_in_hello_per_source must be at least 1, got 0");
+  l = LimitOptions();
+  l.data_plane_hello_timeout = absl::ZeroDuration();
+  EXPECT_EQ(ValidateLimits(l, 4 << 20).message(), "--data_plane_hello_timeout must be positive, got 0");
 }
 
 std::string Bytes(const std::vector<float>& v) {

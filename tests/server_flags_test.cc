@@ -80,6 +80,10 @@ std::vector<std::pair<std::string, std::string>> AsFlags(const ServerOptions& o)
       {"max_allreduce_bytes", FormatByteSize(l.max_allreduce_bytes)},
       {"max_bytes_in_flight_per_peer", FormatByteSize(l.max_bytes_in_flight_per_peer)},
       {"join_rate", Text(l.join_rate)},
+      {"max_data_plane_connections", Text(l.max_data_plane_connections)},
+      {"max_data_plane_connections_in_hello", Text(l.max_data_plane_connections_in_hello)},
+      {"max_data_plane_connections_in_hello_per_source", Text(l.max_data_plane_connections_in_hello_per_source)},
+      {"data_plane_hello_timeout", Text(l.data_plane_hello_timeout)},
   };
 }
 

@@ -1,6 +1,7 @@
 // Limits at the service's edge (server/core/limits.h as server/rpc/service.cc applies them): parked
 // calls per peer, AllReduce bytes in flight per address, message and model sizes, the join rate;
-// each refusal is RESOURCE_EXHAUSTED naming its flag. The daemon in-process on 127.0.0.1:0.
+// each refusal is RESOURCE_EXHAUSTED naming its flag. And gRPC's handshake timeout, which bounds
+// how long a connection that never speaks is held. The daemon in-process on 127.0.0.1:0.
 #include "server/daemon.h"
 
 #include <grpcpp/grpcpp.h>
@@ -11,6 +12,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/clock.h"
 #include "common/rpc/grpc_status.h"
+#include "common/rpc/socket_frame.h"
 #include "gtest/gtest.h"
 #include "tests/service_fixtures.h"
 #include "summa/v1/summa.grpc.pb.h"
@@ -46,6 +48,24 @@ struct PendingCall {
   absl::Notification done;
   grpc::Status status;
 };
+
+// A connection to the gRPC port that never sends HTTP/2's preface is closed once gRPC's handshake
+// timeout passes (common/rpc/server_builder.h's kServerHandshakeTimeoutMs; gRPC's own default
+// would hold it 120 s): anyone who reaches the port holds a connection no longer than that.
+TEST_F(ServiceTest, AConnectionThatSendsNothingIsClosed) {
+  StartServer(1);
+  absl::StatusOr<socket_plane::OwnedFd> fd =
+      socket_plane::Connect("127.0.0.1", server_->port(), absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  // Far past the timeout, and far short of gRPC's default. What the server sends first (its
+  // SETTINGS) is read and dropped; the end of the stream is what counts.
+  const absl::Time give_up = absl::Now() + absl::Seconds(60);
+  absl::Status read;
+  char byte;
+  while ((read = socket_plane::ReadFull(fd->get(), &byte, 1, give_up, "the end")).ok()) {
+  }
+  EXPECT_TRUE(absl::IsUnavailable(read)) << read;
+}
 
 TEST_F(ServiceTest, ParkedCallsAreBoundedPerPeerAndOtherPeersKeepTheirShare) {
   LimitOptions limits;

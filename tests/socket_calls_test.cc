@@ -181,6 +181,58 @@ TEST(SocketCallsTest, MalformedRepliesEndTheCallAsDataLoss) {
   EXPECT_TRUE(IsStaleView(s)) << s;
 }
 
+// A fake plane that closes each of its first `closes` connections once it has read the hello,
+// as a flooded plane evicts one, and answers the next with `answer` (a reply header's code).
+// Open's result, and the connections the fake took.
+struct OpenedAfterCloses {
+  absl::Status status;
+  int connections = 0;
+};
+OpenedAfterCloses OpenAFakePlaneThatCloses(int closes, absl::StatusCode answer = absl::StatusCode::kOk) {
+  int port = 0;
+  absl::StatusOr<socket_plane::OwnedFd> listener = socket_plane::Listen("127.0.0.1:0", &port);
+  if (!listener.ok()) return {listener.status(), 0};
+  OpenedAfterCloses result;
+  std::thread fake([&] {
+    for (;;) {
+      const int fd = ::accept(listener->get(), nullptr, nullptr);
+      if (fd < 0) return;  // the test is done with it
+      socket_plane::OwnedFd conn(fd);
+      const int k = result.connections++;
+      char hello[socket_plane::kHelloBytes];
+      if (!socket_plane::ReadFull(fd, hello, sizeof(hello), absl::Now() + absl::Seconds(10), "hello").ok()) return;
+      if (k < closes) continue;  // closed with no answer
+      char head[socket_plane::kHeaderBytes];
+      socket_plane::EncodeReplyHeader({static_cast<uint32_t>(answer), 0, 0}, head);
+      SendBytes(fd, std::string(head, sizeof(head)));
+      char byte;  // until the client closes
+      socket_plane::ReadFull(fd, &byte, 1, absl::Now() + absl::Seconds(10), "end").IgnoreError();
+    }
+  });
+  {
+    worker::SocketCalls calls({{"127.0.0.1", port}}, "");
+    result.status = calls.Open(0, absl::Now() + absl::Seconds(10));
+  }
+  ::shutdown(listener->get(), SHUT_RDWR);  // the fake's accept returns
+  fake.join();
+  return result;
+}
+
+TEST(SocketCallsTest, AConnectionClosedBeforeItsHelloIsAnsweredIsOpenedAgainAFewTimes) {
+  // Closed twice (evicted by a flooded plane, say), answered the third time: open.
+  OpenedAfterCloses opened = OpenAFakePlaneThatCloses(2);
+  EXPECT_TRUE(opened.status.ok()) << opened.status;
+  EXPECT_EQ(opened.connections, 3);
+  // Closed every time: UNAVAILABLE after kHelloAttempts connections.
+  opened = OpenAFakePlaneThatCloses(1000);
+  EXPECT_EQ(opened.status.code(), absl::StatusCode::kUnavailable) << opened.status;
+  EXPECT_EQ(opened.connections, worker::SocketCalls::kHelloAttempts);
+  // An answer is final: a refused hello is not tried again.
+  opened = OpenAFakePlaneThatCloses(0, absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(opened.status.code(), absl::StatusCode::kUnauthenticated) << opened.status;
+  EXPECT_EQ(opened.connections, 1);
+}
+
 TEST(SocketFrameTest, AListenerOnEveryAddressTakesIpv4AndIpv6) {
   int port = 0;
   absl::StatusOr<socket_plane::OwnedFd> listener = socket_plane::Listen("[::]:0", &port);

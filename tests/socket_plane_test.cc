@@ -10,6 +10,11 @@
 #include "common/status_reason.h"
 #include "tests/parameter_server_peer.h"
 
+#include <linux/tcp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <cerrno>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -146,64 +151,131 @@ class SocketPlaneFixture : public ::testing::Test {
   std::unique_ptr<SocketPlane> plane_;
 };
 
-// The limits on connections (SocketPlaneOptions), set small. The silent connections here are
-// asked for their hello within 10 s (the plane's hello timeout, real time): each test is done
-// with them long before.
-class SocketPlaneLimitsTest : public SocketPlaneFixture {};
+// Bytes of `fd`'s that the server's kernel has acknowledged (received, whether read or not).
+uint64_t BytesAcked(int fd) {
+  tcp_info info = {};
+  socklen_t length = sizeof(info);
+  EXPECT_EQ(::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &length), 0) << std::strerror(errno);
+  return info.tcpi_bytes_acked;
+}
 
-TEST_F(SocketPlaneLimitsTest, ConnectionsPastTheHelloLimitAreRefusedAndACompletedHelloFreesItsPlace) {
+// True when the connection still serves: its hello (sent whole now, or the rest of it after
+// `sent` bytes) is answered OK.
+bool Greets(int fd, size_t sent = 0) {
+  char hello[socket_plane::kHelloBytes];
+  socket_plane::EncodeHello(0, hello);
+  iovec rest = {hello + sent, sizeof(hello) - sent};
+  if (!socket_plane::WriteFull(fd, &rest, 1, absl::Now() + absl::Seconds(10), "the hello").ok()) return false;
+  absl::StatusOr<RawReply> answer = ReadReply(fd);
+  return answer.ok() && answer->header.code == 0;
+}
+
+// The limits on connections (SocketPlaneOptions), set small. The silent connections here would
+// be closed at the hello timeout: it is set far past each test's end, but where a test says.
+class SocketPlaneLimitsTest : public SocketPlaneFixture {
+ protected:
+  // Bounds of `total` and `per_source` connections in their hello, all from 127.0.0.1: three
+  // connections fill them, the oldest having sent half its hello and the other two nothing. A
+  // fourth evicts the oldest of those that sent nothing, and the three left (the newcomer too)
+  // all pass their hello.
+  void ExpectTheOldestSilentConnectionEvicted(int64_t total, int64_t per_source) {
+    SocketPlaneOptions options;
+    options.max_connections_in_hello = total;
+    options.max_connections_in_hello_per_source = per_source;
+    options.hello_timeout = absl::Minutes(5);
+    StartPlane(options);
+    std::vector<socket_plane::OwnedFd> fds;
+    for (int i = 0; i < 3; ++i) fds.push_back(RawConnect(plane_->port()));
+    char hello[socket_plane::kHelloBytes];
+    socket_plane::EncodeHello(0, hello);
+    constexpr size_t kHalf = sizeof(hello) / 2;
+    SendBytes(fds[0].get(), std::string(hello, kHalf));
+    // The server has those bytes before the newcomer comes (the acceptor takes connections in
+    // the order they were made, and asks the kernel what each has received).
+    ASSERT_TRUE(Eventually([&] { return BytesAcked(fds[0].get()) >= kHalf; }));
+    fds.push_back(RawConnect(plane_->port()));
+    EXPECT_TRUE(ClosedByServer(fds[1].get())) << "the oldest silent connection was not closed";
+    ASSERT_TRUE(Eventually([&] { return plane_->hello_evictions() == 1; })) << plane_->hello_evictions();
+    EXPECT_TRUE(Greets(fds[0].get(), kHalf)) << "the oldest, which had spoken, was evicted";
+    EXPECT_TRUE(Greets(fds[2].get())) << "a younger silent connection was evicted";
+    EXPECT_TRUE(Greets(fds[3].get())) << "the newcomer was not served";
+    EXPECT_EQ(plane_->hello_evictions(), 1u);
+    // Counted as each connection's thread moves on from its answer.
+    EXPECT_TRUE(Eventually([&] { return plane_->hellos_passed() == 3; })) << plane_->hellos_passed();
+  }
+};
+
+TEST_F(SocketPlaneLimitsTest, PastThePerSourceBoundTheOldestSilentConnectionIsEvictedNotTheNewcomer) {
+  ExpectTheOldestSilentConnectionEvicted(/*total=*/10, /*per_source=*/3);
+}
+
+TEST_F(SocketPlaneLimitsTest, PastTheTotalTheOldestSilentConnectionIsEvictedNotTheNewcomer) {
+  ExpectTheOldestSilentConnectionEvicted(/*total=*/3, /*per_source=*/10);
+}
+
+TEST_F(SocketPlaneLimitsTest, AConnectionPastItsHelloIsNeverEvicted) {
   SocketPlaneOptions options;
-  options.max_connections_in_hello = 3;
-  options.max_connections = 6;
+  options.max_connections_in_hello = 2;
+  options.max_connections_in_hello_per_source = 2;
+  options.hello_timeout = absl::Minutes(5);
   StartPlane(options);
-  // Three connections that never send their hello fill the hello phase (the acceptor takes
-  // connections in the order they were made): the fourth is refused, naming the limit.
+  std::vector<socket_plane::OwnedFd> greeted;
+  for (int i = 0; i < 2; ++i) greeted.push_back(Greeted());
+  // Ten silent connections, two more than the bounds hold: the eight oldest are evicted, one for
+  // each newcomer past the second, and never a greeted one.
   std::vector<socket_plane::OwnedFd> silent;
-  for (int i = 0; i < 3; ++i) silent.push_back(RawConnect(plane_->port()));
-  ExpectRefused("the data plane has 3 connections still in their hello");
-  // One of them says hello: its place in the hello phase is free once it is answered...
-  SendHello(silent[0].get(), "");
-  absl::StatusOr<RawReply> hello = ReadReply(silent[0].get());
-  ASSERT_TRUE(hello.ok()) << hello.status();
-  ASSERT_EQ(hello->header.code, 0u) << hello->message;
-  // ... and a new connection takes it: the one after is refused again.
-  socket_plane::OwnedFd taken = RawConnect(plane_->port());
-  ExpectRefused("the data plane has 3 connections still in their hello");
-  SendHello(taken.get(), "");
-  hello = ReadReply(taken.get());
-  ASSERT_TRUE(hello.ok()) << hello.status();
-  EXPECT_EQ(hello->header.code, 0u) << hello->message;
-  EXPECT_EQ(plane_->connections(), 4);
-  // Once the client closes them all, a real client is served again.
-  silent.clear();
-  taken.Reset();
-  ASSERT_TRUE(Eventually([&] { return plane_->connections() == 0; })) << plane_->connections();
-  absl::StatusOr<std::vector<float>> sum = AllReduceAlone("", {1.5f, -2, 3});
-  ASSERT_TRUE(sum.ok()) << sum.status();
-  EXPECT_EQ(*sum, (std::vector<float>{1.5f, -2, 3}));
+  for (int i = 0; i < 10; ++i) silent.push_back(RawConnect(plane_->port()));
+  ASSERT_TRUE(Eventually([&] { return plane_->hello_evictions() == 8; })) << plane_->hello_evictions();
+  for (int i = 0; i < 8; ++i) EXPECT_TRUE(ClosedByServer(silent[i].get())) << i;
+  for (int i = 8; i < 10; ++i) EXPECT_TRUE(Greets(silent[i].get())) << i;
+  // The greeted ones still serve calls.
+  for (const socket_plane::OwnedFd& fd : greeted) {
+    SendRequest(fd.get(), kAllReduceMethod, AllReduceMessage("alone", 1, 0, {2.5f}));
+    absl::StatusOr<RawReply> reply = ReadReply(fd.get());
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    EXPECT_EQ(reply->header.code, 0u) << reply->message;
+  }
+  EXPECT_EQ(plane_->hello_evictions(), 8u);
+  // The evicted ones' threads end once they see their close.
+  EXPECT_TRUE(Eventually([&] { return plane_->connections() == 4; })) << plane_->connections();
+}
+
+TEST_F(SocketPlaneLimitsTest, ASilentConnectionIsClosedAtTheHelloTimeout) {
+  SocketPlaneOptions options;
+  options.hello_timeout = absl::Milliseconds(200);
+  StartPlane(options);
+  const absl::Time connected = absl::Now();
+  socket_plane::OwnedFd fd = RawConnect(plane_->port());
+  EXPECT_TRUE(ClosedByServer(fd.get()));
+  // Never before its time (the server counts from its accept, after the connect).
+  EXPECT_GE(absl::Now() - connected, options.hello_timeout);
+  ASSERT_TRUE(Eventually([&] { return plane_->hellos_failed() == 1; })) << plane_->hellos_failed();
+  EXPECT_EQ(plane_->hello_evictions(), 0u);
+  EXPECT_EQ(plane_->hellos_passed(), 0u);
 }
 
 TEST_F(SocketPlaneLimitsTest, AConnectionPastTheTotalIsRefusedWhetherTheOthersAreIdleOrInTheirHello) {
   SocketPlaneOptions options;
   options.max_connections_in_hello = 2;
   options.max_connections = 4;
+  options.hello_timeout = absl::Minutes(5);  // one waits in its hello through a refusal
   StartPlane(options);
   std::vector<socket_plane::OwnedFd> open;
   for (int i = 0; i < 3; ++i) open.push_back(Greeted());  // idle between calls
   open.push_back(RawConnect(plane_->port()));             // in its hello
-  ExpectRefused("the data plane holds 4 connections");
+  ExpectRefused("the data plane holds 4 connections (summa-server --max_data_plane_connections)");
   // The one in its hello says it: four idle connections, the fifth still refused.
   SendHello(open[3].get(), "");
   absl::StatusOr<RawReply> hello = ReadReply(open[3].get());
   ASSERT_TRUE(hello.ok()) << hello.status();
   ASSERT_EQ(hello->header.code, 0u) << hello->message;
-  ExpectRefused("the data plane holds 4 connections");
+  ExpectRefused("the data plane holds 4 connections (summa-server --max_data_plane_connections)");
   EXPECT_EQ(plane_->connections(), 4);
   // One closes: there is room for one more, and only one.
   open[0].Reset();
   ASSERT_TRUE(Eventually([&] { return plane_->connections() == 3; })) << plane_->connections();
   open[0] = Greeted();
-  ExpectRefused("the data plane holds 4 connections");
+  ExpectRefused("the data plane holds 4 connections (summa-server --max_data_plane_connections)");
   // Once the client closes them all, a real client is served again.
   open.clear();
   ASSERT_TRUE(Eventually([&] { return plane_->connections() == 0; })) << plane_->connections();

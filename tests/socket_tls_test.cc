@@ -151,10 +151,10 @@ TEST_F(TlsPlaneTest, AClientCertificateFromAnotherCaOrNoneIsRefusedWhereTheServe
   EXPECT_TRUE(HelloOverTls(client_tls_).ok());
   const std::string other = MakeCerts("other");
   const absl::Status foreign = HelloOverTls({other + "/client.pem", other + "/client.key", certs_ + "/ca.pem"});
-  EXPECT_EQ(foreign.code(), absl::StatusCode::kUnavailable) << foreign;
+  EXPECT_EQ(foreign.code(), absl::StatusCode::kUnauthenticated) << foreign;
   EXPECT_TRUE(absl::StrContains(foreign.message(), "unknown ca")) << foreign;
   const absl::Status none = HelloOverTls({"", "", certs_ + "/ca.pem"});
-  EXPECT_EQ(none.code(), absl::StatusCode::kUnavailable) << none;
+  EXPECT_EQ(none.code(), absl::StatusCode::kUnauthenticated) << none;
   EXPECT_TRUE(absl::StrContains(none.message(), "certificate required")) << none;
 }
 
@@ -162,15 +162,15 @@ TEST_F(TlsPlaneTest, AServerCertificateTheClientCannotVerifyIsRefused) {
   StartTls(/*mutual=*/false);
   const std::string other = MakeCerts("other");
   const absl::Status untrusted = HelloOverTls({"", "", other + "/ca.pem"});
-  EXPECT_EQ(untrusted.code(), absl::StatusCode::kUnavailable) << untrusted;
+  EXPECT_EQ(untrusted.code(), absl::StatusCode::kUnauthenticated) << untrusted;
   EXPECT_TRUE(absl::StrContains(untrusted.message(), "certificate verify failed")) << untrusted;
   // The right CA, but a host the certificate does not name.
   const absl::Status elsewhere = HelloOverTls({"", "", certs_ + "/ca.pem"}, "summa-elsewhere.example");
-  EXPECT_EQ(elsewhere.code(), absl::StatusCode::kUnavailable) << elsewhere;
+  EXPECT_EQ(elsewhere.code(), absl::StatusCode::kUnauthenticated) << elsewhere;
   EXPECT_TRUE(absl::StrContains(elsewhere.message(), "hostname mismatch")) << elsewhere;
   // ... or an address it does not name (the connection still goes to 127.0.0.1).
   const absl::Status other_ip = HelloOverTls({"", "", certs_ + "/ca.pem"}, "127.0.0.2");
-  EXPECT_EQ(other_ip.code(), absl::StatusCode::kUnavailable) << other_ip;
+  EXPECT_EQ(other_ip.code(), absl::StatusCode::kUnauthenticated) << other_ip;
   EXPECT_TRUE(absl::StrContains(other_ip.message(), "IP address mismatch")) << other_ip;
   EXPECT_TRUE(HelloOverTls({"", "", certs_ + "/ca.pem"}, "localhost").ok());
 }

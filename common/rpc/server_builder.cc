@@ -10,12 +10,13 @@ namespace summa {
 
 namespace {
 
-// Registers the health service and starts the server (its port into running.port). Without
-// SO_REUSEPORT, which gRPC sets by default: a second server started on a taken port fails to
-// start instead of silently sharing the port's connections (and a probe port answering for
-// whichever process the kernel picked).
+// Registers the health service and starts the server (its port into running.port), with
+// kServerHandshakeTimeoutMs. Without SO_REUSEPORT, which gRPC sets by default: a second server
+// started on a taken port fails to start instead of silently sharing the port's connections (and
+// a probe port answering for whichever process the kernel picked).
 absl::Status Start(grpc::ServerBuilder& builder, const std::string& address, RunningServer& running) {
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, kServerHandshakeTimeoutMs);
   builder.RegisterService(running.health.get());
   running.server = builder.BuildAndStart();
   if (running.server == nullptr || running.port == 0) {

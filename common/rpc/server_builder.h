@@ -24,6 +24,12 @@ struct RunningServer {
   int port = 0;
 };
 
+// How long a connection to any of these servers has to finish its TLS handshake and send
+// HTTP/2's preface and SETTINGS before gRPC closes it (GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+// whose default, 120 s, let anyone who reaches the port hold a connection that long without a
+// byte). A gRPC client does all that in one round trip after it connects, TLS in two or three.
+inline constexpr int kServerHandshakeTimeoutMs = 2000;
+
 // `services` are not owned and must outlive the server. Messages over `max_message_bytes` are
 // refused by gRPC's transport (RESOURCE_EXHAUSTED). `completion_queues`: queues for services
 // with async methods (RunningServer::queues), which the caller must poll. Fails with

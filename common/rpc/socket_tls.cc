@@ -222,7 +222,9 @@ absl::Status Link::SslError(int result, absl::string_view what, short* wait) {
       std::string reason = OpenSslReason();
       const long verified = SSL_get_verify_result(ssl_);
       if (verified != X509_V_OK) absl::StrAppend(&reason, " (", X509_verify_cert_error_string(verified), ")");
-      return absl::UnavailableError(absl::StrCat(what, ": TLS: ", reason));
+      // TLS refused the peer (a certificate that does not verify, none where one is required, no
+      // TLS 1.3): not a connection that dropped, so UNAUTHENTICATED, which no one retries.
+      return absl::UnauthenticatedError(absl::StrCat(what, ": TLS: ", reason));
     }
   }
 }

@@ -84,8 +84,10 @@ class Link {
 
   // Makes this a TLS link and completes the handshake by `deadline`: as the server, or as a
   // client that checks the server's certificate is for `host` (a DNS name or an IP address).
-  // UNAVAILABLE naming OpenSSL's reason (a certificate that does not verify, a peer that speaks
-  // no TLS 1.3), DEADLINE_EXCEEDED, or UNAVAILABLE when the peer closes.
+  // UNAUTHENTICATED naming OpenSSL's reason when TLS refuses the peer (a certificate that does not
+  // verify, none where one is required, a peer that speaks no TLS 1.3; on later reads and writes
+  // too, where TLS reports the refusal after the handshake); DEADLINE_EXCEEDED; UNAVAILABLE when
+  // the peer closes or the socket fails.
   absl::Status StartTls(TlsContext& context, const std::string& host, absl::Time deadline);
 
   // Non-blocking: moves what it can now, and returns how many bytes; 0 when none can move now,

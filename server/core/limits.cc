@@ -33,6 +33,9 @@ absl::Status ValidateLimits(const LimitOptions& l, int64_t partition_bytes) {
       {l.max_open_collectives_per_peer, "max_open_collectives_per_peer"},
       {l.max_allreduce_bytes, "max_allreduce_bytes"},
       {l.max_bytes_in_flight_per_peer, "max_bytes_in_flight_per_peer"},
+      {l.max_data_plane_connections, "max_data_plane_connections"},
+      {l.max_data_plane_connections_in_hello, "max_data_plane_connections_in_hello"},
+      {l.max_data_plane_connections_in_hello_per_source, "max_data_plane_connections_in_hello_per_source"},
   };
   for (const auto& [value, flag] : counts) {
     if (absl::Status s = AtLeastOne(value, flag); !s.ok()) return s;
@@ -47,6 +50,10 @@ absl::Status ValidateLimits(const LimitOptions& l, int64_t partition_bytes) {
   if (l.max_message_bytes > (int64_t{2} << 30) - 1) {
     return absl::InvalidArgumentError(absl::StrCat("--max_message_bytes must be below 2 GiB (gRPC's "
                                                    "limit), got ", l.max_message_bytes));
+  }
+  if (l.data_plane_hello_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("--data_plane_hello_timeout must be positive, got ",
+                                                   absl::FormatDuration(l.data_plane_hello_timeout)));
   }
   if (!(l.join_rate > 0) || !std::isfinite(l.join_rate)) {
     return absl::InvalidArgumentError(absl::StrCat("--join_rate must be a positive number of joins per "

@@ -53,6 +53,19 @@ struct LimitOptions {
   int64_t max_bytes_in_flight_per_peer = int64_t{2} << 30;
   // Joins per second, with a burst of max(rate, 2 x workers) (a whole job restarting at once).
   double join_rate = 50;
+  // The socket data plane's connections (server/rpc/socket_plane.h), each of which holds a
+  // thread: in all (one past it is refused; only connections past their hello, that is with a
+  // token, can fill it), and those still in their hello, in all and per source address. A
+  // connection past either of the last two closes an older one still in its hello instead of
+  // being refused, so that a flood without a token churns its own connections rather than shutting
+  // members out.
+  int64_t max_data_plane_connections = 4096;
+  int64_t max_data_plane_connections_in_hello = 64;
+  int64_t max_data_plane_connections_in_hello_per_source = 16;
+  // How long a data-plane connection has, from its accept, to send its hello. A client on
+  // loopback is answered within 0.2 ms (99th percentile, connect included); the rest is room for
+  // a slow link and for a handshake inside the hello.
+  absl::Duration data_plane_hello_timeout = absl::Seconds(2);
 };
 
 // INVALID_ARGUMENT naming the flag: a limit below 1, or a message limit too small to carry a

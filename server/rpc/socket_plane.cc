@@ -1,6 +1,8 @@
 #include "server/rpc/socket_plane.h"
 
+#include <linux/tcp.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -8,6 +10,7 @@
 
 #include <cerrno>
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <utility>
 #include <system_error>
@@ -19,6 +22,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/rpc/wire.h"
+#include "server/rpc/hello_evictions.h"
 
 namespace summa::server {
 namespace {
@@ -26,7 +30,7 @@ namespace {
 using socket_plane::DataMethod;
 using socket_plane::OwnedFd;
 
-// How long a reply may take to write, and a hello once the connection is accepted.
+// How long a reply may take to write.
 constexpr absl::Duration kFrameTimeout = absl::Minutes(5);
 
 // How long a request's body may take once its header arrived: 10 s, and a second for every 4 MiB
@@ -34,7 +38,8 @@ constexpr absl::Duration kFrameTimeout = absl::Minutes(5);
 absl::Duration BodyTimeout(uint64_t bytes) {
   return absl::Seconds(10) + absl::Seconds(static_cast<int64_t>(bytes >> 22));
 }
-constexpr absl::Duration kHelloTimeout = absl::Seconds(10);
+// Events a flood makes many of (evictions, failed hellos) are logged at most this often.
+constexpr absl::Duration kTallyLineEvery = absl::Seconds(10);
 // The most a request buffer of the plane's keeps between calls.
 constexpr size_t kKeepBytes = 16 << 20;
 
@@ -130,6 +135,35 @@ class SocketCall final : public DataCall {
 
 }  // namespace
 
+// A count of events that anyone who reaches the port can make many of, each worth a line: the
+// first is logged, then at most one line every kTallyLineEvery, with the count since the last.
+// Thread-safe.
+class SocketPlane::Tally {
+ public:
+  // Counts one; true when a line is due, with the events since the last line (this one too) in
+  // `since`.
+  bool Note(uint64_t* since) {
+    absl::MutexLock lock(&mu_);
+    ++total_;
+    ++unlogged_;
+    const absl::Time now = absl::Now();
+    if (now < next_line_) return false;
+    *since = std::exchange(unlogged_, 0);
+    next_line_ = now + kTallyLineEvery;
+    return true;
+  }
+  uint64_t total() const {
+    absl::MutexLock lock(&mu_);
+    return total_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  uint64_t total_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t unlogged_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time next_line_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+};
+
 // The buffers requests are read into, a few for the whole plane, each keeping its capacity (up
 // to kKeepBytes) across calls: no allocation per call, and memory that does not grow with the
 // connections.
@@ -192,7 +226,12 @@ class SocketPlane::BodyBuffers {
 class SocketPlane::Connection {
  public:
   Connection(SocketPlane* plane, OwnedFd fd)
-      : plane_(plane), peer_(PeerOf(fd.get())), link_(std::move(fd)), wake_(::eventfd(0, EFD_CLOEXEC)) {}
+      : plane_(plane),
+        peer_(PeerOf(fd.get())),
+        source_(PeerKey(-1, peer_)),
+        hello_deadline_(absl::Now() + plane->options_.hello_timeout),
+        link_(std::move(fd)),
+        wake_(::eventfd(0, EFD_CLOEXEC)) {}
   ~Connection() {
     if (thread_.joinable()) thread_.join();
   }
@@ -215,10 +254,36 @@ class SocketPlane::Connection {
   }
   bool done() const { return done_.load(std::memory_order_acquire); }
 
+  // The acceptor's view of the hello phase (under the plane's mu_).
+  const std::string& source() const { return source_; }
+  bool in_hello() const { return !done() && phase_.load(std::memory_order_acquire) == Phase::kHello; }
+  // Whether the client has sent no byte yet: the kernel's count, whoever read them (the hello's
+  // reads, or a TLS handshake's). False where the kernel does not say.
+  bool Silent() {
+    absl::MutexLock lock(&fd_mu_);
+    tcp_info info = {};
+    socklen_t length = sizeof(info);
+    if (!link_.valid() || ::getsockopt(link_.fd(), IPPROTO_TCP, TCP_INFO, &info, &length) != 0 ||
+        length < offsetof(tcp_info, tcpi_bytes_received) + sizeof(info.tcpi_bytes_received)) {
+      return false;
+    }
+    return info.tcpi_bytes_received == 0;
+  }
+  // Closes the connection if it is still in its hello (its thread ends at once); false when its
+  // hello passed first, which the connection then keeps.
+  bool Evict() {
+    Phase hello = Phase::kHello;
+    if (!phase_.compare_exchange_strong(hello, Phase::kEvicted, std::memory_order_acq_rel)) return false;
+    Close(SHUT_RDWR);
+    return true;
+  }
+
  private:
   void Run() {
-    absl::Status hello = wake_.valid() ? Hello() : absl::ResourceExhaustedError("no eventfd for the connection");
-    LeaveHello();
+    const absl::Status hello =
+        wake_.valid() ? Hello() : absl::ResourceExhaustedError("no eventfd for the connection");
+    if (!hello.ok()) return HelloFailed(hello);
+    plane_->hellos_passed_.fetch_add(1, std::memory_order_relaxed);
     absl::Status ended = hello;
     while (ended.ok()) ended = ServeOne();
     // A client closing its connection is the usual end; anything else is worth a line, and the
@@ -244,10 +309,24 @@ class SocketPlane::Connection {
     }
   }
 
-  // Gives back the connection's place among those in their hello (once; later calls do nothing).
-  void LeaveHello() {
-    if (counted_in_hello_) plane_->in_hello_.fetch_sub(1, std::memory_order_relaxed);
-    counted_in_hello_ = false;
+  // A hello that failed. Anyone who reaches the port can fail one as often as they like: counted,
+  // and logged now and then. An eviction is the acceptor's to count, and a client that closed
+  // (a probe of the port, say) is not worth a line. A refusal sent is left time to be read.
+  void HelloFailed(const absl::Status& why) {
+    if (phase_.load(std::memory_order_acquire) == Phase::kEvicted || absl::IsUnavailable(why)) return;
+    uint64_t since = 0;
+    if (plane_->hellos_failed_->Note(&since)) {
+      SUMMA_LOG(WARNING) << "data plane: " << peer_ << ": " << why.message()
+                         << (since > 1 ? absl::StrCat(" (", since, " failed hellos since the last such line)") : "");
+    }
+    if (replied_) Linger();
+  }
+
+  // Leaves the hello phase, where the acceptor may evict the connection; false when it was
+  // evicted first.
+  bool LeaveHello() {
+    Phase hello = Phase::kHello;
+    return phase_.compare_exchange_strong(hello, Phase::kPassed, std::memory_order_acq_rel);
   }
 
   // Tells the client `why` (a reply with no message) and returns it: the connection's end.
@@ -258,7 +337,7 @@ class SocketPlane::Connection {
 
   absl::Status Hello() {
     char fixed[socket_plane::kHelloBytes];
-    const absl::Time deadline = absl::Now() + kHelloTimeout;
+    const absl::Time deadline = hello_deadline_;
     if (plane_->tls_ != nullptr) SUMMA_RETURN_IF_ERROR(StartTls(deadline));
     SUMMA_RETURN_IF_ERROR(link_.ReadFull(fixed, sizeof(fixed), deadline, "the hello"));
     absl::StatusOr<uint32_t> length = socket_plane::DecodeHello(fixed);
@@ -269,8 +348,9 @@ class SocketPlane::Connection {
         link_.ReadFull(authorization_.data(), authorization_.size(), deadline, "the hello's token"));
     const absl::Status admitted = plane_->tokens_->Check(authorization_, Role::kWorker);
     // Before the answer: a client told its hello is done may open another connection at once,
-    // and this one must no longer count against the hello-phase limit then.
-    LeaveHello();
+    // and this one must no longer count against the hello-phase bounds then. A refused one stays
+    // in the phase (evictable) until it closes.
+    if (admitted.ok() && !LeaveHello()) return absl::UnavailableError("evicted in its hello");
     SUMMA_RETURN_IF_ERROR(Reply(ToGrpcStatus(admitted), grpc::ByteBuffer()));  // OK too: the hello's answer
     return admitted;
   }
@@ -291,12 +371,10 @@ class SocketPlane::Connection {
       return Refuse(absl::FailedPreconditionError(
           "this data plane speaks TLS 1.3 (summa-server --tls_cert): connect with TLS (--tls_ca), as to its gRPC port"));
     }
-    if (absl::Status shaken = link_.StartTls(*plane_->tls_, "", deadline); !shaken.ok()) {
-      // A handshake that TLS refused (a certificate that does not verify, no TLS 1.3) is not the
-      // usual end of a connection: worth the line that Run keeps for the unusual.
-      if (absl::StrContains(shaken.message(), "TLS: ")) return absl::PermissionDeniedError(shaken.message());
-      return shaken;
-    }
+    // A handshake TLS refused (a certificate that does not verify, no TLS 1.3) comes back
+    // UNAUTHENTICATED, a failed hello that HelloFailed counts and logs; a peer that closed,
+    // UNAVAILABLE, which it does not.
+    SUMMA_RETURN_IF_ERROR(link_.StartTls(*plane_->tls_, "", deadline));
     plane_->NoteTls(link_);
     return absl::OkStatus();
   }
@@ -361,18 +439,25 @@ class SocketPlane::Connection {
   }
 
   absl::Status Reply(const grpc::Status& status, const grpc::ByteBuffer& response) {
+    replied_ = true;
     return WriteReply(link_, status, response, absl::Now() + kFrameTimeout, slices_, iov_, details_ok_);
   }
 
 
   SocketPlane* const plane_;
   const std::string peer_;
+  const std::string source_;  // peer_ without its port: what the per-source bound counts
+  const absl::Time hello_deadline_;
+  // kHello until the connection's thread passes its hello (kPassed) or the acceptor evicts it
+  // (kEvicted), whichever comes first; then never again.
+  enum class Phase { kHello, kPassed, kEvicted };
+  std::atomic<Phase> phase_{Phase::kHello};
   absl::Mutex fd_mu_;  // Close (another thread) against the thread's own close at its end
   socket_plane::Link link_;  // the socket, and TLS over it on a TLS plane
   const OwnedFd wake_;  // the answer's signal (an eventfd)
   std::string authorization_;  // from the hello
-  bool counted_in_hello_ = true;  // in the plane's in_hello_; the connection's thread's alone
-  bool details_ok_ = false;       // its hello's kHelloRefusalDetails: refusals carry their details
+  bool details_ok_ = false;    // its hello's kHelloRefusalDetails: refusals carry their details
+  bool replied_ = false;       // a reply was written (a refusal, the hello's): the thread's alone
   std::vector<grpc::Slice> slices_;
   std::vector<iovec> iov_;
   std::thread thread_;
@@ -408,7 +493,9 @@ SocketPlane::SocketPlane(ParameterServerService* service, const TokenCheck* toke
       tokens_(tokens),
       options_(options),
       bodies_(std::make_unique<BodyBuffers>(
-          std::clamp(2 * static_cast<int>(std::thread::hardware_concurrency()), kMinBodyBuffers, kMaxBodyBuffers))) {}
+          std::clamp(2 * static_cast<int>(std::thread::hardware_concurrency()), kMinBodyBuffers, kMaxBodyBuffers))),
+      hellos_failed_(std::make_unique<Tally>()),
+      evictions_(std::make_unique<Tally>()) {}
 
 SocketPlane::~SocketPlane() { Stop(); }
 
@@ -451,21 +538,18 @@ void SocketPlane::AcceptLoop() {
       }
       SUMMA_LOG(WARNING) << "data plane: refused a connection: " << message;
     };
+    // Connections without a token are held to the hello bounds: only members' fill this.
     if (connections_.size() >= static_cast<size_t>(options_.max_connections)) {
-      refuse(absl::StrCat("the data plane holds ", options_.max_connections, " connections"));
+      refuse(absl::StrCat("the data plane holds ", options_.max_connections,
+                          " connections (summa-server --max_data_plane_connections)"));
       continue;
     }
-    if (in_hello_.load(std::memory_order_relaxed) >= options_.max_connections_in_hello) {
-      refuse(absl::StrCat("the data plane has ", options_.max_connections_in_hello,
-                          " connections still in their hello"));
-      continue;
-    }
-    in_hello_.fetch_add(1, std::memory_order_relaxed);
-    connections_.push_back(std::make_unique<Connection>(this, std::move(accepted)));
+    auto connection = std::make_unique<Connection>(this, std::move(accepted));
+    MakeRoomInHello(connection->source());
+    connections_.push_back(std::move(connection));
     try {
       connections_.back()->Start();
     } catch (const std::system_error& e) {  // no thread to be had (a pids limit, say)
-      in_hello_.fetch_sub(1, std::memory_order_relaxed);
       connections_.pop_back();
       SUMMA_LOG(WARNING) << "data plane: no thread for a connection: " << e.what();
     }
@@ -479,6 +563,40 @@ void SocketPlane::NoteTls(const socket_plane::Link& link) {
                   << (link.kernel_tls_receive() ? "on" : "off")
                   << (link.kernel_tls_send() ? "" : " (off: the kernel offers no \"tls\" ULP, or OpenSSL cannot use it)");
 }
+
+void SocketPlane::MakeRoomInHello(const std::string& source) {
+  const HelloBounds bounds = {options_.max_connections_in_hello, options_.max_connections_in_hello_per_source};
+  std::vector<Connection*> in_hello;
+  std::vector<absl::string_view> sources;
+  for (;;) {
+    in_hello.clear();
+    sources.clear();
+    for (const auto& c : connections_) {  // oldest first
+      if (!c->in_hello()) continue;
+      in_hello.push_back(c.get());
+      sources.push_back(c->source());
+    }
+    const std::optional<HelloEviction> evict =
+        PickHelloEviction(sources, source, bounds, [&](size_t i) { return in_hello[i]->Silent(); });
+    if (!evict.has_value()) return;
+    Connection& victim = *in_hello[evict->index];
+    // Its hello may have passed meanwhile: then it is out of the phase anyway, and kept.
+    if (!victim.Evict()) continue;
+    uint64_t since = 0;
+    if (evictions_->Note(&since)) {
+      const bool per_source = evict->bound == HelloBound::kPerSource;
+      SUMMA_LOG(WARNING) << "data plane: closed a connection from " << victim.source() << " still in its hello"
+                         << (evict->silent ? " (nothing sent yet)" : "") << " to make room for a newer one from "
+                         << source << " under summa-server --max_data_plane_connections_in_hello"
+                         << (per_source ? absl::StrCat("_per_source=", bounds.per_source)
+                                        : absl::StrCat("=", bounds.total))
+                         << (since > 1 ? absl::StrCat("; ", since, " such evictions since the last such line") : "");
+    }
+  }
+}
+
+uint64_t SocketPlane::hellos_failed() const { return hellos_failed_->total(); }
+uint64_t SocketPlane::hello_evictions() const { return evictions_->total(); }
 
 void SocketPlane::Reap() {
   auto ended = std::remove_if(connections_.begin(), connections_.end(),

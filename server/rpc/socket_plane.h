@@ -5,10 +5,14 @@
 // once, or when a
 // round or a step completes on another thread) and writes it from the core's snapshot without a
 // copy. A connection that closes while its call waits cancels the call, as a gRPC client's
-// cancellation does. Thread-safe.
-// socket_plane.cc stays one file of about 470 lines: the acceptor and its connections share the
+// cancellation does. A connection's first exchange, its hello, proves its token; connections
+// still in it are bounded, and past a bound an older one is evicted rather than the newcomer
+// refused (SocketPlaneOptions), so that connections without a token cannot shut members out.
+// Thread-safe.
+// socket_plane.cc stays one file of about 590 lines: the acceptor and its connections share the
 // plane's private state (limits, buffers, the connection list) and each other's life cycle;
-// apart, each would read the other's internals.
+// apart, each would read the other's internals. Which connection an eviction takes is a rule of
+// its own (server/rpc/hello_evictions.h).
 #ifndef SUMMA_SERVER_RPC_SOCKET_PLANE_H_
 #define SUMMA_SERVER_RPC_SOCKET_PLANE_H_
 
@@ -31,12 +35,20 @@ namespace summa::server {
 struct SocketPlaneOptions {
   // A request longer than this is refused and its connection closed (--max_message_bytes).
   int64_t max_message_bytes = LimitOptions().max_message_bytes;
-  // At most this many connections at once, and of them at most `max_connections_in_hello` that
-  // have not yet passed their hello (a peer without a token holds no more); a connection past
-  // either is refused (RESOURCE_EXHAUSTED, naming the limit) as it is accepted. Each holds a
-  // thread.
-  int max_connections = 4096;
-  int max_connections_in_hello = 64;
+  // At most this many connections at once: one past it is refused (RESOURCE_EXHAUSTED, naming
+  // the flag) as it is accepted. Each holds a thread.
+  int64_t max_connections = LimitOptions().max_data_plane_connections;
+  // Connections still in their hello (accepted, their token not yet checked), in all and per
+  // source address (host, any port). A peer without a token holds no more; but one past either
+  // bound is taken, and an older connection in its hello closed in its place (an eviction): the
+  // source's own, or for the total the source holding the most; those that have sent no byte yet
+  // first (a client sends its hello as it connects), then the oldest. A flood from a member's own
+  // address (a NAT) churns its own idle connections, and the member's, which say their hello at
+  // once, get through. A connection past its hello is never evicted.
+  int64_t max_connections_in_hello = LimitOptions().max_data_plane_connections_in_hello;
+  int64_t max_connections_in_hello_per_source = LimitOptions().max_data_plane_connections_in_hello_per_source;
+  // From its accept, how long a connection has to send its hello; one that has not is closed then.
+  absl::Duration hello_timeout = LimitOptions().data_plane_hello_timeout;
   // The gRPC port's TLS files: when set, the plane speaks TLS 1.3 with them (the same
   // certificate, and with a CA the same client certificates required), its hello inside.
   TlsFiles tls;
@@ -59,9 +71,16 @@ class SocketPlane {
 
   // Connections open now.
   int connections() const;
+  // Since the plane started: connections whose hello passed (a member's), whose hello failed
+  // (timed out, not a hello, or a token refused), and closed in their hello to make room for a
+  // newer one (SocketPlaneOptions' bounds).
+  uint64_t hellos_passed() const { return hellos_passed_.load(std::memory_order_relaxed); }
+  uint64_t hellos_failed() const;
+  uint64_t hello_evictions() const;
 
   class Connection;
   class BodyBuffers;
+  class Tally;
   // Requests are read into buffers of the plane's, two per core and from kMinBodyBuffers to
   // kMaxBodyBuffers of them: what the server holds of requests at once (a request waits for one
   // while all are in use).
@@ -75,6 +94,8 @@ class SocketPlane {
   void NoteTls(const socket_plane::Link& link);
   // Joins and drops the connections whose threads have ended.
   void Reap() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Evicts connections in their hello until a new one from `source` is within both bounds.
+  void MakeRoomInHello(const std::string& source) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   ParameterServerService* const service_;
   const TokenCheck* const tokens_;
@@ -87,8 +108,10 @@ class SocketPlane {
   std::thread acceptor_;
   mutable absl::Mutex mu_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
-  std::atomic<int> in_hello_{0};  // connections accepted whose hello is not yet done
   std::vector<std::unique_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> hellos_passed_{0};
+  const std::unique_ptr<Tally> hellos_failed_;
+  const std::unique_ptr<Tally> evictions_;
 };
 
 }  // namespace summa::server

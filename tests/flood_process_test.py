@@ -19,6 +19,7 @@ import os
 import re
 import select
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -229,17 +230,33 @@ class FloodProcessTest(unittest.TestCase):
             self.assertLess(rss, RSS_BOUND_MIB, f"the server's peak RSS: {rss:.0f} MiB")
 
     def test_silent_connections_to_the_data_plane_do_not_keep_workers_off_it(self):
+        self.silent_flood(tls=False)
+
+    def test_silent_connections_to_the_tls_data_plane_do_not_keep_tls_workers_off_it(self):
+        """The same flood against a plane in mutual TLS, whose workers' hellos take a handshake
+        first (the handshake's bytes make their connections no longer silent, so the flood's
+        silent ones go first)."""
+        self.silent_flood(tls=True)
+
+    def silent_flood(self, tls):
         with ProcessGroup() as g:
             token = os.path.join(g.dir, "token")
             with open(token, "w") as f:
                 f.write("flood-test-token\n")
+            server_tls, worker_tls = [], []
+            if tls:
+                certs = os.path.join(g.dir, "certs")
+                subprocess.run(["bash", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts",
+                                                     "make-certs.sh"), certs], check=True, capture_output=True)
+                server_tls = [f"--tls_cert={certs}/server.pem", f"--tls_key={certs}/server.key", f"--tls_ca={certs}/ca.pem"]
+                worker_tls = [f"--tls_cert={certs}/client.pem", f"--tls_key={certs}/client.key", f"--tls_ca={certs}/ca.pem"]
             data_port_file = os.path.join(g.dir, "data.port")
             metrics_port_file = os.path.join(g.dir, "metrics.port")
             # The default bounds: 64 connections in their hello, 16 from one address.
             server, port = g.start_server(ARGS.server, "--workers=2", "--optimizer=adam", "--lr=0.001",
                                           f"--token_file={token}", "--data_address=127.0.0.1:0",
                                           f"--data_port_file={data_port_file}", "--metrics_address=127.0.0.1:0",
-                                          f"--metrics_port_file={metrics_port_file}")
+                                          f"--metrics_port_file={metrics_port_file}", *server_tls)
             data_port = int(g.wait_for_file(data_port_file, server))
             metrics_port = int(g.wait_for_file(metrics_port_file, server))
             flooder = SilentFlooder(data_port, width=SILENT_WIDTH)
@@ -252,7 +269,7 @@ class FloodProcessTest(unittest.TestCase):
                 self.assertIsNone(flooder.error, repr(flooder.error))
                 workers = [g.start(f"worker{r}", [
                     ARGS.worker, f"--server=127.0.0.1:{port}", f"--rank={r}", "--world_size=2",
-                    f"--token_file={token}", "--data_plane=socket", "--progress=never", *JOB])
+                    f"--token_file={token}", "--data_plane=socket", "--progress=never", *worker_tls, *JOB])
                     for r in range(2)]
                 for proc in workers:
                     self.assertEqual(g.wait(proc, 300), 0, g.log(proc))
@@ -277,6 +294,7 @@ class FloodProcessTest(unittest.TestCase):
             self.assertGreater(evictions, 0)
             self.assertGreater(flooder.opened, 2 * SILENT_WIDTH)  # it kept reconnecting
             self.assertIn("still in its hello", g.log(server))  # the eviction's line
+            self.assertEqual("data plane: TLSv1.3" in g.log(server), tls)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "summa-server: %s\n", std::string(coordinator.status().message()).c_str());
     return 2;
   }
+  const bool tls = security->tls.enabled();
   summa::BlockTerminationSignals();
   auto server = summa::server::SummaServer::Start(absl::GetFlag(FLAGS_address), options,
                                                   absl::GetFlag(FLAGS_metrics_address), *std::move(security),
@@ -83,7 +84,8 @@ int main(int argc, char** argv) {
     if (!write_port(absl::GetFlag(FLAGS_health_port_file), (*server)->health_port())) return 1;
   }
   if ((*server)->data_port() != 0) {
-    std::printf("summa-server: socket data plane (plaintext) on port %d\n", (*server)->data_port());
+    std::printf("summa-server: socket data plane (%s) on port %d\n", tls ? "TLS 1.3" : "plaintext",
+                (*server)->data_port());
     std::fflush(stdout);
     if (!write_port(absl::GetFlag(FLAGS_data_port_file), (*server)->data_port())) return 1;
   }

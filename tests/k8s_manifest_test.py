@@ -147,7 +147,7 @@ class K8sManifestTest(unittest.TestCase):
         secret, path = self.mounted(job, worker, RANK_TOKENS)
         self.assertNotIn("items", secret, "one pod template for every rank: the whole Secret")
         self.assertFlagInMount(worker["args"], "token_file", path, "rank-$(JOB_COMPLETION_INDEX)")
-        self.assertEqual([(e["name"], e["valueFrom"]["fieldRef"]["fieldPath"]) for e in worker["env"]],
+        self.assertEqual([(e["name"], e["valueFrom"]["fieldRef"]["fieldPath"]) for e in worker.get("env", [])],
                          [("JOB_COMPLETION_INDEX", COMPLETION_INDEX)])
 
     def check_tls(self, objs):

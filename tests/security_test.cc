@@ -11,10 +11,8 @@
 
 #include <unistd.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <thread>
 
 #include "absl/strings/ascii.h"
@@ -31,30 +29,16 @@
 #include "summa/v1/summa.grpc.pb.h"
 #include "client/ps_client.h"
 #include "tests/socket_frames.h"
+#include "tests/test_certs.h"
 
 namespace summa {
 namespace {
 
 namespace pb = ::summa::v1;
 
-std::string MakeCerts(const std::string& name) {
-  // ctest runs each case as a process of its own, at once: every case has a directory of its own.
-  const std::string dir = ::testing::TempDir() + "/security_test_" +
-                          ::testing::UnitTest::GetInstance()->current_test_info()->name() + "_" +
-                          std::to_string(::getpid()) + "_" + name;
-  std::filesystem::remove_all(dir);
-  const std::string command =
-      std::string(SUMMA_SOURCE_DIR) + "/scripts/make-certs.sh " + dir + " >/dev/null";
-  EXPECT_EQ(std::system(command.c_str()), 0) << command;
-  return dir;
-}
-
-std::string Read(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return std::string(absl::StripAsciiWhitespace(s.str()));
-}
+using test::MakeCerts;
+// A token file's token.
+std::string Read(const std::string& path) { return test::ReadTrimmed(path); }
 
 class SecurityTest : public ::testing::Test {
  protected:

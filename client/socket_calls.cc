@@ -30,6 +30,7 @@ struct SocketCalls::Connection {
   std::vector<grpc::Slice> slices;  // the request's, while it is sent
   std::vector<iovec> iov;
   size_t iov_at = 0;
+  bool request_cut = false;  // the reply came before the whole request went out
   char reply_head[kHeaderBytes];
   socket_plane::ReplyHeader reply;
   std::string message;
@@ -153,6 +154,7 @@ void SocketCalls::Begin(Connection& c, size_t tag) {
   c.busy = true;
   c.tag = tag;
   c.stage = Connection::Stage::kSend;
+  c.request_cut = false;
   socket_plane::Gather(*call.request, c.request_head, sizeof(c.request_head), c.slices, c.iov);
   // A message with values is its fields, then the values as a slice of their own (common/wire):
   // padding ahead of it puts the values on a 4-byte boundary, where the server reads them in place.
@@ -248,8 +250,9 @@ void SocketCalls::End(Connection& c, absl::Status status) {
   ended_.emplace_back(c.tag, status);
   c.busy = false;
   c.slices.clear();
-  // A failed call leaves its connection mid-frame (or the server closed it): it goes.
-  if (!status.ok()) c.link.Reset();
+  // A failed call leaves its connection mid-frame (or the server closed it), and so does one
+  // answered before its request was all sent (whose unsent bytes a TLS link still holds): it goes.
+  if (!status.ok() || c.request_cut) c.link.Reset();
 }
 
 bool SocketCalls::Next(size_t* tag, absl::Status* status) {
@@ -311,12 +314,14 @@ bool SocketCalls::Next(size_t* tag, absl::Status* status) {
       for (size_t k = 0; k < polled.size(); ++k) {
         Connection& c = *polled[k];
         if (fds[k].revents == 0 || !c.busy) continue;
-        if (c.stage == Connection::Stage::kSend && (fds[k].revents & POLLIN)) {
+        if (c.stage == Connection::Stage::kSend && (fds[k].revents & POLLIN) && c.wait != POLLIN) {
           // A reply before the whole request went out is a refusal (a request over the
           // server's limit): read it rather than push the rest at a server that reads no more.
+          // (Not when the write itself waits to read: TLS may have to, to go on sending.)
           c.slices.clear();
           c.stage = Connection::Stage::kHead;
           c.got = 0;
+          c.request_cut = true;
         }
         Advance(c);
       }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_replace.h"
 #include "absl/time/time.h"
 #include "client/ps_client.h"
 #include "common/rpc/socket_frame.h"
@@ -175,6 +176,34 @@ TEST_F(TlsPlaneTest, AServerCertificateTheClientCannotVerifyIsRefused) {
   EXPECT_TRUE(HelloOverTls({"", "", certs_ + "/ca.pem"}, "localhost").ok());
 }
 
+TEST_F(TlsPlaneTest, ACaFileHoldingAnIntermediateIssuerIsTrustedAsGrpcTrustsIt) {
+  // A root, an issuer it signs (a cert-manager issuer, say), and the server's certificate from
+  // the issuer; the client trusts the issuer alone.
+  const std::string dir = certs_ + "/chain";
+  const std::string script = "set -e; mkdir -p " + dir + "; cd " + dir + R"(
+    q() { "$@" 2>/dev/null; }
+    q openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=root -keyout root.key -out root.pem
+    q openssl req -newkey rsa:2048 -nodes -subj /CN=issuer -keyout issuer.key -out issuer.csr
+    printf 'basicConstraints=critical,CA:true
+keyUsage=critical,keyCertSign,cRLSign
+' >ca.ext
+    q openssl x509 -req -in issuer.csr -CA root.pem -CAkey root.key -CAcreateserial -days 2 -extfile ca.ext -out issuer.pem
+    q openssl req -newkey rsa:2048 -nodes -subj /CN=summa-server -keyout server.key -out server.csr
+    printf 'subjectAltName=IP:127.0.0.1
+extendedKeyUsage=serverAuth
+' >server.ext
+    q openssl x509 -req -in server.csr -CA issuer.pem -CAkey issuer.key -CAcreateserial -days 2 -extfile server.ext -out server.pem)";
+  ASSERT_EQ(std::system(("bash -c '" + absl::StrReplaceAll(script, {{"'", "'\\''"}}) + "'").c_str()), 0);
+  token_ = ReadTrimmed(certs_ + "/worker.token");
+  security_.tls = {dir + "/server.pem", dir + "/server.key", ""};
+  security_.tokens = TokenCheck(token_, "", false);
+  StartServer(1, 4 << 20);
+  const absl::Status trusted = HelloOverTls({"", "", dir + "/issuer.pem"});
+  EXPECT_TRUE(trusted.ok()) << trusted;
+  // A CA file with neither the issuer nor its root still fails.
+  EXPECT_EQ(HelloOverTls({"", "", certs_ + "/ca.pem"}).code(), absl::StatusCode::kUnauthenticated);
+}
+
 TEST_F(TlsPlaneTest, ARotatedCertificateIsServedToNewConnectionsWithoutARestart) {
   // The server's files are copies, so that the test can replace them as a renewal would.
   const std::string live = certs_ + "/live";
@@ -197,6 +226,7 @@ TEST_F(TlsPlaneTest, ARotatedCertificateIsServedToNewConnectionsWithoutARestart)
   // The files are looked at again kCertificateRefreshSeconds after the last look at most.
   absl::SleepFor(absl::Seconds(kCertificateRefreshSeconds) + absl::Milliseconds(200));
   const absl::Status old_ca = HelloOverTls({"", "", certs_ + "/ca.pem"});
+  EXPECT_EQ(old_ca.code(), absl::StatusCode::kUnauthenticated) << old_ca;
   EXPECT_TRUE(absl::StrContains(old_ca.message(), "certificate verify failed")) << old_ca;
   EXPECT_TRUE(HelloOverTls({"", "", renewed + "/ca.pem"}).ok());
 }

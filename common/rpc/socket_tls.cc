@@ -64,7 +64,9 @@ absl::StatusOr<std::shared_ptr<SSL_CTX>> MakeContext(const TlsFiles& f, bool ser
   if (ctx == nullptr) return absl::InternalError(absl::StrCat("TLS for the data plane: ", OpenSslReason()));
   SSL_CTX* c = ctx.get();
   SSL_CTX_set_min_proto_version(c, TLS1_3_VERSION);
-  SSL_CTX_set_options(c, SSL_OP_ENABLE_KTLS | SSL_OP_CIPHER_SERVER_PREFERENCE);
+  // A peer's close without close_notify is an end like any other: the frames' lengths tell a cut
+  // message already, and OpenSSL would otherwise answer each close with an alert.
+  SSL_CTX_set_options(c, SSL_OP_ENABLE_KTLS | SSL_OP_CIPHER_SERVER_PREFERENCE | SSL_OP_IGNORE_UNEXPECTED_EOF);
   if (SSL_CTX_set_ciphersuites(c, kSuites) != 1) {
     return absl::InternalError(absl::StrCat("TLS 1.3's suites: ", OpenSslReason()));
   }
@@ -87,6 +89,9 @@ absl::StatusOr<std::shared_ptr<SSL_CTX>> MakeContext(const TlsFiles& f, bool ser
     if (SSL_CTX_load_verify_locations(c, f.ca.c_str(), nullptr) != 1) {
       return absl::InvalidArgumentError(absl::StrCat("--tls_ca ", f.ca, ": ", OpenSslReason()));
     }
+    // gRPC's rule for its roots: a chain may end at any certificate in --tls_ca, an intermediate
+    // CA's too (a cert-manager issuer), not only at a self-signed root.
+    X509_STORE_set_flags(SSL_CTX_get_cert_store(c), X509_V_FLAG_PARTIAL_CHAIN | X509_V_FLAG_TRUSTED_FIRST);
   }
   if (server) {
     // gRPC's rule (common/rpc/transport.cc): a server given a CA requires client certificates
@@ -251,6 +256,7 @@ absl::Status Link::StartTls(TlsContext& context, const std::string& host, absl::
   staging_ = std::make_unique<char[]>(kRecordBytes);
   for (;;) {
     ERR_clear_error();
+    errno = 0;
     const int done = SSL_do_handshake(ssl_);
     if (done == 1) return absl::OkStatus();
     short wait = 0;
@@ -275,6 +281,7 @@ absl::StatusOr<size_t> Link::Receive(char* data, size_t size, short* wait) {
     }
   }
   ERR_clear_error();
+  errno = 0;
   size_t n = 0;
   const int read = SSL_read_ex(ssl_, data, size, &n);
   if (read == 1) return n;
@@ -322,6 +329,7 @@ absl::StatusOr<size_t> Link::Send(const iovec* iov, int count, short* wait) {
     }
   }
   ERR_clear_error();
+  errno = 0;
   size_t written = 0;
   const int wrote = SSL_write_ex(ssl_, pending_, pending_bytes_, &written);
   if (wrote == 1) {
@@ -363,7 +371,10 @@ absl::Status Link::WriteFull(iovec* iov, int count, absl::Time deadline, absl::s
     absl::StatusOr<size_t> sent = Send(iov, count, &wait);
     if (!sent.ok()) return absl::Status(sent.status().code(), absl::StrCat(what, ": ", sent.status().message()));
     if (*sent == 0) {
-      SUMMA_RETURN_IF_ERROR(Await(fd_.get(), wait, deadline, what));
+      if (absl::Status ready = Await(fd_.get(), wait, deadline, what); !ready.ok()) {
+        pending_bytes_ = 0;  // the caller's bytes are not to be retried after it has given up
+        return ready;
+      }
       continue;
     }
     for (size_t n = *sent; n > 0;) {

@@ -165,7 +165,7 @@ void ParameterServerService::OnDaemonThread(absl::FunctionRef<void()> task) {
 grpc::Status ParameterServerService::DataPlane(grpc::ServerContext* context, const pb::DataPlaneRequest*,
                                                pb::DataPlaneResponse* response) {
   if (grpc::Status denied = Authorize(*context, "DataPlane"); !denied.ok()) return denied;
-  response->set_port(data_plane_port_.load(std::memory_order_relaxed));
+  response->set_port(data_plane_port_.load(std::memory_order_acquire));
   response->set_tls(data_plane_tls_.load(std::memory_order_relaxed));
   return grpc::Status::OK;
 }

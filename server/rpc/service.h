@@ -146,7 +146,8 @@ class ParameterServerService final : public ServiceBase {
   // The socket data plane's port (server/rpc/socket_plane.h), which DataPlane tells; 0: none.
   void set_data_plane_port(int port, bool tls) {
     data_plane_tls_.store(tls, std::memory_order_relaxed);
-    data_plane_port_.store(port, std::memory_order_relaxed);
+    // Release: a DataPlane call that sees the port sees whether it speaks TLS.
+    data_plane_port_.store(port, std::memory_order_release);
   }
 
   // A data-path call (from gRPC's data path, server/rpc/data_path.h, or the socket plane), on the

@@ -319,7 +319,9 @@ class SocketPlane::Connection {
       SUMMA_LOG(WARNING) << "data plane: " << peer_ << ": " << why.message()
                          << (since > 1 ? absl::StrCat(" (", since, " failed hellos since the last such line)") : "");
     }
-    if (replied_) Linger();
+    // A TLS refusal's alert is a reply too (OpenSSL sent it): closing with the client's hello
+    // unread would reset the connection and could lose it.
+    if (replied_ || absl::IsUnauthenticated(why)) Linger();
   }
 
   // Leaves the hello phase, where the acceptor may evict the connection; false when it was
@@ -528,8 +530,9 @@ void SocketPlane::AcceptLoop() {
     if (stopped_) return;
     Reap();
     auto refuse = [&](const std::string& message) {
-      // A TLS client cannot read a refusal before its handshake, which takes a thread: it only
-      // sees the connection close (and its client waits for one it has, or fails naming it).
+      // A TLS client cannot read a refusal before its handshake, which would take a thread: it
+      // only sees the connection close (UNAVAILABLE, "the peer closed the connection"), retries
+      // a few times (SocketCalls::Open), then waits for a connection it has or fails.
       if (tls_ == nullptr) {
         socket_plane::Link plain(std::move(accepted));
         WriteReply(plain, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, message), grpc::ByteBuffer(),

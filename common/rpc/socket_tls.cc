@@ -220,10 +220,7 @@ absl::Status Link::SslError(int result, absl::string_view what, short* wait) {
       return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(e)));
     }
     default: {
-      if (ERR_GET_REASON(ERR_peek_error()) == SSL_R_UNEXPECTED_EOF_WHILE_READING) {
-        ERR_clear_error();
-        return absl::UnavailableError(absl::StrCat(what, ": the peer closed the connection"));
-      }
+      // (A close without close_notify is SSL_ERROR_ZERO_RETURN above: SSL_OP_IGNORE_UNEXPECTED_EOF.)
       std::string reason = OpenSslReason();
       const long verified = SSL_get_verify_result(ssl_);
       if (verified != X509_V_OK) absl::StrAppend(&reason, " (", X509_verify_cert_error_string(verified), ")");

@@ -29,6 +29,10 @@ absl::string_view DataMethodName(DataMethod method) {
       return "PushPull";
     case DataMethod::kAllReduce:
       return "AllReduce";
+    case DataMethod::kSparsePull:
+      return "SparsePull";
+    case DataMethod::kSparsePush:
+      return "SparsePush";
   }
   return "";
 }

@@ -12,9 +12,18 @@
 namespace summa {
 
 // The numbers are the socket plane's (common/rpc/socket_frame.h): part of its wire format.
-enum class DataMethod : uint32_t { kInitialize = 1, kPush = 2, kPull = 3, kPushPull = 4, kAllReduce = 5 };
-inline constexpr DataMethod kDataMethods[] = {DataMethod::kInitialize, DataMethod::kPush, DataMethod::kPull,
-                                              DataMethod::kPushPull, DataMethod::kAllReduce};
+enum class DataMethod : uint32_t {
+  kInitialize = 1,
+  kPush = 2,
+  kPull = 3,
+  kPushPull = 4,
+  kAllReduce = 5,
+  kSparsePull = 6,
+  kSparsePush = 7,
+};
+inline constexpr DataMethod kDataMethods[] = {DataMethod::kInitialize, DataMethod::kPush,       DataMethod::kPull,
+                                              DataMethod::kPushPull,   DataMethod::kAllReduce,  DataMethod::kSparsePull,
+                                              DataMethod::kSparsePush};
 
 // "Push"; the method's name in the service.
 absl::string_view DataMethodName(DataMethod method);

@@ -111,6 +111,40 @@ class Adam final : public Optimizer {
   }
 };
 
+// Adagrad as torch.optim.Adagrad computes it (single-tensor path, lr_decay 0): sum += g^2,
+// w -= lr * g / (sqrt(sum) + eps), L2 decay added to the gradient. The embedding tables' row-wise
+// Adagrad (server/core/embedding_table.h) is this rule on the rows a step touched.
+class Adagrad final : public Optimizer {
+ public:
+  explicit Adagrad(OptimizerOptions o) : Optimizer(std::move(o)) {}
+
+  std::vector<std::string> SlotNames() const override { return {"sum"}; }
+
+  void Apply(uint64_t, double learning_rate, absl::Span<float> weights,
+             absl::Span<const absl::Span<float>> slots, absl::Span<const float> grad_sum,
+             int64_t num_examples) const override {
+    if (num_examples <= 0) return;
+    const float scale = static_cast<float>(1.0 / static_cast<double>(num_examples));
+    const float lr = static_cast<float>(learning_rate);
+    const float eps = static_cast<float>(options().eps);
+    const float wd = static_cast<float>(options().weight_decay);
+    float* w = weights.data();
+    float* sum = slots[0].data();
+    const float* g = grad_sum.data();
+    for (size_t i = 0; i < weights.size(); ++i) {
+      const float grad = g[i] * scale + wd * w[i];
+      sum[i] += grad * grad;
+      w[i] -= lr * (grad / (std::sqrt(sum[i]) + eps));
+    }
+  }
+
+ private:
+  std::string DescribeRule() const override {
+    const OptimizerOptions& o = options();
+    return absl::StrCat("adagrad(lr=", o.learning_rate, ", eps=", o.eps, ", weight_decay=", o.weight_decay, ")");
+  }
+};
+
 }  // namespace
 
 absl::StatusOr<LrSchedule> ParseLrSchedule(const std::string& name) {
@@ -168,8 +202,14 @@ absl::StatusOr<std::unique_ptr<const Optimizer>> Optimizer::Create(const Optimiz
     }
     return std::unique_ptr<const Optimizer>(new Adam(o));
   }
+  if (o.name == "adagrad") {
+    if (!std::isfinite(o.eps) || o.eps <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("eps ", o.eps, " must be finite and positive"));
+    }
+    return std::unique_ptr<const Optimizer>(new Adagrad(o));
+  }
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown optimizer '", o.name, "': use sgd, adam or adamw"));
+      absl::StrCat("unknown optimizer '", o.name, "': use sgd, adam, adamw or adagrad"));
 }
 
 double Optimizer::LearningRate(uint64_t t) const {

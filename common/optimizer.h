@@ -4,7 +4,8 @@
 // weights (its inner optimizer), and, in DiLoCo, the server's outer weights. PyTorch semantics, so a job matches
 // torch.optim given the same gradients: the gradient is the pushed sum divided by the examples
 // it covers; `sgd` (momentum, nesterov, L2 weight decay added to the gradient), `adam` (L2 decay
-// added to the gradient) and `adamw` (decoupled decay), each under a learning-rate schedule.
+// added to the gradient), `adamw` (decoupled decay) and `adagrad` (L2 decay added to the
+// gradient; the embedding tables' row-wise Adagrad), each under a learning-rate schedule.
 // Immutable after Create; thread-safe (const).
 #ifndef SUMMA_COMMON_OPTIMIZER_H_
 #define SUMMA_COMMON_OPTIMIZER_H_
@@ -22,13 +23,13 @@ namespace summa {
 enum class LrSchedule { kConstant, kStep, kCosine };
 
 struct OptimizerOptions {
-  std::string name = "sgd";  // sgd, adam or adamw
+  std::string name = "sgd";  // sgd, adam, adamw or adagrad
   double learning_rate = 0.1;
   double weight_decay = 0.0;
   // sgd
   double momentum = 0.0;
   bool nesterov = false;
-  // adam, adamw
+  // adam, adamw (eps: adagrad's too)
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;

@@ -143,7 +143,7 @@ ABSL_FLAG(std::string, init_from, ServerOptions().init_from,
           "first joiner's values");
 ABSL_FLAG(std::string, optimizer, OptimizerOptions().name,
           "optimizer applied to the summed gradient divided by the examples pushed, with "
-          "PyTorch's semantics: sgd, adam or adamw (decoupled weight decay)");
+          "PyTorch's semantics: sgd, adam, adamw (decoupled weight decay) or adagrad");
 ABSL_FLAG(double, lr, OptimizerOptions().learning_rate, "learning rate (the schedule's peak)");
 ABSL_FLAG(double, momentum, OptimizerOptions().momentum,
           "sgd: momentum in [0, 1); 0 is the seed's plain SGD");
@@ -152,7 +152,7 @@ ABSL_FLAG(double, weight_decay, OptimizerOptions().weight_decay,
           "weight decay: L2 added to the gradient (sgd, adam), decoupled (adamw)");
 ABSL_FLAG(double, beta1, OptimizerOptions().beta1, "adam, adamw: decay of the first moment, in [0, 1)");
 ABSL_FLAG(double, beta2, OptimizerOptions().beta2, "adam, adamw: decay of the second moment, in [0, 1)");
-ABSL_FLAG(double, eps, OptimizerOptions().eps, "adam, adamw: added to the denominator");
+ABSL_FLAG(double, eps, OptimizerOptions().eps, "adam, adamw, adagrad: added to the denominator");
 ABSL_FLAG(std::string, lr_schedule, LrScheduleName(OptimizerOptions().schedule),
           "learning-rate schedule over the updates: constant; step (multiply by --lr_gamma every "
           "--lr_step_size updates); cosine (linear warm-up over --lr_warmup_steps, then half a "
@@ -212,6 +212,10 @@ ABSL_FLAG(std::string, max_message_bytes, summa::FormatByteSize(LimitOptions().m
           "transport); at least --partition_bytes (and 4MiB, an AllReduce chunk) plus 64KiB");
 ABSL_FLAG(std::string, max_model_bytes, summa::FormatByteSize(LimitOptions().max_model_bytes),
           "largest model a Join may declare (the server allocates it before any value arrives)");
+ABSL_FLAG(std::string, max_table_bytes, summa::FormatByteSize(LimitOptions().max_table_bytes),
+          "bytes this shard's embedding tables may hold (rows, their optimizer state and index, "
+          "ids waiting for admission); a pull that would create a row past it is refused with "
+          "RESOURCE_EXHAUSTED. 0: no bound");
 ABSL_FLAG(int64_t, max_parked_calls, LimitOptions().max_parked_calls,
           "pulls and AllReduce calls waiting for their step or round, in total");
 ABSL_FLAG(int64_t, max_parked_calls_per_peer, LimitOptions().max_parked_calls_per_peer,
@@ -370,6 +374,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   } sizes[] = {
       {&l.max_message_bytes, "max_message_bytes", absl::GetFlag(FLAGS_max_message_bytes)},
       {&l.max_model_bytes, "max_model_bytes", absl::GetFlag(FLAGS_max_model_bytes)},
+      {&l.max_table_bytes, "max_table_bytes", absl::GetFlag(FLAGS_max_table_bytes)},
       {&l.max_allreduce_bytes, "max_allreduce_bytes", absl::GetFlag(FLAGS_max_allreduce_bytes)},
       {&l.max_bytes_in_flight_per_peer, "max_bytes_in_flight_per_peer",
        absl::GetFlag(FLAGS_max_bytes_in_flight_per_peer)},

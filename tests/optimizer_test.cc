@@ -156,7 +156,7 @@ TEST(OptimizerTest, RefusesBadOptionsNamingThem) {
   };
   OptimizerOptions o;
   o.name = "rmsprop";
-  EXPECT_NE(refused(o).find("use sgd, adam or adamw"), std::string::npos);
+  EXPECT_NE(refused(o).find("use sgd, adam, adamw or adagrad"), std::string::npos);
   o = {};
   o.learning_rate = -1;
   EXPECT_NE(refused(o).find("learning rate"), std::string::npos);

@@ -73,6 +73,7 @@ std::vector<std::pair<std::string, std::string>> AsFlags(const ServerOptions& o)
       {"require_sessions", Text(o.require_sessions)},
       {"max_message_bytes", FormatByteSize(l.max_message_bytes)},
       {"max_model_bytes", FormatByteSize(l.max_model_bytes)},
+      {"max_table_bytes", FormatByteSize(l.max_table_bytes)},
       {"max_parked_calls", Text(l.max_parked_calls)},
       {"max_parked_calls_per_peer", Text(l.max_parked_calls_per_peer)},
       {"max_collectives", Text(l.max_collectives)},

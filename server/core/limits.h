@@ -39,6 +39,9 @@ struct LimitOptions {
   // The biggest model a Join may declare: the server allocates it (twice, with the optimizer's
   // state) before any value arrives.
   int64_t max_model_bytes = int64_t{16} << 30;
+  // The bytes a shard's embedding tables hold (rows, their optimizer state, their index, ids
+  // waiting for admission); 0: no bound. A pull that would create a row past it is refused.
+  int64_t max_table_bytes = 0;
   // Pulls and AllReduce calls waiting for their step or round.
   int64_t max_parked_calls = 65536;
   int64_t max_parked_calls_per_peer = 4096;

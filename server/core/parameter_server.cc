@@ -38,7 +38,8 @@ ParameterServer::ParameterServer(ServerOptions options)
       membership_(options_.world_size, options_.on_worker_loss, options_.lease,
                   options_.rejoin_deadline, options_.clock, options_.require_sessions, options_.min_workers),
       policy_(ConsistencyPolicy::Create(options_.mode, MakeContext(options_, optimizer_.get(), &membership_))),
-      started_(options_.clock->Now()) {
+      started_(options_.clock->Now()),
+      table_memory_(options_.limits.max_table_bytes) {
   if (options_.follower) membership_.set_follower(true);
   membership_.AddObserver([this] { OnMembershipChange(); });
   LogGroupsFrom(0);
@@ -88,7 +89,29 @@ absl::Status ParameterServer::Answerable() const {
 }
 
 absl::StatusOr<std::unique_ptr<ParameterServer::Model>> ParameterServer::NewModel(
-    std::vector<TensorSpec> specs, const std::vector<float>& flat) const {
+    std::vector<TensorSpec> specs, const std::vector<float>& flat,
+    const std::vector<summa::v1::EmbeddingTableSpec>& tables) const {
+  if (!tables.empty() && (options_.backup_workers > 0 || options_.sync_every > 0)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "embedding tables are not served with ", options_.sync_every > 0 ? "DiLoCo (--mode=diloco)" : "--backup_workers",
+        ": a table's step sums every member's rows (docs/embeddings.md)"));
+  }
+  TableContext table_context;
+  table_context.mode = options_.mode;
+  table_context.shard = options_.shard;
+  table_context.shards = options_.shards;
+  table_context.members = &membership_;
+  table_context.memory = const_cast<TableMemory*>(&table_memory_);
+  std::vector<std::unique_ptr<EmbeddingTable>> made;
+  for (const summa::v1::EmbeddingTableSpec& spec : tables) {
+    for (const auto& t : made) {
+      if (t->name() == spec.name()) {
+        return absl::InvalidArgumentError(absl::StrCat("embedding table '", spec.name(), "' is declared twice"));
+      }
+    }
+    SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<EmbeddingTable> table, EmbeddingTable::Create(spec, table_context));
+    made.push_back(std::move(table));
+  }
   SUMMA_ASSIGN_OR_RETURN(PartitionMap map, PartitionMap::Create(std::move(specs), options_.partition_bytes));
   if (!flat.empty() && static_cast<int64_t>(flat.size()) != map.num_elements()) {
     return absl::InvalidArgumentError(absl::StrCat("the model has ", map.num_elements(),
@@ -121,6 +144,7 @@ absl::StatusOr<std::unique_ptr<ParameterServer::Model>> ParameterServer::NewMode
     p->step_group_epoch = membership_.group_epoch();
   }
   if (flat.empty()) model->pending = static_cast<int>(model->partitions.size());
+  model->tables = std::move(made);
   return model;
 }
 
@@ -198,16 +222,34 @@ absl::Status ParameterServer::DefineModel(const JoinRequestView& request) {
       offset += t.spec.num_elements();
     }
   }
-  SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<Model> defined, NewModel(std::move(specs), flat));
+  SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<Model> defined, NewModel(std::move(specs), flat, request.tables));
   initial_.reset();
   PublishModel(std::move(defined));
   SUMMA_LOG(INFO) << "model defined by rank " << request.rank << ": " << request.params.size()
                   << " tensors, " << model()->map.num_elements() << " parameters in "
-                  << model()->partitions.size() << " partitions" << values_from;
+                  << model()->partitions.size() << " partitions" << values_from
+                  << (request.tables.empty() ? "" : absl::StrCat("; ", request.tables.size(), " embedding table(s)"));
   return absl::OkStatus();
 }
 
 absl::Status ParameterServer::CheckSameModel(const Model& model, const JoinRequestView& request) const {
+  // A joiner that uses no table declares none; one that declares them declares the job's.
+  if (!request.tables.empty()) {
+    if (request.tables.size() != model.tables.size()) {
+      return absl::FailedPreconditionError(absl::StrCat("model mismatch: the job has ", model.tables.size(),
+                                                        " embedding table(s), this worker declares ",
+                                                        request.tables.size()));
+    }
+    for (size_t i = 0; i < model.tables.size(); ++i) {
+      absl::StatusOr<summa::v1::EmbeddingTableSpec> theirs = EmbeddingTable::Normalized(request.tables[i]);
+      if (!theirs.ok()) return theirs.status();
+      if (theirs->SerializeAsString() != model.tables[i]->spec().SerializeAsString()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "model mismatch at embedding table ", i, ": the job's is {", model.tables[i]->spec().ShortDebugString(),
+            "}, this worker declares {", theirs->ShortDebugString(), "}"));
+      }
+    }
+  }
   const std::vector<TensorSpec>& ours = model.map.specs();
   for (size_t i = 0; i < std::max(ours.size(), request.params.size()); ++i) {
     if (i >= request.params.size()) {
@@ -344,6 +386,7 @@ absl::StatusOr<Admitted> ParameterServer::Admit(const Model& m, const JoinReques
   absl::StatusOr<Admitted> admitted = membership_.Admit(request.rank, request.peer, request.status_address, from);
   if (admitted.ok() && admitted->grew) {
     for (const auto& p : m.partitions) policy_->OnAdmitted(*p, admitted->rank, admitted->from_step);
+    for (const auto& t : m.tables) t->OnAdmitted(admitted->rank, admitted->from_step);
   }
   for (auto it = m.partitions.rbegin(); it != m.partitions.rend(); ++it) (*it)->mu.Unlock();
   if (admitted.ok() && admitted->grew) LogGroupsFrom(admitted->from_step);
@@ -384,6 +427,10 @@ void ParameterServer::OnMembershipChange() {
     }
     CountAnswers(released, p->range.length);
   }
+  for (const auto& t : m->tables) {
+    CallsToFinish released;
+    t->OnMembershipChange(released);
+  }
   if (step != UINT64_MAX) LogGroupsFrom(options_.mode == Mode::kSync ? step : 0);
   if (restarted != UINT64_MAX) {
     const GroupView group = membership_.GroupAt(restarted);
@@ -402,6 +449,7 @@ void ParameterServer::FailParked(const absl::Status& status) {
     p->parked.FailAll(status, failed);
     p->clock_parked.FailAll(status, failed);
   }
+  for (const auto& t : m->tables) t->FailParked(status, failed);
 }
 
 void ParameterServer::Tick(absl::Time now) {
@@ -420,6 +468,7 @@ void ParameterServer::Tick(absl::Time now) {
     p->parked.Expire(now, why, expired);
     p->clock_parked.Expire(now, why, expired);
   }
+  for (const auto& t : m->tables) t->Expire(now, expired);
 }
 
 void ParameterServer::Shutdown() {
@@ -490,9 +539,12 @@ StatusSnapshot ParameterServer::Status() const {
         s.learning_rate = optimizer_->LearningRate(p->version);
       }
     }
+    for (const auto& t : m->tables) s.tables.push_back(t->Counters());
   } else {
     s.learning_rate = optimizer_->LearningRate(0);
   }
+  s.table_bytes = table_memory_.used();
+  s.max_table_bytes = table_memory_.limit();
   const StatusSnapshot traffic = Traffic();
   s.bytes_in = traffic.bytes_in;
   s.bytes_out = traffic.bytes_out;

@@ -31,6 +31,7 @@
 #include "common/tensor.h"
 #include "server/core/checkpoint_codec.h"
 #include "server/core/consistency.h"
+#include "server/core/embedding_table.h"
 #include "server/core/job_options.h"
 #include "server/core/membership.h"
 #include "common/optimizer.h"
@@ -57,6 +58,29 @@ struct JoinRequestView {
   bool values_follow = false;
   // It takes a DiLoCo job's local steps and pushes pseudo-gradients (JoinRequest).
   bool takes_local_steps = false;
+  // The job's embedding tables (JoinRequest.tables): the defining Join declares them, a later
+  // one repeats them or declares none.
+  std::vector<summa::v1::EmbeddingTableSpec> tables;
+};
+
+// A pull of some rows of one embedding table (SparsePullRequest), ids parsed.
+struct SparsePullView {
+  int rank = 0;
+  uint64_t session = 0;
+  uint32_t table = 0;
+  uint64_t min_version = 0;
+  std::vector<uint64_t> ids;
+};
+
+// Row gradients of one step for one table (SparsePushRequest); views valid while the call runs.
+struct SparsePushView {
+  int rank = 0;
+  uint64_t session = 0;
+  uint32_t table = 0;
+  uint64_t step = 0;
+  int64_t num_examples = 0;
+  absl::Span<const uint64_t> ids;
+  absl::Span<const float> grads;
 };
 
 struct InitializeView {
@@ -124,6 +148,11 @@ struct StatusSnapshot {
   // behind the largest of any partition's; late_pushes, every rank's summed.
   std::vector<RankLateness> lateness;
   uint64_t late_pushes = 0;
+  // The embedding tables' rows held here, in declaration order, and the bytes of all of them
+  // against --max_table_bytes (0: no bound).
+  std::vector<TableCounters> tables;
+  int64_t table_bytes = 0;
+  int64_t max_table_bytes = 0;
 };
 
 class ParameterServer {
@@ -202,6 +231,18 @@ class ParameterServer {
   // newest in async mode, and the newest once the slowest member is within `staleness` steps in
   // ssp mode.
   void PushPull(const PushRequestView& request, std::shared_ptr<ParkedCall> call);
+
+  // Embedding tables (server/core/embedding_table.h). SparsePull answers `call` with the rows of
+  // `ids` of table `table` once it is at min_version or later (parked until then, up to the
+  // barrier deadline); SparsePush hands a step's row gradients to the table: true when they
+  // completed its step (sync) or were applied. Both refuse, changing nothing: INVALID_ARGUMENT
+  // for an unknown table (naming the tables declared), an id past the table's num_embeddings or
+  // another shard's, a length unlike the table's dimension; the membership's refusals as Push's;
+  // and the table's own (EmbeddingTable::Pull, Push).
+  void SparsePull(SparsePullView request, std::shared_ptr<ParkedCall> call);
+  absl::StatusOr<bool> SparsePush(const SparsePushView& request);
+  // The table of index `table` of the model, or INVALID_ARGUMENT naming the tables declared.
+  absl::StatusOr<EmbeddingTable*> Table(uint32_t table) const;
 
   // Lapses expired leases (dropping them under `shrink`, ending the job under `wait` once the
   // rejoin deadline passes) and finishes parked pulls past their deadline with
@@ -283,6 +324,8 @@ class ParameterServer {
     mutable std::atomic<int> pending{0};
     // Sync checkpoints: partitions' copies taken (Freeze), counted to tell when all hold one.
     mutable std::atomic<uint64_t> frozen{0};
+    // The job's embedding tables, in declaration order, each with this shard's rows.
+    std::vector<std::unique_ptr<EmbeddingTable>> tables;
   };
 
   const Model* model() const { return model_.load(std::memory_order_acquire); }
@@ -322,7 +365,8 @@ class ParameterServer {
   // `flat` holds every initial value, or is empty: the values follow through Initialize (or a
   // restore), and the partitions are pending until then.
   absl::StatusOr<std::unique_ptr<Model>> NewModel(std::vector<TensorSpec> specs,
-                                                  const std::vector<float>& flat) const;
+                                                  const std::vector<float>& flat,
+                                                  const std::vector<summa::v1::EmbeddingTableSpec>& tables = {}) const;
   void PublishModel(std::unique_ptr<Model> model) ABSL_EXCLUSIVE_LOCKS_REQUIRED(define_mu_);
   // The model, once it has every initial value; FAILED_PRECONDITION otherwise.
   absl::StatusOr<const Model*> ReadyModel() const;
@@ -363,6 +407,9 @@ class ParameterServer {
   const std::unique_ptr<const ConsistencyPolicy> policy_;
   const absl::Time started_;
 
+  // What the tables of every model (a rolled-back one's too, while it lives) hold: declared
+  // before the models, so that it outlives them.
+  TableMemory table_memory_;
   absl::Mutex define_mu_;  // serializes defining the model
   std::unique_ptr<Model> model_owner_ ABSL_GUARDED_BY(define_mu_);
   // --init_from's weights until the model is defined (StartFrom).

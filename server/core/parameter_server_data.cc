@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/compression.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -258,6 +259,61 @@ void ParameterServer::PushPull(const PushRequestView& request, std::shared_ptr<P
     }
   }
   CountAnswers(answer, p.range.length);
+}
+
+}  // namespace summa::server
+
+namespace summa::server {
+
+absl::StatusOr<EmbeddingTable*> ParameterServer::Table(uint32_t table) const {
+  SUMMA_ASSIGN_OR_RETURN(const Model* m, ReadyModel());
+  if (table >= m->tables.size()) {
+    std::vector<std::string> names;
+    for (const auto& t : m->tables) names.push_back(absl::StrCat("'", t->name(), "'"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "embedding table ", table, " is not declared: the job has ", m->tables.size(), " table(s)",
+        names.empty() ? "" : absl::StrCat(" (", absl::StrJoin(names, ", "), ")")));
+  }
+  return m->tables[table].get();
+}
+
+void ParameterServer::SparsePull(SparsePullView request, std::shared_ptr<ParkedCall> call) {
+  absl::Status ok = Answerable();
+  absl::StatusOr<EmbeddingTable*> table = absl::InternalError("unset");
+  if (ok.ok()) {
+    table = Table(request.table);
+    ok = table.status();
+  }
+  if (ok.ok()) ok = membership_.Touch(request.rank, request.session);
+  if (ok.ok()) ok = (*table)->CheckIds(request.ids);
+  if (!ok.ok()) {
+    if (call->Claim()) call->Finish(ok);
+    return;
+  }
+  const int64_t floats = static_cast<int64_t>(request.ids.size()) * (*table)->dim();
+  CallsToFinish answered;
+  (*table)->Pull(std::move(request.ids), request.min_version, options_.clock->Now() + BarrierDeadline(),
+                 std::move(call), answered);
+  CountAnswers(answered, floats);
+}
+
+absl::StatusOr<bool> ParameterServer::SparsePush(const SparsePushView& request) {
+  SUMMA_RETURN_IF_ERROR(Answerable());
+  SUMMA_ASSIGN_OR_RETURN(EmbeddingTable * table, Table(request.table));
+  SUMMA_RETURN_IF_ERROR(membership_.Touch(request.rank, request.session));
+  SUMMA_RETURN_IF_ERROR(table->CheckIds(request.ids));
+  CallsToFinish released;
+  absl::StatusOr<bool> completed = table->Push(request.rank, request.step, request.num_examples, request.ids,
+                                               request.grads, released);
+  pulls_served_.fetch_add(released.size(), std::memory_order_relaxed);
+  if (completed.ok()) {
+    pushes_served_.fetch_add(1, std::memory_order_relaxed);
+    bytes_in_.fetch_add(request.ids.size() * sizeof(uint64_t) + request.grads.size() * sizeof(float),
+                        std::memory_order_relaxed);
+  } else if (absl::IsAlreadyExists(completed.status())) {
+    duplicate_pushes_.fetch_add(1, std::memory_order_relaxed);
+  }
+  return completed;
 }
 
 }  // namespace summa::server

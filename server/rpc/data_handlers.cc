@@ -147,6 +147,19 @@ std::shared_ptr<Parked> PullCall(const ParameterServer* core, DataCall* call, ui
 
 void Done(DataCall* call, const absl::Status& status) { call->Answer(ToGrpcStatus(status)); }
 
+// `count` little-endian uint64 ids from `bytes` (at any alignment) into `ids`; INVALID_ARGUMENT
+// when the bytes are not `count` ids.
+absl::Status ReadIds(absl::string_view bytes, uint64_t count, std::vector<uint64_t>* ids, const char* what) {
+  if (bytes.size() / sizeof(uint64_t) < count || (count == 0 && !bytes.empty()) ||
+      bytes.size() % sizeof(uint64_t) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", bytes.size(), " bytes of ids do not hold ", count,
+                                                   " little-endian uint64 ids"));
+  }
+  ids->resize(count);
+  std::memcpy(ids->data(), bytes.data(), count * sizeof(uint64_t));
+  return absl::OkStatus();
+}
+
 // OK when `caller` may act as `rank`, the rank a request of `method` names (ActingRank).
 absl::Status MayActAs(const Caller& caller, DataMethod method, int rank) {
   const absl::string_view name = DataMethodName(method);
@@ -174,6 +187,10 @@ void ParameterServerService::ServeData(DataMethod method, DataCall* call) {
       return ServePushPull(call, *caller);
     case DataMethod::kAllReduce:
       return ServeAllReduce(call, *caller);
+    case DataMethod::kSparsePull:
+      return ServeSparsePull(call, *caller);
+    case DataMethod::kSparsePush:
+      return ServeSparsePush(call, *caller);
   }
 }
 
@@ -301,6 +318,74 @@ void ParameterServerService::ServeAllReduce(DataCall* call, const Caller& caller
   c.data = data;
   c.peer = peer;
   hub_->Contribute(c, std::move(answer));
+}
+
+void ParameterServerService::ServeSparsePull(DataCall* call, const Caller& caller) {
+  pb::SparsePullRequest r;
+  absl::Status parsed = ParseWithBytes(call->request(), {}, nullptr, &r);
+  if (!parsed.ok()) return Done(call, parsed);
+  if (absl::Status s = MayActAs(caller, DataMethod::kSparsePull, r.rank()); !s.ok()) return Done(call, s);
+  SparsePullView view;
+  view.rank = r.rank();
+  view.session = r.session();
+  view.table = r.table();
+  view.min_version = r.min_version();
+  if (absl::Status s = ReadIds(r.ids(), r.ids().size() / sizeof(uint64_t), &view.ids, "a sparse pull"); !s.ok()) {
+    return Done(call, s);
+  }
+  absl::StatusOr<PeerBudget::Hold> parked = parked_.Take(PeerKey(r.rank(), call->peer()), 1);
+  if (!parked.ok()) return Done(call, parked.status());
+  grpc::ByteBuffer* response = call->response();
+  auto answer = std::make_shared<Parked>(
+      call,
+      [response, table = r.table()](uint64_t version, const Snapshot& rows, bool) {
+        pb::SparsePullResponse header;
+        header.set_table(table);
+        header.set_version(version);
+        *response = EncodeWithBytes(header, pb::SparsePullResponse::kRowsFieldNumber, SliceOf(rows));
+      },
+      Parked::WaitSpan{core_->options().tracer, "sparse wait"}, Parked::Holds{*std::move(parked), {}});
+  call->Parks(answer);
+  core_->SparsePull(std::move(view), std::move(answer));
+}
+
+void ParameterServerService::ServeSparsePush(DataCall* call, const Caller& caller) {
+  pb::SparsePushRequest header;
+  RequestValues request_values;  // given back and counted when the handler returns
+  Scratch& values = request_values.scratch();
+  constexpr int kDataPath[] = {pb::SparsePushRequest::kDataFieldNumber};
+  absl::string_view data;
+  absl::Status parsed = ParseRequest(*call, kDataPath, &values, &data, &header);
+  if (!parsed.ok()) return Done(call, parsed);
+  if (absl::Status s = MayActAs(caller, DataMethod::kSparsePush, header.rank()); !s.ok()) return Done(call, s);
+  const uint64_t count = header.count();
+  const uint64_t id_bytes = count * sizeof(uint64_t);
+  if (data.size() < id_bytes || (data.size() - id_bytes) % sizeof(float) != 0) {
+    return Done(call, absl::InvalidArgumentError(absl::StrCat("a sparse push of ", count, " rows sends ", data.size(),
+                                                              " bytes: fewer than its ids, or not ids then float32 rows")));
+  }
+  thread_local std::vector<uint64_t> ids;
+  ids.resize(count);
+  std::memcpy(ids.data(), data.data(), id_bytes);
+  absl::StatusOr<PeerBudget::Hold> bytes = in_flight_.Take(PeerKey(header.rank(), call->peer()), data.size());
+  if (!bytes.ok()) return Done(call, bytes.status());
+  SparsePushView view;
+  view.rank = header.rank();
+  view.session = header.session();
+  view.table = header.table();
+  view.step = header.step();
+  view.num_examples = header.num_examples();
+  view.ids = ids;
+  // The values follow the ids: on a 4-byte boundary, as ParseRequest put the field on one.
+  view.grads = absl::MakeConstSpan(reinterpret_cast<const float*>(data.data() + id_bytes),
+                                   (data.size() - id_bytes) / sizeof(float));
+  absl::StatusOr<bool> completed = core_->SparsePush(view);
+  if (completed.ok()) {
+    pb::SparsePushResponse reply;
+    reply.set_completed_step(*completed);
+    *call->response() = Encode(reply);
+  }
+  Done(call, completed.status());
 }
 
 }  // namespace summa::server

@@ -45,6 +45,12 @@ class AsyncCall final : public DataCall {
         case Method::kAllReduce:
           service_->RequestAllReduce(&context_, &request_, &writer_, queue_, queue_, &arrived_);
           break;
+        case Method::kSparsePull:
+          service_->RequestSparsePull(&context_, &request_, &writer_, queue_, queue_, &arrived_);
+          break;
+        case Method::kSparsePush:
+          service_->RequestSparsePush(&context_, &request_, &writer_, queue_, queue_, &arrived_);
+          break;
       }
     });
     if (!started) delete this;

@@ -39,6 +39,8 @@ inline constexpr MethodRole kMethodRoles[] = {
     {"Push", Role::kWorker, Acts::kAsRank},
     {"Pull", Role::kWorker, Acts::kAsRank},
     {"PushPull", Role::kWorker, Acts::kAsRank},
+    {"SparsePull", Role::kWorker, Acts::kAsRank},
+    {"SparsePush", Role::kWorker, Acts::kAsRank},
     // A member collective's rank is the member's; a fixed group's is the caller's place in the
     // group, its own say-so, so a scoped token may take only its own rank's place there too (the
     // default: summa.allreduce numbers a fixed group by the processes' ranks). A group numbered

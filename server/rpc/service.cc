@@ -54,6 +54,7 @@ grpc::Status ParameterServerService::Join(grpc::ServerContext* context, const pb
   view.status_address = request->status_address();
   view.values_follow = request->values_follow();
   view.takes_local_steps = request->takes_local_steps();
+  view.tables.assign(request->tables().begin(), request->tables().end());
   for (const pb::Tensor& t : request->params()) {
     absl::StatusOr<TensorSpec> spec = SpecFromProto(t);
     if (!spec.ok()) return ToGrpcStatus(spec.status());
@@ -249,6 +250,24 @@ grpc::Status ParameterServerService::GetStatus(grpc::ServerContext* context, con
   response->set_backup_workers(o.backup_workers);
   response->set_sync_every(o.sync_every);
   response->set_late_pushes(s.late_pushes);
+  for (const TableCounters& t : s.tables) {
+    pb::TableStatus* out = response->add_tables();
+    out->set_name(t.name);
+    out->set_dim(t.dim);
+    out->set_optimizer(t.optimizer);
+    out->set_version(t.version);
+    out->set_rows(t.rows);
+    out->set_bytes(t.bytes);
+    out->set_rows_created(t.rows_created);
+    out->set_rows_expired(t.rows_expired);
+    out->set_rows_waiting_admission(t.rows_waiting_admission);
+    out->set_unadmitted_reads(t.unadmitted_reads);
+    out->set_dropped_gradients(t.dropped_gradients);
+    out->set_rows_pulled(t.rows_pulled);
+    out->set_rows_pushed(t.rows_pushed);
+  }
+  response->set_table_bytes(s.table_bytes);
+  response->set_max_table_bytes(s.max_table_bytes);
   response->set_joins_refused(joins_.refused());
   response->set_request_buffer_bytes(request_buffer_bytes());
   if (o.shards > 1 && o.shard == 0) {

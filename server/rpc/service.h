@@ -36,7 +36,9 @@ using ServiceBase = summa::v1::ParameterServer::WithRawMethod_Initialize<
     summa::v1::ParameterServer::WithRawMethod_Push<
     summa::v1::ParameterServer::WithRawMethod_Pull<
     summa::v1::ParameterServer::WithRawMethod_PushPull<
-    summa::v1::ParameterServer::WithRawMethod_AllReduce<summa::v1::ParameterServer::Service>>>>>;
+    summa::v1::ParameterServer::WithRawMethod_AllReduce<
+    summa::v1::ParameterServer::WithRawMethod_SparsePull<
+    summa::v1::ParameterServer::WithRawMethod_SparsePush<summa::v1::ParameterServer::Service>>>>>>>;
 
 // Whoever sends a parked call's answer: an async data-path call, or a held report's thread.
 class Answerable {
@@ -177,6 +179,8 @@ class ParameterServerService final : public ServiceBase {
   void ServePull(DataCall* call, const Caller& caller);
   void ServePushPull(DataCall* call, const Caller& caller);
   void ServeAllReduce(DataCall* call, const Caller& caller);
+  void ServeSparsePull(DataCall* call, const Caller& caller);
+  void ServeSparsePush(DataCall* call, const Caller& caller);
 
   // Runs `task` on the daemon's thread (Background) and waits for it.
   void OnDaemonThread(absl::FunctionRef<void()> task);

@@ -43,6 +43,9 @@ ParameterClient::ParameterClient(const std::string& address, absl::Duration call
     }
     shards_.push_back(std::move(shard));
   }
+  sparse_ = std::make_unique<SparseCalls>(
+      static_cast<int>(shards_.size()),
+      [this](std::unique_ptr<DataTransport>* transport) { return RefreshSparseTransport(transport); });
 }
 
 ParameterClient::~ParameterClient() = default;
@@ -86,24 +89,35 @@ absl::Status ParameterClient::ChooseDataPlane() {
     plane_chosen_ = false;
   }
   if (plane_chosen_) return absl::OkStatus();
-  // gRPC unless the socket data plane is chosen below; a transport is replaced only between
-  // calls, none in flight.
-  if (transport_ == nullptr || transport_->socket_plane()) transport_ = NewGrpcTransport();
-  if (data_plane_ == DataPlane::kGrpc) {
-    plane_chosen_ = true;
-    return absl::OkStatus();
-  }
-  // Where the socket data plane is not to be had: gRPC carries the data path until the next Join
-  // (an error where the plane was required). `quiet`: the usual case (a server that serves no
-  // plane), not worth a warning. `ask_again`: the server did not answer (not up yet): ask at the
-  // next call instead.
-  auto decline = [&](const absl::Status& why, bool quiet, bool ask_again = false) {
+  // A transport is replaced only between calls, none in flight: the socket plane's connections
+  // go before new ones are opened.
+  if (transport_ != nullptr && transport_->socket_plane()) transport_ = nullptr;
+  bool ask_again = false;
+  absl::StatusOr<std::unique_ptr<DataTransport>> socket =
+      OpenSocketPlane(&plane_tls_, &plane_token_, &ask_again, /*log=*/true);
+  // gRPC unless the socket data plane was opened, until the next Join.
+  if ((!socket.ok() || *socket == nullptr) && transport_ == nullptr) transport_ = NewGrpcTransport();
+  if (!socket.ok()) return socket.status();
+  plane_chosen_ = !ask_again;
+  if (*socket != nullptr) transport_ = *std::move(socket);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<DataTransport>> ParameterClient::OpenSocketPlane(
+    std::unique_ptr<socket_plane::TlsContext>* tls, std::string* token, bool* ask_again, bool log) const {
+  *ask_again = false;
+  if (data_plane_ == DataPlane::kGrpc) return nullptr;
+  // Where the socket data plane is not to be had: gRPC (an error where the plane was required).
+  // `quiet`: the usual case (a server that serves no plane), not worth a warning. `again`: the
+  // server did not answer (not up yet): ask at the next call instead.
+  auto decline = [&](const absl::Status& why, bool quiet,
+                     bool again = false) -> absl::StatusOr<std::unique_ptr<DataTransport>> {
     if (data_plane_ == DataPlane::kSocket) {
       return absl::Status(why.code(), absl::StrCat("--data_plane=socket: ", why.message()));
     }
-    if (!quiet) SUMMA_LOG(WARNING) << why.message() << "; the data path goes over gRPC";
-    plane_chosen_ = !ask_again;
-    return absl::OkStatus();
+    if (log && !quiet) SUMMA_LOG(WARNING) << why.message() << "; the data path goes over gRPC";
+    *ask_again = again;
+    return nullptr;
   };
   std::vector<SocketCalls::Endpoint> endpoints;
   for (const auto& shard : shards_) {
@@ -116,7 +130,7 @@ absl::Status ParameterClient::ChooseDataPlane() {
       return decline(absl::Status(why.code(), absl::StrCat("asking ", shard->address, " for its data plane: ",
                                                            why.message())),
                      /*quiet=*/absl::IsUnimplemented(why),  // a server from before the plane
-                     /*ask_again=*/absl::IsUnavailable(why) || absl::IsDeadlineExceeded(why));
+                     /*again=*/absl::IsUnavailable(why) || absl::IsDeadlineExceeded(why));
     }
     if (response.port() <= 0 || response.port() > 65535) {
       return decline(absl::FailedPreconditionError(
@@ -134,25 +148,47 @@ absl::Status ParameterClient::ChooseDataPlane() {
     if (!host.ok()) return decline(host.status(), /*quiet=*/false);
     endpoints.push_back({*std::move(host), response.port()});
   }
-  if (tls_.enabled() && plane_tls_ == nullptr) {
+  if (tls_.enabled() && *tls == nullptr) {
     absl::StatusOr<std::unique_ptr<socket_plane::TlsContext>> made =
         socket_plane::TlsContext::Create(tls_, /*server=*/false);
     if (!made.ok()) return decline(made.status(), /*quiet=*/false);
-    plane_tls_ = *std::move(made);
+    *tls = *std::move(made);
   }
-  plane_token_ = token_.Current();
-  auto calls = std::make_unique<SocketCalls>(
-      endpoints, plane_token_.empty() ? "" : absl::StrCat("Bearer ", plane_token_), plane_tls_.get());
+  *token = token_.Current();
+  auto calls =
+      std::make_unique<SocketCalls>(endpoints, token->empty() ? "" : absl::StrCat("Bearer ", *token), tls->get());
   for (size_t k = 0; k < endpoints.size(); ++k) {
     // One connection each now: a plane that cannot be reached (a port no one exposed) shows here.
     if (absl::Status s = calls->Open(static_cast<int>(k), absl::Now() + absl::Seconds(10)); !s.ok()) {
       return decline(s, /*quiet=*/false);
     }
   }
-  transport_ = std::move(calls);
-  plane_chosen_ = true;
-  SUMMA_LOG(INFO) << "the data path goes over the socket data plane (" << endpoints.front().host << ":"
-                  << endpoints.front().port << (endpoints.size() > 1 ? " and the other shards'" : "") << ")";
+  if (log) {
+    SUMMA_LOG(INFO) << "the data path goes over the socket data plane (" << endpoints.front().host << ":"
+                    << endpoints.front().port << (endpoints.size() > 1 ? " and the other shards'" : "") << ")";
+  }
+  return std::unique_ptr<DataTransport>(std::move(calls));
+}
+
+absl::Status ParameterClient::RefreshSparseTransport(std::unique_ptr<DataTransport>* transport) {
+  // As ChooseDataPlane does for the dense path: made anew after a Join or a lost plane (null),
+  // or where the plane's connections said a token rotated since.
+  if (*transport == nullptr) sparse_plane_chosen_ = false;
+  if (sparse_plane_chosen_ && (*transport)->socket_plane() && token_.Current() != sparse_plane_token_) {
+    sparse_plane_chosen_ = false;
+  }
+  if (sparse_plane_chosen_) return absl::OkStatus();
+  if (*transport != nullptr && (*transport)->socket_plane()) *transport = nullptr;
+  bool ask_again = false;
+  // The dense path's choice logs what it took, and why not the plane.
+  SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<DataTransport> socket,
+                         OpenSocketPlane(&sparse_plane_tls_, &sparse_plane_token_, &ask_again, /*log=*/false));
+  sparse_plane_chosen_ = !ask_again;
+  if (socket != nullptr) {
+    *transport = std::move(socket);
+  } else if (*transport == nullptr) {
+    *transport = NewGrpcTransport();
+  }
   return absl::OkStatus();
 }
 
@@ -432,6 +468,7 @@ absl::Status ParameterClient::Heartbeat(int rank) const {
 }
 
 absl::Status ParameterClient::Leave(int rank) {
+  sparse_->SetMember({});
   return EveryShard(rank, absl::Seconds(10), &pb::ParameterServer::Stub::Leave);
 }
 

@@ -7,7 +7,9 @@
 // In a job whose server asks for another wire format (--wire_dtype, --compress), pushes go out
 // as PushEncoder (client/push_encoder.h) encodes them and pulls are widened to float32.
 // Every call carries a deadline. Not thread-safe, except Heartbeat, which a second thread may
-// call at any time.
+// call at any time, and the embedding tables' calls (SparsePull, SparsePush), which another
+// thread may call while the dense calls run (they have a transport and a lock of their own,
+// client/sparse_calls.h); during a Join they fail (FAILED_PRECONDITION) or are refused.
 #ifndef SUMMA_CLIENT_PS_CLIENT_H_
 #define SUMMA_CLIENT_PS_CLIENT_H_
 
@@ -40,6 +42,7 @@
 #include "client/shard_agreement.h"
 #include "client/push_encoder.h"
 #include "client/socket_calls.h"
+#include "client/sparse_calls.h"
 
 namespace summa::worker {
 
@@ -132,6 +135,27 @@ class ParameterClient final : public ParameterStore {
   std::vector<int> staged_live_ranks_of(size_t i) const {
     return {pull_headers_[i].live_ranks().begin(), pull_headers_[i].live_ranks().end()};
   }
+  // The job's embedding tables (summa.v1 EmbeddingTableSpec), declared by the next Join
+  // (JoinRequest.tables): table t is tables[t]. Before Join.
+  void set_tables(std::vector<summa::v1::EmbeddingTableSpec> tables) { sparse_->set_tables(std::move(tables)); }
+  // Table `table`'s row length; INVALID_ARGUMENT naming how many tables are declared otherwise.
+  absl::StatusOr<int> TableDim(uint32_t table) const { return sparse_->TableDim(table); }
+  // Fills `rows` (ids.size() x dim floats) with each id's row of table `table`, as of a version
+  // at least `min_version`; the lowest version the shards answered. Each distinct id is pulled
+  // once, from the shard that holds it. See SparseCalls::Pull. Thread-safe.
+  absl::StatusOr<uint64_t> SparsePull(uint32_t table, uint64_t min_version, absl::Span<const uint64_t> ids,
+                                      float* rows) {
+    return sparse_->Pull(table, min_version, ids, rows);
+  }
+  // Pushes the row gradients `grads` (ids.size() x dim floats) of table `table` for `step`
+  // (duplicate ids' rows summed; in sync mode every shard gets a push, empty where it holds
+  // none of the ids); true when every shard completed its step. See SparseCalls::Push.
+  // Thread-safe.
+  absl::StatusOr<bool> SparsePush(uint32_t table, uint64_t step, int64_t num_examples,
+                                  absl::Span<const uint64_t> ids, const float* grads) {
+    return sparse_->Push(table, step, num_examples, ids, grads);
+  }
+
   // Where the server cut the model (after Join), in offset order.
   const std::vector<PartitionRange>& partitions() const { return partitions_; }
 
@@ -204,6 +228,18 @@ class ParameterClient final : public ParameterStore {
   // Decides, once (and again after a Join), which transport ForEach's calls take (transport_).
   // An error only where data_plane_ is kSocket.
   absl::Status ChooseDataPlane();
+  // The socket data plane's connections to every shard, as data_plane_ asks, with the TLS
+  // context in `*tls` (made here when needed) and the token in `*token` (the one its hellos
+  // said). Null where the data path goes over gRPC: not asked for, not offered, or not reached
+  // (`*ask_again`: the server did not answer; ask at the next call); an error only where
+  // data_plane_ is kSocket. With `log`, the choice (and an unexpected reason for gRPC) goes to
+  // the log. Thread-safe (the sparse calls' transport is made on their thread), given a `tls`
+  // and `token` of the caller's own.
+  absl::StatusOr<std::unique_ptr<DataTransport>> OpenSocketPlane(std::unique_ptr<socket_plane::TlsContext>* tls,
+                                                                 std::string* token, bool* ask_again,
+                                                                 bool log) const;
+  // The sparse calls' TransportSource: their own transport, on the plane OpenSocketPlane finds.
+  absl::Status RefreshSparseTransport(std::unique_ptr<DataTransport>* transport);
   std::unique_ptr<DataTransport> NewGrpcTransport() const;
   // ForEach over the partitions, each call to its partition's shard, named after its partition.
   absl::Status ForEachPartition(absl::FunctionRef<CallSpec(size_t)> start, const char* trace_name,
@@ -293,6 +329,14 @@ class ParameterClient final : public ParameterStore {
   bool recompute_on_stale_view_ = false;
   bool takes_local_steps_ = false;
   std::vector<int> staged_live_ranks_;
+  // The sparse calls' own socket plane state, as plane_tls_, plane_token_ and plane_chosen_ are
+  // the dense path's: touched only by RefreshSparseTransport, which sparse_ calls under its lock.
+  std::unique_ptr<socket_plane::TlsContext> sparse_plane_tls_;
+  std::string sparse_plane_token_;
+  bool sparse_plane_chosen_ = false;
+  // The embedding tables' calls. Declared last: it goes first, with its transport, which borrows
+  // shards_' stubs and sparse_plane_tls_.
+  std::unique_ptr<SparseCalls> sparse_;
 };
 
 }  // namespace summa::worker

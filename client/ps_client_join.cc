@@ -56,6 +56,7 @@ absl::StatusOr<JoinInfo> ParameterClient::Join(int rank, int world,
                                                const float* initial,
                                                const std::string& status_address) {
   plane_chosen_ = false;  // a restarted server may serve its data plane elsewhere
+  sparse_->SetMember({});  // until this Join is done, the sparse calls have no session to send
   pb::JoinRequest request;
   request.set_rank(rank);
   request.set_world_size(world);
@@ -69,6 +70,7 @@ absl::StatusOr<JoinInfo> ParameterClient::Join(int rank, int world,
   // no message holds the whole model.
   request.set_values_follow(initial != nullptr);
   request.set_takes_local_steps(takes_local_steps_);
+  for (pb::EmbeddingTableSpec& table : sparse_->tables()) *request.add_tables() = std::move(table);
   // Shard 0 first: it assigns the rank (when asked to) that the others are joined with.
   const int k = static_cast<int>(shards_.size());
   std::vector<pb::JoinResponse> responses;
@@ -232,6 +234,12 @@ absl::StatusOr<JoinInfo> ParameterClient::Join(int rank, int world,
   bool any = false;
   for (int i = 0; i < k; ++i) any |= initialize[i] = responses[i].initialize();
   if (any) SUMMA_RETURN_IF_ERROR(SendInitialValues(initial, initialize));
+  SparseCalls::Member member;
+  member.rank = rank_;
+  member.mode = mode_;
+  member.deadline = data_deadline_;
+  for (int i = 0; i < k; ++i) member.sessions.push_back(responses[i].session());
+  sparse_->SetMember(std::move(member));
   return info;
 }
 

@@ -258,6 +258,14 @@ grpc::ByteBuffer EncodeWithBytes(const google::protobuf::MessageLite& header, in
   return TwoSlices(prefix, std::move(values));
 }
 
+grpc::ByteBuffer EncodeWithBytes(const google::protobuf::MessageLite& header, int field, grpc::Slice first,
+                                 grpc::Slice second) {
+  std::string prefix = header.SerializeAsString();
+  AppendFieldHeader(field, first.size() + second.size(), &prefix);
+  grpc::Slice slices[3] = {grpc::Slice(prefix), std::move(first), std::move(second)};
+  return grpc::ByteBuffer(slices, 3);
+}
+
 grpc::ByteBuffer EncodeWithNestedBytes(const google::protobuf::MessageLite& outer, int outer_field,
                                        const google::protobuf::MessageLite& inner, int inner_field,
                                        grpc::Slice values) {

@@ -76,6 +76,10 @@ grpc::ByteBuffer TwoSlices(const std::string& prefix, grpc::Slice values);
 // `header` with its bytes field `field` holding `values`, which go as they are (one message of
 // two slices). `header`'s own `field` must be empty.
 grpc::ByteBuffer EncodeWithBytes(const google::protobuf::MessageLite& header, int field, grpc::Slice values);
+// The same with the bytes field in two parts, `first` then `second`, each sent as it is (a
+// sparse push's ids, then its rows).
+grpc::ByteBuffer EncodeWithBytes(const google::protobuf::MessageLite& header, int field, grpc::Slice first,
+                                 grpc::Slice second);
 // The same one message down: `outer` with its message field `outer_field` holding `inner`, whose
 // bytes field `inner_field` holds `values` (AllReduce's tensor).
 grpc::ByteBuffer EncodeWithNestedBytes(const google::protobuf::MessageLite& outer, int outer_field,

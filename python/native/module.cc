@@ -60,6 +60,36 @@ Floats FloatBuffer(const py::buffer& b, bool writable, int64_t floats, const cha
   return {static_cast<float*>(info.ptr), info.size};
 }
 
+// A C-contiguous buffer of 64-bit row ids: uint64, or int64 (torch's index dtype) whose values
+// must not be negative.
+absl::Span<const uint64_t> IdBuffer(const py::buffer& b, const char* what) {
+  py::buffer_info info = b.request();
+  std::string format = info.format;
+  if (!format.empty() && (format[0] == '@' || format[0] == '=' || format[0] == '<')) format.erase(0, 1);
+  const bool is_unsigned = format == "Q" || format == "L";
+  const bool is_signed = format == "q" || format == "l";
+  if (info.itemsize != sizeof(uint64_t) || !(is_unsigned || is_signed)) {
+    throw py::type_error(absl::StrCat(what, ": uint64 or int64 ids are needed, not format '", info.format, "'"));
+  }
+  int64_t expected_stride = sizeof(uint64_t);
+  for (int d = static_cast<int>(info.ndim) - 1; d >= 0; --d) {
+    if (info.shape[d] > 1 && info.strides[d] != expected_stride) {
+      throw py::value_error(absl::StrCat(what, ": the buffer is not C-contiguous"));
+    }
+    expected_stride *= info.shape[d];
+  }
+  const auto* ids = static_cast<const uint64_t*>(info.ptr);
+  if (is_signed) {
+    for (int64_t i = 0; i < info.size; ++i) {
+      if (static_cast<int64_t>(ids[i]) < 0) {
+        Raise(absl::InvalidArgumentError(absl::StrCat(what, ": id ", static_cast<int64_t>(ids[i]), " at position ", i,
+                                                      " is negative")));
+      }
+    }
+  }
+  return absl::MakeConstSpan(ids, static_cast<size_t>(info.size));
+}
+
 class NativeClient {
  public:
   // `token_file`, when given, in place of `token`: read again when it changes (ClientToken).
@@ -179,6 +209,44 @@ class NativeClient {
     Check(s);
   }
 
+  // The job's embedding tables, each a serialized summa.v1.EmbeddingTableSpec, for the next join.
+  void SetTables(const std::vector<py::bytes>& tables) {
+    std::vector<summa::v1::EmbeddingTableSpec> specs(tables.size());
+    for (size_t i = 0; i < tables.size(); ++i) {
+      if (!specs[i].ParseFromString(std::string(tables[i]))) {
+        Raise(absl::InvalidArgumentError(
+            absl::StrCat("set_tables: table ", i, " is not a serialized summa.v1.EmbeddingTableSpec")));
+      }
+    }
+    client_->set_tables(std::move(specs));
+  }
+
+  // The rows of `ids` of table `table` into `rows` (len(ids) x dim float32). Thread-safe against
+  // the dense calls and an overlapped step: the sparse calls have connections of their own.
+  uint64_t SparsePull(uint32_t table, uint64_t min_version, const py::buffer& ids, const py::buffer& rows) {
+    const absl::Span<const uint64_t> id_span = IdBuffer(ids, "ids");
+    float* r = RowBuffer(table, id_span.size(), rows, true, "rows").data;
+    absl::StatusOr<uint64_t> version;
+    {
+      py::gil_scoped_release release;
+      version = client_->SparsePull(table, min_version, id_span, r);
+    }
+    Check(version.status());
+    return *version;
+  }
+
+  bool SparsePush(uint32_t table, uint64_t step, int64_t num_examples, const py::buffer& ids, const py::buffer& grads) {
+    const absl::Span<const uint64_t> id_span = IdBuffer(ids, "ids");
+    const float* g = RowBuffer(table, id_span.size(), grads, false, "grads").data;
+    absl::StatusOr<bool> completed;
+    {
+      py::gil_scoped_release release;
+      completed = client_->SparsePush(table, step, num_examples, id_span, g);
+    }
+    Check(completed.status());
+    return *completed;
+  }
+
   void Heartbeat(int rank) {
     absl::Status s;
     {
@@ -253,6 +321,18 @@ class NativeClient {
   }
 
  private:
+  // A float32 buffer of `ids` rows of table `table`.
+  Floats RowBuffer(uint32_t table, size_t ids, const py::buffer& b, bool writable, const char* what) const {
+    const absl::StatusOr<int> dim = client_->TableDim(table);
+    Check(dim.status());
+    const Floats f = FloatBuffer(b, writable, -1, what);
+    const int64_t want = static_cast<int64_t>(ids) * *dim;
+    if (f.size != want) {
+      throw py::value_error(absl::StrCat(what, ": ", f.size, " values; ", ids, " ids of table ", table, "'s ", *dim,
+                                         " floats are ", want));
+    }
+    return f;
+  }
   StepExchange& Exchange() {
     if (exchange_ == nullptr) throw py::value_error("no overlapped step has begun");
     return *exchange_;
@@ -299,6 +379,11 @@ PYBIND11_MODULE(_native, m) {
       .def("push", &NativeClient::Push)
       .def("allreduce", &NativeClient::AllReduce, py::arg("values"), py::arg("out"), py::arg("name"),
            py::arg("group_size"), py::arg("rank"), py::arg("members") = false, py::arg("round") = 0)
+      .def("set_tables", &NativeClient::SetTables, py::arg("tables"))
+      .def("sparse_pull", &NativeClient::SparsePull, py::arg("table"), py::arg("min_version"), py::arg("ids"),
+           py::arg("rows"))
+      .def("sparse_push", &NativeClient::SparsePush, py::arg("table"), py::arg("step"), py::arg("num_examples"),
+           py::arg("ids"), py::arg("grads"))
       .def("heartbeat", &NativeClient::Heartbeat)
       .def("leave", &NativeClient::Leave)
       .def("close", &NativeClient::Close)

@@ -162,19 +162,26 @@ absl::StatusOr<uint64_t> SparseCalls::Pull(uint32_t table, uint64_t min_version,
   constexpr int kRowsPath[] = {pb::SparsePullResponse::kRowsFieldNumber};
   for (int s = 0; s < shards_; ++s) {
     if (!called_[s]) continue;
-    const size_t count = batch_.count(s);
-    const std::string what = absl::StrCat("the rows of ", CallName(DataMethod::kSparsePull, table, s));
+    const size_t bytes = batch_.count(s) * row_bytes;
+    char* into = reinterpret_cast<char*>(distinct_rows + batch_.begin(s) * dim_);
     bool got = false;
     const absl::Status parsed = ParseWithBytes(
         replies_[s], kRowsPath,
-        Exactly(reinterpret_cast<char*>(distinct_rows + batch_.begin(s) * dim_), count * row_bytes, &got, what),
+        [&](uint64_t length) -> absl::StatusOr<char*> {
+          if (length != bytes) return absl::DataLossError(absl::StrCat(length, " bytes of rows, expected ", bytes));
+          got = true;
+          return into;
+        },
         &pulled_);
     replies_[s].Clear();
-    SUMMA_RETURN_IF_ERROR(parsed);
-    if (!got) return absl::DataLossError(absl::StrCat(what, ": the reply holds no rows"));
-    if (pulled_.table() != table) {
-      return absl::DataLossError(absl::StrCat(what, ": the reply is table ", pulled_.table(), "'s"));
+    if (parsed.ok() && !got) {
+      return absl::DataLossError(absl::StrCat(CallName(DataMethod::kSparsePull, table, s), ": the reply holds no rows"));
     }
+    if (parsed.ok() && pulled_.table() != table) {
+      return absl::DataLossError(
+          absl::StrCat(CallName(DataMethod::kSparsePull, table, s), ": the reply is table ", pulled_.table(), "'s"));
+    }
+    if (!parsed.ok()) return Prefixed(CallName(DataMethod::kSparsePull, table, s), parsed);
     version = std::min(version, pulled_.version());
   }
   if (!direct) batch_.Scatter(distinct_rows, dim_, rows);

@@ -254,6 +254,18 @@ TEST_F(SparseCallsTest, AShardsRefusalIsTheCallsErrorNamingTableAndShard) {
   EXPECT_EQ(shards_.pulls.size(), static_cast<size_t>(kShards));  // every shard was asked
 }
 
+TEST_F(SparseCallsTest, RowsOfAnotherLengthThanTheTablesAreDataLossNamingTheShard) {
+  Join(pb::MODE_SYNC);
+  shards_.dim = kDim - 1;
+  const std::vector<uint64_t> ids = HeldBy(0, 3);
+  std::vector<float> rows(ids.size() * kDim);
+  absl::StatusOr<uint64_t> pulled = calls_.Pull(1, 0, ids, rows.data());
+  ASSERT_EQ(pulled.status().code(), absl::StatusCode::kDataLoss) << pulled.status();
+  EXPECT_TRUE(absl::StrContains(pulled.status().message(), "SparsePull of table 1 ('items') on shard 0: 36 bytes of "
+                                                           "rows, expected 48"))
+      << pulled.status();
+}
+
 TEST_F(SparseCallsTest, APushSumsDuplicatesAndSendsIdsThenGradients) {
   Join(pb::MODE_ASYNC);
   const std::vector<uint64_t> ids = Batch();

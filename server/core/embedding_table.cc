@@ -465,6 +465,7 @@ absl::Status EmbeddingTable::Save(TableState* state, int64_t chunk_rows,
   state->rows_created = rows_created_;
   state->rows_expired = rows_expired_;
   state->dropped_gradients = dropped_gradients_;
+  state->rows = index_.size();
   state->next_steps = next_step_;
   state->waiting_ids.clear();
   state->waiting_counts.clear();

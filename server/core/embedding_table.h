@@ -99,6 +99,7 @@ struct TableState {
   uint64_t rows_created = 0;
   uint64_t rows_expired = 0;
   uint64_t dropped_gradients = 0;
+  uint64_t rows = 0;  // rows held (Save: what its chunks hold; RestoreState ignores it)
   std::vector<uint64_t> next_steps;  // per rank: the step it pushes next (async and ssp: its count)
   std::vector<uint64_t> waiting_ids;     // admission: ids seen and not admitted yet
   std::vector<uint32_t> waiting_counts;  // and how often each was seen

@@ -20,7 +20,8 @@ from .errors import SummaError  # noqa: F401
 from .safetensors import load_safetensors, read_safetensors, save_safetensors  # noqa: F401
 
 __all__ = ["init", "shutdown", "rank", "world_size", "allreduce", "broadcast_parameters",
-           "ParameterServerOptimizer", "DistributedOptimizer", "DiLoCo", "SummaError", "Client", "TLS",
+           "ParameterServerOptimizer", "DistributedOptimizer", "DiLoCo", "Embedding", "EmbeddingBag",
+           "SummaError", "Client", "TLS",
            "save_safetensors", "load_safetensors", "read_safetensors"]
 
 _client = None
@@ -165,6 +166,9 @@ def __getattr__(name):
     if name in ("ParameterServerOptimizer", "DistributedOptimizer"):
         from . import optim
         return getattr(optim, name)
+    if name in ("Embedding", "EmbeddingBag"):
+        from . import embedding
+        return getattr(embedding, name)
     if name == "DiLoCo":
         from .diloco import DiLoCo
         return DiLoCo

@@ -153,6 +153,9 @@ class Client:
         self._pull = raw("Pull")
         self._initialize = raw("Initialize")
         self._allreduce = raw("AllReduce")
+        self._sparse_pull = raw("SparsePull")
+        self._sparse_push = raw("SparsePush")
+        self._tables = []
         self._specs = None
         self._heartbeat_stop = None
         self._heartbeat_thread = None
@@ -175,16 +178,20 @@ class Client:
         """The server's summa.v1.ServerStatus."""
         return self._call(self._stub.GetStatus, pb.GetStatusRequest(), "GetStatus", 10)
 
-    def join(self, specs, initial=None, takes_local_steps=False):
+    def join(self, specs, initial=None, takes_local_steps=False, tables=()):
         """Joins as self.rank with the model `specs` ([(name, shape)], float32, in the flat order).
         `initial` (a float32 array of every value, or None) is sent partition by partition when
         the server asks for it (the first joiner of a model). `takes_local_steps`: the caller
         takes a DiLoCo job's local steps and pushes pseudo-gradients (summa.DiLoCo); a DiLoCo
-        server refuses a joiner without it. Returns Joined."""
+        server refuses a joiner without it. `tables`: the job's embedding tables
+        (summa.v1.EmbeddingTableSpec, summa.Embedding's), addressed by their index in
+        sparse_pull and sparse_push. Returns Joined."""
+        self._tables = list(tables)
         if self.native is not None:
             return self._join_native(specs, initial, takes_local_steps)
         request = pb.JoinRequest(rank=self.rank, world_size=self.world_size,
-                                 values_follow=initial is not None, takes_local_steps=takes_local_steps)
+                                 values_follow=initial is not None, takes_local_steps=takes_local_steps,
+                                 tables=self._tables)
         total = 0
         for name, shape in specs:
             request.params.add(name=name, dtype=pb.DTYPE_FLOAT32, shape=list(shape))
@@ -244,6 +251,7 @@ class Client:
 
     def _join_native(self, specs, initial, takes_local_steps):
         try:
+            self.native.set_tables([t.SerializeToString() for t in self._tables])
             j = self.native.join(self.rank, self.world_size, [(n, list(s)) for n, s in specs],
                                  None if initial is None else np.ascontiguousarray(initial, np.float32),
                                  takes_local_steps)
@@ -335,6 +343,47 @@ class Client:
         if error is not None:
             raise error
         return replies
+
+    def sparse_pull(self, table, min_version, ids, rows):
+        """Fills `rows` (len(ids) x dim float32) with the rows of `ids` (uint64, duplicates allowed)
+        of embedding table `table` at a version >= min_version (waiting for it); returns the
+        version. Thread-safe against the dense calls (the C++ client's own connections)."""
+        self._require_join("sparse_pull")
+        ids = np.ascontiguousarray(ids, dtype=np.uint64)
+        if self.native is not None:
+            return self._native_call(f"pull of table {table}", self.native.sparse_pull, int(table),
+                                     int(min_version), ids, rows)
+        request = pb.SparsePullRequest(rank=self.rank, session=self.session, table=int(table),
+                                       min_version=int(min_version), ids=ids.tobytes())
+        reply = pb.SparsePullResponse.FromString(
+            self._call(self._sparse_pull, request.SerializeToString(), f"pull of table {table}"))
+        values = np.frombuffer(reply.rows, dtype=np.float32)
+        if values.size != rows.size:
+            raise SummaError(grpc.StatusCode.INTERNAL, f"table {table}: {values.size} values came for "
+                             f"{rows.size}", "sparse_pull")
+        rows.reshape(-1)[:] = values
+        return reply.version
+
+    def sparse_push(self, table, step, num_examples, ids, grads):
+        """Pushes row gradients (`grads`: len(ids) x dim float32, summed over `num_examples`
+        examples) of embedding table `table` for `step`; True when they completed its step."""
+        self._require_join("sparse_push")
+        ids = np.ascontiguousarray(ids, dtype=np.uint64)
+        grads = np.ascontiguousarray(grads, dtype=np.float32)
+        if self.native is not None:
+            return self._native_call(f"push of table {table}", self.native.sparse_push, int(table), int(step),
+                                     int(num_examples), ids, grads)
+        request = pb.SparsePushRequest(rank=self.rank, session=self.session, table=int(table), step=int(step),
+                                       num_examples=int(num_examples), count=len(ids),
+                                       data=ids.tobytes() + grads.tobytes())
+        try:
+            reply = pb.SparsePushResponse.FromString(
+                self._call(self._sparse_push, request.SerializeToString(), f"push of table {table}"))
+        except SummaError as e:
+            if e.code == grpc.StatusCode.ALREADY_EXISTS:  # a retry of a push that was counted
+                return False
+            raise
+        return reply.completed_step
 
     def _decode_pulls(self, replies, weights, check_version=None):
         """Copies each PullResponse's values into `weights` (one copy); returns the headers."""

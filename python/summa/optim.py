@@ -29,6 +29,7 @@ import grpc
 import numpy as np
 import torch
 
+from .embedding import tables_of
 from .errors import SummaError
 from .v1 import summa_pb2 as pb
 
@@ -253,6 +254,13 @@ class ParameterServerOptimizer:
         from . import _default_client
         self.client = client or _default_client()
         module, named, self.frozen = _split(model)
+        # The model's embedding tables (summa.Embedding): declared at the join, pushed at step().
+        self.tables = [t for _, t in tables_of(module)]
+        for i, (name, t) in enumerate(tables_of(module)):
+            t._attach(self, i, name)
+        if self.tables and local_group is not None:
+            raise ValueError("summa: embedding tables with local_group: each process pushes its own rows; "
+                             "leave local_group out")
         self.local = _LocalGroup(local_group) if local_group is not None else None
         self.overlap = bool(overlap) and self.client.overlaps and self.local is None
         self.num_examples = num_examples
@@ -307,7 +315,8 @@ class ParameterServerOptimizer:
         # A DiLoCo server refuses a joiner that does not take local steps (FAILED_PRECONDITION):
         # its gradients would be taken as pseudo-gradients and step the outer weights the wrong
         # way, with no error anywhere.
-        joined = c.join(self.specs, initial, takes_local_steps=self._pushes_pseudo_gradients)
+        joined = c.join(self.specs, initial, takes_local_steps=self._pushes_pseudo_gradients,
+                        tables=[t.spec for t in self.tables])
         self.mode = joined.mode
         self.sync_every = joined.sync_every  # DiLoCo's H (summa.DiLoCo); 0 otherwise
         self.live_ranks = joined.live_ranks
@@ -463,6 +472,14 @@ class ParameterServerOptimizer:
     def step(self, num_examples=None):
         if num_examples is None:
             num_examples = self.num_examples
+        # The tables' rows of this step go first, on the tables' own thread: their pushes and the
+        # next batch's prefetched pulls overlap the dense exchange.
+        if not self._discard:
+            for t in self.tables:
+                t._flush(self.next_step, num_examples)
+        self._dense_step(num_examples)
+
+    def _dense_step(self, num_examples):
         if self._discard:
             # A recovery moved this process to the server's step: this step's gradient is dropped.
             self._discard = False

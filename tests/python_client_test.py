@@ -592,7 +592,7 @@ client.close()
                        if line.split(":")[0] in ("package", "methods", "native", "weights"))
             self.assertTrue(got["package"].startswith(os.path.join(venv, "lib")), got)
             self.assertEqual(got["methods"], "Join Heartbeat Leave Push Pull PushPull AllReduce GetStatus "
-                                             "Checkpoint Export Initialize RollBack Follow DataPlane")
+                                             "Checkpoint Export Initialize RollBack Follow DataPlane SparsePull SparsePush")
             self.assertTrue(got["native"].startswith(os.path.join(venv, "lib")), got)
             # sgd at the default lr 0.1 from ones: 1 - 0.1 * 2 / 2, in float32.
             self.assertEqual(got["weights"], str(np.full(3, 0.9, np.float32).tolist()), got)

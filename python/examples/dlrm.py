@@ -16,7 +16,8 @@ Through Summa the dense layers train with the server's optimizer (ParameterServe
 each step's rows for the next batch are prefetched while this one computes. Under DDP, SGD with
 --table_lr steps the tables (sparse gradients) and --lr the dense layers. Prints each --log_every
 steps and a RESULT {json}: the step time, rows pulled and pushed per second, and this process's
-peak memory (ru_maxrss).
+peak memory (ru_maxrss) and how much of it came after the first step began (the rows and the
+batches: what the tables cost the worker, past Python, torch and the model).
 """
 import argparse
 import json
@@ -83,6 +84,7 @@ def train(args, model, step_fn, rank, tables_pulled):
     batches = [data.batch(args.batch_size)]
     times, losses = [], []
     rows_before = tables_pulled()
+    baseline = peak_mib()  # Python, torch, the model and the client, before any row
     start = None
     for step in range(args.steps):
         if step == args.warmup:
@@ -100,7 +102,7 @@ def train(args, model, step_fn, rank, tables_pulled):
     elapsed = time.perf_counter() - start if start is not None else float("nan")
     timed = max(1, args.steps - args.warmup)
     return {"step_ms": 1e3 * elapsed / timed, "rows_per_s": (tables_pulled() - rows_before) / elapsed,
-            "peak_mib": peak_mib(), "loss_first": float(losses[0]), "loss_last": float(np.mean(losses[-5:]))}
+            "peak_mib": peak_mib(), "growth_mib": peak_mib() - baseline, "loss_first": float(losses[0]), "loss_last": float(np.mean(losses[-5:]))}
 
 
 def run_summa(args):

@@ -7,11 +7,12 @@
    torch's sparse Adagrad on the tables). Step time, rows moved per second, peak memory per
    process.
 2. A table DDP cannot hold twice: --big_rows x 64 floats (10 M: 2.4 GiB) over 2 server shards.
-   Every row is created by pulling it once (the populate pass, rows per second per shard), then
-   2 processes train the DLRM model on it; the workers' peak memory against the table's size,
-   each shard's table memory (its status) and resident memory.
-3. Rows moved at the shards' speed: 2 processes pull and push batches of --raw_ids Zipf ids of
-   the big table for --raw_steps sync steps (no model): rows per second per shard.
+   Every row is created first by pulling it once (dlrm.py --populate: rows per second per
+   shard), then 2 processes train the DLRM model on it; the workers' peak memory against the
+   table's size, each shard's table memory (its status) and resident memory.
+3. Rows moved at the shards' speed: on a populated table again, 2 processes pull and push the
+   distinct ids of --raw_ids Zipf draws for --raw_steps sync steps through the client alone (no
+   model, no torch): rows per second per shard.
 
   OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 /usr/bin/python3 bench/embedding_bench.py [--big_rows 10000000]
 
@@ -144,61 +145,33 @@ def part1(run_dir, args):
     print(f"\nSumma's step is {mean(summa_rows, 'step_ms') / mean(ddp_rows, 'step_ms'):.2f}x DDP's.")
 
 
-def populate(address, big_rows, chunk):
-    """Pulls every row once (creating it), from one process: rows per second."""
-    import numpy as np
-    import summa
-    from summa.v1 import summa_pb2 as pb
-    spec = pb.EmbeddingTableSpec(name="table0", dim=64, num_embeddings=big_rows,
-                                 initializer=pb.RowInitializer(kind="uniform", a=-0.05, b=0.05, seed=0),
-                                 optimizer=pb.RowOptimizer(name="adagrad", learning_rate=0.05))
-    client = summa.Client(address, rank=-1, world_size=2)
-    try:
-        # A member's join (rank -1: the server assigns one) only to declare the table; it leaves.
-        client.join([("unused", (8192,))], np.zeros(8192, np.float32), tables=[spec])
-        rows = np.empty((chunk, 64), np.float32)
-        began = time.perf_counter()
-        for first in range(0, big_rows, chunk):
-            ids = np.arange(first, min(big_rows, first + chunk), dtype=np.uint64)
-            client.sparse_pull(0, 0, ids, rows[: len(ids)])
-        return big_rows / (time.perf_counter() - began)
-    finally:
-        client.close()
-
-
 def part2_and_3(run_dir, args):
     table_mib = args.big_rows * 64 * 4 / 2**20
-    flags = [f"--lr={args.lr}", "--lease=600s", "--rejoin_deadline=600s"]
+    flags = [f"--lr={args.lr}"]
     procs, address = start_shards(run_dir, 2, *flags)
     try:
-        # The populate pass declares a model of its own; the shards are started afresh for the job.
-        rate = populate(address, args.big_rows, args.chunk)
+        # Rank 0 creates every row first (--populate): the table is as large as declared.
+        extra = [f"--rows={args.big_rows}", "--tables=1", "--dim=64", "--populate"]
+        rows = dlrm_summa(address, args, extra, "Summa, the big table")
         statuses = shard_statuses(address)
         held = [s.tables[0].rows for s in statuses]
         if sum(held) != args.big_rows or min(held) == 0:
             raise BenchError(f"the shards hold {held} rows of {args.big_rows}")
+        rate = max(r.get("populate_rows_per_s", 0) for r in rows)
         print(f"\n### 2. A table of {args.big_rows:,} rows x 64 floats ({table_mib:,.0f} MiB) over 2 shards\n")
-        print(f"Populate (every row pulled once, created from its initializer): {rate:,.0f} rows/s in all, "
-              f"{rate / 2:,.0f} per shard.\n")
+        print(f"Populate (every row pulled once by one process, created from its initializer): {rate:,.0f} rows/s "
+              f"in all, {rate / 2:,.0f} per shard.\n")
         print("| shard | rows held | table memory (status, MiB) | resident memory (MiB) |")
         print("| ---: | ---: | ---: | ---: |")
         for i, (s, p) in enumerate(zip(statuses, procs)):
             print(f"| {i} | {s.tables[0].rows:,} | {s.table_bytes / 2**20:,.0f} | {rss_mib(p.pid):,.0f} |")
-    finally:
-        stop(procs)
-    procs, address = start_shards(run_dir, 2, *flags)
-    try:
-        extra = [f"--rows={args.big_rows}", "--tables=1", "--dim=64"]
-        rows = dlrm_summa(address, args, extra, "Summa, the big table")
-        statuses = shard_statuses(address)
         peak = max(r["peak_mib"] for r in rows)
         growth = max(r["growth_mib"] for r in rows)
-        print(f"\nThe DLRM model on it (1 table, 2 processes): {mean(rows, 'step_ms'):.1f} ms/step, "
+        print(f"\nThe DLRM model on it (2 processes, batch 512 each): {mean(rows, 'step_ms'):.1f} ms/step, "
               f"{mean(rows, 'rows_per_s'):,.0f} rows moved/s per process; each process's peak memory "
               f"{peak:.0f} MiB ({peak / table_mib:.1%} of the table), of which {growth:.0f} MiB "
-              f"({growth / table_mib:.2%}) came with training (the rest is Python, torch and the model); the "
-              f"rows its batches touched: {sum(s.tables[0].rows for s in statuses):,}. DDP would hold the whole "
-              f"{table_mib:,.0f} MiB table (and its optimizer state) in each process: not run.")
+              f"({growth / table_mib:.2%}) came with training (the rest is Python, torch and the model). DDP would "
+              f"hold the whole {table_mib:,.0f} MiB table (and its optimizer state) in each process: not run.")
     finally:
         stop(procs)
     procs, address = start_shards(run_dir, 2, *flags)
@@ -210,36 +183,43 @@ def part2_and_3(run_dir, args):
         stop(procs)
     moved = sum(r["rows"] for r in raw)
     seconds = max(r["seconds"] for r in raw)
-    print(f"\n### 3. Rows at the shards' speed: 2 processes, {args.raw_steps} sync steps of {args.raw_ids:,} Zipf ids "
-          "each (pull, then push their gradients)\n")
+    print(f"\n### 3. Rows at the shards' speed: 2 processes, {args.raw_steps} sync steps of {args.raw_ids:,} Zipf "
+          "draws each (their distinct ids pulled, then their gradients pushed), on the populated table\n")
     print("| rows pulled + pushed | seconds | rows / s in all | rows / s per shard |")
     print("| ---: | ---: | ---: | ---: |")
     print(f"| {moved:,} | {seconds:.2f} | {moved / seconds:,.0f} | {moved / seconds / 2:,.0f} |")
 
 
 def raw_worker(args):
+    """Rows through the client alone (no model): each sync step pulls a batch's distinct ids at the
+    step's version, then pushes a gradient for each."""
     import numpy as np
     import summa
-    import torch
-    emb = summa.Embedding(args.big_rows, 64, name="table0", optimizer="adagrad", lr=0.05,
-                          init=("uniform", -0.05, 0.05), seed=0)
-    model = torch.nn.ModuleDict({"emb": emb, "dense": torch.nn.Linear(64, 128)})  # a dense model that spans both shards
-    summa.init(args.server, rank=args.rank, world_size=2)
-    opt = summa.ParameterServerOptimizer(model, overlap=False)
+    from summa.v1 import summa_pb2 as pb
+    spec = pb.EmbeddingTableSpec(name="table0", dim=64, num_embeddings=args.big_rows,
+                                 initializer=pb.RowInitializer(kind="uniform", a=-0.05, b=0.05),
+                                 optimizer=pb.RowOptimizer(name="adagrad", learning_rate=0.05))
+    client = summa.Client(args.server, rank=args.rank, world_size=2)
+    # A dense model that spans both shards (a job has one); only the table is timed.
+    client.join([("dense", (8192,))], np.zeros(8192, np.float32), tables=[spec])
+    chunk = np.empty((65536, 64), np.float32)
+    if args.rank == 0:
+        for first in range(0, args.big_rows, 65536):
+            ids = np.arange(first, min(args.big_rows, first + 65536), dtype=np.uint64)
+            client.sparse_pull(0, 0, ids, chunk[: len(ids)])
+    summa.allreduce(np.zeros(1, np.float32), name="populated", client=client)  # both start with every row there
     rng = np.random.default_rng(args.rank)
-    batches = [np.unique((rng.zipf(1.2, args.raw_ids) - 1) % args.big_rows) for _ in range(args.raw_steps + 1)]
+    batches = [np.unique((rng.zipf(1.2, args.raw_ids) - 1) % args.big_rows).astype(np.uint64)
+               for _ in range(args.raw_steps)]
+    rows = [np.empty((len(b), 64), np.float32) for b in batches]
     moved = 0
     began = time.perf_counter()
     for step in range(args.raw_steps):
-        ids = torch.from_numpy(batches[step].astype(np.int64))
-        emb.prefetch(torch.from_numpy(batches[step + 1].astype(np.int64)))
-        out = emb(ids)
-        out.sum().backward()
-        opt.step(len(ids))
-        moved += 2 * len(ids)
-    opt.synchronize()
+        client.sparse_pull(0, step, batches[step], rows[step])
+        client.sparse_push(0, step, len(batches[step]), batches[step], rows[step])
+        moved += 2 * len(batches[step])
     seconds = time.perf_counter() - began
-    summa.shutdown()
+    client.close()
     print("RESULT " + json.dumps({"rank": args.rank, "rows": moved, "seconds": seconds, "loss_first": 1, "loss_last": 0}))
 
 
@@ -249,7 +229,6 @@ def main():
     ap.add_argument("--big_rows", type=int, default=10_000_000, help="parts 2 and 3: the big table's rows")
     ap.add_argument("--steps", type=int, default=40, help="DLRM steps per job (5 of warm-up)")
     ap.add_argument("--lr", type=float, default=0.05)
-    ap.add_argument("--chunk", type=int, default=65536, help="ids per pull of the populate pass")
     ap.add_argument("--raw_ids", type=int, default=65536, help="part 3: ids per process and step")
     ap.add_argument("--raw_steps", type=int, default=20)
     ap.add_argument("--parts", default="1,2", help="1: against DDP; 2: the big table (and part 3)")

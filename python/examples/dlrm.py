@@ -114,6 +114,7 @@ def run_summa(args):
     summa.init(args.server, rank=args.rank, world_size=args.world_size)
     opt = summa.ParameterServerOptimizer(model, num_examples=args.batch_size)
     rank = summa.rank()
+    populated = populate(tables, args) if args.populate and rank == 0 else None
 
     def step(model, loss_fn, batch, next_batch):
         dense, ids, offsets, clicks = batch
@@ -127,8 +128,24 @@ def run_summa(args):
         return loss.item()
 
     result = train(args, model, step, rank, lambda: sum(t.rows_pulled + t.rows_pushed for t in tables))
+    if populated is not None:
+        result["populate_rows_per_s"] = populated
     summa.shutdown()
     return rank, result
+
+
+def populate(tables, args, chunk=65536):
+    """Creates every row of every table (pulls each once, in chunks), before the first step: the
+    table is then as large as declared, not only the rows that batches touch. Rows per second."""
+    began = time.perf_counter()
+    for t in tables:
+        for first in range(0, args.rows, chunk):
+            t.pull(torch.arange(first, min(args.rows, first + chunk)), min_version=0)
+            if first // chunk % 40 == 0:
+                print(f"populate {t.spec.name}: {first:,} of {args.rows:,} rows", flush=True)
+    rate = len(tables) * args.rows / (time.perf_counter() - began)
+    print(f"populated {len(tables)} table(s) of {args.rows:,} rows: {rate:,.0f} rows/s", flush=True)
+    return rate
 
 
 def run_ddp(args, rank, world, port):
@@ -183,6 +200,8 @@ def main():
     ap.add_argument("--table_optimizer", default="adagrad", choices=["sgd", "adagrad", "adam"])
     ap.add_argument("--table_lr", type=float, default=0.05)
     ap.add_argument("--prefetch", type=int, default=1, help="pull the next batch's rows during this step")
+    ap.add_argument("--populate", action="store_true",
+                    help="Summa: rank 0 creates every row (pulls each once) before the first step")
     ap.add_argument("--log_every", type=int, default=10)
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)

@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+
+#include <sys/mman.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -107,6 +110,7 @@ EmbeddingTable::EmbeddingTable(pb::EmbeddingTableSpec spec, TableContext context
       dim_(spec_.dim()),
       stride_(static_cast<int64_t>(spec_.dim()) * (1 + static_cast<int64_t>(slot_names_.size()))),
       row_bytes_(stride_ * static_cast<int64_t>(sizeof(float)) + 2 * sizeof(uint64_t) + kIndexBytes),
+      chunk_rows_(std::max<int64_t>(1, kHugePage / (stride_ * static_cast<int64_t>(sizeof(float))))),
       next_step_(ctx_.members->world_size(), 0),
       pushed_(ctx_.members->world_size(), false) {}
 
@@ -116,9 +120,11 @@ EmbeddingTable::~EmbeddingTable() {
                     static_cast<int64_t>(waiting_.size()) * kWaitingBytes);
 }
 
-float* EmbeddingTable::Values(uint32_t slot) { return chunks_[slot / kChunkRows].get() + (slot % kChunkRows) * stride_; }
+void EmbeddingTable::FreeChunk::operator()(float* p) const { std::free(p); }
+
+float* EmbeddingTable::Values(uint32_t slot) { return chunks_[slot / chunk_rows_].get() + (slot % chunk_rows_) * stride_; }
 const float* EmbeddingTable::Values(uint32_t slot) const {
-  return chunks_[slot / kChunkRows].get() + (slot % kChunkRows) * stride_;
+  return chunks_[slot / chunk_rows_].get() + (slot % chunk_rows_) * stride_;
 }
 float* EmbeddingTable::Slot(uint32_t slot, int k) { return Values(slot) + static_cast<int64_t>(k + 1) * dim_; }
 const float* EmbeddingTable::Slot(uint32_t slot, int k) const { return Values(slot) + static_cast<int64_t>(k + 1) * dim_; }
@@ -172,7 +178,18 @@ absl::StatusOr<uint32_t> EmbeddingTable::CreateRow(uint64_t id) {
     free_slots_.pop_back();
   } else {
     slot = static_cast<uint32_t>(slot_id_.size());
-    if (slot % kChunkRows == 0) chunks_.emplace_back(new float[kChunkRows * stride_]);
+    if (slot % chunk_rows_ == 0) {
+      const int64_t bytes = chunk_rows_ * stride_ * static_cast<int64_t>(sizeof(float));
+      const size_t rounded = static_cast<size_t>((bytes + kHugePage - 1) / kHugePage * kHugePage);
+      void* chunk = std::aligned_alloc(kHugePage, rounded);
+      if (chunk == nullptr) {
+        ctx_.memory->Give(row_bytes_);
+        return absl::ResourceExhaustedError(
+            absl::StrCat("embedding table '", name(), "' cannot create row ", id, ": out of memory"));
+      }
+      madvise(chunk, rounded, MADV_HUGEPAGE);  // advice: without transparent huge pages, 4 KiB pages
+      chunks_.emplace_back(static_cast<float*>(chunk));
+    }
     slot_id_.push_back(0);
     slot_touched_.push_back(0);
   }
@@ -307,7 +324,9 @@ void EmbeddingTable::Complete(int64_t examples, CallsToFinish& out) {
     }
   }
   if (examples > 0) ++updates_;
-  pending_.clear();
+  // Erased one by one, not cleared: clear() gives a large map's array back, and the next step
+  // would grow it again, page by fresh page.
+  for (uint64_t id : pending_ids_) pending_.erase(id);
   pending_ids_.clear();
   pending_values_.clear();
   pending_examples_ = 0;

@@ -188,8 +188,13 @@ class EmbeddingTable {
  private:
   EmbeddingTable(summa::v1::EmbeddingTableSpec spec, TableContext context, std::unique_ptr<const Optimizer> optimizer);
 
-  // A row's place: values at Values(slot), optimizer slot k at Slot(slot, k).
-  static constexpr int64_t kChunkRows = 4096;
+  // A row's place: values at Values(slot), optimizer slot k at Slot(slot, k). Rows live in chunks
+  // of chunk_rows_ rows, each chunk one or more 2 MiB huge pages (madvise): a step touches rows
+  // all over a large table, and with 4 KiB pages nearly every row would cost a TLB miss.
+  struct FreeChunk {
+    void operator()(float* p) const;
+  };
+  static constexpr int64_t kHugePage = int64_t{2} << 20;
   float* Values(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   float* Slot(uint32_t slot, int k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const float* Values(uint32_t slot) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -220,7 +225,8 @@ class EmbeddingTable {
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, uint32_t> index_ ABSL_GUARDED_BY(mu_);  // id -> slot
-  std::vector<std::unique_ptr<float[]>> chunks_ ABSL_GUARDED_BY(mu_);  // kChunkRows rows each
+  const int64_t chunk_rows_;  // rows per chunk: as many as fill whole huge pages
+  std::vector<std::unique_ptr<float, FreeChunk>> chunks_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> slot_id_ ABSL_GUARDED_BY(mu_);       // per slot: its row's id
   std::vector<uint64_t> slot_touched_ ABSL_GUARDED_BY(mu_);  // per slot: the step last touched
   std::vector<uint32_t> free_slots_ ABSL_GUARDED_BY(mu_);

@@ -79,6 +79,21 @@ absl::StatusOr<std::unique_ptr<SummaServer>> SummaServer::Start(const std::strin
     m.member_steps_behind = &e.GaugeFamily(
         "summa_server_member_steps_behind",
         "Steps completed past the step of a member's last push when it came (0: on time; --backup_workers), by rank");
+    m.table_bytes = &e.Gauge("summa_server_table_bytes",
+                             "Bytes this shard's embedding tables hold (rows, their optimizer state, index; "
+                             "bounded by --max_table_bytes)");
+    m.table_rows = &e.GaugeFamily("summa_server_table_rows", "Rows of an embedding table held here, by table");
+    m.table_rows_waiting = &e.GaugeFamily("summa_server_table_rows_waiting_admission",
+                                          "Ids seen and not yet admitted (admit_after), by table");
+    m.table_rows_created = &e.CounterFamily("summa_server_table_rows_created_total",
+                                            "Rows created (first pull, or admission), by table");
+    m.table_rows_expired = &e.CounterFamily("summa_server_table_rows_expired_total",
+                                            "Rows dropped untouched for expire_after steps, by table");
+    m.table_rows_pulled = &e.CounterFamily("summa_server_table_rows_pulled_total", "Rows answered to pulls, by table");
+    m.table_rows_pushed = &e.CounterFamily("summa_server_table_rows_pushed_total", "Row gradients pushed, by table");
+    m.table_dropped_gradients = &e.CounterFamily(
+        "summa_server_table_dropped_gradients_total",
+        "Pushed row gradients dropped: their rows not admitted yet, or expired since, by table");
     m.plane_connections = &e.Gauge("summa_server_data_plane_connections", "Socket data plane connections open");
     m.plane_hellos = &e.Counter("summa_server_data_plane_hellos_total",
                                 "Socket data plane connections whose hello (token) passed");
@@ -268,6 +283,17 @@ void SummaServer::UpdateMetrics() {
     m_.member_push_delay->Add(rank).Set(absl::ToDoubleSeconds(l.mean_delay()));
     m_.member_last_push_delay->Add(rank).Set(absl::ToDoubleSeconds(l.last_delay));
     m_.member_steps_behind->Add(rank).Set(static_cast<double>(l.steps_behind));
+  }
+  m_.table_bytes->Set(static_cast<double>(s.table_bytes));
+  for (const TableCounters& t : s.tables) {
+    const std::map<std::string, std::string> table = {{"table", t.name}};
+    m_.table_rows->Add(table).Set(static_cast<double>(t.rows));
+    m_.table_rows_waiting->Add(table).Set(static_cast<double>(t.rows_waiting_admission));
+    AdvanceCounter(m_.table_rows_created->Add(table), static_cast<double>(t.rows_created));
+    AdvanceCounter(m_.table_rows_expired->Add(table), static_cast<double>(t.rows_expired));
+    AdvanceCounter(m_.table_rows_pulled->Add(table), static_cast<double>(t.rows_pulled));
+    AdvanceCounter(m_.table_rows_pushed->Add(table), static_cast<double>(t.rows_pushed));
+    AdvanceCounter(m_.table_dropped_gradients->Add(table), static_cast<double>(t.dropped_gradients));
   }
   if (socket_plane_) {
     m_.plane_connections->Set(socket_plane_->connections());

@@ -112,6 +112,15 @@ class SummaServer {
     prometheus::Family<prometheus::Gauge>* member_push_delay;
     prometheus::Family<prometheus::Gauge>* member_last_push_delay;
     prometheus::Family<prometheus::Gauge>* member_steps_behind;
+    // Embedding tables: all of them, then each by name.
+    prometheus::Gauge* table_bytes;
+    prometheus::Family<prometheus::Gauge>* table_rows;
+    prometheus::Family<prometheus::Gauge>* table_rows_waiting;
+    prometheus::Family<prometheus::Counter>* table_rows_created;
+    prometheus::Family<prometheus::Counter>* table_rows_expired;
+    prometheus::Family<prometheus::Counter>* table_rows_pulled;
+    prometheus::Family<prometheus::Counter>* table_rows_pushed;
+    prometheus::Family<prometheus::Counter>* table_dropped_gradients;
     // The socket data plane (--data_address): connections, and how their hellos went.
     prometheus::Gauge* plane_connections;
     prometheus::Counter* plane_hellos;

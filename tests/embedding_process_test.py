@@ -97,10 +97,24 @@ class EmbeddingProcessTest(unittest.TestCase):
             self.assertTrue(all(0 < h < 64 for h in held), held)
 
     def test_a_row_pulled_and_pushed_by_both_ranks_counts_once_for_each(self):
+        import urllib.request
         with ProcessGroup() as g:
-            server, _ = self.start_servers(g, 1, "--lr=0.1")
+            metrics_file = os.path.join(g.dir, "server.metrics")
+            server, _ = self.start_servers(g, 1, "--lr=0.1", "--metrics_address=127.0.0.1:0",
+                                           f"--metrics_port_file={metrics_file}")
             dump = self.run_job(g, server, "--table=sparse")
             status = self.status(server)
+            metrics_port = int(open(metrics_file).read())
+
+            def scraped():  # the metrics are refreshed on the server's tick
+                with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
+                    text = r.read().decode()
+                return text if f'summa_server_table_rows_pushed_total{{table="items"}} {2 * STEPS * PULLED_PER_STEP}' \
+                    in text else None
+            metrics = wait_until("the table's metrics", scraped, 30)
+            worker = json.load(open(dump + ".json"))
+        self.assertIn('summa_server_table_rows{table="items"} 64', metrics)
+        self.assertIn('summa_server_table_rows_created_total{table="items"} 64', metrics)
         table = status.tables[0]
         self.assertEqual(table.name, "items")
         self.assertEqual(table.version, STEPS)
@@ -109,8 +123,7 @@ class EmbeddingProcessTest(unittest.TestCase):
         # Each rank pulls its batch's rows once a step (the prefetch is the forward's pull), and
         # rank 0 the whole table at the end.
         self.assertEqual(table.rows_pulled, 2 * STEPS * PULLED_PER_STEP + 64)
-        self.assertEqual(json.load(open(dump + ".json")),
-                         {"rows_pulled": STEPS * PULLED_PER_STEP, "rows_pushed": STEPS * PULLED_PER_STEP})
+        self.assertEqual(worker, {"rows_pulled": STEPS * PULLED_PER_STEP, "rows_pushed": STEPS * PULLED_PER_STEP})
         self.assertEqual(table.rows, 64)
         self.assertEqual(table.rows_created, 64)
         self.assertEqual(status.duplicate_pushes, 0)

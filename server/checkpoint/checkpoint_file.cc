@@ -33,6 +33,9 @@ constexpr size_t kWriteBlockBytes = size_t{1} << 20;
 // Field `partitions` of Checkpoint: each partition is one record with this tag.
 const uint32_t kPartitionTag = WireFormatLite::MakeTag(summa::v1::Checkpoint::kPartitionsFieldNumber,
                                                        WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
+// Field `table_records`: each of the embedding tables' records, after the partitions.
+const uint32_t kTableTag = WireFormatLite::MakeTag(summa::v1::Checkpoint::kTableRecordsFieldNumber,
+                                                   WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
 
 // Reads exactly `size` bytes at `offset`; false on an error or an early end of file.
 bool PreadAll(int fd, char* out, size_t size, off_t offset) {
@@ -111,8 +114,9 @@ CheckpointWriter::~CheckpointWriter() {
 
 absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Create(const std::string& dir,
                                                                           const summa::v1::Checkpoint& header) {
-  if (header.partitions_size() != 0) {
-    return absl::InvalidArgumentError("a checkpoint's header holds no partitions: append them one at a time");
+  if (header.partitions_size() != 0 || header.table_records_size() != 0) {
+    return absl::InvalidArgumentError(
+        "a checkpoint's header holds no partitions and no table records: append them one at a time");
   }
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
@@ -123,11 +127,11 @@ absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Create(const
   AppendLe(prefix, 0, 8);
   SUMMA_RETURN_IF_ERROR(file->Append(prefix));
   std::unique_ptr<CheckpointWriter> writer(new CheckpointWriter(dir, std::move(file)));
-  SUMMA_RETURN_IF_ERROR(writer->Write(header, /*as_partition=*/false));
+  SUMMA_RETURN_IF_ERROR(writer->Write(header, /*tag=*/0));
   return writer;
 }
 
-absl::Status CheckpointWriter::Write(const google::protobuf::MessageLite& message, bool as_partition) {
+absl::Status CheckpointWriter::Write(const google::protobuf::MessageLite& message, uint32_t tag) {
   if (finished_) return absl::FailedPreconditionError("the checkpoint is already finished");
   const size_t size = message.ByteSizeLong();
   if (size > static_cast<size_t>(INT_MAX)) {
@@ -135,8 +139,8 @@ absl::Status CheckpointWriter::Write(const google::protobuf::MessageLite& messag
   }
   {
     google::protobuf::io::CodedOutputStream out(sink_->stream());
-    if (as_partition) {
-      out.WriteTag(kPartitionTag);
+    if (tag != 0) {
+      out.WriteTag(tag);
       out.WriteVarint64(size);
     }
     message.SerializeWithCachedSizes(&out);
@@ -147,7 +151,13 @@ absl::Status CheckpointWriter::Write(const google::protobuf::MessageLite& messag
 }
 
 absl::Status CheckpointWriter::Append(const summa::v1::PartitionCheckpoint& partition) {
-  return Write(partition, /*as_partition=*/true);
+  if (tables_started_) return absl::FailedPreconditionError("a checkpoint's partitions come before its tables' records");
+  return Write(partition, kPartitionTag);
+}
+
+absl::Status CheckpointWriter::AppendTable(const summa::v1::TableRecord& record) {
+  tables_started_ = true;
+  return Write(record, kTableTag);
 }
 
 absl::StatusOr<std::string> CheckpointWriter::Finish(int keep) {
@@ -310,6 +320,11 @@ absl::Status CheckpointReader::CheckTrailer() {
 }
 
 absl::StatusOr<uint32_t> CheckpointReader::NextTag() {
+  if (pending_tag_ != 0) {
+    const uint32_t tag = pending_tag_;
+    pending_tag_ = 0;
+    return tag;
+  }
   if (body_->AtEnd()) return 0;
   google::protobuf::io::CodedInputStream in(body_.get());
   const uint32_t tag = in.ReadTag();
@@ -327,8 +342,8 @@ absl::Status CheckpointReader::ReadHeader() {
     while (true) {
       SUMMA_ASSIGN_OR_RETURN(const uint32_t tag, NextTag());
       if (tag == 0) break;
-      if (tag == kPartitionTag) {
-        partition_pending_ = true;
+      if (tag == kPartitionTag || tag == kTableTag) {
+        pending_tag_ = tag;
         break;
       }
       google::protobuf::io::CodedInputStream in(body_.get());
@@ -339,19 +354,31 @@ absl::Status CheckpointReader::ReadHeader() {
   return absl::OkStatus();
 }
 
-absl::Status CheckpointReader::ParsePartition(summa::v1::PartitionCheckpoint* out) {
+absl::Status CheckpointReader::ParseRecord(google::protobuf::MessageLite* out, const char* what) {
   // A stream of its own per record: protobuf counts at most 2 GiB through one, and the body may
   // hold more.
   google::protobuf::io::CodedInputStream in(body_.get());
   uint64_t length;
   if (!in.ReadVarint64(&length) || length > static_cast<uint64_t>(INT_MAX)) {
-    return Fail("cannot parse: a partition record's length");
+    return Fail(absl::StrCat("cannot parse: a ", what, " record's length"));
   }
   const google::protobuf::io::CodedInputStream::Limit limit = in.PushLimit(static_cast<int>(length));
   if (!out->ParseFromCodedStream(&in) || in.BytesUntilLimit() != 0) {
-    return Fail(body_->error().empty() ? "cannot parse a partition record" : body_->error());
+    return Fail(body_->error().empty() ? absl::StrCat("cannot parse a ", what, " record") : body_->error());
   }
   in.PopLimit(limit);
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointReader::SkipUnknown(uint32_t tag) {
+  // Past the header: a field a later release added is skipped; one of the header's would be
+  // read as something it is not.
+  const int number = WireFormatLite::GetTagFieldNumber(tag);
+  if (summa::v1::Checkpoint::descriptor()->FindFieldByNumber(number) != nullptr) {
+    return Fail(absl::StrCat("cannot parse: field ", number, " of the header after the partitions"));
+  }
+  google::protobuf::io::CodedInputStream in(body_.get());
+  if (!WireFormatLite::SkipField(&in, tag)) return Fail("cannot parse a record after the partitions");
   return absl::OkStatus();
 }
 
@@ -359,30 +386,51 @@ absl::StatusOr<bool> CheckpointReader::Next(summa::v1::PartitionCheckpoint* out)
   if (!status_.ok()) return status_;
   // After Verify nothing is left to read: the end must not pass for the end of the partitions.
   if (verified_ && !done_) return absl::FailedPreconditionError(absl::StrCat(path_, ": read to its end by Verify"));
-  while (!done_) {
-    uint32_t tag = kPartitionTag;
-    if (partition_pending_) {
-      partition_pending_ = false;
-    } else {
-      SUMMA_ASSIGN_OR_RETURN(tag, NextTag());
-    }
+  while (!done_ && !at_tables_) {
+    SUMMA_ASSIGN_OR_RETURN(const uint32_t tag, NextTag());
     if (tag == 0) {
       SUMMA_RETURN_IF_ERROR(CheckTrailer());
       done_ = true;
       break;
     }
     if (tag == kPartitionTag) {
-      SUMMA_RETURN_IF_ERROR(ParsePartition(out));
+      SUMMA_RETURN_IF_ERROR(ParseRecord(out, "partition"));
       return true;
     }
-    // Past the header: a field a later release added is skipped; one of the header's would be
-    // read as something it is not.
-    const int number = WireFormatLite::GetTagFieldNumber(tag);
-    if (summa::v1::Checkpoint::descriptor()->FindFieldByNumber(number) != nullptr) {
-      return Fail(absl::StrCat("cannot parse: field ", number, " of the header after the partitions"));
+    if (tag == kTableTag) {
+      // The partitions end here; NextTable reads on (and checks the file at its end).
+      pending_tag_ = tag;
+      at_tables_ = true;
+      break;
     }
-    google::protobuf::io::CodedInputStream in(body_.get());
-    if (!WireFormatLite::SkipField(&in, tag)) return Fail("cannot parse a record after the partitions");
+    SUMMA_RETURN_IF_ERROR(SkipUnknown(tag));
+  }
+  return false;
+}
+
+absl::StatusOr<bool> CheckpointReader::NextTable(summa::v1::TableRecord* out) {
+  if (!status_.ok()) return status_;
+  if (verified_ && !done_) return absl::FailedPreconditionError(absl::StrCat(path_, ": read to its end by Verify"));
+  while (!done_) {
+    SUMMA_ASSIGN_OR_RETURN(const uint32_t tag, NextTag());
+    if (tag == 0) {
+      SUMMA_RETURN_IF_ERROR(CheckTrailer());
+      done_ = true;
+      break;
+    }
+    if (tag == kTableTag) {
+      at_tables_ = true;
+      SUMMA_RETURN_IF_ERROR(ParseRecord(out, "table"));
+      return true;
+    }
+    if (tag == kPartitionTag) {
+      if (at_tables_) return Fail("cannot parse: a partition after the tables' records");
+      // Partitions the caller did not read: skipped unparsed (their bytes still go through the CRC).
+      google::protobuf::io::CodedInputStream in(body_.get());
+      if (!WireFormatLite::SkipField(&in, tag)) return Fail("cannot parse a partition record");
+      continue;
+    }
+    SUMMA_RETURN_IF_ERROR(SkipUnknown(tag));
   }
   return false;
 }

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
+#include "common/optimizer.h"
 #include "common/status_macros.h"
 #include "common/tensor_proto.h"
 
@@ -13,6 +14,80 @@ namespace {
 
 std::string Floats(const std::vector<float>& v) {
   return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
+// `v`'s raw little-endian bytes into `out`, keeping its capacity.
+template <typename T>
+void PutRaw(const std::vector<T>& v, std::string* out) {
+  out->assign(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+}
+
+// `bytes` as exactly `n` values into `out` (keeping its capacity), or DATA_LOSS naming `what`.
+template <typename T>
+absl::Status GetRaw(const std::string& bytes, size_t n, const std::string& what, std::vector<T>* out) {
+  if (bytes.size() != n * sizeof(T)) {
+    return absl::DataLossError(absl::StrCat(what, " holds ", bytes.size(), " bytes; ", n * sizeof(T), " expected"));
+  }
+  out->resize(n);
+  if (n > 0) std::memcpy(out->data(), bytes.data(), bytes.size());
+  return absl::OkStatus();
+}
+
+// The slots a table's row-wise optimizer keeps per row, in the order a chunk holds them.
+absl::StatusOr<std::vector<std::string>> TableSlotNames(const summa::v1::EmbeddingTableSpec& spec) {
+  OptimizerOptions o;
+  o.name = spec.optimizer().name();
+  SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<const Optimizer> optimizer, Optimizer::Create(o));
+  return optimizer->SlotNames();
+}
+
+absl::StatusOr<TableState> DecodeTableState(const CheckpointHeader& h, const summa::v1::TableCheckpoint& in) {
+  const std::string what = absl::StrCat("embedding table '", h.tables[in.table()].spec.name(), "' of the checkpoint");
+  if (in.next_steps_size() != h.job.world_size || in.waiting_ids_size() != in.waiting_counts_size()) {
+    return absl::DataLossError(absl::StrCat(what, " has a malformed state"));
+  }
+  if (in.updates() > in.version()) return absl::DataLossError(absl::StrCat(what, " has more updates than steps"));
+  if (h.job.mode == Mode::kSync) {
+    // A sync checkpoint is written only while every table is at the partitions' version.
+    if (in.version() != h.version) {
+      return absl::DataLossError(absl::StrCat(what, " is at version ", in.version(),
+                                              "; a sync checkpoint's tables are at its version, ", h.version));
+    }
+    for (uint64_t next : in.next_steps()) {
+      if (next > in.version()) {
+        return absl::DataLossError(
+            absl::StrCat(what, " has a push of step ", next - 1, " recorded at version ", in.version()));
+      }
+    }
+  }
+  TableState s;
+  s.version = in.version();
+  s.updates = in.updates();
+  s.rows = in.rows();
+  s.rows_created = in.rows_created();
+  s.rows_expired = in.rows_expired();
+  s.dropped_gradients = in.dropped_gradients();
+  s.next_steps.assign(in.next_steps().begin(), in.next_steps().end());
+  s.waiting_ids.assign(in.waiting_ids().begin(), in.waiting_ids().end());
+  s.waiting_counts.assign(in.waiting_counts().begin(), in.waiting_counts().end());
+  return s;
+}
+
+// `in` into `out` (whose buffers are kept), checked against its table.
+absl::Status DecodeTableChunk(const CheckpointTable& table, const summa::v1::TableChunk& in, TableRows* out) {
+  const std::string what = absl::StrCat("a chunk of embedding table '", table.spec.name(), "'");
+  if (in.ids().size() % sizeof(uint64_t) != 0 || in.slots_size() != static_cast<int>(table.slot_names.size())) {
+    return absl::DataLossError(absl::StrCat(what, " is malformed"));
+  }
+  const size_t n = in.ids().size() / sizeof(uint64_t);
+  const size_t floats = n * static_cast<size_t>(table.spec.dim());
+  SUMMA_RETURN_IF_ERROR(GetRaw(in.ids(), n, what + "'s ids", &out->ids));
+  SUMMA_RETURN_IF_ERROR(GetRaw(in.values(), floats, what + "'s values", &out->values));
+  out->slots.resize(table.slot_names.size());
+  for (int k = 0; k < in.slots_size(); ++k) {
+    SUMMA_RETURN_IF_ERROR(GetRaw(in.slots(k), floats, absl::StrCat(what, "'s ", table.slot_names[k]), &out->slots[k]));
+  }
+  return GetRaw(in.touched(), n, what + "'s steps touched", &out->touched);
 }
 
 // `bytes` as exactly `n` floats, or DATA_LOSS naming `what`.
@@ -74,7 +149,8 @@ absl::StatusOr<PartitionSnapshot> DecodePartition(const CheckpointHeader& h, con
 }  // namespace
 
 summa::v1::Checkpoint EncodeCheckpointHeader(const JobDescription& job, const std::vector<TensorSpec>& specs,
-                                             uint64_t version, absl::Time created) {
+                                             uint64_t version, absl::Time created,
+                                             const std::vector<summa::v1::EmbeddingTableSpec>& tables) {
   summa::v1::Checkpoint c;
   c.set_version(version);
   c.set_world_size(job.world_size);
@@ -90,7 +166,35 @@ summa::v1::Checkpoint EncodeCheckpointHeader(const JobDescription& job, const st
   }
   c.set_created_unix_seconds(absl::ToUnixSeconds(created));
   for (const TensorSpec& spec : specs) SpecToProto(spec, c.add_params());
+  for (const summa::v1::EmbeddingTableSpec& table : tables) *c.add_tables() = table;
   return c;
+}
+
+summa::v1::TableRecord EncodeTableState(uint32_t table, const TableState& s) {
+  summa::v1::TableRecord record;
+  summa::v1::TableCheckpoint& out = *record.mutable_state();
+  out.set_table(table);
+  out.set_version(s.version);
+  out.set_updates(s.updates);
+  out.set_rows(s.rows);
+  out.set_rows_created(s.rows_created);
+  out.set_rows_expired(s.rows_expired);
+  out.set_dropped_gradients(s.dropped_gradients);
+  out.mutable_next_steps()->Add(s.next_steps.begin(), s.next_steps.end());
+  out.mutable_waiting_ids()->Add(s.waiting_ids.begin(), s.waiting_ids.end());
+  out.mutable_waiting_counts()->Add(s.waiting_counts.begin(), s.waiting_counts.end());
+  return record;
+}
+
+void EncodeTableChunk(uint32_t table, const TableRows& rows, summa::v1::TableRecord* out) {
+  summa::v1::TableChunk& chunk = *out->mutable_chunk();
+  chunk.set_table(table);
+  PutRaw(rows.ids, chunk.mutable_ids());
+  PutRaw(rows.values, chunk.mutable_values());
+  while (chunk.slots_size() > static_cast<int>(rows.slots.size())) chunk.mutable_slots()->RemoveLast();
+  while (chunk.slots_size() < static_cast<int>(rows.slots.size())) chunk.add_slots();
+  for (size_t k = 0; k < rows.slots.size(); ++k) PutRaw(rows.slots[k], chunk.mutable_slots(static_cast<int>(k)));
+  PutRaw(rows.touched, chunk.mutable_touched());
 }
 
 summa::v1::PartitionCheckpoint EncodePartition(const PartitionSnapshot& p) {
@@ -180,6 +284,18 @@ absl::StatusOr<CheckpointHeader> DecodeCheckpointHeader(const summa::v1::Checkpo
   for (const PartitionRange& r : h.map.partitions()) {
     if (shard_of[r.id] == theirs.shard) h.held.push_back(r);
   }
+  for (const summa::v1::EmbeddingTableSpec& given : c.tables()) {
+    absl::StatusOr<summa::v1::EmbeddingTableSpec> spec = EmbeddingTable::Normalized(given);
+    if (!spec.ok()) return absl::DataLossError(absl::StrCat("the checkpoint's ", spec.status().message()));
+    for (const CheckpointTable& t : h.tables) {
+      if (t.spec.name() == spec->name()) {
+        return absl::DataLossError(absl::StrCat("the checkpoint declares embedding table '", spec->name(), "' twice"));
+      }
+    }
+    absl::StatusOr<std::vector<std::string>> slots = TableSlotNames(*spec);
+    if (!slots.ok()) return absl::DataLossError(absl::StrCat("the checkpoint's ", slots.status().message()));
+    h.tables.push_back({*std::move(spec), *std::move(slots)});
+  }
   return h;
 }
 
@@ -215,6 +331,14 @@ absl::StatusOr<std::vector<CheckpointHeader>> DecodeCheckpointSet(
       return absl::FailedPreconditionError(
           absl::StrCat("shard ", i, "'s checkpoint is of another model than shard 0's"));
     }
+    bool same_tables = h.tables.size() == first.tables.size();
+    for (size_t t = 0; same_tables && t < h.tables.size(); ++t) {
+      same_tables = h.tables[t].spec.SerializeAsString() == first.tables[t].spec.SerializeAsString();
+    }
+    if (!same_tables) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("shard ", i, "'s checkpoint declares other embedding tables than shard 0's"));
+    }
   }
   return headers;
 }
@@ -238,6 +362,60 @@ absl::Status DecodePartitions(const CheckpointHeader& h, PartitionSource& source
   if (count != ranges.size()) {
     return absl::DataLossError(
         absl::StrCat("the checkpoint holds ", count, " partitions; its model has ", ranges.size()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DecodeTables(const CheckpointHeader& h, PartitionSource& source,
+                          absl::FunctionRef<absl::Status(int table, const TableState&)> state,
+                          absl::FunctionRef<absl::Status(int table, const TableRows&)> rows) {
+  summa::v1::TableRecord record;
+  TableRows chunk;
+  int table = -1;  // the table whose records are being read
+  uint64_t counted = 0, read = 0;  // its rows, as its state counts them and as its chunks held them
+  auto name = [&](int t) { return absl::StrCat("embedding table '", h.tables[t].spec.name(), "'"); };
+  auto whole = [&]() -> absl::Status {
+    if (table >= 0 && read != counted) {
+      return absl::DataLossError(
+          absl::StrCat("the checkpoint holds ", read, " rows of ", name(table), ", whose state counts ", counted));
+    }
+    return absl::OkStatus();
+  };
+  while (true) {
+    SUMMA_ASSIGN_OR_RETURN(const bool more, source.NextTable(&record));
+    if (!more) break;
+    if (record.has_state()) {
+      SUMMA_RETURN_IF_ERROR(whole());
+      const summa::v1::TableCheckpoint& in = record.state();
+      if (in.table() >= h.tables.size() || static_cast<int>(in.table()) != table + 1) {
+        return absl::DataLossError(absl::StrCat("the checkpoint holds the state of table ", in.table(), " after ",
+                                                table < 0 ? std::string("none") : absl::StrCat("table ", table, "'s"),
+                                                "; it declares ", h.tables.size(), " table(s)"));
+      }
+      table = static_cast<int>(in.table());
+      SUMMA_ASSIGN_OR_RETURN(const TableState decoded, DecodeTableState(h, in));
+      counted = decoded.rows;
+      read = 0;
+      SUMMA_RETURN_IF_ERROR(state(table, decoded));
+    } else if (record.has_chunk()) {
+      const summa::v1::TableChunk& in = record.chunk();
+      if (table < 0 || static_cast<int>(in.table()) != table) {
+        return absl::DataLossError(absl::StrCat("the checkpoint holds rows of table ", in.table(), " where ",
+                                                table < 0 ? std::string("no table's") : absl::StrCat(name(table), "'s"),
+                                                " belong"));
+      }
+      SUMMA_RETURN_IF_ERROR(DecodeTableChunk(h.tables[table], in, &chunk));
+      read += chunk.ids.size();
+      if (read > counted) SUMMA_RETURN_IF_ERROR(whole());
+      SUMMA_RETURN_IF_ERROR(rows(table, chunk));
+    } else {
+      return absl::DataLossError("the checkpoint holds an empty table record");
+    }
+  }
+  SUMMA_RETURN_IF_ERROR(whole());
+  if (table + 1 != static_cast<int>(h.tables.size())) {
+    return absl::DataLossError(absl::StrCat("the checkpoint holds the records of ", table + 1, " of its ",
+                                            h.tables.size(), " embedding table(s)"));
   }
   return absl::OkStatus();
 }

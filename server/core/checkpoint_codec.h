@@ -1,7 +1,8 @@
 // Checkpoints of the server's state as messages: every partition's master weights, optimizer
-// state slots, version and pushes seen, with the job's description; encoded from and decoded into
-// plain snapshots (a restore into a job that differs is refused, naming both sides). Files are
-// server/checkpoint/'s. Free functions are thread-safe.
+// state slots, version and pushes seen, with the job's description, and every embedding table's
+// state and rows; encoded from and decoded into plain snapshots (a restore into a job that
+// differs is refused, naming both sides). Files are server/checkpoint/'s. Free functions are
+// thread-safe.
 #ifndef SUMMA_SERVER_CORE_CHECKPOINT_CODEC_H_
 #define SUMMA_SERVER_CORE_CHECKPOINT_CODEC_H_
 
@@ -17,6 +18,7 @@
 #include "common/partition_map.h"
 #include "common/tensor.h"
 #include "server/checkpoint/checkpoint_file.h"
+#include "server/core/embedding_table.h"
 #include "server/core/group_view.h"
 #include "server/core/job_options.h"
 #include "summa/v1/checkpoint.pb.h"
@@ -47,17 +49,31 @@ struct PartitionSnapshot {
   uint64_t examples_applied = 0;          // sync: examples of the steps completed, summed
 };
 
-// Everything in a checkpoint but its partitions. `version`: no partition is below it (in sync
-// mode every partition is at it).
+// Everything in a checkpoint but its partitions and its tables' records. `version`: no partition
+// is below it (in sync mode every partition, and every table, is at it). `tables`: the job's
+// embedding tables' specs (EmbeddingTable::spec), in declaration order.
 summa::v1::Checkpoint EncodeCheckpointHeader(const JobDescription& job, const std::vector<TensorSpec>& specs,
-                                             uint64_t version, absl::Time created);
+                                             uint64_t version, absl::Time created,
+                                             const std::vector<summa::v1::EmbeddingTableSpec>& tables = {});
 summa::v1::PartitionCheckpoint EncodePartition(const PartitionSnapshot& partition);
+// Table `table` (its index in the header's tables): its state, which comes first, then its rows,
+// a chunk at a time, into `out` (whose buffers are kept for the next chunk).
+summa::v1::TableRecord EncodeTableState(uint32_t table, const TableState& state);
+void EncodeTableChunk(uint32_t table, const TableRows& rows, summa::v1::TableRecord* out);
+
+// An embedding table a checkpoint declares: its spec (normalized) and its optimizer's slots, in
+// the order a chunk holds them.
+struct CheckpointTable {
+  summa::v1::EmbeddingTableSpec spec;
+  std::vector<std::string> slot_names;
+};
 
 // A checkpoint's header, decoded and checked against this server's job.
 struct CheckpointHeader {
   JobDescription job;  // the checkpoint's; differs from ours in `optimizer` at most
   PartitionMap map;    // the model's tensors and partitions
   std::vector<PartitionRange> held;  // the partitions the checkpoint must hold: its shard's
+  std::vector<CheckpointTable> tables;  // in declaration order; none in checkpoints from before them
   uint64_t version = 0;
   absl::Time created = absl::InfinitePast();
 };
@@ -72,8 +88,9 @@ enum class ShardMatch { kSameShard, kAnyShard };
 absl::StatusOr<JobDescription> CheckpointJob(const summa::v1::Checkpoint& header);
 
 // FAILED_PRECONDITION naming both sides when the checkpoint's job differs from `ours` (in its shard
-// and shard count too under kSameShard); DATA_LOSS when the header is malformed. `held` is the
-// checkpoint's shard's, as AssignShards cut the model over the checkpoint's shard count.
+// and shard count too under kSameShard); DATA_LOSS when the header is malformed (a table's spec
+// too). `held` is the checkpoint's shard's, as AssignShards cut the model over the checkpoint's
+// shard count.
 absl::StatusOr<CheckpointHeader> DecodeCheckpointHeader(const summa::v1::Checkpoint& header,
                                                         const JobDescription& ours,
                                                         ShardMatch match = ShardMatch::kSameShard);
@@ -81,7 +98,8 @@ absl::StatusOr<CheckpointHeader> DecodeCheckpointHeader(const summa::v1::Checkpo
 // The headers of the checkpoints a job's shards wrote under one shard count K, `set[i]` being
 // shard i's, decoded as DecodeCheckpointHeader(kAnyShard) does, each against `ours`. Together
 // their partitions are the whole model: FAILED_PRECONDITION naming what is missing or differs
-// when they are not the K shards' of K, in shard order, of one version and one model.
+// when they are not the K shards' of K, in shard order, of one version and one model (its tables
+// included).
 absl::StatusOr<std::vector<CheckpointHeader>> DecodeCheckpointSet(
     absl::Span<const summa::v1::Checkpoint* const> set, const JobDescription& ours);
 
@@ -91,6 +109,19 @@ absl::StatusOr<std::vector<CheckpointHeader>> DecodeCheckpointSet(
 // does (nothing more is read).
 absl::Status DecodePartitions(const CheckpointHeader& header, PartitionSource& source,
                               absl::FunctionRef<absl::Status(PartitionSnapshot)> take);
+
+// Reads every table record of `source` (after its partitions, which it skips if they were not
+// read), checks each against `header` and hands it on before reading the next: a table's state
+// to `state`, then its rows, a chunk at a time, to `rows` (`table`: its index in the header's
+// tables). DATA_LOSS when the records are not, for each declared table in turn, its state and
+// then chunks of exactly the rows its state counts; when a chunk is unlike its table (dimension,
+// slots) or a state unlike the job (ranks); and when a sync checkpoint's table is not at the
+// checkpoint's version or records a push past it. The source's error when it fails (reading to
+// the end checks a file's CRC: a caller that wants no table still calls this); `state`'s or
+// `rows`'s when one does (nothing more is read).
+absl::Status DecodeTables(const CheckpointHeader& header, PartitionSource& source,
+                          absl::FunctionRef<absl::Status(int table, const TableState&)> state,
+                          absl::FunctionRef<absl::Status(int table, const TableRows&)> rows);
 
 // The group a checkpoint was written under, and back: nullopt for a checkpoint that records none
 // (every rank in); DATA_LOSS for ranks outside [0, world_size) or out of order.

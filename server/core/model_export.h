@@ -56,8 +56,9 @@ SafetensorsMetadata ExportMetadata(const JobDescription& job, uint64_t version, 
 // Writes the weights that `headers` describe as a safetensors file at `path`: one checkpoint
 // (DecodeCheckpointHeader), or a sharded job's set of one version (DecodeCheckpointSet, shard
 // order), `sources[i]` reading headers[i]'s partitions. Holds the model once in memory (a
-// set's partitions interleave by id). DATA_LOSS for torn, corrupt or missing partitions (as
-// DecodePartitions); INTERNAL when the file cannot be written.
+// set's partitions interleave by id); the embedding tables' rows are read (to check the file)
+// and not written. DATA_LOSS for torn, corrupt or missing partitions or table records (as
+// DecodePartitions, DecodeTables); INTERNAL when the file cannot be written.
 absl::StatusOr<ExportedModel> ExportCheckpointWeights(absl::Span<const CheckpointHeader> headers,
                                                       absl::Span<PartitionSource* const> sources,
                                                       const std::string& path, const std::string& source);

@@ -164,10 +164,12 @@ class ParameterServer {
   ParameterServer& operator=(const ParameterServer&) = delete;
 
   // Takes the model, weights, optimizer state and versions from a checkpoint's header and its
-  // partitions, read one at a time into the model as it is built; before any Join. Changes
-  // nothing unless it succeeds. FAILED_PRECONDITION naming both sides when the checkpoint's job
-  // differs from the options; DATA_LOSS when its partitions are torn, corrupt or do not tile
-  // its model.
+  // partitions, read one at a time into the model as it is built, and its embedding tables (the
+  // header declares them) with their state and rows, read a chunk at a time; before any Join.
+  // Changes nothing unless it succeeds. FAILED_PRECONDITION naming both sides when the
+  // checkpoint's job differs from the options; DATA_LOSS when its partitions or tables' records
+  // are torn, corrupt or do not tile its model (checkpoint_codec.h's DecodeTables);
+  // RESOURCE_EXHAUSTED when the rows pass --max_table_bytes.
   absl::Status Restore(const summa::v1::Checkpoint& header, PartitionSource& partitions);
 
   // One shard's checkpoint as a restore reads it. Not owned.
@@ -178,7 +180,13 @@ class ParameterServer {
   // As Restore, from the checkpoints of one version that the job's K shards wrote when it ran with
   // another shard count (`set[i]`: shard i's of K): this shard takes the partitions it holds now
   // (AssignShards over options().shards) from whichever of them holds each, reads no file that
-  // holds none of them, and takes the group from shard 0's (the one that coordinated it).
+  // holds none of them (but for its tables' records, when the job has tables), and takes the
+  // group from shard 0's (the one that coordinated it). Each table keeps the rows of every file
+  // that are this shard's now (RowShard over options().shards) and the ids waiting for admission
+  // likewise; its version, updates and ranks' next steps are shard 0's in sync mode (every shard's
+  // table is at the set's version), the most of any shard's in async and ssp (no push applied
+  // twice); its counters (rows created and expired, gradients dropped) are the sums of the old
+  // shards i with i % options().shards == options().shard, so that the job's totals stay.
   // FAILED_PRECONDITION when the set is not K shards' of one version and one model, naming what
   // differs, or their job differs from the options in more than the shard count (the partitions'
   // size included: a checkpoint's partitions are the ones a restore deals out).
@@ -266,8 +274,11 @@ class ParameterServer {
   void OnCheckpointDue(std::function<void()> due) { checkpoint_due_ = std::move(due); }
 
   // Writes a checkpoint when one is due (every `checkpoint_every` steps: in a sharded sync job
-  // the copies every partition took at the newest multiple of it), or at once when `force`.
-  // FAILED_PRECONDITION in sync mode while partitions are between versions (retry).
+  // the copies every partition took at the newest multiple of it), or at once when `force`:
+  // the partitions, then every embedding table's state and rows in chunks (each table's lock
+  // held while its rows are written). FAILED_PRECONDITION in sync mode while partitions are
+  // between versions, or a table is not at their version (retry; parameter_server_checkpoint.cc
+  // says why and what a sharded job does).
   // Blocks on disk I/O: call it from a thread of the daemon's, never from a gRPC callback.
   absl::Status MaybeCheckpoint(bool force);
 
@@ -337,6 +348,9 @@ class ParameterServer {
   // DATA_LOSS when partitions are torn, corrupt or do not tile the model.
   absl::StatusOr<std::pair<std::unique_ptr<Model>, uint64_t>> ModelFrom(absl::Span<const ShardCheckpoint> pieces,
                                                                         bool resharded) const;
+  // Resharded: old shard `from`'s state of a table merged into `into`, its state as read so far
+  // (RestoreResharded says how).
+  void MergeTableState(int from, const TableState& state, TableState& into) const;
   // Publishes a restored model and the group of `header`, and marks the server restored.
   absl::Status Adopt(std::pair<std::unique_ptr<Model>, uint64_t> restored, const summa::v1::Checkpoint& header)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(define_mu_);

@@ -1,6 +1,20 @@
 // The checkpoint side of ParameterServer: what the job is, a consistent snapshot of every
-// partition written through server/checkpoint/checkpoint_file.h a partition at a time, and the restore that
-// refuses another job's and fills the model a partition at a time.
+// partition written through server/checkpoint/checkpoint_file.h a partition at a time, then every
+// embedding table's state and rows a chunk at a time, and the restore that refuses another job's
+// and fills the model a partition and a chunk at a time.
+//
+// Tables and partitions at one version (sync): a worker pushes a step's rows before its dense
+// gradients, so a table may be a step ahead of the partitions for a moment (or, its rows still
+// in flight, a step behind). A table cannot be copied aside as partitions are (it may be far
+// larger than memory allows twice), so its rows are written from the live table, under its lock,
+// after the partitions, and a sync checkpoint is taken only while every table is at the
+// partitions' version: checked with every partition's lock held, before anything is written, and
+// again as each table's state is taken. Otherwise nothing is written and it is retried: an
+// unsharded (or forced) checkpoint answers FAILED_PRECONDITION, as it does while partitions are
+// between versions, and the daemon's next tick tries again; a sharded job's frozen version is
+// written once every table reaches it, and skipped (the next multiple of --checkpoint_every is
+// taken) when a table has moved past it before it could be written. Async and ssp checkpoints
+// record each table's own version, as they do each partition's.
 #include <algorithm>
 #include <filesystem>
 
@@ -34,6 +48,56 @@ void CopyForSyncCheckpoint(const Partition& p, PartitionSnapshot& out, bool weig
   for (uint64_t& next : out.next_steps) next = std::min(next, p.version);
 }
 
+// Rows per chunk of `table`'s checkpoint: about 4 MiB of rows, at most 64K of them.
+int64_t ChunkRows(const EmbeddingTable& table) {
+  constexpr int64_t kChunkBytes = int64_t{4} << 20;
+  constexpr int64_t kMaxRows = 65536;
+  const int64_t row = static_cast<int64_t>(table.dim()) * (1 + static_cast<int64_t>(table.slot_names().size())) *
+                          static_cast<int64_t>(sizeof(float)) +
+                      2 * static_cast<int64_t>(sizeof(uint64_t));
+  return std::clamp<int64_t>(kChunkBytes / row, 1, kMaxRows);
+}
+
+// The first table of `m` not at `version`, or null.
+const EmbeddingTable* TableNotAt(absl::Span<const std::unique_ptr<EmbeddingTable>> tables, uint64_t version) {
+  for (const auto& t : tables) {
+    if (t->version() != version) return t.get();
+  }
+  return nullptr;
+}
+
+// A table not at the version of the checkpoint being written: FAILED_PRECONDITION (retry).
+absl::Status TableBetweenVersions(const EmbeddingTable& table, uint64_t table_version, uint64_t version) {
+  return absl::FailedPreconditionError(absl::StrCat("embedding table '", table.name(), "' is at version ",
+                                                    table_version, ", the partitions at ", version,
+                                                    " (a step's rows and its dense gradients are arriving); retry"));
+}
+
+// Writes `table` (index `index` of the model's) to `writer`: its state, then its rows in chunks,
+// all of one moment (EmbeddingTable::Save holds the table's lock meanwhile). `sync`: the table
+// must be at `version` (FAILED_PRECONDITION otherwise, nothing of it written), and a push to the
+// step in progress is not recorded (its rank pushes it again after a restore, as for partitions).
+absl::Status WriteTable(const EmbeddingTable& table, uint32_t index, bool sync, uint64_t version,
+                        CheckpointWriter& writer) {
+  TableState state;
+  bool stated = false;
+  auto write_state = [&]() -> absl::Status {
+    if (sync) {
+      if (state.version != version) return TableBetweenVersions(table, state.version, version);
+      for (uint64_t& next : state.next_steps) next = std::min(next, state.version);
+    }
+    stated = true;
+    return writer.AppendTable(EncodeTableState(index, state));
+  };
+  summa::v1::TableRecord chunk;
+  SUMMA_RETURN_IF_ERROR(table.Save(&state, ChunkRows(table), [&](const TableRows& rows) -> absl::Status {
+    if (!stated) SUMMA_RETURN_IF_ERROR(write_state());
+    EncodeTableChunk(index, rows, &chunk);
+    return writer.AppendTable(chunk);
+  }));
+  return stated ? absl::OkStatus() : write_state();  // a table without rows
+}
+
 }  // namespace
 
 JobDescription ParameterServer::Job() const {
@@ -61,15 +125,36 @@ absl::StatusOr<std::pair<std::unique_ptr<ParameterServer::Model>, uint64_t>> Par
     SUMMA_ASSIGN_OR_RETURN(CheckpointHeader h, DecodeCheckpointHeader(*pieces.front().header, Job()));
     headers.push_back(std::move(h));
   }
-  SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, NewModel(headers.front().map.specs(), {}));
+  std::vector<summa::v1::EmbeddingTableSpec> tables;
+  for (const CheckpointTable& t : headers.front().tables) tables.push_back(t.spec);
+  SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, NewModel(headers.front().map.specs(), {}, tables));
+  // Resharded: each table's state as the old shards' states read so far make it (MergeTableState).
+  std::vector<TableState> merged(model->tables.size());
   uint64_t low = UINT64_MAX;
   size_t filled = 0;
   for (size_t i = 0; i < headers.size(); ++i) {
     const CheckpointHeader& h = headers[i];
     const bool holds_ours = std::any_of(h.held.begin(), h.held.end(),
                                         [&](const PartitionRange& r) { return model->index_of[r.id] >= 0; });
-    if (!holds_ours) continue;  // another shard's partitions only: not read
-    SUMMA_RETURN_IF_ERROR(DecodePartitions(h, *pieces[i].partitions, [&](PartitionSnapshot snap) {
+    PartitionSource& source = *pieces[i].partitions;
+    auto restore_state = [&](int t, const TableState& state) {
+      EmbeddingTable& table = *model->tables[t];
+      if (!resharded) {
+        table.RestoreState(state);
+      } else {
+        MergeTableState(static_cast<int>(i), state, merged[t]);
+        table.RestoreState(merged[t]);
+      }
+      return absl::OkStatus();
+    };
+    auto restore_rows = [&](int t, const TableRows& rows) { return model->tables[t]->RestoreRows(rows); };
+    if (!holds_ours) {
+      // Another shard's partitions only: not read. Its table rows may be this shard's now (a
+      // file's partitions are skipped on the way to them, unparsed).
+      if (!model->tables.empty()) SUMMA_RETURN_IF_ERROR(DecodeTables(h, source, restore_state, restore_rows));
+      continue;
+    }
+    SUMMA_RETURN_IF_ERROR(DecodePartitions(h, source, [&](PartitionSnapshot snap) {
       const int at = model->index_of[snap.id];
       if (at < 0) return absl::OkStatus();  // another shard's now
       Partition& p = *model->partitions[at];
@@ -86,6 +171,8 @@ absl::StatusOr<std::pair<std::unique_ptr<ParameterServer::Model>, uint64_t>> Par
       ++filled;
       return absl::OkStatus();
     }));
+    // Read to its end, tables or none: a file checks its CRC there.
+    SUMMA_RETURN_IF_ERROR(DecodeTables(h, source, restore_state, restore_rows));
   }
   // A whole set (or this shard's own checkpoint) holds each partition once.
   if (filled != model->partitions.size()) {
@@ -94,6 +181,30 @@ absl::StatusOr<std::pair<std::unique_ptr<ParameterServer::Model>, uint64_t>> Par
   }
   model->pending = 0;
   return std::make_pair(std::move(model), low);
+}
+
+void ParameterServer::MergeTableState(int from, const TableState& state, TableState& into) const {
+  if (from == 0) {
+    into.version = state.version;
+    into.updates = state.updates;
+    into.next_steps = state.next_steps;
+  } else if (options_.mode != Mode::kSync) {
+    // Each shard's table counts its own pushes: the most any recorded, so no push is applied twice.
+    into.version = std::max(into.version, state.version);
+    into.updates = std::max(into.updates, state.updates);
+    for (size_t r = 0; r < into.next_steps.size() && r < state.next_steps.size(); ++r) {
+      into.next_steps[r] = std::max(into.next_steps[r], state.next_steps[r]);
+    }
+  }
+  // Sync: shard 0's steps (every shard's table is at the set's version, DecodeTables checked).
+  if (from % options_.shards == options_.shard) {
+    into.rows_created += state.rows_created;
+    into.rows_expired += state.rows_expired;
+    into.dropped_gradients += state.dropped_gradients;
+  }
+  // The old shard's own: RestoreState keeps those of this shard's ids, beside those kept before.
+  into.waiting_ids = state.waiting_ids;
+  into.waiting_counts = state.waiting_counts;
 }
 
 absl::Status ParameterServer::Adopt(std::pair<std::unique_ptr<Model>, uint64_t> restored,
@@ -192,6 +303,7 @@ absl::StatusOr<bool> ParameterServer::RollBack(int rank, uint64_t session, uint6
       p->aggregator = Aggregator(0);
       p->published = Snapshot();
     }
+    for (const auto& t : old->tables) t->FailParked(gone, failed);
     retired_.push_back(std::move(model_owner_));
     PublishModel(std::move(restored.first));
     restored_.store(true, std::memory_order_release);
@@ -310,6 +422,7 @@ absl::Status ParameterServer::MaybeCheckpoint(bool force) {
   // of --checkpoint_every (MaybeFreeze), so that every shard writes the same versions.
   const bool frozen = !force && FreezesForCheckpoints();
   bool due = false, consistent = false, write = false;
+  const EmbeddingTable* table_apart = nullptr;  // sync: a table not at the partitions' version
   MomentCopy moment = CopyAtOneMoment(*m, frozen, /*weights_only=*/false, [&](uint64_t low, uint64_t high) {
     // Frozen copies are of multiples of the interval: any newer than the last file is due (a
     // forced checkpoint or a restore in between skips none).
@@ -317,7 +430,9 @@ absl::Status ParameterServer::MaybeCheckpoint(bool force) {
                            : options_.checkpoint_every > 0 &&
                                  low >= last + static_cast<uint64_t>(options_.checkpoint_every));
     consistent = !one_version || low == high;
-    write = due && consistent && (low != last || force);
+    // Tables after the partitions' locks (Admit's order too); checked again as each is written.
+    if (due && consistent && one_version) table_apart = TableNotAt(m->tables, low);
+    write = due && consistent && table_apart == nullptr && (low != last || force);
     return write && one_version;
   });
   const uint64_t low = moment.low;
@@ -329,10 +444,18 @@ absl::Status ParameterServer::MaybeCheckpoint(bool force) {
     if (frozen) return absl::OkStatus();
     return absl::FailedPreconditionError("partitions are between versions; retry");
   }
+  if (table_apart != nullptr) {
+    // Frozen: the next tick looks again (a table behind catches up; one past the frozen version
+    // leaves it to the next multiple).
+    if (frozen) return absl::OkStatus();
+    return TableBetweenVersions(*table_apart, table_apart->version(), low);
+  }
   if (!write) return absl::OkStatus();  // nothing new since the last one
   const absl::Time created = options_.clock->Now();
   // `low`: in async and ssp mode, partitions may move past it before they are copied.
-  summa::v1::Checkpoint header = EncodeCheckpointHeader(Job(), m->map.specs(), low, created);
+  std::vector<summa::v1::EmbeddingTableSpec> tables;
+  for (const auto& t : m->tables) tables.push_back(t->spec());
+  summa::v1::Checkpoint header = EncodeCheckpointHeader(Job(), m->map.specs(), low, created, tables);
   // The group as it is now (a sync shard's frozen copies may be of an earlier version: a rank
   // excluded since stays excluded, which is what a restore should find).
   EncodeGroup(membership_.CheckpointGroup(), &header);
@@ -349,6 +472,10 @@ absl::Status ParameterServer::MaybeCheckpoint(bool force) {
       snap = {p.range.id, p.version, p.updates, p.weights, p.slots, p.next_step};
     }
     SUMMA_RETURN_IF_ERROR(writer->Append(EncodePartition(snap)));
+  }
+  for (size_t t = 0; t < m->tables.size(); ++t) {
+    // A sync table that moved on meanwhile: the file is dropped (its writer removes it).
+    SUMMA_RETURN_IF_ERROR(WriteTable(*m->tables[t], static_cast<uint32_t>(t), one_version, low, *writer));
   }
   SUMMA_ASSIGN_OR_RETURN(const std::string path, writer->Finish(options_.keep_checkpoints));
   absl::MutexLock info(&info_mu_);

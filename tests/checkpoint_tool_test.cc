@@ -2,7 +2,7 @@
 // directory (the K shards' files of the newest version all keep, assembled into the whole model)
 // and over one shard's file (refused for export); and the core's side of safetensors that a live
 // server uses: Export refused on a shard of several, --init_from's model check naming the first
-// difference, and its values taken whatever the joiner sends.
+// difference, and its values taken whatever the joiner sends; a job's embedding tables listed.
 #include "server/checkpoint_tool/checkpoint_tool.h"
 
 #include <unistd.h>
@@ -14,7 +14,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/safetensors.h"
 #include "gtest/gtest.h"
+#include "common/row_hash.h"
 #include "server/checkpoint/checkpoint_dir.h"
+#include "tests/fake_call.h"
 #include "tests/parameter_server_fixtures.h"
 
 namespace summa::server {
@@ -133,6 +135,64 @@ TEST_F(CheckpointToolTest, AShardedJobsDirectoryExportsTheWholeModelOfOneVersion
   ASSERT_TRUE(ShowCheckpoint(root_ + "/job", /*tensors=*/true, shown).ok());
   EXPECT_NE(shown.str().find("    w [4, 5]\n    b [3]\n"), std::string::npos) << shown.str();
   EXPECT_EQ(ShowCheckpoint(root_ + "/nothing", false, ignored).code(), absl::StatusCode::kNotFound);
+}
+
+// show lists a sharded job's embedding tables (name, dim, optimizer, rows on every shard,
+// version) once it has read every file; export says their rows stay in the checkpoint.
+TEST_F(CheckpointToolTest, AJobsEmbeddingTablesAreListedWithTheirRowsAndVersion) {
+  summa::v1::EmbeddingTableSpec items;
+  items.set_name("items");
+  items.set_dim(4);
+  items.mutable_optimizer()->set_name("adagrad");
+  std::vector<std::unique_ptr<ParameterServer>> shards;
+  std::vector<std::vector<PartitionRange>> held(2);
+  for (int i = 0; i < 2; ++i) {
+    shards.push_back(std::make_unique<ParameterServer>(Options(i, 2)));
+    for (int rank : {0, 1}) {
+      JoinRequestView v = Join(rank, {4, 5}, rank == 0);
+      v.tables = {items};
+      absl::StatusOr<JoinResult> joined = shards[i]->Join(v);
+      ASSERT_TRUE(joined.ok()) << joined.status();
+      held[i] = joined->partitions;
+    }
+  }
+  for (uint64_t s = 0; s < 2; ++s) {
+    for (int i = 0; i < 2; ++i) {
+      for (int rank : {0, 1}) {
+        SparsePullView pull;
+        pull.rank = rank;
+        pull.min_version = s;
+        for (uint64_t id = 0; id < 10; ++id) {
+          if (RowShard(id, 2) == i) pull.ids.push_back(id);
+        }
+        const std::vector<uint64_t> ids = pull.ids;
+        auto call = std::make_shared<FakeCall>();
+        shards[i]->SparsePull(std::move(pull), call);
+        ASSERT_TRUE(call->Wait().ok());
+        const std::vector<float> grads(ids.size() * 4, 0.5f);
+        SparsePushView push;
+        push.rank = rank;
+        push.step = s;
+        push.num_examples = 1;
+        push.ids = ids;
+        push.grads = grads;
+        ASSERT_TRUE(shards[i]->SparsePush(push).ok());
+      }
+      Step(*shards[i], held[i], s);
+    }
+  }
+  for (auto& shard : shards) ASSERT_TRUE(shard->MaybeCheckpoint(true).ok());
+  std::ostringstream shown;
+  const absl::Status ok = ShowCheckpoint(root_ + "/job", /*tensors=*/false, shown);
+  ASSERT_TRUE(ok.ok()) << ok << "\n" << shown.str();
+  EXPECT_NE(shown.str().find("  tables:     1 embedding table (10 rows)\n    items: dim 4, adagrad, 10 rows, version 2\n"),
+            std::string::npos)
+      << shown.str();
+  std::ostringstream exported;
+  ASSERT_TRUE(ExportCheckpoint(root_ + "/job", root_ + "/model.safetensors", exported).ok());
+  EXPECT_NE(exported.str().find("the checkpoint's 1 embedding table not exported: their rows stay in the checkpoint"),
+            std::string::npos)
+      << exported.str();
 }
 
 TEST_F(CheckpointToolTest, InitFromChecksTheFirstJoinByNameAndTakesTheFilesValues) {

@@ -63,6 +63,50 @@ void Print(Readers readers, const std::vector<CheckpointHeader>& headers, bool t
   for (const TensorSpec& spec : first.map.specs()) out << "    " << spec.name << " " << ShapeString(spec.shape) << "\n";
 }
 
+// What a checkpoint (or a set) holds of one embedding table: its rows on every shard, and the
+// versions its shards' tables are at.
+struct TableSummary {
+  uint64_t rows = 0;
+  uint64_t waiting = 0;  // ids waiting for admission
+  uint64_t low = UINT64_MAX;
+  uint64_t high = 0;
+};
+
+// Reads every table record of `readers` (each file to its end, which checks it) and sums them up.
+absl::StatusOr<std::vector<TableSummary>> ReadTables(Readers readers, const std::vector<CheckpointHeader>& headers) {
+  std::vector<TableSummary> tables(headers.front().tables.size());
+  for (size_t i = 0; i < readers.size(); ++i) {
+    SUMMA_RETURN_IF_ERROR(DecodeTables(
+        headers[i], *readers[i],
+        [&](int t, const TableState& state) {
+          TableSummary& s = tables[t];
+          s.rows += state.rows;
+          s.waiting += state.waiting_ids.size();
+          s.low = std::min(s.low, state.version);
+          s.high = std::max(s.high, state.version);
+          return absl::OkStatus();
+        },
+        [](int, const TableRows&) { return absl::OkStatus(); }));
+  }
+  return tables;
+}
+
+void PrintTables(const std::vector<CheckpointHeader>& headers, const std::vector<TableSummary>& tables,
+                 std::ostream& out) {
+  if (tables.empty()) return;
+  uint64_t rows = 0;
+  for (const TableSummary& t : tables) rows += t.rows;
+  out << "  tables:     " << tables.size() << " embedding table" << (tables.size() == 1 ? "" : "s") << " (" << rows
+      << " rows)\n";
+  for (size_t i = 0; i < tables.size(); ++i) {
+    const summa::v1::EmbeddingTableSpec& spec = headers.front().tables[i].spec;
+    const TableSummary& t = tables[i];
+    out << "    " << spec.name() << ": dim " << spec.dim() << ", " << spec.optimizer().name() << ", " << t.rows
+        << " rows, version " << (t.low == t.high ? absl::StrCat(t.low) : absl::StrCat(t.low, " to ", t.high))
+        << (t.waiting > 0 ? absl::StrCat(", ", t.waiting, " ids waiting for admission") : "") << "\n";
+  }
+}
+
 // Hands CKPT's readers to `use`: a file's alone, or a directory's newest whole checkpoint (one
 // server's or a set's), skipping torn files with a line on `out`.
 absl::Status WithCheckpoint(const std::string& ckpt, std::ostream& out, absl::FunctionRef<absl::Status(Readers)> use) {
@@ -91,7 +135,9 @@ absl::Status ShowCheckpoint(const std::string& ckpt, bool tensors, std::ostream&
     SUMMA_ASSIGN_OR_RETURN(const std::vector<CheckpointHeader> headers, Decode(readers));
     Print(readers, headers, tensors, out);
     // A directory's checkpoint is shown once it is known whole; a file's header alone is shown.
-    for (CheckpointReader* reader : readers) SUMMA_RETURN_IF_ERROR(reader->Verify());
+    // Reading the tables' records reads every file to its end, which checks it.
+    SUMMA_ASSIGN_OR_RETURN(const std::vector<TableSummary> tables, ReadTables(readers, headers));
+    PrintTables(headers, tables, out);
     return absl::OkStatus();
   });
 }
@@ -112,6 +158,10 @@ absl::Status ExportCheckpoint(const std::string& ckpt, const std::string& out_pa
                            ExportCheckpointWeights(headers, sources, out_path, readers.front()->path()));
     out << "wrote " << exported.path << ": version " << exported.version << ", " << exported.tensors << " tensors, "
         << exported.bytes << " bytes (safetensors, F32)\n";
+    if (const size_t tables = headers.front().tables.size(); tables > 0) {
+      out << "the checkpoint's " << tables << " embedding table" << (tables == 1 ? "" : "s")
+          << " not exported: their rows stay in the checkpoint\n";
+    }
     return absl::OkStatus();
   });
 }

@@ -3,8 +3,8 @@
 // back from its checkpoint with every row, its optimizer slots, the tables' versions and counters
 // bit for bit, and goes on as if it had never stopped; on 2 shards from 1 and on 1 from 2 too. A
 // sync checkpoint is taken only while every table is at the partitions' version; async tables
-// keep their own. A torn or corrupt table record is DATA_LOSS; a checkpoint without tables still
-// restores.
+// keep their own. A shard's rollback takes its tables back. A torn or corrupt table record is
+// DATA_LOSS; a checkpoint without tables still restores.
 #include <zlib.h>
 
 #include <cmath>
@@ -487,6 +487,53 @@ TEST_F(TableCheckpointTest, ASyncCheckpointIsTakenOnlyWhileEveryTableIsAtThePart
   Job again = Make(2, dir, Mode::kSync, 2);
   RestoreAtStart(again, 0);
   ExpectSameTables(again, job);
+}
+
+// A shard that rolls back to its checkpoint (to agree with the other shards) takes its tables
+// back too, rows and state; a pull parked on the tables it leaves is told to join again.
+TEST_F(TableCheckpointTest, ARollBackRestoresTheShardsTablesToo) {
+  Job at2 = Make(2, "");
+  JoinAll(at2, true);
+  for (uint64_t s = 0; s < 2; ++s) Step(at2, s);
+  const std::string dir = root_ + "/job";
+  Job job = Make(2, dir);
+  JoinAll(job, true);
+  for (uint64_t s = 0; s < 2; ++s) Step(job, s);
+  ASSERT_TRUE(job[0].server->MaybeCheckpoint(true).ok());
+  Step(job, 2);
+  auto parked = std::make_shared<FakeCall>();
+  SparsePullView pull;
+  pull.table = 0;
+  pull.min_version = 4;
+  for (uint64_t id = 0; id < 10; ++id) {
+    if (RowShard(id, 2) == 0) pull.ids.push_back(id);
+  }
+  ASSERT_FALSE(pull.ids.empty());
+  job[0].server->SparsePull(std::move(pull), parked);
+  EXPECT_FALSE(parked->answered());
+
+  absl::StatusOr<bool> rolled = job[0].server->RollBack(0, 0, 2, 3);
+  ASSERT_TRUE(rolled.ok()) << rolled.status();
+  EXPECT_TRUE(*rolled);
+  EXPECT_EQ(parked->Wait().code(), absl::StatusCode::kNotFound);
+  for (int t = 0; t < kTables; ++t) {
+    SCOPED_TRACE(Tables()[t].name());
+    const EmbeddingTable& got = **job[0].server->Table(t);
+    const EmbeddingTable& want = **at2[0].server->Table(t);
+    EXPECT_EQ(got.version(), 2u);
+    uint64_t differ = 0;
+    for (uint64_t id = 0; id < kUniverse[t]; ++id) {
+      if (RowShard(id, 2) != 0) continue;
+      bool same = got.RowForTest(id) == want.RowForTest(id);
+      for (int k = 0; k < static_cast<int>(want.slot_names().size()); ++k) {
+        same = same && got.SlotForTest(id, k) == want.SlotForTest(id, k);
+      }
+      differ += !same;
+    }
+    EXPECT_EQ(differ, 0u);
+    EXPECT_EQ(got.Counters().rows, want.Counters().rows);
+    EXPECT_EQ(got.Counters().rows_created, want.Counters().rows_created);
+  }
 }
 
 // Async: each push applies on arrival and each table checkpoints its own version and every

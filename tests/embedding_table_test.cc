@@ -330,5 +330,45 @@ TEST_F(TableTest, AParkedPullFailsAtItsDeadlineNamingWhoIsMissing) {
   EXPECT_NE(s.message().find("rank(s) 1"), std::string::npos) << s;
 }
 
+TEST_F(TableTest, ARetiredTableGivesItsMemoryBackAndRefusesEveryCall) {
+  std::unique_ptr<EmbeddingTable> t = Make(Spec("adagrad", 2));
+  ASSERT_TRUE(Pull(*t, {1, 2, 3}).ok());
+  auto parked = std::make_shared<FakeCall>();
+  {
+    CallsToFinish out;
+    t->Pull({1}, 1, clock_.Now() + absl::Seconds(5), parked, out);
+  }
+  EXPECT_GT(memory_.used(), 0);
+  const absl::Status gone = absl::NotFoundError("rolled back");
+  {
+    CallsToFinish out;
+    t->Retire(gone, out);
+  }
+  EXPECT_EQ(parked->Wait(), gone);
+  EXPECT_EQ(memory_.used(), 0);
+  EXPECT_EQ(Pull(*t, {1}).status(), gone);
+  EXPECT_EQ(Push(*t, 0, 0, 1, {1}, {1, 1}).status(), gone);
+  t.reset();
+  EXPECT_EQ(memory_.used(), 0);
+}
+
+TEST_F(TableTest, WaitingIdsPastTheBoundAreForgottenOnRestore) {
+  pb::EmbeddingTableSpec spec = Spec("sgd", 2);
+  spec.set_admit_after(3);
+  TableState state;
+  state.waiting_ids = {7, 8, 9};
+  state.waiting_counts = {1, 2, 2};
+  TableMemory tight(32);  // two waiting ids' worth
+  TableContext c;
+  c.members = &members_;
+  c.memory = &tight;
+  std::unique_ptr<EmbeddingTable> t = *EmbeddingTable::Create(spec, c);
+  t->RestoreState(state);
+  EXPECT_EQ(t->Counters().rows_waiting_admission, 2);
+  EXPECT_EQ(tight.used(), 32);
+  t.reset();
+  EXPECT_EQ(tight.used(), 0);
+}
+
 }  // namespace
 }  // namespace summa::server

@@ -257,6 +257,10 @@ absl::Status EmbeddingTable::Answer(const std::vector<uint64_t>& ids, ParkedCall
 void EmbeddingTable::Pull(std::vector<uint64_t> ids, uint64_t min_version, absl::Time deadline,
                           std::shared_ptr<ParkedCall> call, CallsToFinish& out) {
   absl::MutexLock lock(&mu_);
+  if (!retired_.ok()) {
+    if (call->Claim()) out.Add(std::move(call), retired_);
+    return;
+  }
   if (version_ >= min_version) {
     if (!call->Claim()) return;
     absl::Status answered = Answer(ids, *call);
@@ -368,6 +372,7 @@ absl::StatusOr<bool> EmbeddingTable::Push(int rank, uint64_t step, int64_t num_e
     return absl::InvalidArgumentError(absl::StrCat(what, ": rank ", rank, " is outside the job's ", next_step_.size()));
   }
   absl::MutexLock lock(&mu_);
+  if (!retired_.ok()) return retired_;
   if (ctx_.mode != Mode::kSync) {
     if (step < next_step_[rank]) {
       return absl::AlreadyExistsError(absl::StrCat(what, ": rank ", rank, " pushed step ", step, " already"));
@@ -432,6 +437,25 @@ void EmbeddingTable::Expire(absl::Time now, CallsToFinish& out) {
                                                      absl::StrJoin(missing, ", "))));
   }
   parked_.resize(kept);
+}
+
+void EmbeddingTable::Retire(const absl::Status& gone, CallsToFinish& out) {
+  absl::MutexLock lock(&mu_);
+  for (ParkedPull& p : parked_) {
+    if (p.call->Claim()) out.Add(std::move(p.call), gone);
+  }
+  parked_.clear();
+  ctx_.memory->Give(IndexBytes());
+  retired_ = gone;
+  index_ = {};
+  waiting_ = {};
+  pending_ = {};
+  chunks_.clear();
+  slot_id_ = {};
+  slot_touched_ = {};
+  free_slots_ = {};
+  pending_ids_ = {};
+  pending_values_ = {};
 }
 
 void EmbeddingTable::FailParked(const absl::Status& status, CallsToFinish& out) {
@@ -528,7 +552,8 @@ void EmbeddingTable::RestoreState(const TableState& state) {
   for (size_t i = 0; i < state.waiting_ids.size() && i < state.waiting_counts.size(); ++i) {
     const uint64_t id = state.waiting_ids[i];
     if (RowShard(id, ctx_.shards) != ctx_.shard) continue;
-    if (waiting_.emplace(id, state.waiting_counts[i]).second) ctx_.memory->TryTake(kWaitingBytes);
+    if (waiting_.contains(id) || !ctx_.memory->TryTake(kWaitingBytes)) continue;
+    waiting_.emplace(id, state.waiting_counts[i]);
   }
 }
 

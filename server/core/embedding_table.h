@@ -163,6 +163,9 @@ class EmbeddingTable {
   // Parked pulls whose deadline passed get DEADLINE_EXCEEDED.
   void Expire(absl::Time now, CallsToFinish& out);
   void FailParked(const absl::Status& status, CallsToFinish& out);
+  // A rollback replaced the model this table belongs to: its rows and their memory go, its
+  // parked pulls and every later call get `gone`.
+  void Retire(const absl::Status& gone, CallsToFinish& out);
 
   uint64_t version() const;
   // The step `rank` pushes next.
@@ -175,7 +178,8 @@ class EmbeddingTable {
   absl::Status Save(TableState* state, int64_t chunk_rows,
                     absl::FunctionRef<absl::Status(const TableRows&)> chunk) const;
   // Restore, before any call: the state, then rows chunk by chunk (rows of other shards, by
-  // RowShard over this shard count, skipped: a restore into another shard count).
+  // RowShard over this shard count, skipped: a restore into another shard count). Ids waiting
+  // for admission past the memory bound are forgotten (their count starts again).
   // INVALID_ARGUMENT for a chunk unlike the table (dimension, slots); RESOURCE_EXHAUSTED past
   // the memory bound.
   void RestoreState(const TableState& state);
@@ -232,6 +236,7 @@ class EmbeddingTable {
   std::vector<uint32_t> free_slots_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, uint32_t> waiting_ ABSL_GUARDED_BY(mu_);  // admission: id -> times seen
 
+  absl::Status retired_ ABSL_GUARDED_BY(mu_);  // Retire's status; OK while the table serves
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t updates_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<uint64_t> next_step_ ABSL_GUARDED_BY(mu_);  // per rank

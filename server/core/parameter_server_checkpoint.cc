@@ -303,7 +303,7 @@ absl::StatusOr<bool> ParameterServer::RollBack(int rank, uint64_t session, uint6
       p->aggregator = Aggregator(0);
       p->published = Snapshot();
     }
-    for (const auto& t : old->tables) t->FailParked(gone, failed);
+    for (const auto& t : old->tables) t->Retire(gone, failed);
     retired_.push_back(std::move(model_owner_));
     PublishModel(std::move(restored.first));
     restored_.store(true, std::memory_order_release);

@@ -85,7 +85,8 @@ class _Table(torch.nn.Module):
         self._calls = None
         self._grads = []       # [(ids, grads)] of this step's backwards
         self._prefetch_ids = None
-        self._prefetched = None  # (ids, future of rows)
+        self._prefetched = None  # (ids, (future, rows))
+        self._pushes = []  # futures of the pushes not yet seen to succeed
         self.rows_pulled = 0
         self.rows_pushed = 0
 
@@ -116,10 +117,26 @@ class _Table(torch.nn.Module):
         self._grads = []
         self.rows_pushed += len(ids)
         if len(ids) or self._opt.mode == pb.MODE_SYNC:
-            self._push_future = self._calls.submit(client.sparse_push, table, step, int(num_examples), ids, grads)
+            self._check_pushes()
+            self._pushes.append(self._calls.submit(client.sparse_push, table, step, int(num_examples), ids, grads))
         if self._prefetch_ids is not None:
             ids, self._prefetch_ids = self._prefetch_ids, None
             self._prefetched = (ids, self._pull_later(ids, self._min_version(step + 1)))
+
+    def _drop_step(self):
+        """The step's gradients do not go (a recovery moved the loop to the server's step)."""
+        self._grads = []
+        self._prefetch_ids = None
+
+    def _check_pushes(self):
+        """Raises what a finished push met; forgets the ones that succeeded."""
+        while self._pushes and self._pushes[0].done():
+            self._pushes.pop(0).result()
+
+    def _wait_pushed(self):
+        """Waits for every push; raises what one met."""
+        while self._pushes:
+            self._pushes.pop(0).result()
 
     def _pull_later(self, ids, min_version):
         rows = np.empty((len(ids), self.embedding_dim), np.float32)
@@ -152,10 +169,7 @@ class _Table(torch.nn.Module):
         if self._opt is None:
             raise RuntimeError("summa: a summa.Embedding needs a summa.ParameterServerOptimizer built over the "
                                "model that holds it (the optimizer declares the table at its join)")
-        pending = getattr(self, "_push_future", None)
-        if pending is not None and pending.done():
-            self._push_future = None
-            pending.result()  # raises what the last push met
+        self._check_pushes()
         taken = None
         if self._prefetched is not None:
             want, (future, rows) = self._prefetched
@@ -188,6 +202,9 @@ def _distinct(ids):
     """The distinct ids of an index tensor (sorted, as uint64) and where each position's is."""
     if not isinstance(ids, torch.Tensor):
         ids = torch.as_tensor(ids)
+    if ids.device.type != "cpu":
+        raise TypeError(f"summa: ids on {ids.device}: a table's rows come to the CPU; look them up with CPU ids "
+                        "and move the output (table(ids.cpu()).to(device))")
     if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
         raise TypeError(f"summa: ids must be an integer tensor, not {ids.dtype}")
     flat = ids.reshape(-1).to(torch.int64)

@@ -443,9 +443,12 @@ class ParameterServerOptimizer:
 
     def synchronize(self):
         """Waits until the last step's weights are all in (before reading them other than by a
-        forward: a checkpoint, an evaluation outside the model's forward)."""
+        forward: a checkpoint, an evaluation outside the model's forward), and until the tables'
+        rows of the last step are pushed (raising what their push met)."""
         if self._exchanging is not None:
             self._end_step()  # on a GPU it also uploads the partitions no forward took
+        for t in self.tables:
+            t._wait_pushed()
 
     def no_sync(self):
         """Backwards inside only accumulate gradients (DDP's no_sync); the first backward after it
@@ -473,9 +476,12 @@ class ParameterServerOptimizer:
         if num_examples is None:
             num_examples = self.num_examples
         # The tables' rows of this step go first, on the tables' own thread: their pushes and the
-        # next batch's prefetched pulls overlap the dense exchange.
-        if not self._discard:
-            for t in self.tables:
+        # next batch's prefetched pulls overlap the dense exchange. A step a recovery dropped
+        # drops its rows' gradients too.
+        for t in self.tables:
+            if self._discard:
+                t._drop_step()
+            else:
                 t._flush(self.next_step, num_examples)
         self._dense_step(num_examples)
 

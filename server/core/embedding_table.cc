@@ -212,16 +212,40 @@ void EmbeddingTable::DropRow(uint64_t id, uint32_t slot) {
   ctx_.memory->Give(row_bytes_);
 }
 
+void EmbeddingTable::Lookup(absl::Span<const uint64_t> ids) {
+  lookup_.resize(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto found = index_.find(ids[i]);
+    lookup_[i] = found == index_.end() ? -1 : static_cast<int64_t>(found->second);
+  }
+}
+
+void EmbeddingTable::PrefetchRow(int64_t slot) const {
+  if (slot < 0) return;
+  const char* row = reinterpret_cast<const char*>(Values(static_cast<uint32_t>(slot)));
+  for (int64_t b = 0; b < stride_ * static_cast<int64_t>(sizeof(float)); b += 64) __builtin_prefetch(row + b);
+}
+
+// How many rows ahead of the one in use are prefetched: enough misses in flight to hide a
+// miss's latency, few enough that the lines are still there when used.
+constexpr size_t kPrefetchAhead = 8;
+
 absl::Status EmbeddingTable::Answer(const std::vector<uint64_t>& ids, ParkedCall& call) {
   float* out;
   Snapshot answer = answers_.Acquire(static_cast<int64_t>(ids.size()) * dim_, &out);
   const uint64_t admit_after = spec_.admit_after();
+  Lookup(ids);
+  for (size_t i = 0; i < std::min(kPrefetchAhead, ids.size()); ++i) PrefetchRow(lookup_[i]);
   for (size_t i = 0; i < ids.size(); ++i) {
+    if (i + kPrefetchAhead < ids.size()) PrefetchRow(lookup_[i + kPrefetchAhead]);
     const uint64_t id = ids[i];
     float* dst = out + i * dim_;
-    auto found = index_.find(id);
+    // A row the lookup missed may have been created since, by this pull (an id twice).
+    auto found = lookup_[i] >= 0 ? index_.end() : index_.find(id);
     uint32_t slot;
-    if (found != index_.end()) {
+    if (lookup_[i] >= 0) {
+      slot = static_cast<uint32_t>(lookup_[i]);
+    } else if (found != index_.end()) {
       slot = found->second;
     } else {
       if (admit_after > 1) {
@@ -314,13 +338,16 @@ void EmbeddingTable::Complete(int64_t examples, CallsToFinish& out) {
     const uint64_t t = updates_;
     const double lr = optimizer_->LearningRate(t);
     std::vector<absl::Span<float>> slots(slot_names_.size());
-    for (size_t r = 0; r < pending_ids_.size(); ++r) {
-      auto found = index_.find(pending_ids_[r]);
-      if (found == index_.end()) {
+    const size_t n = pending_ids_.size();
+    Lookup(pending_ids_);
+    for (size_t r = 0; r < std::min(kPrefetchAhead, n); ++r) PrefetchRow(lookup_[r]);
+    for (size_t r = 0; r < n; ++r) {
+      if (r + kPrefetchAhead < n) PrefetchRow(lookup_[r + kPrefetchAhead]);
+      if (lookup_[r] < 0) {
         ++dropped_gradients_;  // not admitted yet, or expired since it was read
         continue;
       }
-      const uint32_t slot = found->second;
+      const uint32_t slot = static_cast<uint32_t>(lookup_[r]);
       for (size_t k = 0; k < slots.size(); ++k) slots[k] = absl::MakeSpan(Slot(slot, static_cast<int>(k)), dim_);
       optimizer_->Apply(t, lr, absl::MakeSpan(Values(slot), dim_), slots,
                         absl::MakeConstSpan(pending_values_.data() + r * dim_, dim_), examples);

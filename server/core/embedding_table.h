@@ -211,6 +211,12 @@ class EmbeddingTable {
   // Gathers the rows of `ids` into a snapshot for `call` (creating or admitting rows); the
   // status to answer it with.
   absl::Status Answer(const std::vector<uint64_t>& ids, ParkedCall& call) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The slots of `ids` into lookup_ (-1: not held). A pass of its own, so that the lookups'
+  // cache misses overlap (each find is independent of the last), and rows can be prefetched
+  // ahead of the pass that reads them.
+  void Lookup(absl::Span<const uint64_t> ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Asks the cache for row `slot`'s values and state (all of its lines), ahead of their use.
+  void PrefetchRow(int64_t slot) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sums grads into the pending step (sync) or applies them (async).
   void Accumulate(absl::Span<const uint64_t> ids, absl::Span<const float> grads) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies the pending sums over `examples`, moves the version on, expires rows, answers pulls.
@@ -255,7 +261,7 @@ class EmbeddingTable {
   };
   std::vector<ParkedPull> parked_ ABSL_GUARDED_BY(mu_);
   SnapshotPool answers_ ABSL_GUARDED_BY(mu_);
-  std::vector<float> scratch_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> lookup_ ABSL_GUARDED_BY(mu_);  // Lookup's answer, reused
 
   uint64_t rows_created_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t rows_expired_ ABSL_GUARDED_BY(mu_) = 0;

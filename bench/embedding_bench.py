@@ -165,13 +165,16 @@ def part2_and_3(run_dir, args):
         print("| ---: | ---: | ---: | ---: |")
         for i, (s, p) in enumerate(zip(statuses, procs)):
             print(f"| {i} | {s.tables[0].rows:,} | {s.table_bytes / 2**20:,.0f} | {rss_mib(p.pid):,.0f} |")
-        peak = max(r["peak_mib"] for r in rows)
-        growth = max(r["growth_mib"] for r in rows)
         print(f"\nThe DLRM model on it (2 processes, batch 512 each): {mean(rows, 'step_ms'):.1f} ms/step, "
-              f"{mean(rows, 'rows_per_s'):,.0f} rows moved/s per process; each process's peak memory "
-              f"{peak:.0f} MiB ({peak / table_mib:.1%} of the table), of which {growth:.0f} MiB "
-              f"({growth / table_mib:.2%}) came with training (the rest is Python, torch and the model). DDP would "
-              f"hold the whole {table_mib:,.0f} MiB table (and its optimizer state) in each process: not run.")
+              f"{mean(rows, 'rows_per_s'):,.0f} rows moved/s per process. DDP would hold the whole "
+              f"{table_mib:,.0f} MiB table (and its optimizer state) in each process: not run.\n")
+        print("| process | peak memory (MiB) | of the table | of which training added (MiB) | of the table |")
+        print("| --- | ---: | ---: | ---: | ---: |")
+        for r in sorted(rows, key=lambda r: r["rank"]):
+            what = f"rank {r['rank']}" + (" (created every row first)" if "populate_rows_per_s" in r else "")
+            print(f"| {what} | {r['peak_mib']:.0f} | {r['peak_mib'] / table_mib:.1%} | {r['growth_mib']:.0f} | "
+                  f"{r['growth_mib'] / table_mib:.2%} |")
+        print(f"\n`import torch` alone takes {torch_mib():.0f} MiB here: the floor of any PyTorch worker.")
     finally:
         stop(procs)
     procs, address = start_shards(run_dir, 2, *flags)
@@ -188,6 +191,13 @@ def part2_and_3(run_dir, args):
     print("| rows pulled + pushed | seconds | rows / s in all | rows / s per shard |")
     print("| ---: | ---: | ---: | ---: |")
     print(f"| {moved:,} | {seconds:.2f} | {moved / seconds:,.0f} | {moved / seconds / 2:,.0f} |")
+
+
+def torch_mib():
+    """The peak memory of a Python that imports torch and nothing else."""
+    code = "import resource, torch; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"
+    return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                env={**os.environ, **ENV}).stdout)
 
 
 def raw_worker(args):

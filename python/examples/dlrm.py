@@ -134,14 +134,14 @@ def run_summa(args):
     return rank, result
 
 
-def populate(tables, args, chunk=65536):
+def populate(tables, args, chunk=16384):
     """Creates every row of every table (pulls each once, in chunks), before the first step: the
     table is then as large as declared, not only the rows that batches touch. Rows per second."""
     began = time.perf_counter()
     for t in tables:
         for first in range(0, args.rows, chunk):
             t.pull(torch.arange(first, min(args.rows, first + chunk)), min_version=0)
-            if first // chunk % 40 == 0:
+            if first // chunk % 160 == 0:
                 print(f"populate {t.spec.name}: {first:,} of {args.rows:,} rows", flush=True)
     rate = len(tables) * args.rows / (time.perf_counter() - began)
     print(f"populated {len(tables)} table(s) of {args.rows:,} rows: {rate:,.0f} rows/s", flush=True)

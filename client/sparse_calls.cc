@@ -131,7 +131,9 @@ absl::StatusOr<uint64_t> SparseCalls::Pull(uint32_t table, uint64_t min_version,
                                            float* rows) {
   absl::MutexLock lock(&mu_);
   SUMMA_RETURN_IF_ERROR(Prepare("SparsePull", table, ids.size()));
-  if (ids.empty()) return min_version;
+  // No ids: a wait for min_version on every shard (a step that used no row waits so before its
+  // empty push, which a shard still a step behind would refuse as a future step's).
+  const bool wait_only = ids.empty();
   batch_.Plan(ids, shards_);
   const size_t row_bytes = static_cast<size_t>(dim_) * sizeof(float);
   // A batch that is its own distinct ids goes straight from the caller's ids, and its rows
@@ -142,8 +144,8 @@ absl::StatusOr<uint64_t> SparseCalls::Pull(uint32_t table, uint64_t min_version,
       direct ? rows : reinterpret_cast<float*>(distinct_rows_.Resize(batch_.distinct() * row_bytes));
   for (int s = 0; s < shards_; ++s) {
     const size_t count = batch_.count(s);
-    called_[s] = count > 0;
-    if (count == 0) continue;
+    called_[s] = count > 0 || wait_only;
+    if (!called_[s]) continue;
     if (count * row_bytes > kMaxCallBytes) {
       return absl::InvalidArgumentError(absl::StrCat(CallName(DataMethod::kSparsePull, table, s), ": ", count,
                                                      " distinct rows of ", dim_, " floats are ", count * row_bytes,
@@ -154,8 +156,9 @@ absl::StatusOr<uint64_t> SparseCalls::Pull(uint32_t table, uint64_t min_version,
     pull_.set_session(call_member_.sessions[s]);
     pull_.set_table(table);
     pull_.set_min_version(min_version);
-    requests_[s] = EncodeWithBytes(pull_, pb::SparsePullRequest::kIdsFieldNumber,
-                                   BorrowedSlice(distinct_ids + batch_.begin(s), count * sizeof(uint64_t)));
+    requests_[s] = wait_only ? Encode(pull_)
+                             : EncodeWithBytes(pull_, pb::SparsePullRequest::kIdsFieldNumber,
+                                               BorrowedSlice(distinct_ids + batch_.begin(s), count * sizeof(uint64_t)));
   }
   SUMMA_RETURN_IF_ERROR(Run(DataMethod::kSparsePull, table, nullptr));
   uint64_t version = UINT64_MAX;
@@ -174,7 +177,7 @@ absl::StatusOr<uint64_t> SparseCalls::Pull(uint32_t table, uint64_t min_version,
         },
         &pulled_);
     replies_[s].Clear();
-    if (parsed.ok() && !got) {
+    if (parsed.ok() && !got && bytes > 0) {
       return absl::DataLossError(absl::StrCat(CallName(DataMethod::kSparsePull, table, s), ": the reply holds no rows"));
     }
     if (parsed.ok() && pulled_.table() != table) {

@@ -68,7 +68,8 @@ class SparseCalls {
 
   // Fills `rows` (ids.size() x dim floats) with each id's row of `table`, as of a version at
   // least `min_version` (a shard waits until its table gets there, as a dense pull does). The
-  // lowest version the shards answered; `min_version` when `ids` is empty (nothing is sent).
+  // lowest version the shards answered. With no ids, a wait: every shard is asked for no rows,
+  // and answers once its table is at min_version.
   // FAILED_PRECONDITION before a Join, INVALID_ARGUMENT for an unknown table.
   absl::StatusOr<uint64_t> Pull(uint32_t table, uint64_t min_version, absl::Span<const uint64_t> ids, float* rows);
   // Pushes the row gradients `grads` (ids.size() x dim floats) of `table` for `step`, summed

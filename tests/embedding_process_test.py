@@ -82,6 +82,21 @@ class EmbeddingProcessTest(unittest.TestCase):
                                                     ["--eps=1e-10"]))
             # The grpcio client, where the extension is not built, moves the same rows.
             self.assert_same(*self.sparse_and_dense(g, "sgd", ["--lr=0.1"], ["--native=0"]))
+            # Prefetched rows of ids the forward does not look up are not taken for its own.
+            self.assert_same(*self.sparse_and_dense(g, "sgd", ["--lr=0.1"], ["--prefetch=2"]))
+
+    def test_steps_that_look_up_no_row_still_step_the_table(self):
+        # Odd steps use no row: their pushes are empty, and each waits for the table to reach its
+        # step first (a shard a step behind would refuse it as a future step's).
+        with ProcessGroup() as g:
+            server, _ = self.start_servers(g, 1, "--lr=0.1")
+            # Rank 1's rows of each even step go late, so that rank 0 reaches the odd step after
+            # it before the table has finished the even one.
+            self.run_job(g, server, "--table=sparse", "--skip_odd", "--steps=20", "--slow_sparse_rank=1",
+                         "--prefetch=0")  # a prefetch would wait for the table (the barrier) itself
+            table = self.status(server).tables[0]
+        self.assertEqual(table.version, 20)
+        self.assertEqual(table.rows_pushed, 2 * 10 * PULLED_PER_STEP)
 
     def test_two_shards_hold_the_rows_by_hash_and_train_as_one_server(self):
         with ProcessGroup() as g:
@@ -172,7 +187,8 @@ class EmbeddingProcessTest(unittest.TestCase):
         import summa
         from summa.v1 import summa_pb2 as pb
         with ProcessGroup() as g:
-            server, _ = self.start_servers(g, 1, "--lr=0.1", workers=1)
+            # Messages as small as the server takes: an answer of 300,000 rows of 4 floats is past it.
+            server, _ = self.start_servers(g, 1, "--lr=0.1", "--max_message_bytes=4259840", workers=1)
             table = pb.EmbeddingTableSpec(name="items", dim=4, num_embeddings=100)
             for native in (True, False):
                 client = summa.Client(server, rank=0, world_size=1, native=native)
@@ -198,6 +214,34 @@ class EmbeddingProcessTest(unittest.TestCase):
                         self.assertEqual(e.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
                 finally:
                     client.close()
+            # Malformed requests on the wire and a non-finite gradient are refused, naming why.
+            client = summa.Client(server, rank=0, world_size=1, native=False)
+            try:
+                client.join([("w", (2,))], None, tables=[table])
+                cases = [
+                    (client._sparse_push, pb.SparsePushRequest(rank=0, session=client.session, table=0, count=10,
+                                                               data=b"\0" * 8), "fewer than its ids"),
+                    (client._sparse_push, pb.SparsePushRequest(rank=0, session=client.session, table=0, count=1,
+                                                               data=b"\0" * 8 + b"\0" * 15), "not ids then float32"),
+                    (client._sparse_pull, pb.SparsePullRequest(rank=0, session=client.session, table=0,
+                                                               ids=b"\0" * 7), "do not hold"),
+                    (client._sparse_pull, pb.SparsePullRequest(rank=0, session=client.session, table=0,
+                                                               ids=np.full(300000, 5, np.uint64).tobytes()),  # duplicates: a row each
+                     "--max_message_bytes"),
+                ]
+                for method, request, why in cases:
+                    with self.assertRaises(summa.SummaError) as e:
+                        client._call(method, request.SerializeToString(), "malformed")
+                    self.assertEqual(e.exception.code, grpc.StatusCode.INVALID_ARGUMENT, why)
+                    self.assertIn(why, e.exception.message)
+                nan = np.zeros((1, 4), np.float32)
+                nan[0, 2] = np.nan
+                with self.assertRaises(summa.SummaError) as e:
+                    client.sparse_push(0, 0, 1, np.array([7], np.uint64), nan)
+                self.assertEqual(e.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+                self.assertIn("row 7 holds nan", e.exception.message)
+            finally:
+                client.close()
             # A worker that declares another table is refused at its join, naming both.
             other = summa.Client(server, rank=0, world_size=1, native=False)
             try:

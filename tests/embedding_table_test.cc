@@ -210,6 +210,37 @@ TEST_F(TableTest, AdmissionAndExpiryAreCounted) {
   EXPECT_EQ(memory_.used(), 0);
 }
 
+TEST_F(TableTest, ARowExpiresOnlyOnceUntouchedForExpireAfterSteps) {
+  pb::EmbeddingTableSpec every_step = Spec("sgd", 1);
+  every_step.set_expire_after(1);
+  std::unique_ptr<EmbeddingTable> t = Make(every_step);
+  // Used in every step: never gone, never created again.
+  for (uint64_t step = 0; step < 3; ++step) {
+    ASSERT_TRUE(Pull(*t, {4}, step).ok());
+    ASSERT_TRUE(Push(*t, 0, step, 1, {4}, {1}).ok());
+    ASSERT_TRUE(*Push(*t, 1, step, 1, {}, {}));
+  }
+  EXPECT_EQ(t->Counters().rows_expired, 0u);
+  EXPECT_EQ(t->Counters().rows_created, 1u);
+  pb::EmbeddingTableSpec two = Spec("sgd", 1);
+  two.set_expire_after(2);
+  t = Make(two);
+  ASSERT_TRUE(Pull(*t, {4}).ok());
+  ASSERT_TRUE(Push(*t, 0, 0, 1, {4}, {1}).ok());
+  ASSERT_TRUE(*Push(*t, 1, 0, 1, {}, {}));
+  // Untouched in step 1 only when version 2's sweep comes: kept.
+  ASSERT_TRUE(Push(*t, 0, 1, 1, {}, {}).ok());
+  ASSERT_TRUE(*Push(*t, 1, 1, 1, {}, {}));
+  EXPECT_EQ(t->Counters().rows, 1) << "expired after one untouched step of two";
+  // Untouched in steps 1, 2 and 3 at version 4's: gone.
+  for (uint64_t step = 2; step < 4; ++step) {
+    ASSERT_TRUE(Push(*t, 0, step, 1, {}, {}).ok());
+    ASSERT_TRUE(*Push(*t, 1, step, 1, {}, {}));
+  }
+  EXPECT_EQ(t->Counters().rows, 0);
+  EXPECT_EQ(t->Counters().rows_expired, 1u);
+}
+
 TEST_F(TableTest, TheMemoryBoundRefusesANewRowNamingTheFlag) {
   std::unique_ptr<EmbeddingTable> probe = Make(Spec("adagrad", 8));
   const int64_t row = probe->row_bytes();

@@ -236,9 +236,16 @@ TEST_F(SparseCallsTest, APullCallsOnlyTheShardsHoldingItsIds) {
   EXPECT_EQ(shards_.pulls[0].shard, 2);
   EXPECT_EQ(IdsOf(shards_.pulls[0].request.ids(), ids.size()), ids);
   for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(rows[i * kDim + 3], RowValue(0, ids[i], 3));
-  // No ids: nothing sent, the version asked for.
-  EXPECT_EQ(calls_.Pull(0, 42, {}, rows.data()).value_or(0), 42u);
-  EXPECT_EQ(shards_.pulls.size(), 1u);
+  // No ids: a wait for the version on every shard, asking no rows (the lowest version answered).
+  absl::StatusOr<uint64_t> waited = calls_.Pull(0, 42, {}, rows.data());
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  EXPECT_EQ(*waited, shards_.version_base);
+  ASSERT_EQ(shards_.pulls.size(), 1u + kShards);
+  for (int s = 0; s < kShards; ++s) {
+    EXPECT_EQ(shards_.pulls[1 + s].shard, s);
+    EXPECT_EQ(shards_.pulls[1 + s].request.min_version(), 42u);
+    EXPECT_TRUE(shards_.pulls[1 + s].request.ids().empty());
+  }
 }
 
 TEST_F(SparseCallsTest, AShardsRefusalIsTheCallsErrorNamingTableAndShard) {

@@ -59,7 +59,7 @@ std::vector<pb::EmbeddingTableSpec> Tables() {
   users.mutable_optimizer()->set_name("adam");
   users.mutable_optimizer()->set_learning_rate(0.05);
   users.set_admit_after(2);
-  users.set_expire_after(3);
+  users.set_expire_after(1);  // rows of step 0 untouched in step 1 go at version 2: before the checkpoint
   pb::EmbeddingTableSpec& many = tables[2];
   many.set_name("many");
   many.set_dim(2);

@@ -29,6 +29,8 @@ import torch
 from .v1 import summa_pb2 as pb
 
 _OPTIMIZERS = ("sgd", "adagrad", "adam")
+_NO_IDS = np.empty(0, np.uint64)
+_NO_ROWS = np.empty((0, 1), np.float32)
 _INITIALIZERS = ("zeros", "uniform", "normal")
 
 
@@ -87,6 +89,7 @@ class _Table(torch.nn.Module):
         self._prefetch_ids = None
         self._prefetched = None  # (ids, (future, rows))
         self._pushes = []  # futures of the pushes not yet seen to succeed
+        self._looked_up = None  # the step whose rows the last forward read
         self.rows_pulled = 0
         self.rows_pushed = 0
 
@@ -116,9 +119,13 @@ class _Table(torch.nn.Module):
             grads = np.empty((0, self.embedding_dim), np.float32)
         self._grads = []
         self.rows_pushed += len(ids)
+        if self._opt.mode == pb.MODE_SYNC and self._looked_up != step:
+            # No forward of this step waited for the table to reach it: wait so before pushing
+            # (a shard still a step behind would refuse this push as a future step's).
+            self._pushes.append(self._calls.submit(client.sparse_pull, table, step, _NO_IDS, _NO_ROWS))
         if len(ids) or self._opt.mode == pb.MODE_SYNC:
-            self._check_pushes()
             self._pushes.append(self._calls.submit(client.sparse_push, table, step, int(num_examples), ids, grads))
+        self._check_pushes()  # after this step's push is on its way: the others wait for it
         if self._prefetch_ids is not None:
             ids, self._prefetch_ids = self._prefetch_ids, None
             self._prefetched = (ids, self._pull_later(ids, self._min_version(step + 1)))
@@ -180,6 +187,7 @@ class _Table(torch.nn.Module):
         if taken is None:
             future, taken = self._pull_later(ids, self._min_version(self._opt.next_step))
             future.result()
+        self._looked_up = self._opt.next_step
         self.rows_pulled += len(ids)
         rows = torch.from_numpy(taken)
         if torch.is_grad_enabled() and self.training:

@@ -256,11 +256,11 @@ class ParameterServerOptimizer:
         module, named, self.frozen = _split(model)
         # The model's embedding tables (summa.Embedding): declared at the join, pushed at step().
         self.tables = [t for _, t in tables_of(module)]
-        for i, (name, t) in enumerate(tables_of(module)):
-            t._attach(self, i, name)
         if self.tables and local_group is not None:
             raise ValueError("summa: embedding tables with local_group: each process pushes its own rows; "
                              "leave local_group out")
+        for i, (name, t) in enumerate(tables_of(module)):
+            t._attach(self, i, name)
         self.local = _LocalGroup(local_group) if local_group is not None else None
         self.overlap = bool(overlap) and self.client.overlaps and self.local is None
         self.num_examples = num_examples

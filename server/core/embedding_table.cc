@@ -333,8 +333,10 @@ void EmbeddingTable::Accumulate(absl::Span<const uint64_t> ids, absl::Span<const
   rows_pushed_ += ids.size();
 }
 
-void EmbeddingTable::Complete(int64_t examples, CallsToFinish& out) {
-  if (examples > 0 && !pending_ids_.empty()) {
+void EmbeddingTable::Complete(int64_t examples, bool skip, CallsToFinish& out) {
+  if (skip || examples <= 0) {
+    dropped_gradients_ += pending_ids_.size();  // nothing to apply them with
+  } else if (!pending_ids_.empty()) {
     const uint64_t t = updates_;
     const double lr = optimizer_->LearningRate(t);
     std::vector<absl::Span<float>> slots(slot_names_.size());
@@ -354,7 +356,8 @@ void EmbeddingTable::Complete(int64_t examples, CallsToFinish& out) {
       slot_touched_[slot] = version_;
     }
   }
-  if (examples > 0) ++updates_;
+  if (examples > 0 && !skip) ++updates_;
+  pending_skip_ = false;
   // Erased one by one, not cleared: clear() gives a large map's array back, and the next step
   // would grow it again, page by fresh page.
   for (uint64_t id : pending_ids_) pending_.erase(id);
@@ -367,7 +370,8 @@ void EmbeddingTable::Complete(int64_t examples, CallsToFinish& out) {
   if (expire_after > 0 && version_ % expire_after == 0) {
     for (uint32_t slot = 0; slot < slot_id_.size(); ++slot) {
       const uint64_t touched = slot_touched_[slot];
-      if (touched == UINT64_MAX || version_ - touched < expire_after) continue;
+      // Touched at step `touched`, untouched through steps touched + 1 .. version_ - 1.
+      if (touched == UINT64_MAX || version_ - 1 - touched < expire_after) continue;
       DropRow(slot_id_[slot], slot);
       ++rows_expired_;
     }
@@ -386,7 +390,7 @@ bool EmbeddingTable::StepComplete() const {
 
 absl::StatusOr<bool> EmbeddingTable::Push(int rank, uint64_t step, int64_t num_examples,
                                           absl::Span<const uint64_t> ids, absl::Span<const float> grads,
-                                          CallsToFinish& out) {
+                                          CallsToFinish& out, bool skip) {
   const std::string what = absl::StrCat("embedding table '", name(), "'");
   if (grads.size() != ids.size() * static_cast<size_t>(dim_)) {
     return absl::InvalidArgumentError(absl::StrCat(what, " has rows of ", dim_, " floats; the push sends ", ids.size(),
@@ -406,7 +410,7 @@ absl::StatusOr<bool> EmbeddingTable::Push(int rank, uint64_t step, int64_t num_e
     }
     Accumulate(ids, grads);
     next_step_[rank] = step + 1;
-    Complete(num_examples, out);
+    Complete(num_examples, skip, out);
     return true;
   }
   if (step < version_ || (step == version_ && pushed_[rank])) {
@@ -424,17 +428,18 @@ absl::StatusOr<bool> EmbeddingTable::Push(int rank, uint64_t step, int64_t num_e
   }
   Accumulate(ids, grads);
   pending_examples_ += num_examples;
+  pending_skip_ = pending_skip_ || skip;
   pushed_[rank] = true;
   next_step_[rank] = step + 1;
   if (!StepComplete()) return false;
-  Complete(pending_examples_, out);
+  Complete(pending_examples_, pending_skip_, out);
   return true;
 }
 
 void EmbeddingTable::OnMembershipChange(CallsToFinish& out) {
   if (ctx_.mode != Mode::kSync) return;
   absl::MutexLock lock(&mu_);
-  if (StepComplete()) Complete(pending_examples_, out);
+  if (StepComplete()) Complete(pending_examples_, pending_skip_, out);
 }
 
 void EmbeddingTable::OnAdmitted(int rank, uint64_t from_step) {
@@ -483,6 +488,7 @@ void EmbeddingTable::Retire(const absl::Status& gone, CallsToFinish& out) {
   free_slots_ = {};
   pending_ids_ = {};
   pending_values_ = {};
+  pending_skip_ = false;
 }
 
 void EmbeddingTable::FailParked(const absl::Status& status, CallsToFinish& out) {

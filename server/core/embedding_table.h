@@ -152,8 +152,10 @@ class EmbeddingTable {
   // applied. INVALID_ARGUMENT for a bad length or a negative example count; FAILED_PRECONDITION
   // for a rank outside the step's group; ALREADY_EXISTS for a step this rank pushed already (a
   // retry: never summed twice); OUT_OF_RANGE for a future step (sync). Refusals change nothing.
+  // `skip` (a non-finite push under --nonfinite=skip_step): counted, but the step (sync) or the
+  // push (async) applies no update.
   absl::StatusOr<bool> Push(int rank, uint64_t step, int64_t num_examples, absl::Span<const uint64_t> ids,
-                            absl::Span<const float> grads, CallsToFinish& out);
+                            absl::Span<const float> grads, CallsToFinish& out, bool skip = false);
 
   // Sync: completes the step when every rank left in its group has pushed (after an exclusion).
   void OnMembershipChange(CallsToFinish& out);
@@ -219,8 +221,9 @@ class EmbeddingTable {
   void PrefetchRow(int64_t slot) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sums grads into the pending step (sync) or applies them (async).
   void Accumulate(absl::Span<const uint64_t> ids, absl::Span<const float> grads) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Applies the pending sums over `examples`, moves the version on, expires rows, answers pulls.
-  void Complete(int64_t examples, CallsToFinish& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies the pending sums over `examples` (unless `skip`), moves the version on, expires rows,
+  // answers pulls.
+  void Complete(int64_t examples, bool skip, CallsToFinish& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool StepComplete() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleasePulls(CallsToFinish& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t IndexBytes() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -251,6 +254,7 @@ class EmbeddingTable {
   std::vector<float> pending_values_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> pending_ids_ ABSL_GUARDED_BY(mu_);
   int64_t pending_examples_ ABSL_GUARDED_BY(mu_) = 0;
+  bool pending_skip_ ABSL_GUARDED_BY(mu_) = false;  // a push of the step asked to skip it
   std::vector<bool> pushed_ ABSL_GUARDED_BY(mu_);  // per rank, this step
 
   struct ParkedPull {

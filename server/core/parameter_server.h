@@ -245,10 +245,14 @@ class ParameterServer {
   // barrier deadline); SparsePush hands a step's row gradients to the table: true when they
   // completed its step (sync) or were applied. Both refuse, changing nothing: INVALID_ARGUMENT
   // for an unknown table (naming the tables declared), an id past the table's num_embeddings or
-  // another shard's, a length unlike the table's dimension; the membership's refusals as Push's;
-  // and the table's own (EmbeddingTable::Pull, Push).
+  // another shard's, a length unlike the table's dimension, an answer past --max_message_bytes,
+  // an example count outside [0, kMaxTableExamples], a non-finite gradient under
+  // --nonfinite=reject (skip_step: the table's step applies no update; zero: taken as 0); the
+  // membership's refusals as Push's; and the table's own (EmbeddingTable::Pull, Push).
   void SparsePull(SparsePullView request, std::shared_ptr<ParkedCall> call);
   absl::StatusOr<bool> SparsePush(const SparsePushView& request);
+  // The most examples one sparse push may count (their sum over a step stays far from overflow).
+  static constexpr int64_t kMaxTableExamples = int64_t{1} << 40;
   // The table of index `table` of the model, or INVALID_ARGUMENT naming the tables declared.
   absl::StatusOr<EmbeddingTable*> Table(uint32_t table) const;
 

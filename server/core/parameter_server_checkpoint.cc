@@ -277,12 +277,19 @@ absl::StatusOr<bool> ParameterServer::RollBack(int rank, uint64_t session, uint6
   }
   if (!reader.ok()) return reader.status();
   const ShardCheckpoint own = {&(*reader)->header(), reader->get()};
+  const absl::Status gone = absl::NotFoundError(absl::StrCat(
+      "the server rolled back to version ", to_version, " to agree with the other shards; Join again"));
+  {
+    // The old tables go before the checkpoint's are read: a table is never held twice (its
+    // history is abandoned either way; were the restore to fail, they would refuse every call
+    // until the server restarts, as every call of a rolled-back shard is refused).
+    CallsToFinish failed;
+    for (const auto& t : old->tables) t->Retire(gone, failed);
+  }
   SUMMA_ASSIGN_OR_RETURN(auto restored, ModelFrom({own}, /*resharded=*/false));
   if (restored.second != to_version) {
     return absl::DataLossError(absl::StrCat(path, " holds version ", restored.second, ", not ", to_version));
   }
-  const absl::Status gone = absl::NotFoundError(absl::StrCat(
-      "the server rolled back to version ", to_version, " to agree with the other shards; Join again"));
   CallsToFinish failed;
   {
     // Join admits and reads the model under define_mu_: it sees the old model with a session
@@ -303,7 +310,6 @@ absl::StatusOr<bool> ParameterServer::RollBack(int rank, uint64_t session, uint6
       p->aggregator = Aggregator(0);
       p->published = Snapshot();
     }
-    for (const auto& t : old->tables) t->Retire(gone, failed);
     retired_.push_back(std::move(model_owner_));
     PublishModel(std::move(restored.first));
     restored_.store(true, std::memory_order_release);

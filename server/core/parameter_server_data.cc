@@ -286,11 +286,20 @@ void ParameterServer::SparsePull(SparsePullView request, std::shared_ptr<ParkedC
   }
   if (ok.ok()) ok = membership_.Touch(request.rank, request.session);
   if (ok.ok()) ok = (*table)->CheckIds(request.ids);
+  const int64_t floats = static_cast<int64_t>(request.ids.size()) * (ok.ok() ? (*table)->dim() : 0);
+  // The answer is allocated (and its rows created) before it is sent: one past the message
+  // limit is refused before any of that.
+  if (ok.ok() && floats * static_cast<int64_t>(sizeof(float)) > options_.limits.max_message_bytes - (64 << 10)) {
+    ok = absl::InvalidArgumentError(absl::StrCat(
+        "embedding table '", (*table)->name(), "': a pull of ", request.ids.size(), " rows of ", (*table)->dim(),
+        " floats would answer ", floats * static_cast<int64_t>(sizeof(float)),
+        " bytes, past summa-server --max_message_bytes=", options_.limits.max_message_bytes,
+        " (less 64 KiB of headers): pull fewer rows at a time"));
+  }
   if (!ok.ok()) {
     if (call->Claim()) call->Finish(ok);
     return;
   }
-  const int64_t floats = static_cast<int64_t>(request.ids.size()) * (*table)->dim();
   CallsToFinish answered;
   (*table)->Pull(std::move(request.ids), request.min_version, options_.clock->Now() + BarrierDeadline(),
                  std::move(call), answered);
@@ -302,9 +311,40 @@ absl::StatusOr<bool> ParameterServer::SparsePush(const SparsePushView& request) 
   SUMMA_ASSIGN_OR_RETURN(EmbeddingTable * table, Table(request.table));
   SUMMA_RETURN_IF_ERROR(membership_.Touch(request.rank, request.session));
   SUMMA_RETURN_IF_ERROR(table->CheckIds(request.ids));
+  if (request.num_examples < 0 || request.num_examples > kMaxTableExamples) {
+    return absl::InvalidArgumentError(absl::StrCat("embedding table '", table->name(), "': num_examples ",
+                                                   request.num_examples, " must be in [0, ", kMaxTableExamples, "]"));
+  }
+  // --nonfinite holds for rows as for partitions: a NaN kept in a row stays in it (and in its
+  // optimizer state, and in checkpoints) for good.
+  absl::Span<const float> grads = request.grads;
+  bool skip = false;
+  if (const int64_t bad = FirstNonFinite(grads); bad >= 0) {
+    nonfinite_pushes_.fetch_add(1, std::memory_order_relaxed);
+    const int dim = table->dim();
+    switch (options_.nonfinite) {
+      case NonFinite::kReject:
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rank ", request.rank, " pushed a non-finite gradient for step ", request.step, " of embedding table '",
+            table->name(), "': row ", request.ids[bad / dim], " holds ", grads[bad],
+            " (refused; --nonfinite=skip_step or zero would take it)"));
+      case NonFinite::kSkipStep:
+        skip = true;
+        break;
+      case NonFinite::kZero: {
+        thread_local std::vector<float> zeroed;
+        zeroed.assign(grads.begin(), grads.end());
+        for (float& v : zeroed) {
+          if (!std::isfinite(v)) v = 0.0f;
+        }
+        grads = zeroed;
+        break;
+      }
+    }
+  }
   CallsToFinish released;
-  absl::StatusOr<bool> completed = table->Push(request.rank, request.step, request.num_examples, request.ids,
-                                               request.grads, released);
+  absl::StatusOr<bool> completed =
+      table->Push(request.rank, request.step, request.num_examples, request.ids, grads, released, skip);
   pulls_served_.fetch_add(released.size(), std::memory_order_relaxed);
   if (completed.ok()) {
     pushes_served_.fetch_add(1, std::memory_order_relaxed);

@@ -383,6 +383,9 @@ void ParameterServerService::ServeSparsePush(DataCall* call, const Caller& calle
   if (completed.ok()) {
     pb::SparsePushResponse reply;
     reply.set_completed_step(*completed);
+    if (absl::StatusOr<EmbeddingTable*> table = core_->Table(view.table); table.ok()) {
+      reply.set_version((*table)->version());
+    }
     *call->response() = Encode(reply);
   }
   Done(call, completed.status());

@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -28,7 +29,9 @@ class Net(torch.nn.Module):
         self.table = table
         self.fields, self.dim = fields, dim
 
-    def forward(self, ids):
+    def forward(self, ids, use_table=True):
+        if not use_table:  # a step that looks no row up
+            return self.mlp(torch.zeros(ids.shape[0], self.fields * self.dim)).squeeze(1)
         return self.mlp(self.table(ids).reshape(ids.shape[0], self.fields * self.dim)).squeeze(1)
 
 
@@ -60,7 +63,12 @@ def main():
     ap.add_argument("--initial", help="(dense) the table's first rows, from a sparse run's --dump_initial")
     ap.add_argument("--dump_initial", help="(sparse, rank 0) write the table's rows before any step")
     ap.add_argument("--native", type=int, default=1)
-    ap.add_argument("--prefetch", type=int, default=1)
+    ap.add_argument("--prefetch", type=int, default=1,
+                    help="1: prefetch the next batch's ids; 2: ids of the batch after it (never used)")
+    ap.add_argument("--skip_odd", action="store_true", help="odd steps look up no row")
+    ap.add_argument("--slow_sparse_rank", type=int, default=-1,
+                    help="this rank's table calls of even steps wait --slow_sparse seconds before they go")
+    ap.add_argument("--slow_sparse", type=float, default=0.05)
     ap.add_argument("--no_leave", action="store_true", help="exit without leaving (the server is killed next)")
     ap.add_argument("--dump", required=True)
     args = ap.parse_args()
@@ -86,10 +94,15 @@ def main():
         step = opt.next_step
         ids, y = batch(step, args.batch, args.fields, args.rows, args.touched)
         if args.table == "sparse" and args.prefetch and step + 1 < args.steps:
-            table.prefetch(batch(step + 1, args.batch, args.fields, args.rows, args.touched)[0][lo:hi])
+            ahead = step + args.prefetch
+            table.prefetch(batch(ahead, args.batch, args.fields, args.rows, args.touched)[0][lo:hi])
         model.zero_grad()
-        loss = ((model(ids[lo:hi]) - y[lo:hi]) ** 2).sum()
+        loss = ((model(ids[lo:hi], use_table=not (args.skip_odd and step % 2)) - y[lo:hi]) ** 2).sum()
         loss.backward()
+        if args.rank == args.slow_sparse_rank and step % 2 == 0:
+            # The table's calls run in order on one thread: this holds back the step's push (its
+            # dense exchange goes at once), so that the other rank may get ahead of it.
+            table._calls.submit(time.sleep, args.slow_sparse)
         opt.step(hi - lo)
     opt.synchronize()
     if args.rank == 0:

@@ -242,6 +242,23 @@ class EmbeddingProcessTest(unittest.TestCase):
                 self.assertIn("row 7 holds nan", e.exception.message)
             finally:
                 client.close()
+            # Under --nonfinite=zero a NaN is taken as 0: that element of the row stays, the rest moves.
+            zero, _ = self.start_servers(g, 1, "--lr=0.1", "--nonfinite=zero", workers=1)
+            client = summa.Client(zero, rank=0, world_size=1)
+            try:
+                client.join([("w", (2,))], np.zeros(2, np.float32), tables=[table])
+                before = np.empty((1, 4), np.float32)
+                client.sparse_pull(0, 0, np.array([7], np.uint64), before)
+                grads = np.ones((1, 4), np.float32)
+                grads[0, 2] = np.nan
+                self.assertTrue(client.sparse_push(0, 0, 1, np.array([7], np.uint64), grads))
+                after = np.empty((1, 4), np.float32)
+                self.assertEqual(client.sparse_pull(0, 1, np.array([7], np.uint64), after), 1)
+                self.assertEqual(after[0, 2], before[0, 2])
+                self.assertTrue(np.array_equal(np.delete(after[0], 2), np.delete(before[0], 2) - np.float32(0.01)))
+                self.assertEqual(self.status(zero).nonfinite_pushes, 1)
+            finally:
+                client.close()
             # A worker that declares another table is refused at its join, naming both.
             other = summa.Client(server, rank=0, world_size=1, native=False)
             try:

@@ -241,6 +241,28 @@ TEST_F(TableTest, ARowExpiresOnlyOnceUntouchedForExpireAfterSteps) {
   EXPECT_EQ(t->Counters().rows_expired, 1u);
 }
 
+TEST_F(TableTest, AStepAPushAskedToSkipAppliesNoUpdate) {
+  std::unique_ptr<EmbeddingTable> t = Make(Spec("adam", 1));
+  const std::vector<float> start = *Pull(*t, {3});
+  CallsToFinish out;
+  ASSERT_TRUE(t->Push(0, 0, 1, std::vector<uint64_t>{3}, std::vector<float>{1}, out, /*skip=*/true).ok());
+  ASSERT_TRUE(*Push(*t, 1, 0, 1, {3}, {2}));
+  EXPECT_EQ(t->version(), 1u);
+  EXPECT_EQ(t->RowForTest(3), start);
+  EXPECT_EQ(t->SlotForTest(3, 0), std::vector<float>{0.0f});
+  EXPECT_EQ(t->Counters().dropped_gradients, 1u);
+  // The next step is a whole one again, and Adam's first update is its first (t = 0).
+  ASSERT_TRUE(Push(*t, 0, 1, 1, {3}, {1}).ok());
+  ASSERT_TRUE(*Push(*t, 1, 1, 1, {}, {}));
+  OptimizerOptions o;
+  o.name = "adam";
+  o.learning_rate = 0.5;
+  std::vector<float> w = start, m(1, 0.0f), v(1, 0.0f);
+  std::vector<absl::Span<float>> slots = {absl::MakeSpan(m), absl::MakeSpan(v)};
+  (*Optimizer::Create(o))->Apply(0, 0.5, absl::MakeSpan(w), slots, std::vector<float>{1}, 2);
+  EXPECT_EQ(t->RowForTest(3), w);
+}
+
 TEST_F(TableTest, TheMemoryBoundRefusesANewRowNamingTheFlag) {
   std::unique_ptr<EmbeddingTable> probe = Make(Spec("adagrad", 8));
   const int64_t row = probe->row_bytes();

@@ -487,23 +487,7 @@ class ReshardTest : public ::testing::Test {
   void Step(Job& job, uint64_t step, int only = -1) {
     for (size_t i = 0; i < job.size(); ++i) {
       if (only >= 0 && static_cast<int>(i) != only) continue;
-      for (const PartitionRange& r : job[i].held) {
-        for (int rank : {0, 1}) {
-          std::vector<float> g(r.length);
-          for (int64_t k = 0; k < r.length; ++k) {
-            g[k] = std::sin(0.37f * static_cast<float>((step + 1) * (rank + 2)) + 0.11f * static_cast<float>(r.offset + k));
-          }
-          const std::string bytes = Bytes(g);
-          PushRequestView v;
-          v.rank = rank;
-          v.step = step;
-          v.partition = r.id;
-          v.num_examples = 1 + rank;
-          v.data = bytes;
-          absl::StatusOr<bool> pushed = job[i].server->Push(v);
-          ASSERT_TRUE(pushed.ok()) << pushed.status();
-        }
-      }
+      PushBothRanks(*job[i].server, job[i].held, step);
     }
   }
 

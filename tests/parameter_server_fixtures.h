@@ -4,6 +4,7 @@
 #ifndef SUMMA_TESTS_PARAMETER_SERVER_FIXTURES_H_
 #define SUMMA_TESTS_PARAMETER_SERVER_FIXTURES_H_
 
+#include <cmath>
 #include <memory>
 #include <optional>
 #include <string>
@@ -22,6 +23,29 @@ inline std::vector<float> Weights(const ParameterServer& ps) { return ParameterS
 
 inline std::string Bytes(const std::vector<float>& v) {
   return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4);
+}
+
+// Both ranks' gradients of `step` for each partition in `held` (a shard's, as its joins listed
+// them): each element's value depends on the step, the rank and its place in the model alone, so
+// that any shard count computes the same sums.
+inline void PushBothRanks(ParameterServer& server, const std::vector<PartitionRange>& held, uint64_t step) {
+  for (const PartitionRange& r : held) {
+    for (int rank : {0, 1}) {
+      std::vector<float> g(r.length);
+      for (int64_t k = 0; k < r.length; ++k) {
+        g[k] = std::sin(0.37f * static_cast<float>((step + 1) * (rank + 2)) + 0.11f * static_cast<float>(r.offset + k));
+      }
+      const std::string bytes = Bytes(g);
+      PushRequestView v;
+      v.rank = rank;
+      v.step = step;
+      v.partition = r.id;
+      v.num_examples = 1 + rank;
+      v.data = bytes;
+      absl::StatusOr<bool> pushed = server.Push(v);
+      ASSERT_TRUE(pushed.ok()) << pushed.status();
+    }
+  }
 }
 
 inline std::string Floats4(float v) {

@@ -195,25 +195,7 @@ class TableCheckpointTest : public ::testing::Test {
 
   // Both ranks' dense gradients of step `step` to every partition of every shard.
   void PushDense(Job& job, uint64_t step) {
-    for (Shard& shard : job) {
-      for (const PartitionRange& r : shard.held) {
-        for (int rank : {0, 1}) {
-          std::vector<float> g(r.length);
-          for (int64_t k = 0; k < r.length; ++k) {
-            g[k] = std::sin(0.37f * static_cast<float>((step + 1) * (rank + 2)) + 0.11f * static_cast<float>(r.offset + k));
-          }
-          const std::string bytes = Bytes(g);
-          PushRequestView v;
-          v.rank = rank;
-          v.step = step;
-          v.partition = r.id;
-          v.num_examples = 1 + rank;
-          v.data = bytes;
-          absl::StatusOr<bool> pushed = shard.server->Push(v);
-          ASSERT_TRUE(pushed.ok()) << pushed.status();
-        }
-      }
-    }
+    for (Shard& shard : job) PushBothRanks(*shard.server, shard.held, step);
   }
 
   // A whole step: the rows first, as a worker pushes them, then the dense gradients.

@@ -1,7 +1,8 @@
 """Embedding tables on real servers (127.0.0.1, OS-chosen ports), trained from PyTorch through
 summa.Embedding by two processes (tests/tools/embedding_child.py): sparse and dense give the same
 weights bit for bit with sgd and adagrad (the table small enough to train both ways), on the C++
-client and on grpcio, on one server and on two shards; a row pulled and pushed by both ranks in
+client over gRPC and over the socket data plane and on grpcio, on one server and on two shards; a
+step that looks up no row; a row pulled and pushed by both ranks in
 a step counts once for each; lazy Adam leaves the rows no one pushed as they were; a server
 SIGKILLed after a checkpoint comes back with every row and its optimizer state, so that the job
 ends on an undisturbed run's weights bit for bit; bad input is refused naming what is wrong."""
@@ -80,6 +81,9 @@ class EmbeddingProcessTest(unittest.TestCase):
             self.assert_same(*self.sparse_and_dense(g, "sgd", ["--lr=0.1"]))
             self.assert_same(*self.sparse_and_dense(g, "adagrad", ["--lr=0.1", "--optimizer=adagrad", "--eps=1e-10"],
                                                     ["--eps=1e-10"]))
+            # On the socket data plane (required: a client that could not take it fails).
+            self.assert_same(*self.sparse_and_dense(g, "sgd", ["--lr=0.1", "--data_address=127.0.0.1:0"],
+                                                    ["--data_plane=socket"]))
             # The grpcio client, where the extension is not built, moves the same rows.
             self.assert_same(*self.sparse_and_dense(g, "sgd", ["--lr=0.1"], ["--native=0"]))
             # Prefetched rows of ids the forward does not look up are not taken for its own.

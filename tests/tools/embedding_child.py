@@ -63,6 +63,7 @@ def main():
     ap.add_argument("--initial", help="(dense) the table's first rows, from a sparse run's --dump_initial")
     ap.add_argument("--dump_initial", help="(sparse, rank 0) write the table's rows before any step")
     ap.add_argument("--native", type=int, default=1)
+    ap.add_argument("--data_plane", default="auto", help="summa.init's: auto, grpc or socket (required)")
     ap.add_argument("--prefetch", type=int, default=1,
                     help="1: prefetch the next batch's ids; 2: ids of the batch after it (never used)")
     ap.add_argument("--skip_odd", action="store_true", help="odd steps look up no row")
@@ -83,7 +84,8 @@ def main():
         with torch.no_grad():
             table.weight.copy_(torch.from_numpy(np.load(args.initial)))
     model = Net(table, args.fields, args.dim)
-    client = summa.init(f"{args.server}", rank=args.rank, world_size=args.world, native=bool(args.native))
+    client = summa.init(f"{args.server}", rank=args.rank, world_size=args.world, native=bool(args.native),
+                        data_plane=args.data_plane)
     opt = summa.ParameterServerOptimizer(model, overlap=False)
     all_ids = torch.arange(args.rows)
     if args.dump_initial and args.rank == 0:

@@ -249,7 +249,10 @@ class PythonClientTest(unittest.TestCase):
     def test_server_killed_and_restarted_python_workers_rejoin_and_follow_its_checkpoint(self):
         def restart_server(g, port, procs):
             client = summa.Client(f"127.0.0.1:{port}")
-            wait_until("version 10", lambda: client.status().version >= 10)
+            # Killed once a checkpoint is on disk (its writer runs on the server's tick: on a loaded
+            # machine steps can outrun it), so that the restarted server has one to restore.
+            wait_until("version 10 and a checkpoint", lambda: (lambda s: s.version >= 10 and
+                                                               s.last_checkpoint_version >= 4)(client.status()))
             client.close()
             server = next(p for p in g.procs if p.name == "server")
             server.send_signal(signal.SIGKILL)

@@ -161,6 +161,11 @@ def main():
             json.dump({"steps": steps, "modules": layout, "partitions": partitions}, f)
     if not args.reference:
         summa.shutdown()
+    if args.local_group:
+        # Torch 1.13's gloo, left to the interpreter's exit, can abort it ("terminate called
+        # without an active exception"): its threads go first, here.
+        import torch.distributed as dist
+        dist.destroy_process_group()
     return 0
 
 

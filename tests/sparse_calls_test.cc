@@ -40,7 +40,7 @@ std::string Bytes(const grpc::ByteBuffer& buffer) {
 
 std::vector<uint64_t> IdsOf(const std::string& bytes, size_t count) {
   std::vector<uint64_t> ids(count);
-  std::memcpy(ids.data(), bytes.data(), count * sizeof(uint64_t));
+  if (count > 0) std::memcpy(ids.data(), bytes.data(), count * sizeof(uint64_t));  // never from null
   return ids;
 }
 

@@ -96,7 +96,7 @@ absl::StatusOr<std::vector<float>> FloatsOf(const std::string& bytes, int64_t n,
     return absl::DataLossError(absl::StrCat(what, " holds ", bytes.size(), " bytes; ", n * 4, " expected"));
   }
   std::vector<float> out(n);
-  std::memcpy(out.data(), bytes.data(), bytes.size());
+  if (n > 0) std::memcpy(out.data(), bytes.data(), bytes.size());
   return out;
 }
 

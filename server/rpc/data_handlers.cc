@@ -156,7 +156,7 @@ absl::Status ReadIds(absl::string_view bytes, uint64_t count, std::vector<uint64
                                                    " little-endian uint64 ids"));
   }
   ids->resize(count);
-  std::memcpy(ids->data(), bytes.data(), count * sizeof(uint64_t));
+  if (count > 0) std::memcpy(ids->data(), bytes.data(), count * sizeof(uint64_t));  // data() may be null
   return absl::OkStatus();
 }
 
@@ -366,7 +366,7 @@ void ParameterServerService::ServeSparsePush(DataCall* call, const Caller& calle
   }
   thread_local std::vector<uint64_t> ids;
   ids.resize(count);
-  std::memcpy(ids.data(), data.data(), id_bytes);
+  if (count > 0) std::memcpy(ids.data(), data.data(), id_bytes);  // data() may be null when empty
   absl::StatusOr<PeerBudget::Hold> bytes = in_flight_.Take(PeerKey(header.rank(), call->peer()), data.size());
   if (!bytes.ok()) return Done(call, bytes.status());
   SparsePushView view;

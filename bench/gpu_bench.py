@@ -1,4 +1,5 @@
-"""LeNet on one GPU, side by side: Summa with 1 worker and with 2 workers sharing the GPU
+"""LeNet on one GPU, side by side: Summa with 1 worker (its exchange overlapped with the step's
+layers, the default, and with --overlap=false) and with 2 workers sharing the GPU
 (--device=cuda:0), and PyTorch training the same network from scratch on the same GPU
 (bench/pytorch_lenet.py --device cuda, its data uploaded once). Batch 256, lr 0.2, the seed's
 settings; every run one after another in this process, with the same environment.
@@ -34,10 +35,10 @@ def epochs_of(out, want):
     return sum(steady) / len(steady), accs[-1], secs
 
 
-def summa(workers, args, launch_prefix=()):
+def summa(workers, args, launch_prefix=(), worker_flags=()):
     cmd = [args.launch, "--bin", args.bin, "--workers", str(workers), "--epochs", str(args.epochs),
            "--batch_size", "256", "--lr", "0.2", "--", "--device=cuda:0", "--progress=never",
-           f"--data_dir={args.data_dir}"]
+           f"--data_dir={args.data_dir}", *worker_flags]
     out, _ = run([*launch_prefix, *cmd])
     on = re.findall(r"^epoch \d+/\d+: .* on \[(.*)\]$", out, re.M)
     if len(on) != args.epochs or any("cuda:0" not in d or "cpu" in d for d in on):
@@ -113,6 +114,7 @@ def main():
 
     rows = []
     plan = [("Summa, 1 worker on cuda:0", lambda: summa(1, args)),
+            ("Summa, 1 worker on cuda:0, --overlap=false", lambda: summa(1, args, worker_flags=["--overlap=false"])),
             ("Summa, 2 workers sharing cuda:0", lambda: summa(2, args)),
             ("PyTorch on cuda:0 (one process)", lambda: torch_gpu(args))]
     failures = []
@@ -138,8 +140,11 @@ def main():
         print(f"| {name} | {sec:.3f} | {secs[0]:.2f} | {acc:.3f} | `{cmd}` |")
     by = {name: (sec, acc) for name, sec, acc, _, _ in rows}
     one = by.get("Summa, 1 worker on cuda:0")
+    torch_one = by.get("PyTorch on cuda:0 (one process)")
     checks = [("every run finished every epoch (on cuda:0 for Summa)", not failures),
-              ("Summa 1 worker under 0.5 s/epoch", one is not None and one[0] < 0.5)]
+              ("Summa 1 worker under 0.5 s/epoch", one is not None and one[0] < 0.5),
+              ("Summa 1 worker faster per epoch than PyTorch's one process (reported, not required)",
+               one is not None and torch_one is not None and one[0] < torch_one[0])]
     print()
     for what, ok in checks:
         print(f"- {'yes' if ok else 'NO '}: {what}")
@@ -167,7 +172,7 @@ def main():
             print(f"| all kernels | | | | {total:.1f} |")
             if not rows:
                 print("ncu printed no kernel summary:\n```\n" + text[-6000:] + "\n```")
-    return 0 if all(ok for _, ok in checks) else 1
+    return 0 if all(ok for what, ok in checks if "not required" not in what) else 1
 
 
 if __name__ == "__main__":

@@ -28,6 +28,12 @@
 4. A Chrome trace (chrome://tracing, ui.perfetto.dev) of two steps of both processes of every run
    of 2: TRACE_DIR/<model>-<run>.json.
 
+On a GPU (--device cuda, where bench/gpu-python.sh runs it): --processes 1,2 runs each model
+with 1 and with 2 processes (both on cuda:0 where there is one GPU), --runs picks the rows, and
+DDP uses NCCL, or gloo where 2 processes share one GPU (NCCL refuses two ranks on one device).
+--python names the interpreter with torch (default $SUMMA_PYTHON, else /usr/bin/python3) and
+--bin the binaries and built package (default build/).
+
 Prints the report (command, environment, tables) and with --out writes it there too; checks that
 every run finished, every exchange came back right and Summa's LeNet accuracy is within 0.01 of
 DDP's (the two follow the same trajectory up to the order of float sums); exits non-zero if not.
@@ -48,17 +54,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 MODELS = [("ResNet-18 shape (11.2 M)", "resnet", "python/examples/synthetic_resnet.py"),
           ("GPT (23.2 M)", "gpt", "python/examples/synthetic_gpt.py")]
+PYTHON = os.environ.get("SUMMA_PYTHON", "/usr/bin/python3")
 RUNS = [("Summa, ParameterServerOptimizer", "ps", ["--optimizer=ps"]),
         ("Summa, ParameterServerOptimizer, --no_overlap", "ps-no-overlap", ["--optimizer=ps", "--no_overlap"]),
         ("Summa, DistributedOptimizer", "distributed", ["--optimizer=distributed"]),
         ("Summa, DistributedOptimizer, --no_overlap", "distributed-no-overlap",
          ["--optimizer=distributed", "--no_overlap"]),
-        ("PyTorch DDP (gloo)", "ddp", None)]
+        ("PyTorch DDP", "ddp", None)]
 
 
 def run(cmd, timeout=3600):
     """Runs cmd in the repository; its last RESULT line as a dict (RuntimeError if none)."""
-    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **ENV}, cwd=ROOT, timeout=timeout)
+    env = {**os.environ, **ENV, "SUMMA_PYTHON": PYTHON}
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
     lines = [l for l in (p.stdout + p.stderr).splitlines() if l.startswith("RESULT ")]
@@ -148,7 +156,7 @@ def exchange_rows(args, work):
     mib = 64
     rows = []
     iters = [f"--iters={args.exchange_iters}", f"--warmup={args.exchange_warmup}"]
-    cmd = ["scripts/launch.sh", "--python", "bench/python_bench.py", "--workers", "2",
+    cmd = ["scripts/launch.sh", "--bin", args.bin, "--python", "bench/python_bench.py", "--workers", "2",
            "--run_dir", os.path.join(work, "exchange"), "--", "--role=exchange",
            f"--model_bytes={mib << 20}", *iters]
     r = run(cmd)
@@ -185,6 +193,7 @@ def exchange_rows(args, work):
 # --- the report --------------------------------------------------------------------------------
 
 def main():
+    global PYTHON
     ap = argparse.ArgumentParser()
     ap.add_argument("--epochs", type=int, default=10, help="LeNet")
     ap.add_argument("--train_limit", type=int, default=0, help="LeNet: the first N examples")
@@ -197,6 +206,15 @@ def main():
     ap.add_argument("--no_lenet", action="store_true")
     ap.add_argument("--trace_dir", default=None, help="default: the work directory")
     ap.add_argument("--out", default=None, help="also write the report here")
+    ap.add_argument("--device", default="cpu", help="the models' --device (cpu, cuda)")
+    ap.add_argument("--processes", default="2", help="comma-separated process counts per model run")
+    ap.add_argument("--runs", default=",".join(r[1] for r in RUNS),
+                    help="which model runs: " + ",".join(r[1] for r in RUNS))
+    ap.add_argument("--batch_size", type=int, default=0, help="per process (default: each model's own)")
+    ap.add_argument("--no_exchange", action="store_true", help="leave out the exchange alone (section 3)")
+    ap.add_argument("--python", default=PYTHON, help="the interpreter with torch")
+    ap.add_argument("--run_timeout", type=float, default=3600, help="seconds for each model run")
+    ap.add_argument("--bin", default=os.path.join(ROOT, "build"), help="the binaries and built package")
     # --role=exchange: one process of section 3 (launch.sh passes --server and --world_size).
     ap.add_argument("--role", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--server", default=None, help=argparse.SUPPRESS)
@@ -206,13 +224,18 @@ def main():
     args = ap.parse_args()
     if args.role == "exchange":
         return exchange_role(args)
+    PYTHON = args.python
+    unknown = set(args.runs.split(",")) - {r[1] for r in RUNS}
+    if unknown:
+        ap.error(f"--runs: unknown {sorted(unknown)}")
+    counts = [int(n) for n in args.processes.split(",")]
 
     work = tempfile.mkdtemp(prefix="python-bench.")
     trace_dir = args.trace_dir or os.path.join(work, "traces")
     os.makedirs(trace_dir, exist_ok=True)
     started = datetime.datetime.now(datetime.timezone.utc)
     load_at_start = os.getloadavg()[0]
-    lines = [f"Command: {shlex.join(['/usr/bin/python3', 'bench/python_bench.py', *sys.argv[1:]])}", ""]
+    lines = [f"Command: {shlex.join([PYTHON, 'bench/python_bench.py', *sys.argv[1:]])}", ""]
     lines += [f"Environment: {' '.join(f'{k}={v}' for k, v in ENV.items())}; {os.cpu_count()} CPUs (nproc), "
               f"{platform.system()} {platform.release()} {platform.machine()}, Python {platform.python_version()}, "
               f"load average {load_at_start:.2f} at start, {started:%Y-%m-%d %H:%M:%S} UTC; "
@@ -223,12 +246,12 @@ def main():
         limit = [f"--train_limit={args.train_limit}"] if args.train_limit else []
         lenet = ["--epochs", str(args.epochs), "--batch_size", "256"]
         rows = []
-        cmd = ["scripts/launch.sh", "--python", "python/examples/pytorch_lenet.py", "--workers", "2",
+        cmd = ["scripts/launch.sh", "--bin", args.bin, "--python", "python/examples/pytorch_lenet.py", "--workers", "2",
                *lenet, "--lr", "0.2", "--", *limit]
         load = os.getloadavg()[0]
         summa_lenet = run(cmd)
         rows.append(("Summa (ParameterServerOptimizer)", summa_lenet, load, cmd))
-        cmd = ["/usr/bin/python3", "bench/pytorch_lenet.py", "--ddp", "2", *lenet, "--lr", "0.2", *limit]
+        cmd = [PYTHON, "bench/pytorch_lenet.py", "--ddp", "2", *lenet, "--lr", "0.2", *limit]
         load = os.getloadavg()[0]
         ddp_lenet = run(cmd)
         rows.append(("PyTorch DDP (gloo)", ddp_lenet, load, cmd))
@@ -241,34 +264,57 @@ def main():
         checks.append(("Summa's LeNet accuracy within 0.01 of DDP's",
                        abs(summa_lenet["test_acc"] - ddp_lenet["test_acc"]) <= 0.01))
 
-    steps = [f"--steps={args.steps}", f"--warmup={args.warmup}", f"--compute_steps={args.compute_steps}"]
+    steps = [f"--steps={args.steps}", f"--warmup={args.warmup}", f"--compute_steps={args.compute_steps}",
+             f"--device={args.device}"] + ([f"--batch_size={args.batch_size}"] if args.batch_size else [])
     wanted = args.models.split(",")
     for title, key, script in [m for m in MODELS if m[1] in wanted]:
-        rows = []
-        for name, how, flags in RUNS:
-            traces = os.path.join(work, f"{key}-{how}")
-            if flags is None:
-                cmd = ["/usr/bin/python3", script, "--ddp", "2", *steps, f"--trace_dir={traces}"]
-            else:
-                cmd = ["scripts/launch.sh", "--python", script, "--workers", "2", "--lr", "0.05",
-                       "--run_dir", os.path.join(work, f"{key}-{how}-run"), "--", *flags, *steps,
-                       f"--trace_dir={traces}"]
-            load = os.getloadavg()[0]
-            r = run(cmd)
-            trace = merge_traces(traces, os.path.join(trace_dir, f"{key}-{how}.json"))
-            rows.append((name, r, load, trace, cmd))
-        first = rows[0][1]
-        lines += [f"### {title}, 2 processes, batch {first['batch_size']} per process, "
-                  f"{first['model_bytes'] / 2**20:.1f} MiB of float32, {first['timed_steps']} timed steps", "",
-                  "| run | step (s) | compute alone (s) | exposed communication (s) | exchange busy (s/step) "
-                  "| exchange rate (MB/s, 2 x model / busy) | load avg at start | trace | command |",
-                  "|---|---:|---:|---:|---:|---:|---:|---|---|"]
-        for name, r, load, trace, cmd in rows:
-            busy, rate = r["exchange_busy_seconds"], r["exchange_bytes_per_second"]
-            lines.append(f"| {name} | {r['step_seconds']:.3f} | {r['compute_alone_seconds']:.3f} | "
-                         f"{r['exposed_seconds']:.3f} | {busy or 0:.3f} | {(rate or 0) / 1e6:.0f} | {load:.1f} | "
-                         f"{os.path.relpath(trace, ROOT) if trace.startswith(ROOT) else trace} | `{' '.join(cmd)}` |")
-        lines.append("")
+        for n in counts:
+            rows = []
+            for name, how, flags in [r for r in RUNS if r[1] in args.runs.split(",")]:
+                tag = f"{key}-{how}-{n}"
+                traces = os.path.join(work, tag)
+                if flags is None:
+                    cmd = [PYTHON, script, "--ddp", str(n), *steps, f"--trace_dir={traces}"]
+                else:
+                    cmd = ["scripts/launch.sh", "--bin", args.bin, "--python", script, "--workers", str(n),
+                           "--lr", "0.05", "--run_dir", os.path.join(work, f"{tag}-run"), "--", *flags, *steps,
+                           f"--trace_dir={traces}"]
+                load = os.getloadavg()[0]
+                try:
+                    r = run(cmd, timeout=args.run_timeout)
+                except (RuntimeError, subprocess.TimeoutExpired) as e:
+                    print(f"{tag} failed: {e}", file=sys.stderr, flush=True)
+                    checks.append((f"{title}, {n} process(es), {name} finished", False))
+                    continue
+                if flags is None:
+                    name = f"{name} ({r['how'].split('-', 1)[1]})"
+                trace = merge_traces(traces, os.path.join(trace_dir, f"{tag}.json"))
+                rows.append((name, r, load, trace, cmd))
+            if not rows:
+                continue
+            first = rows[0][1]
+            lines += [f"### {title}, {n} process{'es' if n > 1 else ''} on {first.get('device', 'cpu')}, batch "
+                      f"{first['batch_size']} per process, {first['model_bytes'] / 2**20:.1f} MiB of float32, "
+                      f"{first['timed_steps']} timed steps", "",
+                      "| run | step (s) | compute alone (s) | exposed communication (s) | exchange busy (s/step) "
+                      "| exchange rate (MB/s, 2 x model / busy) | load avg at start | trace | command |",
+                      "|---|---:|---:|---:|---:|---:|---:|---|---|"]
+            for name, r, load, trace, cmd in rows:
+                busy, rate = r["exchange_busy_seconds"], r["exchange_bytes_per_second"]
+                lines.append(f"| {name} | {r['step_seconds']:.4f} | {r['compute_alone_seconds']:.4f} | "
+                             f"{r['exposed_seconds']:.4f} | {busy or 0:.4f} | {(rate or 0) / 1e6:.0f} | {load:.1f} | "
+                             f"{os.path.relpath(trace, ROOT) if trace.startswith(ROOT) else trace} | `{' '.join(cmd)}` |")
+            lines.append("")
+            print("\n".join(lines[-len(rows) - 5:]), flush=True)
+
+    if args.no_exchange:
+        lines += [f"- {'yes' if ok else 'NO '}: {what}" for what, ok in checks]
+        report = "\n".join(lines) + "\n"
+        print(report, end="")
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write(report)
+        return 0 if all(ok for _, ok in checks) else 1
 
     load = os.getloadavg()[0]
     rows = exchange_rows(args, work)

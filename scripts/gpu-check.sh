@@ -12,21 +12,28 @@
 # - with --bench E: bench/gpu_bench.py (Summa 1 and 2 workers and PyTorch on the GPU, E epochs;
 #   with --profile also a timeline of 1 worker's steps and ncu's per-kernel times) finishes and
 #   meets its checks; its table lands in $OUT/results-gpu.md.
+# - with --python S: the Python package on cuda:0 (the bundle's bin/python, with a summa._native
+#   built for this machine's python3: gpu-bundle.sh --python): tests/python_overlap_test.py's GPU
+#   case passes and did not skip (2 processes on the GPU end where 2 on the CPU do, each optimizer,
+#   overlapped or not); then bench/python_bench.py --device cuda, the ResNet-18 shape and the GPT
+#   with 1 and 2 processes against DDP, S steps each; its table lands in $OUT/results-python-gpu.md.
 # Prints seconds per epoch and test accuracy. Uses .bundle/ from scripts/gpu-bundle.sh when present
 # (a machine with no Debian packages), else build/. Everything it prints is also kept in $OUT (or
 # gpu-check-out/) when that is set.
-#   scripts/gpu-check.sh [--epochs N] [--bench E [--profile]]
+#   scripts/gpu-check.sh [--epochs N] [--bench E [--profile]] [--python S] [--no_sanitizer]
+# (--no_sanitizer leaves compute-sanitizer out, where device time is short.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-epochs=2 bench=0 profile=()
+epochs=2 bench=0 profile=() python_steps=0 sanitize=1
 while (($#)); do
   case "$1" in
-    --epochs|--bench)
+    --epochs|--bench|--python)
       [[ $# -ge 2 && "$2" =~ ^[0-9]+$ ]] || { echo "gpu-check: $1 needs a number" >&2; exit 2; }
-      if [[ "$1" == --epochs ]]; then epochs=$2; else bench=$2; fi
+      case "$1" in --epochs) epochs=$2 ;; --bench) bench=$2 ;; *) python_steps=$2 ;; esac
       shift 2 ;;
     --profile) profile=(--profile); shift ;;
-    *) echo "gpu-check: unknown argument '$1' (--epochs N, --bench E, --profile)" >&2; exit 2 ;;
+    --no_sanitizer) sanitize=0; shift ;;
+    *) echo "gpu-check: unknown argument '$1' (--epochs N, --bench E, --profile, --python S, --no_sanitizer)" >&2; exit 2 ;;
   esac
 done
 out=${OUT:-gpu-check-out}
@@ -119,8 +126,30 @@ fi
 grep -qE '^\[  PASSED  \] [1-9]' "$test_log" || fail "no CUDA test passed"
 "$bin/tests/lenet_test" || fail "lenet_test"
 
+# The interpreter with torch: Debian's where it has torch, else the first python3.
+python=$(command -v python3)
+[[ -x /usr/bin/python3 ]] && /usr/bin/python3 -c 'import torch' 2>/dev/null && python=/usr/bin/python3
+if ((python_steps > 0)); then
+  echo "== Python on cuda:0 ($python): tests/python_overlap_test.py's GPU case"
+  if [[ -d "$bin/python/summa" ]]; then
+    "$python" -c 'import sys; sys.path.insert(0, sys.argv[1]); from summa import client
+assert client._native is not None, client.NATIVE_IMPORT_ERROR
+print("summa._native:", client._native.__file__)' "$bin/python" || fail "summa._native does not load in $python"
+    py_log=$out/python-gpu-test.log
+    PYTHONUNBUFFERED=1 timeout 300 "$python" tests/python_overlap_test.py --bin "$bin" --source . -v \
+      PythonOverlapTest.test_gpu_parameters_train_as_on_the_cpu 2>&1 | tee "$py_log"
+    rc=${PIPESTATUS[0]}
+    ((rc == 0)) || fail "python_overlap_test's GPU case exited with status $rc"
+    grep -q "skipped" "$py_log" && fail "python_overlap_test's GPU case skipped"
+  else
+    fail "$bin/python/summa is missing (scripts/gpu-bundle.sh after the package is built)"
+  fi
+fi
+
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
-if [[ -n "$sanitizer" ]]; then
+if ((!sanitize)); then
+  echo "== compute-sanitizer: left out (--no_sanitizer)"
+elif [[ -n "$sanitizer" ]]; then
   # memcheck also runs the LeNet steps (every kernel, the gather from resident tables); racecheck,
   # much slower, the operations one by one.
   for tool in memcheck racecheck; do
@@ -158,12 +187,19 @@ done
 
 if ((bench > 0)); then
   echo "== bench/gpu_bench.py --epochs $bench ${profile[*]}"
-  python=$(command -v python3)
-  [[ -x /usr/bin/python3 ]] && /usr/bin/python3 -c 'import torch' 2>/dev/null && python=/usr/bin/python3
   PYTHONUNBUFFERED=1 "$python" bench/gpu_bench.py --epochs "$bench" --bin "$bin" --launch "$launch" \
     --data_dir "$data" --python "$python" ${profile[@]+"${profile[@]}"} | tee "$out/results-gpu.md"
   rc=${PIPESTATUS[0]}
   ((rc == 0)) || fail "bench/gpu_bench.py exited with status $rc"
+fi
+
+if ((python_steps > 0)) && [[ -d "$bin/python/summa" ]]; then
+  echo "== bench/python_bench.py --device cuda --steps $python_steps"
+  PYTHONUNBUFFERED=1 "$python" bench/python_bench.py --device cuda --processes 1,2 --no_lenet --no_exchange \
+    --runs ps,ps-no-overlap,distributed,ddp --batch_size 64 --steps "$python_steps" --warmup 3 \
+    --python "$python" --bin "$bin" --trace_dir "$out/python-traces" --run_timeout 120 --models resnet,gpt --out "$out/results-python-gpu.md"
+  rc=$?
+  ((rc == 0)) || fail "bench/python_bench.py --device cuda exited with status $rc"
 fi
 
 if ((status == 0)); then

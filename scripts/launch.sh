@@ -13,8 +13,8 @@
 # server.{port,log,pid}, shard I shardI.*); workers get every shard's address. The model needs
 # at least K partitions: give a --partition_bytes in --server_args for a small model (LeNet's
 # 129068 parameters are 8 partitions of 64 KiB: --server_args "--partition_bytes=65536").
-# --python: each process runs /usr/bin/python3 SCRIPT --server=127.0.0.1:PORT --world_size=N
-# with RANK and WORLD_SIZE set and the build tree's summa package on PYTHONPATH; --epochs and
+# --python: each process runs $SUMMA_PYTHON (default /usr/bin/python3, Debian's, with torch)
+# SCRIPT --server=127.0.0.1:PORT --world_size=N with RANK and WORLD_SIZE set and the build tree's summa package on PYTHONPATH; --epochs and
 # --batch_size are passed on only when given.
 # --trace_dir: every process writes its timeline there (server.json, worker<r>.json; Chrome
 # trace JSON); bench/trace_summary.py sums them up per stage.
@@ -134,7 +134,7 @@ for ((r = 0; r < workers; r++)); do
   if [[ -n "$python_script" ]]; then
     cmd=(env RANK="$r" WORLD_SIZE="$workers" PYTHONPATH="$bin/python${PYTHONPATH:+:$PYTHONPATH}"
          OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}" OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-         /usr/bin/python3 "$python_script" --server="127.0.0.1:$port" --world_size="$workers"
+         "${SUMMA_PYTHON:-/usr/bin/python3}" "$python_script" --server="127.0.0.1:$port" --world_size="$workers"
          "${given[@]}" "${extra[@]}")
   else
     cmd=("$worker_bin")

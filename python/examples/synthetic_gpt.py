@@ -95,9 +95,9 @@ def main():
     torch.manual_seed(0)
     model = GPT(vocab=args.vocab, seq=args.seq)
 
-    def batch(rank, step, size):
+    def batch(rank, step, size, device):
         g = torch.Generator().manual_seed(1000 * rank + step)
-        tokens = torch.randint(0, args.vocab, (size, args.seq + 1), generator=g)
+        tokens = torch.randint(0, args.vocab, (size, args.seq + 1), generator=g).to(device)
         x, y = tokens[:, :-1], tokens[:, 1:]
         return (x,), lambda logits: F.cross_entropy(logits.reshape(-1, args.vocab), y.reshape(-1))
 

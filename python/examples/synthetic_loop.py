@@ -52,8 +52,12 @@ def add_flags(ap, batch_size, lr):
                          "through AllReduce)")
     ap.add_argument("--lr", type=float, default=lr, help="SGD's for --optimizer=distributed and --ddp")
     ap.add_argument("--ddp", type=int, default=0,
-                    help="torch DDP (gloo) with N processes instead of Summa: started here, or, "
-                         "under torchrun, the processes torchrun started")
+                    help="torch DDP with N processes instead of Summa: started here, or, under "
+                         "torchrun, the processes torchrun started (gloo on the CPU; see --device)")
+    ap.add_argument("--device", default="cpu",
+                    help="cpu, or cuda: process r on cuda:(LOCAL_RANK or r) modulo the GPUs there "
+                         "are (processes may share one); DDP then uses NCCL, or gloo where two "
+                         "processes share a GPU (NCCL refuses that); cuda:N puts every process on GPU N")
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--no_overlap", action="store_true",
                     help="exchange the whole gradient in opt.step(), after backward")
@@ -67,13 +71,32 @@ def add_flags(ap, batch_size, lr):
                     help="run two more steps and write their Chrome trace to DIR/rank<r>.json")
 
 
+def pick_device(name, rank):
+    """--device as a torch.device: cpu, cuda:N as given, or cuda for process `rank` (LOCAL_RANK
+    under torchrun) on GPU rank modulo the GPUs there are."""
+    if name == "cpu":
+        return torch.device("cpu")
+    if not name.startswith("cuda"):
+        raise SystemExit(f"--device {name}: want cpu, cuda or cuda:N")
+    if not torch.cuda.is_available():
+        raise SystemExit(f"--device {name}: torch sees no GPU here")
+    if name == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", rank))
+        device = torch.device("cuda", local % torch.cuda.device_count())
+    else:
+        device = torch.device(name)
+    torch.cuda.set_device(device)
+    return device
+
+
 def _under_torchrun():
     return "TORCHELASTIC_RUN_ID" in os.environ
 
 
 def run(args, name, model, batch):
-    """Trains `model` (built the same on every rank) on batch(rank, step, batch_size) -> (inputs,
-    loss function of the model's output) as the flags say; returns the exit status."""
+    """Trains `model` (built the same on every rank) on batch(rank, step, batch_size, device) ->
+    (inputs, loss function of the model's output) as the flags say; returns the exit status. On a
+    GPU the step's time ends at loss.item(), which waits for the step's kernels."""
     if args.ddp and args.port == 0 and not _under_torchrun():
         return _launch_ddp(args)
     if args.warmup >= args.steps:
@@ -81,6 +104,9 @@ def run(args, name, model, batch):
     if args.ddp and args.no_overlap:
         raise SystemExit("--no_overlap is for Summa's optimizers (DDP always overlaps)")
     torch.set_num_threads(args.threads)
+    rank_hint = args.rank if args.rank is not None else int(os.environ.get("RANK", "0"))
+    device = pick_device(args.device, rank_hint)
+    model.to(device)
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     model_bytes = 4 * params
     spans = ModuleSpans(model)  # its forward pre-hooks go before the optimizer's
@@ -89,16 +115,21 @@ def run(args, name, model, batch):
     summa = None
     if args.ddp:
         import torch.distributed as dist
+        world = int(os.environ["WORLD_SIZE"]) if _under_torchrun() else args.ddp
+        backend = "gloo"
+        if device.type == "cuda" and world <= torch.cuda.device_count():
+            backend = "nccl"
         if _under_torchrun():
-            dist.init_process_group("gloo")
+            dist.init_process_group(backend)
         else:
-            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}",
+            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{args.port}",
                                     world_size=args.ddp, rank=args.rank)
         rank, world = dist.get_rank(), dist.get_world_size()
-        net = torch.nn.parallel.DistributedDataParallel(model)
+        ids = [device.index] if device.type == "cuda" else None
+        net = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
         net.register_comm_hook(None, exchange.ddp_hook(world))
         opt = torch.optim.SGD(model.parameters(), lr=args.lr)
-        how = "ddp-gloo"
+        how = f"ddp-{backend}"
     else:
         import summa
         client = summa.init(args.server, rank=args.rank, world_size=args.world_size)
@@ -118,12 +149,12 @@ def run(args, name, model, batch):
     timelined = hasattr(opt, "timeline") and getattr(opt, "overlap", False)
     overlap = not args.no_overlap
     if rank == 0:
-        print(f"{name}: {params:,} parameters ({model_bytes / 2**20:.1f} MiB), {world} processes, "
+        print(f"{name}: {params:,} parameters ({model_bytes / 2**20:.1f} MiB) on {device}, {world} processes, "
               f"batch {args.batch_size} per process, {how}{'' if overlap else ', no overlap'}"
               + (f", {len(opt.partitions)} partitions" if hasattr(opt, "partitions") else ""), flush=True)
 
     def one_step(step):
-        inputs, loss_of = batch(rank, step, args.batch_size)
+        inputs, loss_of = batch(rank, step, args.batch_size, device)
         t0 = time.monotonic_ns()
         spans.begin_step()
         opt.zero_grad()
@@ -164,11 +195,13 @@ def run(args, name, model, batch):
     # Compute alone: forward and backward with no exchange (no_sync: no push, no allreduce).
     alone = []
     for k in range(args.compute_steps):
-        inputs, loss_of = batch(rank, total + k, args.batch_size)
+        inputs, loss_of = batch(rank, total + k, args.batch_size, device)
         t0 = time.perf_counter()
         opt.zero_grad()
         with (net.no_sync() if args.ddp else opt.no_sync()):
             loss_of(net(*inputs)).backward()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         alone.append(time.perf_counter() - t0)
     opt.zero_grad()
 
@@ -190,7 +223,7 @@ def run(args, name, model, batch):
         wait = sum(s["wait_ns"] for s in timed) / 1e9 / n
         busy = exchange.busy_seconds([s["step"] for s in timed])
         alone_s = sum(alone) / len(alone) if alone else None
-        result = {"params": params, "processes": world, "how": how, "overlap": overlap,
+        result = {"params": params, "processes": world, "how": how, "overlap": overlap, "device": str(device),
                   "model_bytes": model_bytes, "batch_size": args.batch_size, "timed_steps": n,
                   "step_seconds": step_s, "forward_seconds": fwd, "backward_seconds": bwd,
                   "step_call_seconds": call, "wait_seconds": wait,

@@ -76,10 +76,10 @@ def main():
     torch.manual_seed(0)
     model = ResNet18()
 
-    def batch(rank, step, size):
+    def batch(rank, step, size, device):
         g = torch.Generator().manual_seed(1000 * rank + step)
-        x = torch.randn(size, 3, args.image_size, args.image_size, generator=g)
-        y = torch.randint(0, 10, (size,), generator=g)
+        x = torch.randn(size, 3, args.image_size, args.image_size, generator=g).to(device)
+        y = torch.randint(0, 10, (size,), generator=g).to(device)
         return (x,), lambda logits: F.cross_entropy(logits, y)
 
     return synthetic_loop.run(args, "ResNet-18 shape", model, batch)

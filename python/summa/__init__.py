@@ -138,7 +138,7 @@ def allreduce(tensor, name=None, inplace=False, op="sum", client=None, **group):
 def broadcast_parameters(params, root_rank=0, name="summa.broadcast", client=None):
     """Sets every rank's `params` to root_rank's: a model (its state_dict), a state_dict, or
     tensors / (name, tensor) pairs. Float32 tensors are sent as they are; other dtypes are carried
-    as float32 (exact for integers below 2**24). Through AllReduce: the root sends its values,
+    as float32 (exact for integers below 2**24); GPU tensors through a host copy. Through AllReduce: the root sends its values,
     the others zeros, all in one flat buffer."""
     import torch
     c = client or _default_client()
@@ -151,7 +151,7 @@ def broadcast_parameters(params, root_rank=0, name="summa.broadcast", client=Non
     sizes = [t.numel() for t in tensors]
     flat = torch.zeros(sum(sizes), dtype=torch.float32)
     if c.rank == root_rank:
-        torch.cat([t.detach().reshape(-1).to(torch.float32) for t in tensors], out=flat)
+        torch.cat([t.detach().reshape(-1).to("cpu", torch.float32) for t in tensors], out=flat)
     values = flat.numpy()
     c.allreduce(values, values, name)
     with torch.no_grad():

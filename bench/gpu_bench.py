@@ -1,6 +1,6 @@
-"""LeNet on one GPU, side by side: Summa with 1 worker (its exchange overlapped with the step's
-layers, the default, and with --overlap=false) and with 2 workers sharing the GPU
-(--device=cuda:0), and PyTorch training the same network from scratch on the same GPU
+"""LeNet on one GPU, side by side: Summa with 1 worker and with 2 workers sharing the GPU
+(--device=cuda:0), each with its exchange after the step (--overlap=false) and overlapped with
+the step's layers (--overlap=true), and PyTorch training the same network from scratch on the same GPU
 (bench/pytorch_lenet.py --device cuda, its data uploaded once). Batch 256, lr 0.2, the seed's
 settings; every run one after another in this process, with the same environment.
 
@@ -113,9 +113,10 @@ def main():
         ap.error("--epochs must be at least 2 (the first epoch is not counted)")
 
     rows = []
-    plan = [("Summa, 1 worker on cuda:0", lambda: summa(1, args)),
-            ("Summa, 1 worker on cuda:0, --overlap=false", lambda: summa(1, args, worker_flags=["--overlap=false"])),
-            ("Summa, 2 workers sharing cuda:0", lambda: summa(2, args)),
+    plan = [("Summa, 1 worker on cuda:0", lambda: summa(1, args, worker_flags=["--overlap=false"])),
+            ("Summa, 1 worker on cuda:0, --overlap=true", lambda: summa(1, args, worker_flags=["--overlap=true"])),
+            ("Summa, 2 workers sharing cuda:0", lambda: summa(2, args, worker_flags=["--overlap=false"])),
+            ("Summa, 2 workers sharing cuda:0, --overlap=true", lambda: summa(2, args, worker_flags=["--overlap=true"])),
             ("PyTorch on cuda:0 (one process)", lambda: torch_gpu(args))]
     failures = []
     for name, fn in plan:

@@ -49,7 +49,7 @@ class OverlapProcessTest(JobCases, unittest.TestCase):
             ckpt = os.path.join(g.dir, "ckpt")
             job = Job(g, 2, [*SMALL_PARTITIONS, f"--checkpoint_dir={ckpt}", "--checkpoint_every=25"])
             for r in range(2):
-                job.start_worker(r)
+                job.start_worker(r, "--overlap=true")
             self.assertIn(f"restored {ckpt}", job.restart_server_after_checkpoint(150))
             outs = self.finish(g, job)
             for out in outs.values():

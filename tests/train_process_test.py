@@ -286,7 +286,8 @@ class TrainProcessTest(unittest.TestCase):
         trace_dir = os.path.join(run_dir, "trace")
         ok = subprocess.run([ARGS.launch, "--workers", "2", "--epochs", "1", "--batch_size", "64",
                              "--lr", "0.5", "--bin", ARGS.bin, "--run_dir", run_dir,
-                             "--trace_dir", trace_dir, "--", "--train_limit=1000", "--test_limit=500"],
+                             "--trace_dir", trace_dir, "--", "--train_limit=1000", "--test_limit=500",
+                             "--overlap=true"],
                             capture_output=True, text=True, timeout=240)
         self.assertEqual(ok.returncode, 0, ok.stdout + ok.stderr)
         self.assertIn("epoch 1/1", ok.stdout)
@@ -299,7 +300,7 @@ class TrainProcessTest(unittest.TestCase):
             with open(os.path.join(trace_dir, name + ".json")) as f:
                 events = json.load(f)["traceEvents"]
             spans[name] = collections.Counter(e["name"] for e in events if e.get("ph") == "X")
-        # The workers overlap (--overlap, the default): the forward loads each layer's weights
+        # The workers overlap (--overlap=true): the forward loads each layer's weights
         # as they come, inside compute, and exchange is the wait for the last step's first reply
         # (the steps after the first, and the epoch's end).
         self.assertIn("sync mode, overlapped)", ok.stdout)

@@ -60,9 +60,11 @@ ABSL_FLAG(bool, overlap, TrainerOptions().overlap,
           "which exchanges the whole gradient after backward. Taken only with one device computing the whole "
           "model and a dense float32 wire (no summa-server --wire_dtype or --compress). The "
           "model is cut where summa-server --partition_bytes says: LeNet fits in one partition "
-          "of the default 4 MiB, and nothing then overlaps. It pays where the compute leaves the "
-          "cores free (GPUs); CPU workers that fill every core gain nothing (see "
-          "bench/results-train.md). The join line says \"overlapped\" where it is on");
+          "of the default 4 MiB, and nothing then overlaps. Off by default: it pays only with a CPU "
+          "core to spare (1 CPU worker); 2 CPU workers on 2 cores lose 3-9%, and on an H200 "
+          "LeNet's epoch is 30% slower with it, 1.9x with 2 workers sharing the GPU (each "
+          "layer's copies and waits; bench/results-train.md, bench/results-gpu.md). The join "
+          "line says \"overlapped\" where it is on");
 ABSL_FLAG(std::string, inner_optimizer, TrainerOptions().inner.name,
           "DiLoCo jobs (summa-server --mode=diloco): the optimizer of the local steps this worker "
           "takes between exchanges: sgd, adam or adamw (the paper's), PyTorch's semantics; its "

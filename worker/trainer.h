@@ -53,8 +53,9 @@ struct TrainerOptions {
   // Overlap each step's exchange with the compute (LayerExchange): push each partition as soon
   // as backward has finished it, and let the next forward wait per layer for its weights. Only
   // where the store is a ParameterClient, the job's wire format dense float32, and one device
-  // computes the whole model; elsewhere the exchange follows the compute.
-  bool overlap = true;
+  // computes the whole model; elsewhere the exchange follows the compute. Off by default: it
+  // loses on 2 busy CPU cores and on a GPU (docs/design.md, "The overlapped step").
+  bool overlap = false;
   // DiLoCo jobs (summa-server --mode=diloco): the optimizer of the worker's local steps between
   // exchanges (summa-worker --inner_optimizer, --inner_lr...). Unused in other jobs.
   OptimizerOptions inner;

@@ -58,6 +58,8 @@ class Block(torch.nn.Module):
     def forward(self, x):
         b, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        if self.causal.device != x.device:  # moved with the model, once
+            self.causal = self.causal.to(x.device)
         scores = q @ k.transpose(-2, -1) / math.sqrt(d // self.heads) + self.causal[:t, :t]
         h = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, t, d)
         x = x + self.proj(h)
@@ -82,7 +84,7 @@ class GPT(torch.nn.Module):
 
     def forward(self, tokens):
         t = tokens.shape[1]
-        x = self.tokens(tokens) + self.positions(torch.arange(t))
+        x = self.tokens(tokens) + self.positions(torch.arange(t, device=tokens.device))
         return F.linear(self.ln(self.blocks(x)), self.tokens.weight)
 
 

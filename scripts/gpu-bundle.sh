@@ -25,9 +25,11 @@ build=${BUILD_DIR:-build}
 bundle=.bundle
 out=$bundle/stage
 rm -rf "$bundle"
-mkdir -p "$out/bin/server" "$out/bin/worker" "$out/bin/tests" "$out/lib" "$out/scripts" "$bundle/data"
+mkdir -p "$out/bin/server" "$out/bin/worker" "$out/bin/tests" "$out/bin/bench" "$out/lib" "$out/scripts" "$bundle/data"
 cp "$build/server/summa-server" "$build/server/summa-checkpoint" "$out/bin/server/"
 cp "$build/worker/summa-worker" "$out/bin/worker/"
+# The C++ side of bench/python_bench.py's exchange rows.
+cp "$build/bench/summa-bench-allreduce" "$build/bench/summa-bench-scale" "$out/bin/bench/"
 mkdir -p "$out/bin/worker/cuda"
 # The CUDA backend plugin, found beside the executables that load it.
 cp "$build/worker/compute/cuda/libsumma_cuda.so" "$out/bin/worker/cuda/"

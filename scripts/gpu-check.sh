@@ -16,7 +16,8 @@
 #   built for this machine's python3: gpu-bundle.sh --python): tests/python_overlap_test.py's GPU
 #   case passes and did not skip (2 processes on the GPU end where 2 on the CPU do, each optimizer,
 #   overlapped or not); then bench/python_bench.py --device cuda, the ResNet-18 shape and the GPT
-#   with 1 and 2 processes against DDP, S steps each; its table lands in $OUT/results-python-gpu.md.
+#   with 1 and 2 processes against DDP, S steps each, and the exchange of 64 MiB alone from Python
+#   against the C++ client's; its table lands in $OUT/results-python-gpu.md.
 # Prints seconds per epoch and test accuracy. Uses .bundle/ from scripts/gpu-bundle.sh when present
 # (a machine with no Debian packages), else build/. Everything it prints is also kept in $OUT (or
 # gpu-check-out/) when that is set.
@@ -195,7 +196,7 @@ fi
 
 if ((python_steps > 0)) && [[ -d "$bin/python/summa" ]]; then
   echo "== bench/python_bench.py --device cuda --steps $python_steps"
-  PYTHONUNBUFFERED=1 "$python" bench/python_bench.py --device cuda --processes 1,2 --no_lenet --no_exchange \
+  PYTHONUNBUFFERED=1 "$python" bench/python_bench.py --device cuda --processes 1,2 --no_lenet \
     --runs ps,ps-no-overlap,distributed,ddp --batch_size 64 --steps "$python_steps" --warmup 3 \
     --python "$python" --bin "$bin" --trace_dir "$out/python-traces" --run_timeout 120 --models resnet,gpt --out "$out/results-python-gpu.md"
   rc=$?

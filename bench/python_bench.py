@@ -8,9 +8,12 @@
    summed by gloo's allreduce). Seconds per epoch (mean) and test accuracy after the last epoch.
 2. Per model, the ResNet-18 shape (python/examples/synthetic_resnet.py, 11.2 M parameters, batch
    16 per process) and the GPT (synthetic_gpt.py, 23.2 M, batch 2 sequences of 128 tokens per
-   process), five runs of 2 processes: Summa with ParameterServerOptimizer and with
+   process), six runs of 2 processes: Summa with ParameterServerOptimizer and with
    DistributedOptimizer, each overlapped (the default) and with --no_overlap, through
-   scripts/launch.sh --python (the socket data plane), and DDP with gloo (--ddp 2). Each run:
+   scripts/launch.sh --python (the socket data plane), DDP with gloo (--ddp 2), and
+   ParameterServerOptimizer on a job whose server sends and takes bf16 (summa-server
+   --wire_dtype=bf16: half the bytes each way, each partition encoded as it is ready; not the
+   same weights as float32, so not DDP's job exactly). Each run:
    --steps steps (the first --warmup untimed), two traced steps, then --compute_steps steps of
    forward and backward alone in the same processes (synthetic_loop.py). Columns, from rank 0:
    step = wall time per timed step; compute alone = forward+backward with no exchange; exposed
@@ -60,7 +63,10 @@ RUNS = [("Summa, ParameterServerOptimizer", "ps", ["--optimizer=ps"]),
         ("Summa, DistributedOptimizer", "distributed", ["--optimizer=distributed"]),
         ("Summa, DistributedOptimizer, --no_overlap", "distributed-no-overlap",
          ["--optimizer=distributed", "--no_overlap"]),
-        ("PyTorch DDP", "ddp", None)]
+        ("PyTorch DDP", "ddp", None),
+        ("Summa, ParameterServerOptimizer, summa-server --wire_dtype=bf16", "ps-bf16", ["--optimizer=ps"])]
+# Runs whose server takes more flags.
+SERVER_ARGS = {"ps-bf16": "--wire_dtype=bf16"}
 
 
 def run(cmd, timeout=3600):
@@ -276,9 +282,10 @@ def main():
                 if flags is None:
                     cmd = [PYTHON, script, "--ddp", str(n), *steps, f"--trace_dir={traces}"]
                 else:
+                    server = ["--server_args", SERVER_ARGS[how]] if how in SERVER_ARGS else []
                     cmd = ["scripts/launch.sh", "--bin", args.bin, "--python", script, "--workers", str(n),
-                           "--lr", "0.05", "--run_dir", os.path.join(work, f"{tag}-run"), "--", *flags, *steps,
-                           f"--trace_dir={traces}"]
+                           "--lr", "0.05", *server, "--run_dir", os.path.join(work, f"{tag}-run"), "--", *flags,
+                           *steps, f"--trace_dir={traces}"]
                 load = os.getloadavg()[0]
                 try:
                     r = run(cmd, timeout=args.run_timeout)

@@ -24,8 +24,11 @@ absl::Status ParameterClient::BeginStaged(uint64_t step, int64_t num_examples, c
 }
 
 void ParameterClient::StartStaged(size_t i) {
-  if (!encoder_.dense_float32()) {
-    // The encoder takes the whole gradient at once (and keeps it for a resend): wait for the last.
+  if (!encoder_.dense_float32() && encoder_.per_partition()) {
+    // A 16-bit wire: this partition alone, now (a refused push is resent with these bytes).
+    encoder_.EncodePartition(i, staged_.gradients);
+  } else if (!encoder_.dense_float32()) {
+    // Top-k takes the whole gradient at once (and keeps it for a resend): wait for the last.
     if (!staged_.marked[i]) {
       staged_.marked[i] = true;
       --staged_.unmarked;

@@ -78,6 +78,12 @@ void PushEncoder::Encode(uint64_t step, int64_t num_examples, const float* gradi
   residual_next_ = step + 1;
 }
 
+void PushEncoder::EncodePartition(size_t i, const float* gradients) {
+  const PartitionRange& p = partitions_[i];
+  EncodeValues(dtype_, absl::Span<const float>(gradients + p.offset, p.length), wire_[i].data());
+  encoded_step_ = kNone;  // wire_ is no longer one Encode's step
+}
+
 absl::Span<const float> PushEncoder::residual(size_t i) const {
   if (topk_.empty()) return {};
   return topk_[i].residual();

@@ -44,6 +44,12 @@ class PushEncoder {
 
   // The format needs no encoding: pushes go out as slices of the caller's float32 buffer.
   bool dense_float32() const { return dtype_ == WireDType::kFloat32 && !compression_.sparse(); }
+  // Each partition encodes on its own (a 16-bit dtype, no top-k, whose residuals and their undo
+  // belong to a whole step): a staged step encodes each partition as soon as it is ready.
+  bool per_partition() const { return !compression_.sparse(); }
+  // Partition i of `gradients` (the flat buffer) in the job's dtype; per_partition() formats
+  // that are not dense_float32() only. The whole step held for a resend is forgotten.
+  void EncodePartition(size_t i, const float* gradients);
   WireDType dtype() const { return dtype_; }
   const Compression& compression() const { return compression_; }
   // Partition i's encoded push (after Encode).

@@ -5,6 +5,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -218,6 +219,54 @@ TEST_P(RawPathTest, ALatePushPullGoesOnFromTheVersionEveryPartitionIsBroughtTo) 
   EXPECT_TRUE(IsLatePush(staged)) << staged;
   while (clients[2]->NextStaged(&i, &staged)) {
   }
+}
+
+// A staged step on a 16-bit wire sends each partition as soon as it is started, encoded alone:
+// with one worker, partition 2's push-pull completes before any other partition is started.
+// The step ends on the blocking PushPull's weights, bit for bit, each of them a bf16 value.
+TEST_P(RawPathTest, AStagedStepOnASixteenBitWireSendsEachPartitionAsItIsStarted) {
+  configure_ = [](server::ServerOptions& o) {
+    o.wire_dtype = WireDType::kBfloat16;
+    o.optimizer.learning_rate = 0.5;
+  };
+  const std::vector<TensorSpec> specs = {{"w", DType::kFloat32, {8}}};
+  const std::vector<float> initial = {0.11f, 1.13f, 2.17f, 3.19f, 4.23f, 5.29f, 6.31f, 7.37f};
+  const std::vector<float> grad = {0.013f, -0.29f, 0.0071f, 1.7f, -3.1f, 0.77f, 2.9f, -0.043f};
+  auto bits = [](const std::vector<float>& v) {
+    std::vector<uint32_t> b(v.size());
+    std::memcpy(b.data(), v.data(), v.size() * sizeof(float));
+    return b;
+  };
+  StartServer(1, /*partition_bytes=*/12);  // 8 floats in partitions of 3, 3, 2
+  std::unique_ptr<worker::ParameterClient> client = Client(1);
+  ASSERT_TRUE(client->Join(0, 1, specs, initial.data(), "").ok());
+  std::vector<float> staged_weights(8);
+  ASSERT_TRUE(client->BeginStaged(0, 1, grad.data(), staged_weights.data()).ok());
+  client->StartStaged(2);
+  size_t i = 99;
+  absl::Status st;
+  ASSERT_TRUE(client->NextStaged(&i, &st)) << "partition 2 did not go when it was started";
+  EXPECT_EQ(i, 2u);
+  ASSERT_TRUE(st.ok()) << st;
+  client->StartStaged(0);
+  client->StartStaged(1);
+  int replies = 0;
+  while (client->NextStaged(&i, &st)) {
+    ASSERT_TRUE(st.ok()) << st;
+    ++replies;
+  }
+  EXPECT_EQ(replies, 2);
+  client.reset();
+  server_.reset();
+
+  StartServer(1, /*partition_bytes=*/12);
+  client = Client(1);
+  ASSERT_TRUE(client->Join(0, 1, specs, initial.data(), "").ok());
+  std::vector<float> blocking_weights(8);
+  ASSERT_TRUE(client->PushPull(0, 1, grad.data(), blocking_weights.data(), nullptr).ok());
+  EXPECT_EQ(bits(staged_weights), bits(blocking_weights));
+  EXPECT_NE(bits(blocking_weights), bits(initial)) << "the step moved nothing";
+  for (uint32_t b : bits(staged_weights)) EXPECT_EQ(b & 0xFFFFu, 0u) << "not a bf16 value: the wire was not bf16";
 }
 
 TEST_P(RawPathTest, TheRequestBuffersThreadsKeepAreCountedInTheStatus) {

@@ -99,6 +99,14 @@ class PythonOverlapTest(unittest.TestCase):
             self.assertEqual([m.pushes for m in status.members], [20 * 6, 20 * 6])
             self.assertEqual(status.duplicate_pushes, 0)
             self.assert_follows(overlapped, self.reference(g, "--steps=20"), self.initial(g))
+            # A bf16 wire: each partition encoded as it is ready, the same steps as not overlapped.
+            bf16 = ["--wire_dtype=bf16"]
+            plain16 = self.run_job(g, 2, "--overlap=0", "--steps=20", server_flags=bf16)
+            overlapped16 = self.run_job(g, 2, "--overlap=1", "--steps=20", server_flags=bf16)
+            self.assertTrue(np.array_equal(plain16, overlapped16),
+                            f"bf16: max difference {np.abs(plain16 - overlapped16).max()}")
+            self.assertFalse(np.array_equal(plain16, plain), "the wire was not bf16")
+            self.assertTrue(np.all((plain16.view(np.uint32) & 0xFFFF) == 0), "weights not pulled as bf16")
 
     def test_partitions_go_during_backward_last_layers_first_and_each_forward_waits_for_its_own(self):
         with ProcessGroup() as g:

@@ -47,15 +47,22 @@ std::vector<uint32_t> Bits(const std::vector<float>& values) {
 
 class TrainerOverlapTest : public ServerFixture {
  protected:
+  // One LeNet step through LayerExchange on a job with this wire format, in partitions of 16384
+  // floats: when each partition became ready and went (the test below says what is expected).
+  void EachPartitionGoesAsTheLastOfItsLayersFinishes(WireDType wire);
+
   struct Worker {
     absl::Status status;
     std::vector<float> weights;
     std::string output;
   };
 
-  // A job of two workers on a fresh server; each worker's outcome.
-  std::vector<Worker> Train(const std::string& model, bool overlap) {
-    configure_ = [](server::ServerOptions& o) { o.optimizer.learning_rate = 0.05; };
+  // A job of two workers on a fresh server (the job's wire format `wire`); each worker's outcome.
+  std::vector<Worker> Train(const std::string& model, bool overlap, WireDType wire = WireDType::kFloat32) {
+    configure_ = [wire](server::ServerOptions& o) {
+      o.optimizer.learning_rate = 0.05;
+      o.wire_dtype = wire;
+    };
     StartServer(2, 65536);
     const Dataset data = Data();
     std::vector<Worker> workers(2);
@@ -116,12 +123,42 @@ TEST_F(TrainerOverlapTest, OverlappedStepsGiveTheBlockingStepsWeightsBitForBit) 
   }
 }
 
+// A 16-bit wire is encoded partition by partition as each is ready, so it overlaps too, and its
+// steps are the blocking steps' (each partition's values rounded to bf16 the same way).
+TEST_F(TrainerOverlapTest, ASixteenBitWireOverlapsAndGivesTheBlockingStepsWeightsBitForBit) {
+  const std::vector<Worker> blocking = Train("lenet", /*overlap=*/false, WireDType::kBfloat16);
+  const std::vector<Worker> overlapped = Train("lenet", /*overlap=*/true, WireDType::kBfloat16);
+  const std::vector<Worker> float32 = Train("lenet", /*overlap=*/false);
+  for (int rank = 0; rank < 2; ++rank) {
+    SCOPED_TRACE(absl::StrCat("rank ", rank));
+    ASSERT_TRUE(blocking[rank].status.ok()) << blocking[rank].status << blocking[rank].output;
+    ASSERT_TRUE(overlapped[rank].status.ok()) << overlapped[rank].status << overlapped[rank].output;
+    EXPECT_NE(overlapped[rank].output.find("(model lenet, sync mode, bf16 on the wire, overlapped)"), std::string::npos)
+        << overlapped[rank].output;
+    ASSERT_FALSE(blocking[rank].weights.empty());
+    EXPECT_TRUE(Bits(overlapped[rank].weights) == Bits(blocking[rank].weights))
+        << "the overlapped run's weights differ from the blocking run's";
+  }
+  EXPECT_TRUE(Bits(blocking[0].weights) != Bits(float32[0].weights)) << "the wire was not bf16";
+}
+
 // LeNet's layers are {W1 b1} [0, 200), {W2 b2} [200, 25250), {W3 b3} [25250, 127778) and {W4 b4}
 // [127778, 129068); partitions of 16384 floats: 0 holds conv1 and the start of conv2, 1 the rest
 // of conv2 and the start of linear3, 2..6 linear3, 7 its end and linear4. Backward goes linear4
 // (nothing complete), linear3 (2..7 go), conv2 (1), conv1 (0): each partition goes as the last of
-// its layers finishes, not at the end.
+// its layers finishes, not at the end; with a float32 wire and with a 16-bit one (that each
+// partition's push then goes at once, not after the last, ps_client_test's
+// AStagedStepOnASixteenBitWireSendsEachPartitionAsItIsStarted shows without timing).
 TEST_F(TrainerOverlapTest, EachPartitionGoesAsTheLastOfItsLayersFinishes) {
+  for (const WireDType wire : {WireDType::kFloat32, WireDType::kBfloat16}) {
+    SCOPED_TRACE(WireDTypeName(wire));
+    EachPartitionGoesAsTheLastOfItsLayersFinishes(wire);
+    server_.reset();
+  }
+}
+
+void TrainerOverlapTest::EachPartitionGoesAsTheLastOfItsLayersFinishes(WireDType wire) {
+  configure_ = [wire](server::ServerOptions& o) { o.wire_dtype = wire; };
   StartServer(1, 65536);
   std::unique_ptr<ParameterClient> client = Client(1);
   std::unique_ptr<Backend> backend = NewCpuBackend(1);

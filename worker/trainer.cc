@@ -232,12 +232,13 @@ absl::StatusOr<std::vector<float>> Trainer::EpochLoss(int epoch, double loss_sum
 
 absl::Status Trainer::PlanOverlap(const JoinInfo& joined) {
   ParameterClient* const client = store_->staged_client();
-  // An encoded push (--wire_dtype, --compress) takes the whole gradient at once, and a model on
-  // several devices has its gradient only once theirs are summed: nothing to overlap.
+  // A top-k push (--compress) takes the whole gradient at once, and a model on several devices
+  // has its gradient only once theirs are summed: nothing to overlap. A 16-bit wire
+  // (--wire_dtype) encodes each partition as it goes.
   // With backup workers a reply may move the step on past the next one, whose forward an
   // overlapped step has begun already: those steps follow their exchange.
   overlapping_ = options_.overlap && client != nullptr && models_.size() == 1 && models_[0]->weights() != nullptr &&
-                 joined.wire_dtype == WireDType::kFloat32 && !joined.compression.sparse() &&
+                 !joined.compression.sparse() &&
                  joined.backup_workers == 0 && joined.sync_every == 0;
   if (!overlapping_) return absl::OkStatus();
   if (overlap_ == nullptr) {

@@ -31,7 +31,7 @@
 4. A Chrome trace (chrome://tracing, ui.perfetto.dev) of two steps of both processes of every run
    of 2: TRACE_DIR/<model>-<run>.json.
 
-On a GPU (--device cuda, where bench/gpu-python.sh runs it): --processes 1,2 runs each model
+On a GPU (--device cuda; scripts/gpu-check.sh --python runs it): --processes 1,2 runs each model
 with 1 and with 2 processes (both on cuda:0 where there is one GPU), --runs picks the rows, and
 DDP uses NCCL, or gloo where 2 processes share one GPU (NCCL refuses two ranks on one device).
 --python names the interpreter with torch (default $SUMMA_PYTHON, else /usr/bin/python3) and
@@ -48,6 +48,7 @@ import json
 import os
 import platform
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -72,7 +73,24 @@ SERVER_ARGS = {"ps-bf16": "--wire_dtype=bf16"}
 def run(cmd, timeout=3600):
     """Runs cmd in the repository; its last RESULT line as a dict (RuntimeError if none)."""
     env = {**os.environ, **ENV, "SUMMA_PYTHON": PYTHON}
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
+    # A session of its own, so that a run past its timeout is stopped with everything it started
+    # (launch.sh's server and processes, DDP's children), not only its first process.
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+                          start_new_session=True) as child:
+        try:
+            out, err = child.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                try:
+                    os.killpg(child.pid, sig)
+                    child.communicate(timeout=10)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+                except ProcessLookupError:
+                    break
+            raise
+    p = subprocess.CompletedProcess(cmd, child.returncode, out, err)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
     lines = [l for l in (p.stdout + p.stderr).splitlines() if l.startswith("RESULT ")]
@@ -231,6 +249,7 @@ def main():
     if args.role == "exchange":
         return exchange_role(args)
     PYTHON = args.python
+    args.bin = os.path.abspath(args.bin)
     unknown = set(args.runs.split(",")) - {r[1] for r in RUNS}
     if unknown:
         ap.error(f"--runs: unknown {sorted(unknown)}")

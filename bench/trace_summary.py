@@ -6,7 +6,7 @@ optimizer, wait, ...) with its count, median, 90th percentile and total, in mill
   bench/trace_summary.py /tmp/trace/*.json
 
 "exchange" on a worker is a step's communication as the trainer sees it: push, the wait for the
-other workers, and pull (with summa-worker --overlap, the default, what is left of it: the wait,
+other workers, and pull (with summa-worker --overlap=true, what is left of it: the wait,
 before a step, for the last step's first reply, and "wait", each layer's in the forward); "wait"
 on the server is a push-pull parked until its step completed.
 Given two or more worker traces, it also prints the communication of each step: the exchange of

@@ -115,9 +115,9 @@ class ParameterClient final : public ParameterStore {
   // partition i's gradients unchanged from StartStaged(i) until its call ends. StartStaged(i)
   // push-pulls partition i; NextStaged collects the calls as they end, each partition's new
   // weights written into `weights` before it is handed back. A push refused for a stale view
-  // goes again as in PushPull. In a job whose pushes are encoded (--wire_dtype, --compress), the
-  // whole gradient is encoded at once: StartStaged only marks partitions until the last, then
-  // starts them all. Not thread-safe, except WakeStaged.
+  // goes again as in PushPull. A 16-bit wire (--wire_dtype) encodes partition i in StartStaged(i);
+  // with top-k (--compress) the whole gradient is encoded at once: StartStaged only marks
+  // partitions until the last, then starts them all. Not thread-safe, except WakeStaged.
   absl::Status BeginStaged(uint64_t step, int64_t num_examples, const float* gradients, float* weights);
   void StartStaged(size_t i);
   // Waits for the next staged call to end: true with its partition and outcome (OK once its

@@ -16,8 +16,9 @@ pythons=()
 while (($#)); do
   case "$1" in
     --python)
-      [[ $# -ge 2 && -x "$2" ]] || { echo "gpu-bundle: --python needs an interpreter" >&2; exit 2; }
-      pythons+=("$2"); shift 2 ;;
+      py=$( (cd "$OLDPWD" && command -v "${2:-}") 2>/dev/null) || py=""
+      [[ -n "$py" && -x "$py" ]] || { echo "gpu-bundle: --python needs an interpreter ('${2:-}' is not one)" >&2; exit 2; }
+      pythons+=("$(cd "$OLDPWD" && realpath "$py")"); shift 2 ;;
     *) echo "gpu-bundle: unknown argument '$1' (--python PY)" >&2; exit 2 ;;
   esac
 done

@@ -63,7 +63,7 @@ ABSL_FLAG(bool, overlap, TrainerOptions().overlap,
           "model is cut where summa-server --partition_bytes says: LeNet fits in one partition "
           "of the default 4 MiB, and nothing then overlaps. Off by default: it pays only with a CPU "
           "core to spare (1 CPU worker); 2 CPU workers on 2 cores lose 3-9%, and on an H200 "
-          "LeNet's epoch is 30% slower with it, 1.9x with 2 workers sharing the GPU (each "
+          "LeNet's epoch is 15-30% slower with it, 1.9x with 2 workers sharing the GPU (each "
           "layer's copies and waits, it seems; bench/results-train.md, bench/results-gpu.md). The join "
           "line says \"overlapped\" where it is on");
 ABSL_FLAG(std::string, inner_optimizer, TrainerOptions().inner.name,

@@ -52,7 +52,7 @@ struct TrainerOptions {
   std::string status_address;  // told to the server, for operators
   // Overlap each step's exchange with the compute (LayerExchange): push each partition as soon
   // as backward has finished it, and let the next forward wait per layer for its weights. Only
-  // where the store is a ParameterClient, the job's wire format dense float32, and one device
+  // where the store is a ParameterClient, the job's wire format dense (no top-k), and one device
   // computes the whole model; elsewhere the exchange follows the compute. Off by default: it
   // loses on 2 busy CPU cores and on a GPU (docs/design.md, "The overlapped step").
   bool overlap = false;

@@ -96,7 +96,7 @@ def _under_torchrun():
 def run(args, name, model, batch):
     """Trains `model` (built the same on every rank) on batch(rank, step, batch_size, device) ->
     (inputs, loss function of the model's output) as the flags say; returns the exit status. On a
-    GPU the step's time ends at loss.item(), which waits for the step's kernels."""
+    GPU the step's time ends once the device has run the step's kernels (synchronize)."""
     if args.ddp and args.port == 0 and not _under_torchrun():
         return _launch_ddp(args)
     if args.warmup >= args.steps:
@@ -115,10 +115,12 @@ def run(args, name, model, batch):
     summa = None
     if args.ddp:
         import torch.distributed as dist
-        world = int(os.environ["WORLD_SIZE"]) if _under_torchrun() else args.ddp
-        backend = "gloo"
-        if device.type == "cuda" and world <= torch.cuda.device_count():
-            backend = "nccl"
+        # NCCL takes one rank per GPU: with this node's processes on distinct GPUs (--device cuda
+        # with no more processes than GPUs, or --device cuda:N alone), else gloo.
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1"))) \
+            if _under_torchrun() else args.ddp
+        gpus = torch.cuda.device_count() if args.device == "cuda" else 1
+        backend = "nccl" if device.type == "cuda" and local <= gpus else "gloo"
         if _under_torchrun():
             dist.init_process_group(backend)
         else:
@@ -165,6 +167,8 @@ def run(args, name, model, batch):
         if timelined and step > 0:
             exchange.partitions(step - 1, opt.timeline())
         opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # the step's kernels, queued, are part of its time
         t3 = time.monotonic_ns()
         exchange.end_step(step)
         return {"step": step, "loss": loss.item(), "t": (t0, t1, t2, t3), "wait_ns": spans.wait_ns}

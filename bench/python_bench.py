@@ -334,13 +334,7 @@ def main():
             print("\n".join(lines[-len(rows) - 5:]), flush=True)
 
     if args.no_exchange:
-        lines += [f"- {'yes' if ok else 'NO '}: {what}" for what, ok in checks]
-        report = "\n".join(lines) + "\n"
-        print(report, end="")
-        if args.out:
-            with open(args.out, "w") as f:
-                f.write(report)
-        return 0 if all(ok for _, ok in checks) else 1
+        return finish(lines, checks, args.out)
 
     load = os.getloadavg()[0]
     try:
@@ -358,12 +352,16 @@ def main():
                      f"{2 * size / seconds / 1e9:.3f} | {'yes' if ok else 'NO'} | `{' '.join(cmd)}` |")
         checks.append((f"{client}'s {what} at {size >> 20}MiB came back right", ok))
     lines.append("")
+    return finish(lines, checks, args.out)
 
-    lines += [f"- {'yes' if ok else 'NO '}: {what}" for what, ok in checks]
+
+def finish(lines, checks, out):
+    """Prints the report (and writes it to `out`) with each check's line; the exit status."""
+    lines = lines + [f"- {'yes' if ok else 'NO '}: {what}" for what, ok in checks]
     report = "\n".join(lines) + "\n"
     print(report, end="")
-    if args.out:
-        with open(args.out, "w") as f:
+    if out:
+        with open(out, "w") as f:
             f.write(report)
     return 0 if all(ok for _, ok in checks) else 1
 

@@ -59,15 +59,15 @@ ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 MODELS = [("ResNet-18 shape (11.2 M)", "resnet", "python/examples/synthetic_resnet.py"),
           ("GPT (23.2 M)", "gpt", "python/examples/synthetic_gpt.py")]
 PYTHON = os.environ.get("SUMMA_PYTHON", "/usr/bin/python3")
-RUNS = [("Summa, ParameterServerOptimizer", "ps", ["--optimizer=ps"]),
-        ("Summa, ParameterServerOptimizer, --no_overlap", "ps-no-overlap", ["--optimizer=ps", "--no_overlap"]),
-        ("Summa, DistributedOptimizer", "distributed", ["--optimizer=distributed"]),
+# (row name, --runs key, the script's flags (None: DDP, no server), summa-server's extra flags)
+RUNS = [("Summa, ParameterServerOptimizer", "ps", ["--optimizer=ps"], ""),
+        ("Summa, ParameterServerOptimizer, --no_overlap", "ps-no-overlap", ["--optimizer=ps", "--no_overlap"], ""),
+        ("Summa, DistributedOptimizer", "distributed", ["--optimizer=distributed"], ""),
         ("Summa, DistributedOptimizer, --no_overlap", "distributed-no-overlap",
-         ["--optimizer=distributed", "--no_overlap"]),
-        ("PyTorch DDP", "ddp", None),
-        ("Summa, ParameterServerOptimizer, summa-server --wire_dtype=bf16", "ps-bf16", ["--optimizer=ps"])]
-# Runs whose server takes more flags.
-SERVER_ARGS = {"ps-bf16": "--wire_dtype=bf16"}
+         ["--optimizer=distributed", "--no_overlap"], ""),
+        ("PyTorch DDP", "ddp", None, ""),
+        ("Summa, ParameterServerOptimizer, summa-server --wire_dtype=bf16", "ps-bf16", ["--optimizer=ps"],
+         "--wire_dtype=bf16")]
 
 
 def run(cmd, timeout=3600):
@@ -295,13 +295,13 @@ def main():
     for title, key, script in [m for m in MODELS if m[1] in wanted]:
         for n in counts:
             rows = []
-            for name, how, flags in [r for r in RUNS if r[1] in args.runs.split(",")]:
+            for name, how, flags, server_args in [r for r in RUNS if r[1] in args.runs.split(",")]:
                 tag = f"{key}-{how}-{n}"
                 traces = os.path.join(work, tag)
                 if flags is None:
                     cmd = [PYTHON, script, "--ddp", str(n), *steps, f"--trace_dir={traces}"]
                 else:
-                    server = ["--server_args", SERVER_ARGS[how]] if how in SERVER_ARGS else []
+                    server = ["--server_args", server_args] if server_args else []
                     cmd = ["scripts/launch.sh", "--bin", args.bin, "--python", script, "--workers", str(n),
                            "--lr", "0.05", *server, "--run_dir", os.path.join(work, f"{tag}-run"), "--", *flags,
                            *steps, f"--trace_dir={traces}"]

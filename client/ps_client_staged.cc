@@ -24,10 +24,11 @@ absl::Status ParameterClient::BeginStaged(uint64_t step, int64_t num_examples, c
 }
 
 void ParameterClient::StartStaged(size_t i) {
-  if (!encoder_.dense_float32() && encoder_.per_partition()) {
-    // A 16-bit wire: this partition alone, now (a refused push is resent with these bytes).
+  if (encoder_.per_partition()) {
+    // This partition alone, now: float32 as a slice of the gradients, a 16-bit wire encoded (a
+    // refused push is resent with these bytes).
     encoder_.EncodePartition(i, staged_.gradients);
-  } else if (!encoder_.dense_float32()) {
+  } else {
     // Top-k takes the whole gradient at once (and keeps it for a resend): wait for the last.
     if (!staged_.marked[i]) {
       staged_.marked[i] = true;

@@ -79,6 +79,7 @@ void PushEncoder::Encode(uint64_t step, int64_t num_examples, const float* gradi
 }
 
 void PushEncoder::EncodePartition(size_t i, const float* gradients) {
+  if (dense_float32()) return;
   const PartitionRange& p = partitions_[i];
   EncodeValues(dtype_, absl::Span<const float>(gradients + p.offset, p.length), wire_[i].data());
   encoded_step_ = kNone;  // wire_ is no longer one Encode's step

@@ -47,8 +47,8 @@ class PushEncoder {
   // Each partition encodes on its own (a 16-bit dtype, no top-k, whose residuals and their undo
   // belong to a whole step): a staged step encodes each partition as soon as it is ready.
   bool per_partition() const { return !compression_.sparse(); }
-  // Partition i of `gradients` (the flat buffer) in the job's dtype; per_partition() formats
-  // that are not dense_float32() only. The whole step held for a resend is forgotten.
+  // Partition i of `gradients` (the flat buffer) in the job's dtype, for per_partition() formats
+  // (nothing to do for dense_float32). The whole step held for a resend is forgotten.
   void EncodePartition(size_t i, const float* gradients);
   WireDType dtype() const { return dtype_; }
   const Compression& compression() const { return compression_; }

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -85,6 +86,9 @@ class Benchmark {
   absl::StatusOr<std::vector<TableRow>> RunGloo(int ranks);
   // Every size of mpi at one rank count over one transport ("tcp" or "shm"), in one mpirun job.
   absl::StatusOr<std::vector<TableRow>> RunMpi(int ranks, const std::string& transport);
+  // One size of memcpy: one thread copying the tensor's bytes between two buffers touched first,
+  // the host's copy rate (the physical limit of anything that moves the bytes through memory).
+  TableRow RunMemcpy(int64_t bytes);
   // The rows of a job that ran every size (gloo, mpi) from what its ranks printed.
   std::vector<TableRow> RowsOfEverySize(const std::string& label, int ranks, const std::string& output);
 
@@ -174,6 +178,7 @@ absl::StatusOr<TableRow> Benchmark::RunServerConfig(const std::string& impl, int
   const std::string tag = absl::StrCat(impl, "-k", shards, "-", ranks, "-", FormatByteSize(bytes));
   const bool summa = absl::StartsWith(impl, "summa");
   const bool tls = absl::StartsWith(impl, "summa-tls");
+  const bool shm = impl == "summa-shm";
   if (tls && certs_.empty()) SUMMA_RETURN_IF_ERROR(MakeCerts(deadline));
   std::vector<std::unique_ptr<ChildProcess>> server_processes;
   std::vector<std::string> addresses;
@@ -189,6 +194,7 @@ absl::StatusOr<TableRow> Benchmark::RunServerConfig(const std::string& impl, int
                      absl::StrCat("--workers=", ranks),
                      absl::StrCat("--barrier_deadline=", absl::FormatDuration(o_.timeout)),
                      absl::StrCat("--shards=", shards), absl::StrCat("--shard=", i)};
+      if (shm) server.argv.push_back(absl::StrCat("--shm_socket=", RunPath(absl::StrCat(tag, "-server", i, ".sock"))));
       // Mutual TLS, as a deployment across machines would run it: the plane and gRPC alike.
       if (tls) {
         for (const char* flag : {"--tls_cert=server.pem", "--tls_key=server.key", "--tls_ca=ca.pem"}) {
@@ -221,7 +227,9 @@ absl::StatusOr<TableRow> Benchmark::RunServerConfig(const std::string& impl, int
                  absl::StrCat("--timeout=", absl::FormatDuration(o_.timeout)),
                  absl::StrCat("--channels=", o_.channels)};
     if (summa) {
-      rank.argv.push_back(absl::EndsWith(impl, "grpc") ? "--data_plane=grpc" : "--data_plane=socket");
+      rank.argv.push_back(absl::EndsWith(impl, "grpc") ? "--data_plane=grpc"
+                          : shm                        ? "--data_plane=shm"
+                                                       : "--data_plane=socket");
     }
     if (tls) {
       for (const char* flag : {"--tls_cert=client.pem", "--tls_key=client.key", "--tls_ca=ca.pem"}) {
@@ -251,6 +259,28 @@ absl::StatusOr<TableRow> Benchmark::RunServerConfig(const std::string& impl, int
     }
   }
   ExplainIfIncorrect(row, reports);
+  return row;
+}
+
+TableRow Benchmark::RunMemcpy(int64_t bytes) {
+  std::unique_ptr<char[]> from(new char[bytes]), to(new char[bytes]);
+  for (int64_t i = 0; i < bytes; ++i) from[i] = static_cast<char>(i * 7);
+  std::memset(to.get(), 0, bytes);  // touched: no first-touch faults in the timed copies
+  std::vector<double> us;
+  for (int k = 0; k < o_.warmup + o_.iters; ++k) {
+    const absl::Time start = absl::Now();
+    std::memcpy(to.get(), from.get(), bytes);
+    const double took = absl::ToDoubleMicroseconds(absl::Now() - start);
+    if (k >= o_.warmup) us.push_back(took);
+  }
+  std::sort(us.begin(), us.end());
+  TableRow row;
+  row.impl = "memcpy (1 thread)";
+  row.ranks = 1;
+  row.bytes = bytes;
+  if (!us.empty()) row.time_us = us[us.size() / 2];
+  row.correct = std::memcmp(to.get(), from.get(), bytes) == 0;
+  if (!row.correct) row.note = "the copy differs";
   return row;
 }
 
@@ -364,6 +394,11 @@ absl::StatusOr<bool> Benchmark::Run() {
           if (!rows.ok()) rows = std::vector<TableRow>{FailedRow(absl::StrCat("mpi (", transport, ")"), ranks, 0, rows.status())};
           for (const TableRow& row : *rows) EmitRow(row);
         }
+        continue;
+      }
+      if (impl == "memcpy") {
+        if (ranks != o_.ranks.front()) continue;  // one thread: the same at every rank count
+        for (int64_t bytes : o_.sizes) EmitRow(RunMemcpy(bytes));
         continue;
       }
       if (impl == "gloo") {

@@ -16,8 +16,8 @@
 namespace summa::bench {
 
 // The implementations --impls may name; they run in the order named.
-inline constexpr const char* kImplementations[] = {"summa",    "summa-grpc", "summa-tls", "summa-tls-grpc",
-                                                   "raw",      "grpc",       "gloo",      "mpi"};
+inline constexpr const char* kImplementations[] = {"summa", "summa-grpc", "summa-shm", "summa-tls", "summa-tls-grpc",
+                                                   "raw",   "grpc",       "gloo",      "mpi",       "memcpy"};
 
 struct DriverOptions {
   std::vector<std::string> impls;

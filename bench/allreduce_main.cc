@@ -37,7 +37,8 @@ ABSL_FLAG(int, warmup, 10, "untimed AllReduce calls before the timed ones (still
 ABSL_FLAG(std::string, impls, "summa,summa-grpc,raw,grpc,gloo,mpi",
           "implementations, comma-separated, run in this order: summa (summa-server's AllReduce "
           "through summa::worker::ParameterClient on the socket data plane, summa-server "
-          "--data_address), summa-grpc (the same calls over gRPC, --data_plane=grpc), summa-tls and "
+          "--data_address), summa-grpc (the same calls over gRPC, --data_plane=grpc), summa-shm (the "
+          "same calls on the shared-memory plane, summa-server --shm_socket, --data_plane=shm), summa-tls and "
           "summa-tls-grpc (the two with mutual TLS 1.3 on both ports: summa-server --tls_cert "
           "--tls_key --tls_ca, certificates from scripts/make-certs.sh), raw (the same exchange over plain TCP "
           "sockets: the reference), grpc (the same exchange over bare gRPC: one generic method, "
@@ -45,7 +46,9 @@ ABSL_FLAG(std::string, impls, "summa,summa-grpc,raw,grpc,gloo,mpi",
           "itself costs), gloo (torch.distributed with the gloo backend, through "
           "--python and --gloo_script), mpi (Open MPI's MPI_Allreduce through mpi4py, run by "
           "mpirun from PATH with --python and --mpi_script: two rows, over TCP on the loopback "
-          "and over shared memory; a note where mpirun or mpi4py is missing)");
+          "and over shared memory; a note where mpirun or mpi4py is missing), memcpy (one thread "
+          "copying the tensor between two buffers: the host's copy rate, the physical limit; "
+          "one row per size, ranks 1)");
 ABSL_FLAG(absl::Duration, timeout, absl::Minutes(10),
           "deadline of each configuration (one size of one implementation at one rank count; a "
           "gloo job runs every size and gets this per size); a child that has not finished by "

@@ -34,8 +34,10 @@ class DataTransport {
   // another thread may call.
   virtual void Wake() = 0;
 
-  // Whether it is the socket data plane.
+  // Whether it is the socket data plane (the shared-memory plane is one too).
   virtual bool socket_plane() const = 0;
+  // Whether it is the shared-memory plane, to every shard.
+  virtual bool shm() const { return false; }
   // True once a connection could not be opened (the plane moved or went away, as when its
   // server restarted on another port): the client should ask where it is again.
   virtual bool lost() const { return false; }

@@ -62,15 +62,16 @@ const char* DataPlaneName(DataPlane plane) {
     case DataPlane::kAuto: return "auto";
     case DataPlane::kGrpc: return "grpc";
     case DataPlane::kSocket: return "socket";
+    case DataPlane::kShm: return "shm";
   }
   return "?";
 }
 
 absl::StatusOr<DataPlane> ParseDataPlane(absl::string_view name) {
-  for (DataPlane plane : {DataPlane::kAuto, DataPlane::kGrpc, DataPlane::kSocket}) {
+  for (DataPlane plane : {DataPlane::kAuto, DataPlane::kGrpc, DataPlane::kSocket, DataPlane::kShm}) {
     if (name == DataPlaneName(plane)) return plane;
   }
-  return absl::InvalidArgumentError(absl::StrCat("--data_plane must be auto, grpc or socket, not '", name, "'"));
+  return absl::InvalidArgumentError(absl::StrCat("--data_plane must be auto, grpc, socket or shm, not '", name, "'"));
 }
 
 std::unique_ptr<DataTransport> ParameterClient::NewGrpcTransport() const {
@@ -112,14 +113,15 @@ absl::StatusOr<std::unique_ptr<DataTransport>> ParameterClient::OpenSocketPlane(
   // server did not answer (not up yet): ask at the next call instead.
   auto decline = [&](const absl::Status& why, bool quiet,
                      bool again = false) -> absl::StatusOr<std::unique_ptr<DataTransport>> {
-    if (data_plane_ == DataPlane::kSocket) {
-      return absl::Status(why.code(), absl::StrCat("--data_plane=socket: ", why.message()));
+    if (data_plane_ == DataPlane::kSocket || data_plane_ == DataPlane::kShm) {
+      return absl::Status(why.code(), absl::StrCat("--data_plane=", DataPlaneName(data_plane_), ": ", why.message()));
     }
     if (log && !quiet) SUMMA_LOG(WARNING) << why.message() << "; the data path goes over gRPC";
     *ask_again = again;
     return nullptr;
   };
   std::vector<SocketCalls::Endpoint> endpoints;
+  std::vector<bool> tcp_fallback;
   for (const auto& shard : shards_) {
     std::unique_ptr<grpc::ClientContext> context = NewContext();
     context->set_deadline(absl::ToChronoTime(absl::Now() + std::min(call_deadline_, absl::Seconds(10))));
@@ -132,13 +134,20 @@ absl::StatusOr<std::unique_ptr<DataTransport>> ParameterClient::OpenSocketPlane(
                      /*quiet=*/absl::IsUnimplemented(why),  // a server from before the plane
                      /*again=*/absl::IsUnavailable(why) || absl::IsDeadlineExceeded(why));
     }
-    if (response.port() <= 0 || response.port() > 65535) {
+    const bool shm = data_plane_ != DataPlane::kSocket && !response.shm_socket().empty();
+    if (data_plane_ == DataPlane::kShm && !shm) {
+      return decline(absl::FailedPreconditionError(absl::StrCat(
+                         shard->address, " serves no shared-memory plane (summa-server --shm_socket)")),
+                     /*quiet=*/false);
+    }
+    if (!shm && (response.port() <= 0 || response.port() > 65535)) {
       return decline(absl::FailedPreconditionError(
                          absl::StrCat(shard->address, " serves no socket data plane (summa-server --data_address)")),
                      /*quiet=*/true);
     }
-    // The plane speaks what the gRPC port speaks: a TLS client never sends its token in the clear.
-    if (response.tls() != tls_.enabled()) {
+    // The plane speaks what the gRPC port speaks: a TLS client never sends its token in the clear
+    // (the shared-memory plane never leaves the host).
+    if (!shm && response.tls() != tls_.enabled()) {
       return decline(absl::FailedPreconditionError(absl::StrCat(
                          shard->address, "'s data plane speaks ", response.tls() ? "TLS" : "plaintext",
                          " and this client ", tls_.enabled() ? "TLS (--tls_ca)" : "plaintext")),
@@ -146,8 +155,15 @@ absl::StatusOr<std::unique_ptr<DataTransport>> ParameterClient::OpenSocketPlane(
     }
     absl::StatusOr<std::string> host = socket_plane::HostOf(shard->address);
     if (!host.ok()) return decline(host.status(), /*quiet=*/false);
-    endpoints.push_back({*std::move(host), response.port()});
+    endpoints.push_back({*std::move(host), response.port(), shm ? response.shm_socket() : "",
+                         response.shm_instance()});
+    // Without a socket plane to fall back to (or its TLS unlike ours), this shard is shm or gRPC.
+    tcp_fallback.push_back(response.port() > 0 && response.port() <= 65535 && response.tls() == tls_.enabled());
   }
+  // The shared-memory plane's segments hold a partition's or an AllReduce chunk's message.
+  uint64_t segment_bytes = kAllReduceChunkBytes;
+  for (const PartitionRange& p : partitions_) segment_bytes = std::max<uint64_t>(segment_bytes, p.length * sizeof(float));
+  segment_bytes += 64 << 10;  // the message's other fields
   if (tls_.enabled() && *tls == nullptr) {
     absl::StatusOr<std::unique_ptr<socket_plane::TlsContext>> made =
         socket_plane::TlsContext::Create(tls_, /*server=*/false);
@@ -155,17 +171,25 @@ absl::StatusOr<std::unique_ptr<DataTransport>> ParameterClient::OpenSocketPlane(
     *tls = *std::move(made);
   }
   *token = token_.Current();
-  auto calls =
-      std::make_unique<SocketCalls>(endpoints, token->empty() ? "" : absl::StrCat("Bearer ", *token), tls->get());
+  auto calls = std::make_unique<SocketCalls>(endpoints, token->empty() ? "" : absl::StrCat("Bearer ", *token),
+                                             tls->get(), segment_bytes);
   for (size_t k = 0; k < endpoints.size(); ++k) {
     // One connection each now: a plane that cannot be reached (a port no one exposed) shows here.
-    if (absl::Status s = calls->Open(static_cast<int>(k), absl::Now() + absl::Seconds(10)); !s.ok()) {
-      return decline(s, /*quiet=*/false);
+    absl::Status s = calls->Open(static_cast<int>(k), absl::Now() + absl::Seconds(10));
+    if (!s.ok() && !endpoints[k].shm_socket.empty() && data_plane_ == DataPlane::kAuto && tcp_fallback[k]) {
+      // The shard is on another host (no such socket here, or another server's): its socket plane.
+      if (log) SUMMA_LOG(INFO) << s.message() << "; shard " << k << "'s calls take its socket data plane";
+      calls->UseSocketPlane(static_cast<int>(k));
+      s = calls->Open(static_cast<int>(k), absl::Now() + absl::Seconds(10));
     }
+    if (!s.ok()) return decline(s, /*quiet=*/false);
   }
   if (log) {
-    SUMMA_LOG(INFO) << "the data path goes over the socket data plane (" << endpoints.front().host << ":"
-                    << endpoints.front().port << (endpoints.size() > 1 ? " and the other shards'" : "") << ")";
+    const SocketCalls::Endpoint& first = calls->endpoint(0);
+    SUMMA_LOG(INFO) << "the data path goes over the "
+                    << (first.shm_socket.empty() ? absl::StrCat("socket data plane (", first.host, ":", first.port)
+                                                 : absl::StrCat("shared-memory plane (", first.shm_socket))
+                    << (endpoints.size() > 1 ? " and the other shards'" : "") << ")";
   }
   return std::unique_ptr<DataTransport>(std::move(calls));
 }

@@ -48,9 +48,11 @@ namespace summa::worker {
 
 // Which transport the data path (Initialize, Push, Pull, PushPull, AllReduce) takes. kAuto:
 // the socket data plane (common/rpc/socket_frame.h) where every shard offers one and it can be
-// reached, gRPC otherwise; kGrpc: always gRPC; kSocket: the socket data plane or an error.
-enum class DataPlane { kAuto, kGrpc, kSocket };
-// "auto", "grpc" or "socket": the spellings of summa-worker --data_plane.
+// reached, gRPC otherwise, and for each shard on this host that offers it the shared-memory
+// plane before the socket plane; kGrpc: always gRPC; kSocket: the socket data plane or an error;
+// kShm: every shard's shared-memory plane (this host's) or an error.
+enum class DataPlane { kAuto, kGrpc, kSocket, kShm };
+// "auto", "grpc", "socket" or "shm": the spellings of summa-worker --data_plane.
 const char* DataPlaneName(DataPlane plane);
 // A DataPlaneName; INVALID_ARGUMENT naming the flag otherwise.
 absl::StatusOr<DataPlane> ParseDataPlane(absl::string_view name);
@@ -177,8 +179,11 @@ class ParameterClient final : public ParameterStore {
     data_plane_ = plane;
     plane_chosen_ = false;
   }
-  // Whether the data path's calls go over the socket data plane now (false before the first).
+  // Whether the data path's calls go over the socket data plane now (false before the first);
+  // the shared-memory plane is one too.
   bool on_socket_plane() const { return transport_ != nullptr && transport_->socket_plane(); }
+  // Whether they go over the shared-memory plane (every shard's).
+  bool on_shm_plane() const { return transport_ != nullptr && transport_->shm(); }
 
  private:
   std::unique_ptr<grpc::ClientContext> NewContext() const;

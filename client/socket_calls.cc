@@ -36,12 +36,20 @@ struct SocketCalls::Connection {
   std::string message;
   char* body = nullptr;
   uint64_t got = 0;  // bytes of the current part received
+  // The shared-memory plane's (Attach): this connection's requests and the server's replies.
+  SharedSegment requests;
+  SharedSegment replies;
+  bool reply_in_segment = false;  // the reply being read is in `replies`
+  static constexpr size_t kNoTag = ~size_t{0};
+  size_t reply_owner = kNoTag;  // the tag whose reply `replies` holds
 };
 
-SocketCalls::SocketCalls(std::vector<Endpoint> shards, std::string authorization, socket_plane::TlsContext* tls)
+SocketCalls::SocketCalls(std::vector<Endpoint> shards, std::string authorization, socket_plane::TlsContext* tls,
+                         uint64_t segment_bytes)
     : shards_(std::move(shards)),
       authorization_(std::move(authorization)),
       tls_(tls),
+      segment_bytes_(segment_bytes),
       caps_(shards_.size(), kMaxConnectionsPerShard),
       wake_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
 
@@ -52,6 +60,11 @@ void SocketCalls::Wake() {
 }
 
 SocketCalls::~SocketCalls() = default;
+
+bool SocketCalls::shm() const {
+  return !shards_.empty() &&
+         std::all_of(shards_.begin(), shards_.end(), [](const Endpoint& e) { return !e.shm_socket.empty(); });
+}
 
 absl::Status SocketCalls::Open(int shard, absl::Time deadline) {
   absl::Duration backoff = kFirstHelloBackoff;
@@ -72,15 +85,18 @@ absl::Status SocketCalls::Open(int shard, absl::Time deadline) {
 
 absl::Status SocketCalls::OpenOnce(int shard, absl::Time deadline, bool* connected) {
   const Endpoint& e = shards_[shard];
-  absl::StatusOr<socket_plane::OwnedFd> fd = socket_plane::Connect(e.host, e.port, deadline);
+  const bool shm = !e.shm_socket.empty();
+  absl::StatusOr<socket_plane::OwnedFd> fd =
+      shm ? socket_plane::ConnectUnix(e.shm_socket, deadline) : socket_plane::Connect(e.host, e.port, deadline);
   if (!fd.ok()) {
     lost_ = true;
     return fd.status();
   }
   *connected = true;
-  const std::string what = absl::StrCat("the data plane at ", e.host, ":", e.port);
+  const std::string what = shm ? absl::StrCat("the shared-memory plane at ", e.shm_socket)
+                               : absl::StrCat("the data plane at ", e.host, ":", e.port);
   socket_plane::Link link(*std::move(fd));
-  if (tls_ != nullptr) {
+  if (tls_ != nullptr && !shm) {
     if (absl::Status s = link.StartTls(*tls_, e.host, deadline); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
     }
@@ -100,22 +116,90 @@ absl::Status SocketCalls::OpenOnce(int shard, absl::Time deadline, bool* connect
   auto c = std::make_unique<Connection>();
   c->link = std::move(link);
   c->shard = shard;
+  if (shm) {
+    if (absl::Status s = Attach(e, *c, deadline); !s.ok()) return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+  }
   connections_.push_back(std::move(c));
   return absl::OkStatus();
+}
+
+absl::Status SocketCalls::Attach(const Endpoint& e, Connection& c, absl::Time deadline) {
+  SUMMA_ASSIGN_OR_RETURN(c.requests, SharedSegment::Create("summa-requests", segment_bytes_, /*writable_by_others=*/true));
+  char attach[socket_plane::kAttachBytes];
+  const uint64_t request_bytes = c.requests.size(), reply_bytes = c.requests.size();
+  std::memcpy(attach, &request_bytes, 8);
+  std::memcpy(attach + 8, &reply_bytes, 8);
+  SUMMA_RETURN_IF_ERROR(
+      socket_plane::SendWithFd(c.link.fd(), attach, sizeof(attach), c.requests.fd(), deadline, "the attach"));
+  char head[kHeaderBytes];
+  socket_plane::OwnedFd segment;
+  SUMMA_RETURN_IF_ERROR(socket_plane::ReceiveWithFd(c.link.fd(), head, sizeof(head), &segment, deadline, "the attach"));
+  const socket_plane::ReplyHeader answer = socket_plane::DecodeReplyHeader(head);
+  if (answer.code != 0) {
+    std::string message(std::min(answer.message_length, socket_plane::kMaxStatusMessageBytes), '\0');
+    c.link.ReadFull(message.data(), message.size(), deadline, "the attach's refusal").IgnoreError();
+    return absl::Status(static_cast<absl::StatusCode>(answer.code), message);
+  }
+  char body[socket_plane::kAttachBytes];
+  if (answer.length != sizeof(body) || answer.message_length != 0) {
+    return absl::DataLossError("a malformed answer to the attach");
+  }
+  socket_plane::OwnedFd more;
+  SUMMA_RETURN_IF_ERROR(socket_plane::ReceiveWithFd(c.link.fd(), body, sizeof(body), &more, deadline, "the attach"));
+  if (!segment.valid()) segment = std::move(more);
+  uint64_t size, instance;
+  std::memcpy(&size, body, 8);
+  std::memcpy(&instance, body + 8, 8);
+  if (instance != e.shm_instance) {
+    // Another process listens at that path on this host (the server is on another host).
+    return absl::FailedPreconditionError("the socket belongs to another server than the one asked (its instance differs)");
+  }
+  if (!segment.valid()) return absl::DataLossError("the attach's answer carried no reply segment");
+  SUMMA_ASSIGN_OR_RETURN(c.replies, SharedSegment::Adopt(segment.release(), size, reply_bytes,
+                                                         SharedSegment::Access::kReadOnly, "the reply segment"));
+  return absl::OkStatus();
+}
+
+void SocketCalls::MoveReplyAside(Connection& c) {
+  const size_t owner = c.reply_owner;
+  c.reply_owner = Connection::kNoTag;
+  if (owner == Connection::kNoTag) return;
+  reply_home_[owner] = nullptr;
+  grpc::ByteBuffer* reply = calls_[owner].reply;
+  if (!reply->Valid()) return;  // the caller is done with it
+  const size_t length = reply->Length();
+  char* aside = bodies_[owner].Resize(length);
+  std::vector<grpc::Slice> slices;
+  (void)reply->Dump(&slices);
+  for (const grpc::Slice& s : slices) {
+    if (s.size() > 0) std::memcpy(aside, s.begin(), s.size());
+    aside += s.size();
+  }
+  grpc::Slice slice(bodies_[owner].view().data(), length, grpc::Slice::STATIC_SLICE);
+  *reply = grpc::ByteBuffer(&slice, 1);
 }
 
 absl::Status SocketCalls::Acquire(int shard, absl::Time deadline, Connection** found) {
   *found = nullptr;
   int open = 0;
+  Connection* holding = nullptr;  // free, but holding a reply
   for (auto& c : connections_) {
     if (c->shard != shard || !c->link.valid()) continue;
     ++open;
-    if (!c->busy) {
+    if (c->busy) continue;
+    if (c->reply_owner == Connection::kNoTag) {
       *found = c.get();
       return absl::OkStatus();
     }
+    holding = c.get();
   }
-  if (open >= caps_[shard]) return absl::OkStatus();
+  if (open >= caps_[shard]) {
+    if (holding != nullptr) {
+      MoveReplyAside(*holding);
+      *found = holding;
+    }
+    return absl::OkStatus();
+  }
   const bool was_lost = lost_;
   if (absl::Status opened = Open(shard, deadline); !opened.ok()) {
     if (open == 0) return opened;
@@ -134,6 +218,12 @@ void SocketCalls::Start(size_t tag, int shard, socket_plane::DataMethod method, 
   if (tag >= calls_.size()) {
     calls_.resize(tag + 1);
     bodies_.resize(tag + 1);
+    reply_home_.resize(tag + 1, nullptr);
+  }
+  // This tag's last reply is no longer wanted: its connection may take any call.
+  if (Connection* home = reply_home_[tag]; home != nullptr) {
+    home->reply_owner = Connection::kNoTag;
+    reply_home_[tag] = nullptr;
   }
   calls_[tag] = Call{shard, method, request, reply, deadline};
   ++in_flight_;
@@ -161,6 +251,22 @@ void SocketCalls::Begin(Connection& c, size_t tag) {
   static constexpr char kZeros[socket_plane::kMaxLead] = {};
   const uint64_t length = call.request->Length();
   const uint32_t lead = c.slices.size() >= 2 ? socket_plane::LeadFor(length - c.slices.back().size()) : 0;
+  if (c.requests.valid() && lead + length <= c.requests.size()) {
+    // The shared-memory plane: the request into this connection's segment (the server is done
+    // with the last one: it answered it), only the header on the socket.
+    char* to = c.requests.data() + lead;
+    for (size_t k = 1; k < c.iov.size(); ++k) {
+      std::memcpy(to, c.iov[k].iov_base, c.iov[k].iov_len);
+      to += c.iov[k].iov_len;
+    }
+    c.iov.resize(1);
+    c.slices.clear();
+    socket_plane::EncodeRequestHeader({static_cast<uint32_t>(call.method) | socket_plane::kInSegment, length, lead},
+                                      c.request_head);
+    c.iov_at = 0;
+    Advance(c);
+    return;
+  }
   socket_plane::EncodeRequestHeader({static_cast<uint32_t>(call.method), length, lead}, c.request_head);
   if (lead > 0) c.iov.insert(c.iov.begin() + 1, {const_cast<char*>(kZeros), lead});
   c.iov_at = 0;
@@ -211,13 +317,21 @@ void SocketCalls::Advance(Connection& c) {
         if (!receive(c.reply_head + c.got, kHeaderBytes - c.got)) return;
         if (c.got < kHeaderBytes) continue;
         c.reply = socket_plane::DecodeReplyHeader(c.reply_head);
+        c.reply_in_segment = c.replies.valid() && (c.reply.code & socket_plane::kInSegment) != 0;
+        if (c.reply_in_segment) {
+          c.reply.code &= ~socket_plane::kInSegment;
+          if (c.reply.length > c.replies.size()) {
+            return End(c, absl::DataLossError(absl::StrCat("the shared-memory plane at ", e.shm_socket, " sent a reply of ",
+                                                           c.reply.length, " bytes for a segment of ", c.replies.size())));
+          }
+        }
         if (c.reply.message_length > socket_plane::kMaxStatusMessageBytes || c.reply.length > kMaxReplyBytes ||
             (c.reply.code != 0 && c.reply.length > socket_plane::kMaxStatusMessageBytes)) {
           return End(c, absl::DataLossError(absl::StrCat("the data plane at ", e.host, ":", e.port,
                                                          " sent a malformed reply header")));
         }
         c.message.resize(c.reply.message_length);
-        c.body = bodies_[c.tag].Resize(c.reply.length);
+        c.body = c.reply_in_segment ? c.replies.data() : bodies_[c.tag].Resize(c.reply.length);
         c.stage = Connection::Stage::kMessage;
         c.got = 0;
         break;
@@ -231,6 +345,7 @@ void SocketCalls::Advance(Connection& c) {
         c.got = 0;
         break;
       case Connection::Stage::kBody:
+        if (c.reply_in_segment) c.got = c.reply.length;  // there already
         if (c.got < c.reply.length) {
           if (!receive(c.body + c.got, c.reply.length - c.got)) return;
           continue;
@@ -241,6 +356,11 @@ void SocketCalls::Advance(Connection& c) {
         }
         grpc::Slice slice(c.body, c.reply.length, grpc::Slice::STATIC_SLICE);
         *calls_[c.tag].reply = grpc::ByteBuffer(&slice, 1);
+        if (c.reply_in_segment) {
+          // Read in place: the connection keeps it until the tag starts again (or moves it aside).
+          c.reply_owner = c.tag;
+          reply_home_[c.tag] = &c;
+        }
         return End(c, absl::OkStatus());
     }
   }

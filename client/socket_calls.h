@@ -6,6 +6,13 @@
 // drives them all (poll) in Next, which hands them back in the order they end: no thread of
 // gRPC's, no hand-over between threads. A call past its deadline has its connection closed
 // (which cancels it on the server). Not thread-safe.
+//
+// The same class is the client of the shared-memory plane, for a shard on this host (an
+// Endpoint with a shm_socket): Unix connections, each with a request segment of its own that a
+// call's request is copied into (the server sums straight out of it) and the server's reply
+// segment, mapped read-only, that a reply is read from in place (the caller's parse is the one
+// copy out). A reply stays in its connection's segment until its tag starts again; a connection
+// holding one is taken for another call only when no other is free, its reply then copied aside.
 #ifndef SUMMA_CLIENT_SOCKET_CALLS_H_
 #define SUMMA_CLIENT_SOCKET_CALLS_H_
 
@@ -24,6 +31,7 @@
 #include "common/rpc/socket_frame.h"
 #include "common/rpc/socket_tls.h"
 #include "common/rpc/wire.h"
+#include "common/shared_segment.h"
 #include "grpcpp/support/byte_buffer.h"
 
 namespace summa::worker {
@@ -37,11 +45,18 @@ class SocketCalls final : public DataTransport {
   struct Endpoint {
     std::string host;
     int port = 0;
+    // The shared-memory plane's socket (DataPlaneResponse.shm_socket) and the instance its
+    // attach must answer with; empty: the socket data plane at host:port.
+    std::string shm_socket;
+    uint64_t shm_instance = 0;
   };
   // `authorization`: the hello's value ("Bearer <token>", or empty). `tls`: the context TLS
   // connections start from (the shards' planes speak TLS), or null for plaintext; not owned, it
-  // outlives this object.
-  SocketCalls(std::vector<Endpoint> shards, std::string authorization, socket_plane::TlsContext* tls = nullptr);
+  // outlives this object. `segment_bytes`: the shared-memory plane's segments, each way, per
+  // connection (a request or reply longer goes on the socket).
+  SocketCalls(std::vector<Endpoint> shards, std::string authorization, socket_plane::TlsContext* tls = nullptr,
+              uint64_t segment_bytes = kDefaultSegmentBytes);
+  static constexpr uint64_t kDefaultSegmentBytes = (4 << 20) + (64 << 10);
   ~SocketCalls() override;
 
   // Opens a connection to `shard` now (a probe that the plane is reachable); it stays for calls.
@@ -61,6 +76,12 @@ class SocketCalls final : public DataTransport {
   bool Next(size_t* tag, absl::Status* status) override;
   void Wake() override;
   bool socket_plane() const override { return true; }
+  // Whether its connections are the shared-memory plane's (every shard's endpoint has a socket).
+  bool shm() const override;
+  // `shard`'s calls go to the socket data plane at its host:port from now on (its shared-memory
+  // plane could not be opened); call before any connection to it is open.
+  void UseSocketPlane(int shard) { shards_[shard].shm_socket.clear(); }
+  const Endpoint& endpoint(int shard) const { return shards_[shard]; }
 
   // True once a connection could not be opened (the plane moved or went away, as when its
   // server restarted on another port): the caller should ask where it is again.
@@ -77,6 +98,11 @@ class SocketCalls final : public DataTransport {
   struct Connection;
   // One try of Open; `connected` is set once the TCP connection is made.
   absl::Status OpenOnce(int shard, absl::Time deadline, bool* connected);
+  // The shared-memory plane's attach on a connection whose hello passed.
+  absl::Status Attach(const Endpoint& e, Connection& c, absl::Time deadline);
+  // Copies the reply that `c`'s segment holds for its tag aside, into that tag's own memory, so
+  // that `c` can take another call.
+  void MoveReplyAside(Connection& c);
   // Starts call `tag` on `c`.
   void Begin(Connection& c, size_t tag);
   // Moves `c`'s call on as far as its socket allows; ends it when done or failed.
@@ -87,12 +113,15 @@ class SocketCalls final : public DataTransport {
   // UNAVAILABLE or DEADLINE_EXCEEDED when one could not be opened.
   absl::Status Acquire(int shard, absl::Time deadline, Connection** c);
 
-  const std::vector<Endpoint> shards_;
+  std::vector<Endpoint> shards_;
   const std::string authorization_;
   socket_plane::TlsContext* const tls_;
   std::vector<std::unique_ptr<Connection>> connections_;
   std::vector<Call> calls_;     // by tag
   std::vector<Scratch> bodies_;  // each tag's reply bytes
+  const uint64_t segment_bytes_;
+  // The shared-memory plane: the connection whose reply segment holds each tag's reply, if any.
+  std::vector<Connection*> reply_home_;
   std::deque<size_t> waiting_;  // tags started while their shard had no connection free
   std::deque<std::pair<size_t, absl::Status>> ended_;
   std::vector<pollfd> pollfds_;  // Next's, kept across calls

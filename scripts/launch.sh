@@ -16,6 +16,8 @@
 # --python: each process runs $SUMMA_PYTHON (default /usr/bin/python3, Debian's, with torch)
 # SCRIPT --server=127.0.0.1:PORT --world_size=N with RANK and WORLD_SIZE set and the build tree's summa package on PYTHONPATH; --epochs and
 # --batch_size are passed on only when given.
+# The server serves the socket data plane and, in the run directory, the shared-memory plane
+# (--shm_socket), which the workers, all on this host, take.
 # --trace_dir: every process writes its timeline there (server.json, worker<r>.json; Chrome
 # trace JSON); bench/trace_summary.py sums them up per stage.
 # e.g. --server_args "--mode=ssp --staleness=2 --checkpoint_dir=/tmp/ckpt"
@@ -107,6 +109,10 @@ for ((i = 0; i < shards; i++)); do
   # it on gRPC).
   data_plane=(--data_address=127.0.0.1:0)
   [[ "$server_args" == *--tls_cert* ]] && data_plane=()
+  # Every worker is on this host: the shared-memory plane, which they prefer (--data_plane=auto),
+  # where the run directory's path fits a Unix socket's.
+  shm_socket="$run_dir/$name.shm.sock"
+  ((${#shm_socket} < 100)) && [[ "$server_args" != *--shm_socket* ]] && data_plane+=(--shm_socket="$shm_socket")
   "$server_bin" --address=127.0.0.1:0 --port_file="$run_dir/$name.port" --workers="$workers" \
     "${server_lr[@]}" "${data_plane[@]}" "${shard_flags[@]}" "${server_trace[@]}" $server_args >"$run_dir/$name.log" 2>&1 &
   server_pid=$!

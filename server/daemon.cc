@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <random>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -41,7 +42,8 @@ absl::StatusOr<std::unique_ptr<SummaServer>> SummaServer::Start(const std::strin
                                                                 EndpointSecurity security,
                                                                 const std::string& health_address,
                                                                 Coordinator coordinator,
-                                                                const std::string& data_address) {
+                                                                const std::string& data_address,
+                                                                const std::string& shm_socket) {
   if (absl::Status tls = ValidateTls(security.tls, /*server=*/true); !tls.ok()) return tls;
   options.follower = !coordinator.address.empty() && options.shard > 0;
   absl::Status valid = ValidateOptions(options);
@@ -105,6 +107,11 @@ absl::StatusOr<std::unique_ptr<SummaServer>> SummaServer::Start(const std::strin
         "summa_server_data_plane_hello_evictions_total",
         "Socket data plane connections closed in their hello to make room for a newer one "
         "(--max_data_plane_connections_in_hello, --max_data_plane_connections_in_hello_per_source)");
+    m.shm_connections = &e.Gauge("summa_server_shm_plane_connections", "Shared-memory plane connections open");
+    m.shm_requests = &e.Counter("summa_server_shm_plane_requests_total",
+                                "Shared-memory plane requests read in place from a worker's segment");
+    m.shm_replies = &e.Counter("summa_server_shm_plane_replies_total",
+                               "Shared-memory plane replies written into a connection's reply segment");
     m.step_seconds = &e.StepHistogram("summa_server_step_seconds", "Time between consecutive step completions");
     prometheus::Histogram* histogram = m.step_seconds;
     options.step_observer = [histogram](absl::Duration d) { histogram->Observe(absl::ToDoubleSeconds(d)); };
@@ -172,7 +179,7 @@ absl::StatusOr<std::unique_ptr<SummaServer>> SummaServer::Start(const std::strin
   server->running_ = *std::move(running);
   server->data_path_ =
       std::make_unique<DataPath>(&server->service_, server->running_.queues[0].get(), DataPathThreads());
-  if (!data_address.empty()) {
+  if (!data_address.empty() || !shm_socket.empty()) {
     const LimitOptions& l = options.limits;
     SocketPlaneOptions plane_options;
     plane_options.max_message_bytes = l.max_message_bytes;
@@ -181,11 +188,26 @@ absl::StatusOr<std::unique_ptr<SummaServer>> SummaServer::Start(const std::strin
     plane_options.max_connections_in_hello_per_source = l.max_data_plane_connections_in_hello_per_source;
     plane_options.hello_timeout = l.data_plane_hello_timeout;
     plane_options.tls = security.tls;
-    absl::StatusOr<std::unique_ptr<SocketPlane>> plane =
-        SocketPlane::Start(data_address, &server->service_, &server->tokens_, plane_options);
-    if (!plane.ok()) return plane.status();
-    server->socket_plane_ = *std::move(plane);
-    server->service_.set_data_plane_port(server->socket_plane_->port(), security.tls.enabled());
+    if (!data_address.empty()) {
+      absl::StatusOr<std::unique_ptr<SocketPlane>> plane =
+          SocketPlane::Start(data_address, &server->service_, &server->tokens_, plane_options);
+      if (!plane.ok()) return plane.status();
+      server->socket_plane_ = *std::move(plane);
+      server->service_.set_data_plane_port(server->socket_plane_->port(), security.tls.enabled());
+    }
+    if (!shm_socket.empty()) {
+      // A number no earlier server at this path had: a client checks that the socket it reached
+      // is the server it asked (another process may listen at the same path on its own host).
+      std::random_device entropy;
+      plane_options.shm_socket = shm_socket;
+      plane_options.shm_instance = (uint64_t{entropy()} << 32) ^ entropy();
+      absl::StatusOr<std::unique_ptr<SocketPlane>> plane =
+          SocketPlane::Start("", &server->service_, &server->tokens_, plane_options);
+      if (!plane.ok()) return plane.status();
+      server->shm_plane_ = *std::move(plane);
+      server->service_.set_shm_plane(shm_socket, plane_options.shm_instance);
+      SUMMA_LOG(INFO) << "shared-memory plane on " << shm_socket;
+    }
   }
   if (!health_address.empty()) {
     absl::StatusOr<RunningServer> health = StartHealthOnlyServer(health_address, server->running_.health.get());
@@ -301,6 +323,11 @@ void SummaServer::UpdateMetrics() {
     AdvanceCounter(*m_.plane_hellos_failed, static_cast<double>(socket_plane_->hellos_failed()));
     AdvanceCounter(*m_.plane_hello_evictions, static_cast<double>(socket_plane_->hello_evictions()));
   }
+  if (shm_plane_) {
+    m_.shm_connections->Set(shm_plane_->connections());
+    AdvanceCounter(*m_.shm_requests, static_cast<double>(shm_plane_->requests_in_segments()));
+    AdvanceCounter(*m_.shm_replies, static_cast<double>(shm_plane_->replies_in_segments()));
+  }
   m_.checkpoint_age->Set(s.checkpoint.written == absl::InfinitePast()
                              ? -1
                              : absl::ToDoubleSeconds(core_.options().clock->Now() - s.checkpoint.written));
@@ -353,6 +380,7 @@ void SummaServer::Shutdown() {
   core_.Shutdown();
   hub_.Shutdown();
   if (socket_plane_) socket_plane_->Stop();  // every call it carried is answered by now
+  if (shm_plane_) shm_plane_->Stop();
   const StatusSnapshot totals = core_.Traffic();
   SUMMA_LOG(INFO) << "stopped: " << totals.pushes_served << " pushes ("
                   << totals.bytes_in << " bytes in), " << totals.pulls_served << " replies with weights ("

@@ -48,14 +48,16 @@ class SummaServer {
   // the main port's serving status: for probes that cannot speak TLS (kubelet's grpc probes).
   // With a `data_address`, also serves the data path there on the socket data plane
   // (server/rpc/socket_plane.h), which clients find through the DataPlane call: plaintext only
-  // (INVALID_ARGUMENT with TLS).
+  // (INVALID_ARGUMENT with TLS). With a `shm_socket` (a path), also serves the shared-memory
+  // plane there, for workers on this host (the same class, server/rpc/socket_plane.h).
   static absl::StatusOr<std::unique_ptr<SummaServer>> Start(const std::string& address,
                                                             ServerOptions options,
                                                             const std::string& metrics_address = "",
                                                             EndpointSecurity security = {},
                                                             const std::string& health_address = "",
                                                             Coordinator coordinator = {},
-                                                            const std::string& data_address = "");
+                                                            const std::string& data_address = "",
+                                                            const std::string& shm_socket = "");
   ~SummaServer();
 
   int port() const { return running_.port; }
@@ -126,6 +128,11 @@ class SummaServer {
     prometheus::Counter* plane_hellos;
     prometheus::Counter* plane_hellos_failed;
     prometheus::Counter* plane_hello_evictions;
+    // The shared-memory plane (--shm_socket): connections, and calls whose bytes went through
+    // segments (requests read from the workers', replies written into the connections').
+    prometheus::Gauge* shm_connections;
+    prometheus::Counter* shm_requests;
+    prometheus::Counter* shm_replies;
   };
   std::unique_ptr<MetricsEndpoint> metrics_;  // null without metrics
   Metrics m_{};
@@ -137,6 +144,7 @@ class SummaServer {
   RunningServer running_;
   std::unique_ptr<DataPath> data_path_;  // on running_.queues[0]; stopped after running_.server
   std::unique_ptr<SocketPlane> socket_plane_;  // null without --data_address
+  std::unique_ptr<SocketPlane> shm_plane_;     // null without --shm_socket
   RunningServer health_;  // the health-only listener: follows running_.health; empty without one
   std::unique_ptr<ShardFollower> follower_;  // a shard other than 0 with a coordinator
   absl::Mutex shutdown_mu_;  // held through a whole Shutdown, so later callers wait for it

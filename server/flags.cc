@@ -41,6 +41,14 @@ ABSL_FLAG(std::string, data_address, "",
           "told --data_plane=grpc (port 0: any free port). With --tls_cert it speaks TLS 1.3 with "
           "the same certificates (and, with --tls_ca, requires client certificates as gRPC does), "
           "kernel TLS where the kernel offers it. Empty: none, the data path stays on gRPC");
+ABSL_FLAG(std::string, shm_socket, "",
+          "path of a Unix socket for the shared-memory plane: workers on this host (and only they: "
+          "the DataPlane call names the path, and a worker checks the socket is this server's) "
+          "send the data path's calls there and place their bytes in memory segments shared with "
+          "this process, which sums straight out of them and writes replies into segments they "
+          "map read-only; the same messages and tokens as the socket data plane, never TLS. "
+          "Workers prefer it (--data_plane=auto) over the socket plane and gRPC. The directory "
+          "must be shared with the workers (a pod's emptyDir, /run/summa). Empty: none");
 ABSL_FLAG(std::string, data_port_file, "", "if set, write the bound data-plane port to this file");
 ABSL_FLAG(std::string, trace_file, "",
           "if set, write a timeline of the data path (receive, sum, optimizer and wait, per "

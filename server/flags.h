@@ -21,6 +21,7 @@ ABSL_DECLARE_FLAG(std::string, metrics_port_file);
 ABSL_DECLARE_FLAG(std::string, health_address);
 ABSL_DECLARE_FLAG(std::string, health_port_file);
 ABSL_DECLARE_FLAG(std::string, data_address);
+ABSL_DECLARE_FLAG(std::string, shm_socket);
 ABSL_DECLARE_FLAG(std::string, data_port_file);
 ABSL_DECLARE_FLAG(std::string, trace_file);
 

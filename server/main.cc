@@ -48,7 +48,8 @@ int main(int argc, char** argv) {
   auto server = summa::server::SummaServer::Start(absl::GetFlag(FLAGS_address), options,
                                                   absl::GetFlag(FLAGS_metrics_address), *std::move(security),
                                                   absl::GetFlag(FLAGS_health_address), *std::move(coordinator),
-                                                  absl::GetFlag(FLAGS_data_address));
+                                                  absl::GetFlag(FLAGS_data_address),
+                                                  absl::GetFlag(FLAGS_shm_socket));
   if (!server.ok()) {
     std::fprintf(stderr, "summa-server: %s\n", std::string(server.status().message()).c_str());
     return 1;

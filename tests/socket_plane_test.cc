@@ -10,9 +10,12 @@
 #include "common/status_reason.h"
 #include "tests/parameter_server_peer.h"
 
+#include <fcntl.h>
 #include <linux/tcp.h>
 #include <netinet/in.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -26,6 +29,7 @@
 #include "absl/time/time.h"
 #include "client/socket_calls.h"
 #include "common/rpc/socket_frame.h"
+#include "common/shared_segment.h"
 #include "gtest/gtest.h"
 #include "server/core/all_reduce.h"
 #include "server/core/parameter_server.h"
@@ -120,6 +124,10 @@ class SocketPlaneFixture : public ::testing::Test {
       sessions[rank] = joined->session;
     }
   }
+
+  // Two workers in threads take 20 sync steps of PushPull through SocketCalls to `endpoint`,
+  // each checking every step's weights; the core ends on the weights they imply.
+  void TwoWorkersStepExactly(const worker::SocketCalls::Endpoint& endpoint);
 
   // A connection that has passed its hello.
   socket_plane::OwnedFd Greeted() {
@@ -407,14 +415,13 @@ TEST_F(SocketPlaneTest, ARefusalCarriesItsReasonOnlyToAClientWhoseHelloAsksForIt
   }
 }
 
-TEST_F(SocketPlaneTest, WorkersInThreadsTakeExactSyncStepsThroughPushPull) {
-  StartPlane({}, {}, /*world_size=*/2);
+void SocketPlaneFixture::TwoWorkersStepExactly(const worker::SocketCalls::Endpoint& endpoint) {
   const std::vector<float> initial = {1, 2, 3, 4};
   uint64_t sessions[2];
   ASSERT_NO_FATAL_FAILURE(JoinTwo(initial, sessions));
   constexpr uint64_t kSteps = 20;
   auto worker = [&](int rank) {
-    worker::SocketCalls calls({{"127.0.0.1", plane_->port()}}, "");
+    worker::SocketCalls calls({endpoint}, "");
     const std::vector<float> gradient(4, rank + 1.0f);
     for (uint64_t step = 0; step < kSteps; ++step) {
       pb::PushRequest push;
@@ -445,6 +452,253 @@ TEST_F(SocketPlaneTest, WorkersInThreadsTakeExactSyncStepsThroughPushPull) {
   a.join();
   b.join();
   EXPECT_EQ(server::ParameterServerPeer::Weights(*core_), (std::vector<float>{-14, -13, -12, -11}));
+}
+
+TEST_F(SocketPlaneTest, WorkersInThreadsTakeExactSyncStepsThroughPushPull) {
+  StartPlane({}, {}, /*world_size=*/2);
+  TwoWorkersStepExactly({"127.0.0.1", plane_->port()});
+}
+
+// The shared-memory plane: the same class on a Unix socket, with segments.
+class ShmPlaneTest : public SocketPlaneFixture {
+ protected:
+  void SetUp() override {
+    path_ = absl::StrCat(::testing::TempDir(), "/summa-shm-", ::getpid(), "-",
+                         ::testing::UnitTest::GetInstance()->current_test_info()->name(), ".sock");
+    path_.resize(std::min<size_t>(path_.size(), 100));
+  }
+  void StartShm(SocketPlaneOptions options = {}, int world_size = 1) {
+    options.shm_socket = path_;
+    options.shm_instance = kInstance;
+    StartPlane(options, {}, world_size);
+  }
+  worker::SocketCalls::Endpoint Endpoint(uint64_t instance = kInstance) const { return {"", 0, path_, instance}; }
+
+  // A Unix connection to the plane that has passed its hello.
+  socket_plane::OwnedFd UnixGreeted() {
+    absl::StatusOr<socket_plane::OwnedFd> fd = socket_plane::ConnectUnix(path_, absl::Now() + absl::Seconds(10));
+    EXPECT_TRUE(fd.ok()) << fd.status();
+    if (!fd.ok()) return socket_plane::OwnedFd();
+    SendHello(fd->get(), "");
+    absl::StatusOr<RawReply> hello = ReadReply(fd->get());
+    EXPECT_TRUE(hello.ok() && hello->header.code == 0) << (hello.ok() ? hello->message : hello.status().ToString());
+    return *std::move(fd);
+  }
+
+  // Sends an attach declaring `request_bytes` and `reply_bytes` with `segment` (-1: none); the
+  // answer, and the reply segment's descriptor that came with it.
+  struct Answer {
+    uint32_t code = 0;
+    std::string message;
+    uint64_t reply_bytes = 0;
+    uint64_t instance = 0;
+    socket_plane::OwnedFd replies;
+  };
+  Answer Attach(int fd, uint64_t request_bytes, uint64_t reply_bytes, int segment) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    char attach[socket_plane::kAttachBytes];
+    std::memcpy(attach, &request_bytes, 8);
+    std::memcpy(attach + 8, &reply_bytes, 8);
+    EXPECT_TRUE(socket_plane::SendWithFd(fd, attach, sizeof(attach), segment, deadline, "the attach").ok());
+    Answer a;
+    char head[socket_plane::kHeaderBytes];
+    EXPECT_TRUE(socket_plane::ReceiveWithFd(fd, head, sizeof(head), &a.replies, deadline, "the answer").ok());
+    const socket_plane::ReplyHeader h = socket_plane::DecodeReplyHeader(head);
+    a.code = h.code;
+    a.message.resize(h.message_length);
+    EXPECT_TRUE(socket_plane::ReadFull(fd, a.message.data(), a.message.size(), deadline, "the message").ok());
+    if (h.code == 0 && h.length == socket_plane::kAttachBytes) {
+      char body[socket_plane::kAttachBytes];
+      socket_plane::OwnedFd more;
+      EXPECT_TRUE(socket_plane::ReceiveWithFd(fd, body, sizeof(body), &more, deadline, "the body").ok());
+      if (!a.replies.valid()) a.replies = std::move(more);
+      std::memcpy(&a.reply_bytes, body, 8);
+      std::memcpy(&a.instance, body + 8, 8);
+    }
+    return a;
+  }
+
+  static constexpr uint64_t kInstance = 0x5eed5eed12345678;
+  std::string path_;
+};
+
+TEST_F(ShmPlaneTest, WorkersInThreadsTakeExactSyncStepsWithTheirBytesInSegments) {
+  StartShm({}, /*world_size=*/2);
+  TwoWorkersStepExactly(Endpoint());
+  // Every push and every reply went through the segments, none on the socket.
+  EXPECT_EQ(plane_->requests_in_segments(), 40u);
+  EXPECT_EQ(plane_->replies_in_segments(), 40u);
+}
+
+TEST_F(ShmPlaneTest, ARequestOrReplyLargerThanTheSegmentsGoesOnTheSocket) {
+  StartShm();
+  // Segments of one page: a 64 KiB AllReduce does not fit either way.
+  worker::SocketCalls calls({Endpoint()}, "", nullptr, /*segment_bytes=*/1);
+  std::vector<float> values(16 << 10);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
+  grpc::Slice slice(AllReduceMessage("big", 1, 0, values));
+  grpc::ByteBuffer request(&slice, 1), reply;
+  calls.Start(0, 0, socket_plane::DataMethod::kAllReduce, &request, &reply, absl::Now() + absl::Seconds(10));
+  size_t tag = 99;
+  absl::Status status;
+  ASSERT_TRUE(calls.Next(&tag, &status));
+  ASSERT_TRUE(status.ok()) << status;
+  pb::AllReduceResponse response;
+  ASSERT_TRUE(response.ParseFromString(Flatten(reply)));
+  EXPECT_EQ(response.tensor().data(), std::string(reinterpret_cast<const char*>(values.data()), values.size() * 4));
+  EXPECT_EQ(plane_->requests_in_segments(), 0u);
+  EXPECT_EQ(plane_->replies_in_segments(), 0u);
+}
+
+TEST_F(ShmPlaneTest, RepliesHeldInSegmentsSurviveMoreCallsThanConnections) {
+  StartShm();
+  // More calls in flight at once than a shard may have connections: the replies of the first
+  // calls are moved aside when their connections are taken, and every reply stays intact until
+  // all are read (as an AllReduce's chunks are, after the last one ends).
+  worker::SocketCalls calls({Endpoint()}, "");
+  constexpr size_t kCalls = worker::SocketCalls::kMaxConnectionsPerShard + 8;
+  std::vector<grpc::ByteBuffer> requests(kCalls), replies(kCalls);
+  for (size_t k = 0; k < kCalls; ++k) {
+    grpc::Slice slice(AllReduceMessage(absl::StrCat("c", k), 1, 0, {static_cast<float>(k), 1, 2}));
+    requests[k] = grpc::ByteBuffer(&slice, 1);
+    calls.Start(k, 0, socket_plane::DataMethod::kAllReduce, &requests[k], &replies[k], absl::Now() + absl::Seconds(20));
+  }
+  for (size_t done = 0; done < kCalls; ++done) {
+    size_t tag;
+    absl::Status status;
+    ASSERT_TRUE(calls.Next(&tag, &status));
+    ASSERT_TRUE(status.ok()) << status;
+  }
+  for (size_t k = 0; k < kCalls; ++k) {
+    pb::AllReduceResponse response;
+    ASSERT_TRUE(response.ParseFromString(Flatten(replies[k]))) << k;
+    const std::vector<float> want = {static_cast<float>(k), 1, 2};
+    EXPECT_EQ(response.tensor().data(), std::string(reinterpret_cast<const char*>(want.data()), 12)) << "call " << k;
+  }
+  EXPECT_EQ(plane_->replies_in_segments(), kCalls);
+}
+
+TEST_F(ShmPlaneTest, ASegmentUnsealedMissizedOrLargerThanAnyRequestIsRefusedWithWhatIsWrong) {
+  SocketPlaneOptions options;
+  options.max_message_bytes = 1 << 20;
+  StartShm(options);
+  const uint64_t page = SharedSegment::PageBytes();
+  struct Case {
+    std::string what;
+    uint64_t bytes;     // made
+    uint64_t declared;  // said
+    bool sealed;
+    bool send;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {"no segment", page, page, true, false, "the attach carried no request segment"},
+      {"unsealed", page, page, false, true, "is not sealed against shrinking"},
+      {"missized", 2 * page, page, true, true, "holds 8192 bytes, not the 4096 its sender declared"},
+      {"too large", 2 << 20, 2 << 20, true, true, "is larger than the"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    socket_plane::OwnedFd fd = UnixGreeted();
+    const int segment = ::memfd_create("test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    ASSERT_GE(segment, 0);
+    ASSERT_EQ(::ftruncate(segment, static_cast<off_t>(c.bytes)), 0);
+    if (c.sealed) ASSERT_EQ(::fcntl(segment, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+    Answer a = Attach(fd.get(), c.declared, page, c.send ? segment : -1);
+    ::close(segment);
+    EXPECT_EQ(a.code, static_cast<uint32_t>(absl::StatusCode::kInvalidArgument));
+    EXPECT_TRUE(absl::StrContains(a.message, c.says)) << a.message;
+    if (c.what == "too large") EXPECT_TRUE(absl::StrContains(a.message, "--max_message_bytes=1048576")) << a.message;
+    EXPECT_FALSE(a.replies.valid());
+    EXPECT_TRUE(ClosedByServer(fd.get()));
+  }
+  // A reply segment larger than any reply is refused too.
+  socket_plane::OwnedFd fd = UnixGreeted();
+  absl::StatusOr<SharedSegment> mine = SharedSegment::Create("test", page, /*writable_by_others=*/true);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  Answer a = Attach(fd.get(), page, 64 << 20, mine->fd());
+  EXPECT_EQ(a.code, static_cast<uint32_t>(absl::StatusCode::kInvalidArgument));
+  EXPECT_TRUE(absl::StrContains(a.message, "a reply segment of 67108864 bytes asked for")) << a.message;
+}
+
+TEST_F(ShmPlaneTest, TheReplySegmentCanBeMappedForReadingAndNeverWritten) {
+  StartShm();
+  socket_plane::OwnedFd fd = UnixGreeted();
+  const uint64_t page = SharedSegment::PageBytes();
+  absl::StatusOr<SharedSegment> mine = SharedSegment::Create("test", page, /*writable_by_others=*/true);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  Answer a = Attach(fd.get(), page, page, mine->fd());
+  ASSERT_EQ(a.code, 0u) << a.message;
+  ASSERT_TRUE(a.replies.valid());
+  EXPECT_EQ(a.instance, kInstance);
+  EXPECT_EQ(a.reply_bytes, page);
+  void* read = ::mmap(nullptr, page, PROT_READ, MAP_SHARED, a.replies.get(), 0);
+  EXPECT_NE(read, MAP_FAILED) << std::strerror(errno);
+  if (read != MAP_FAILED) {
+    // Nor can the read-only mapping be made writable.
+    EXPECT_NE(::mprotect(read, page, PROT_READ | PROT_WRITE), 0);
+    ::munmap(read, page);
+  }
+  EXPECT_EQ(::mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_SHARED, a.replies.get(), 0), MAP_FAILED);
+  EXPECT_LT(::write(a.replies.get(), "x", 1), 0);
+  // Opened again for writing (the same user may), the seal still refuses every write.
+  const std::string again = absl::StrCat("/proc/self/fd/", a.replies.get());
+  socket_plane::OwnedFd writable(::open(again.c_str(), O_RDWR | O_CLOEXEC));
+  if (writable.valid()) {
+    EXPECT_EQ(::mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_SHARED, writable.get(), 0), MAP_FAILED);
+    EXPECT_EQ(errno, EPERM);
+    EXPECT_LT(::write(writable.get(), "x", 1), 0);
+    EXPECT_EQ(errno, EPERM);
+    EXPECT_NE(::ftruncate(writable.get(), 0), 0);
+  }
+}
+
+TEST_F(ShmPlaneTest, ARequestOutsideItsSegmentOrInOneWithoutASegmentIsRefused) {
+  StartShm();
+  socket_plane::OwnedFd fd = UnixGreeted();
+  const uint64_t page = SharedSegment::PageBytes();
+  absl::StatusOr<SharedSegment> mine = SharedSegment::Create("test", page, /*writable_by_others=*/true);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  ASSERT_EQ(Attach(fd.get(), page, page, mine->fd()).code, 0u);
+  char head[socket_plane::kHeaderBytes];
+  socket_plane::EncodeRequestHeader({kAllReduceMethod | socket_plane::kInSegment, page, 4}, head);
+  SendBytes(fd.get(), std::string(head, sizeof(head)));
+  absl::StatusOr<RawReply> reply = ReadReply(fd.get());
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(reply->header.code, static_cast<uint32_t>(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(reply->message, absl::StrCat("a request at bytes [4, ", page + 4, ") of a request segment of ", page));
+  // On the TCP plane the flag makes no method at all.
+  plane_->Stop();
+  plane_.reset();
+  StartPlane();
+  socket_plane::OwnedFd tcp = Greeted();
+  SendRequest(tcp.get(), kAllReduceMethod | socket_plane::kInSegment, "");
+  reply = ReadReply(tcp.get());
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(reply->header.code, static_cast<uint32_t>(absl::StatusCode::kInvalidArgument));
+  EXPECT_TRUE(absl::StrContains(reply->message, "no data-path method numbered")) << reply->message;
+}
+
+TEST_F(ShmPlaneTest, AClientRefusesASocketThatAnotherServerAnswers) {
+  StartShm();
+  worker::SocketCalls calls({Endpoint(kInstance + 1)}, "");
+  const absl::Status opened = calls.Open(0, absl::Now() + absl::Seconds(10));
+  EXPECT_TRUE(absl::IsFailedPrecondition(opened)) << opened;
+  EXPECT_TRUE(absl::StrContains(opened.message(), "belongs to another server")) << opened;
+  worker::SocketCalls right({Endpoint()}, "");
+  EXPECT_TRUE(right.Open(0, absl::Now() + absl::Seconds(10)).ok());
+}
+
+TEST_F(ShmPlaneTest, AHelloWithoutTheTokenGetsNoSegment) {
+  SocketPlaneOptions options;
+  options.shm_socket = path_;
+  options.shm_instance = kInstance;
+  StartPlane(options, TokenCheck("secret", "", false));
+  worker::SocketCalls wrong({Endpoint()}, "Bearer guess");
+  const absl::Status opened = wrong.Open(0, absl::Now() + absl::Seconds(10));
+  EXPECT_TRUE(absl::IsUnauthenticated(opened)) << opened;
+  worker::SocketCalls right({Endpoint()}, "Bearer secret");
+  EXPECT_TRUE(right.Open(0, absl::Now() + absl::Seconds(10)).ok());
 }
 
 }  // namespace

@@ -135,9 +135,11 @@ ABSL_FLAG(int, channels, WorkerOptions().channels,
           "TCP connections to summa-server; the model's partitions are spread over them (partition i "
           "on connection i mod channels). More than 1 helps only where one connection is the limit");
 ABSL_FLAG(std::string, data_plane, DataPlaneName(WorkerOptions().data_plane),
-          "the data path's transport: auto (the server's socket data plane, summa-server "
+          "the data path's transport: auto (for each shard on this host that serves one, its "
+          "shared-memory plane, summa-server --shm_socket; else the socket data plane, summa-server "
           "--data_address, where every shard serves one and it can be reached; gRPC otherwise), "
-          "grpc (always gRPC), socket (the socket data plane or an error). TLS jobs use gRPC");
+          "grpc (always gRPC), socket (the socket data plane or an error), shm (every shard's "
+          "shared-memory plane, so every shard on this host, or an error)");
 ABSL_FLAG(absl::Duration, join_deadline, WorkerOptions().join_deadline,
           "how long to keep retrying to join while the server is not up or has no model yet");
 ABSL_FLAG(std::string, synthetic, "",

@@ -6,6 +6,8 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +20,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/status_macros.h"
 
 namespace summa::socket_plane {
 namespace {
@@ -188,6 +191,134 @@ absl::Status WriteFull(int fd, iovec* iov, int count, absl::Time deadline, absl:
     }
   }
   return absl::OkStatus();
+}
+
+namespace {
+
+absl::StatusOr<sockaddr_un> UnixAddress(const std::string& path) {
+  sockaddr_un address = {};
+  address.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof(address.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("'", path, "' cannot name a Unix socket (1 to ",
+                                                   sizeof(address.sun_path) - 1, " bytes)"));
+  }
+  std::memcpy(address.sun_path, path.data(), path.size());
+  return address;
+}
+
+}  // namespace
+
+absl::StatusOr<OwnedFd> ListenUnix(const std::string& path, unsigned mode) {
+  absl::StatusOr<sockaddr_un> address = UnixAddress(path);
+  if (!address.ok()) return address.status();
+  struct stat st = {};
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      return absl::UnavailableError(absl::StrCat("cannot listen on ", path, ": a file that is not a socket is there"));
+    }
+    ::unlink(path.c_str());  // an earlier server's, left by a crash
+  }
+  OwnedFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return ErrnoStatus(errno, "a Unix socket");
+  if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&*address), sizeof(*address)) != 0 ||
+      ::chmod(path.c_str(), mode) != 0 || ::listen(fd.get(), SOMAXCONN) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("cannot listen on ", path));
+  }
+  return fd;
+}
+
+absl::StatusOr<OwnedFd> ConnectUnix(const std::string& path, absl::Time deadline) {
+  absl::StatusOr<sockaddr_un> address = UnixAddress(path);
+  if (!address.ok()) return address.status();
+  const std::string what = absl::StrCat("connect to the shared-memory plane at ", path);
+  OwnedFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return ErrnoStatus(errno, what);
+  for (;;) {
+    if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&*address), sizeof(*address)) == 0) return fd;
+    if (errno == EINTR) continue;
+    // A full backlog: the listener is busy accepting; try again shortly, within the deadline.
+    if (errno == EAGAIN && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(1));
+      continue;
+    }
+    return ErrnoStatus(errno, what);
+  }
+}
+
+absl::Status SendWithFd(int fd, const char* data, size_t size, int pass, absl::Time deadline, absl::string_view what) {
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  bool passed = pass < 0;
+  for (size_t done = 0; done < size;) {
+    iovec iov = {const_cast<char*>(data + done), size - done};
+    msghdr message = {};
+    message.msg_iov = &iov;
+    message.msg_iovlen = 1;
+    if (!passed) {
+      message.msg_control = control;
+      message.msg_controllen = sizeof(control);
+      cmsghdr* c = CMSG_FIRSTHDR(&message);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(c), &pass, sizeof(int));
+    }
+    const ssize_t n = ::sendmsg(fd, &message, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) return ErrnoStatus(errno, what);
+      SUMMA_RETURN_IF_ERROR(Await(fd, POLLOUT, deadline, what));
+      continue;
+    }
+    passed = true;  // the descriptor went with the first bytes
+    done += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReceiveWithFd(int fd, char* data, size_t size, OwnedFd* received, absl::Time deadline,
+                           absl::string_view what) {
+  received->Reset();
+  for (size_t done = 0; done < size;) {
+    alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))] = {};
+    iovec iov = {data + done, size - done};
+    msghdr message = {};
+    message.msg_iov = &iov;
+    message.msg_iovlen = 1;
+    message.msg_control = control;
+    message.msg_controllen = sizeof(control);
+    const ssize_t n = ::recvmsg(fd, &message, MSG_CMSG_CLOEXEC);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) return ErrnoStatus(errno, what);
+      SUMMA_RETURN_IF_ERROR(Await(fd, POLLIN, deadline, what));
+      continue;
+    }
+    for (cmsghdr* c = CMSG_FIRSTHDR(&message); c != nullptr; c = CMSG_NXTHDR(&message, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t k = 0; k < count; ++k) {
+        int got;
+        std::memcpy(&got, CMSG_DATA(c) + k * sizeof(int), sizeof(int));
+        if (!received->valid()) {
+          *received = OwnedFd(got);
+        } else {
+          ::close(got);  // one descriptor is all a message carries
+        }
+      }
+    }
+    if (n == 0) {
+      return absl::UnavailableError(absl::StrCat(what, ": the connection closed after ", done, " of ", size, " bytes"));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+int PeerUid(int fd) {
+  ucred credentials = {};
+  socklen_t length = sizeof(credentials);
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &credentials, &length) != 0) return -1;
+  return static_cast<int>(credentials.uid);
 }
 
 void SetNoDelay(int fd) {

@@ -21,6 +21,26 @@
 //                    or nothing
 // One call at a time on a connection; a client with calls in flight at once opens as many
 // connections. A client that closes its connection cancels its call.
+//
+// The shared-memory plane (a client on the server's host): the same frames on a Unix socket
+// (its path in the DataPlane reply), never TLS, with the large bytes in shared segments
+// (common/shared_segment.h) instead of on the socket. After the hello's answer:
+//   attach (client): u64 request segment bytes, u64 reply segment bytes asked for, with the
+//                    request segment's memfd (SCM_RIGHTS): sealed against shrinking, its size
+//                    the one declared, at most the server's --max_message_bytes plus kMaxLead
+//   answer (server): a reply header, OK with a 16-byte body: u64 reply segment bytes (at most
+//                    those asked for), u64 the server's instance (DataPlaneResponse.shm_instance:
+//                    proof that the socket reached the server the client asked), with the reply
+//                    segment's read-only memfd (SCM_RIGHTS); or a refusal, and the connection
+//                    closes
+//   request:         the method's number with kInSegment set: the request message is at
+//                    [lead, lead + length) of the request segment and nothing follows the header
+//                    (without the bit: on the socket, as above, for a message that does not fit)
+//   reply:           the code with kInSegment set: the reply message is at [0, length) of the
+//                    reply segment, only the status message follows the header (without the bit:
+//                    on the socket, as above)
+// A segment is the connection's, one call at a time: the client writes its request segment only
+// between calls, and reads a reply in the reply segment before its connection's next call.
 #ifndef SUMMA_COMMON_RPC_SOCKET_FRAME_H_
 #define SUMMA_COMMON_RPC_SOCKET_FRAME_H_
 
@@ -67,6 +87,10 @@ struct ReplyHeader {
   uint32_t message_length = 0;
   uint64_t length = 0;
 };
+// The shared-memory plane's flag, in a request header's method and a reply header's code.
+inline constexpr uint32_t kInSegment = uint32_t{1} << 31;
+// The attach and its answer's body.
+inline constexpr size_t kAttachBytes = 16;
 void EncodeRequestHeader(const RequestHeader& header, char out[kHeaderBytes]);
 RequestHeader DecodeRequestHeader(const char in[kHeaderBytes]);
 void EncodeReplyHeader(const ReplyHeader& header, char out[kHeaderBytes]);
@@ -127,6 +151,21 @@ absl::StatusOr<OwnedFd> Listen(const std::string& address, int* port);
 // A connected TCP socket to host:port, non-blocking, TCP_NODELAY; UNAVAILABLE or
 // DEADLINE_EXCEEDED naming the address.
 absl::StatusOr<OwnedFd> Connect(const std::string& host, int port, absl::Time deadline);
+// A listening Unix stream socket at `path` (a socket left there by an earlier process is
+// replaced; any other file is not), its mode `mode`. INVALID_ARGUMENT for a path too long for a
+// socket, UNAVAILABLE when it cannot listen.
+absl::StatusOr<OwnedFd> ListenUnix(const std::string& path, unsigned mode);
+// A connected Unix stream socket to `path`, non-blocking; UNAVAILABLE naming the path.
+absl::StatusOr<OwnedFd> ConnectUnix(const std::string& path, absl::Time deadline);
+// Writes `size` bytes with descriptor `pass` beside them (SCM_RIGHTS; -1: none), by `deadline`.
+absl::Status SendWithFd(int fd, const char* data, size_t size, int pass, absl::Time deadline, absl::string_view what);
+// Reads exactly `size` bytes, as ReadFull, taking a descriptor sent beside them into `*received`
+// (the caller's to close; -1 when none came; any more are closed).
+absl::Status ReceiveWithFd(int fd, char* data, size_t size, OwnedFd* received, absl::Time deadline,
+                           absl::string_view what);
+// The user id of a Unix socket's peer, or -1.
+int PeerUid(int fd);
+
 // Turns TCP's small-write delay off (a call's frame header and its message are separate writes).
 void SetNoDelay(int fd);
 

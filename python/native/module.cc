@@ -275,6 +275,7 @@ class NativeClient {
   }
 
   bool on_socket_plane() const { return client_->on_socket_plane(); }
+  bool on_shm_plane() const { return client_->on_shm_plane(); }
 
   // The overlapped step (client/step_exchange.h). The buffers are held until Finish.
   void Begin(uint64_t step, int64_t num_examples, const py::buffer& gradients, const py::buffer& weights) {
@@ -388,6 +389,7 @@ PYBIND11_MODULE(_native, m) {
       .def("leave", &NativeClient::Leave)
       .def("close", &NativeClient::Close)
       .def_property_readonly("on_socket_plane", &NativeClient::on_socket_plane)
+      .def_property_readonly("on_shm_plane", &NativeClient::on_shm_plane)
       .def("begin", &NativeClient::Begin)
       .def("ready", &NativeClient::Ready)
       .def("ready_all", &NativeClient::ReadyAll)

@@ -112,8 +112,9 @@ class Client:
     def __init__(self, server, rank=-1, world_size=1, token=None, tls=None, call_timeout=660.0,
                  join_timeout=120.0, retry_timeout=300.0, data_plane="auto", channels=1, native=None,
                  token_file=None):
-        """`data_plane`: "auto" (the socket plane where the server offers one), "grpc" or "socket"
-        (summa-worker --data_plane); `channels`: TCP connections per shard for gRPC. `native`:
+        """`data_plane`: "auto" (the shared-memory plane for a server on this host, else the socket
+        plane, where the server offers them), "grpc", "socket" or "shm" (summa-worker --data_plane;
+        the shared-memory plane needs the C++ client); `channels`: TCP connections per shard for gRPC. `native`:
         None uses the C++ client where it was built, True requires it, False takes grpcio."""
         self.server = server
         self.rank = rank

@@ -14,9 +14,13 @@ void CopyOrAdd(absl::Span<const float> from, absl::Span<float> to, bool first, b
   if (zero_nonfinite) {
     float* s = to.data();
     const float* g = from.data();
-    for (size_t i = 0, n = to.size(); i < n; ++i) {
-      const float v = std::isfinite(g[i]) ? g[i] : 0.0f;
-      s[i] = first ? v : s[i] + v;
+    // Two loops, each a plain compare and select that the compiler vectorizes: the shared-memory
+    // plane sums every push this way (PushRequestView::shared).
+    const size_t n = to.size();
+    if (first) {
+      for (size_t i = 0; i < n; ++i) s[i] = std::isfinite(g[i]) ? g[i] : 0.0f;
+    } else {
+      for (size_t i = 0; i < n; ++i) s[i] += std::isfinite(g[i]) ? g[i] : 0.0f;
     }
   } else if (first) {
     std::memcpy(to.data(), from.data(), to.size() * sizeof(float));

@@ -52,6 +52,10 @@ struct PushRequestView {
   bool sparse = false;
   absl::string_view data;
   std::string peer;
+  // `data` is memory its sender may still write (the shared-memory plane's segment): the values
+  // are summed with non-finite entries taken as zero, so that a value changed after the check
+  // cannot bring a NaN into the sum (the sender can change only its own contribution).
+  bool shared = false;
 };
 
 // How the values of a checked push are taken.

@@ -142,7 +142,10 @@ absl::StatusOr<bool> ParameterServer::Push(const PushRequestView& request) {
     return absl::InvalidArgumentError(
         absl::StrCat("num_examples must not be negative, got ", request.num_examples));
   }
-  SUMMA_ASSIGN_OR_RETURN(const PushValues values, CheckValues(request, gradient));
+  SUMMA_ASSIGN_OR_RETURN(PushValues values, CheckValues(request, gradient));
+  // Checked values read again to be summed may have changed meanwhile where the sender shares
+  // them (PushRequestView::shared): the sum takes only finite ones.
+  if (request.shared && values == PushValues::kAsSent) values = PushValues::kZeroNonFinite;
   SUMMA_RETURN_IF_ERROR(membership_.Touch(request.rank, request.session));
   CallsToFinish released;
   absl::StatusOr<bool> applied;

@@ -118,6 +118,7 @@ absl::StatusOr<PushRequestView> ParsePush(DataCall& call, pb::PushRequest* heade
   v.sparse = header->sparse();
   v.data = data;
   v.peer = call.peer();
+  v.shared = call.request_shared();
   return v;
 }
 

@@ -168,6 +168,10 @@ grpc::Status ParameterServerService::DataPlane(grpc::ServerContext* context, con
   if (grpc::Status denied = Authorize(*context, "DataPlane"); !denied.ok()) return denied;
   response->set_port(data_plane_port_.load(std::memory_order_acquire));
   response->set_tls(data_plane_tls_.load(std::memory_order_relaxed));
+  if (!shm_socket_.empty()) {
+    response->set_shm_socket(shm_socket_);
+    response->set_shm_instance(shm_instance_);
+  }
   return grpc::Status::OK;
 }
 

@@ -62,6 +62,9 @@ class DataCall : public Answerable {
   // write over and that lives while it runs, where it came so (the socket data plane's): its
   // values are then read in place, not copied.
   virtual std::optional<absl::Span<char>> whole_request() { return std::nullopt; }
+  // Whether whole_request() is memory its sender may still write while the handler reads it (the
+  // shared-memory plane's segments): values are then checked and summed in one read, never two.
+  virtual bool request_shared() const { return false; }
   virtual grpc::ByteBuffer* response() = 0;
 
   // The parked call that answers this one, set by the handler before the core sees it: a client
@@ -151,6 +154,12 @@ class ParameterServerService final : public ServiceBase {
     // Release: a DataPlane call that sees the port sees whether it speaks TLS.
     data_plane_port_.store(port, std::memory_order_release);
   }
+  // The shared-memory plane's socket and instance, which DataPlane tells. Set once, before the
+  // server serves.
+  void set_shm_plane(std::string path, uint64_t instance) {
+    shm_socket_ = std::move(path);
+    shm_instance_ = instance;
+  }
 
   // A data-path call (from gRPC's data path, server/rpc/data_path.h, or the socket plane), on the
   // thread that read it: authorized by server/rpc/method_roles.h's table (the token's role, then,
@@ -198,6 +207,8 @@ class ParameterServerService final : public ServiceBase {
   ShardBoard shards_;  // shard 0 of several: the other shards' reports
   std::atomic<int> data_plane_port_{0};
   std::atomic<bool> data_plane_tls_{false};
+  std::string shm_socket_;
+  uint64_t shm_instance_ = 0;
   // Shard 0 of several: Follow calls held until the view moves past their target (the
   // report's view + 1) or their wait ends (each waits on its handler's thread). Each holds a
   // thread of gRPC's: at most kMaxHeldReports at once, the others answered at once.

@@ -22,6 +22,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/rpc/wire.h"
+#include "common/shared_segment.h"
 #include "server/rpc/hello_evictions.h"
 
 namespace summa::server {
@@ -49,6 +50,10 @@ std::string PeerOf(int fd) {
   socklen_t length = sizeof(address);
   char host[NI_MAXHOST] = "";
   char port[NI_MAXSERV] = "";
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0 && address.ss_family == AF_UNIX) {
+    // The shared-memory plane's: one source per user on this host.
+    return absl::StrCat("unix:uid=", socket_plane::PeerUid(fd));
+  }
   if (::getpeername(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0 ||
       ::getnameinfo(reinterpret_cast<sockaddr*>(&address), length, host, sizeof(host), port, sizeof(port),
                     NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
@@ -93,9 +98,9 @@ absl::Status WriteReply(socket_plane::Link& link, const grpc::Status& status, co
 class SocketCall final : public DataCall {
  public:
   SocketCall(const std::string& peer, const std::string& authorization, absl::Span<char> whole,
-             const grpc::ByteBuffer& request, grpc::ByteBuffer* response, int wake)
+             const grpc::ByteBuffer& request, grpc::ByteBuffer* response, int wake, bool shared)
       : peer_(peer), authorization_(authorization), whole_(whole), request_(request), response_(response),
-        wake_(wake) {}
+        wake_(wake), shared_(shared) {}
 
   std::string peer() const override { return peer_; }
   absl::StatusOr<Caller> Identify(const TokenCheck& tokens, Role role) const override {
@@ -103,6 +108,7 @@ class SocketCall final : public DataCall {
   }
   const grpc::ByteBuffer& request() const override { return request_; }
   std::optional<absl::Span<char>> whole_request() override { return whole_; }
+  bool request_shared() const override { return shared_; }
   grpc::ByteBuffer* response() override { return response_; }
   void Answer(const grpc::Status& status) override {
     int wake;
@@ -129,6 +135,7 @@ class SocketCall final : public DataCall {
   const grpc::ByteBuffer& request_;
   grpc::ByteBuffer* const response_;
   const int wake_;
+  const bool shared_;  // `whole_` is in the client's segment
   absl::Mutex mu_;
   grpc::Status status_ ABSL_GUARDED_BY(mu_);
 };
@@ -284,6 +291,15 @@ class SocketPlane::Connection {
         wake_.valid() ? Hello() : absl::ResourceExhaustedError("no eventfd for the connection");
     if (!hello.ok()) return HelloFailed(hello);
     plane_->hellos_passed_.fetch_add(1, std::memory_order_relaxed);
+    if (plane_->shm()) {
+      if (const absl::Status attached = Attach(); !attached.ok()) {
+        if (!absl::IsUnavailable(attached)) {
+          SUMMA_LOG(WARNING) << "shared-memory plane: " << peer_ << ": " << attached.message();
+          Linger();
+        }
+        return;
+      }
+    }
     absl::Status ended = hello;
     while (ended.ok()) ended = ServeOne();
     // A client closing its connection is the usual end; anything else is worth a line, and the
@@ -381,11 +397,63 @@ class SocketPlane::Connection {
     return absl::OkStatus();
   }
 
+  // The shared-memory plane's attach (common/rpc/socket_frame.h): the client's request segment
+  // taken and checked, the connection's reply segment made and sent read-only.
+  absl::Status Attach() {
+    const absl::Time deadline = absl::Now() + plane_->options_.hello_timeout;
+    char attach[socket_plane::kAttachBytes];
+    socket_plane::OwnedFd segment;
+    SUMMA_RETURN_IF_ERROR(
+        socket_plane::ReceiveWithFd(link_.fd(), attach, sizeof(attach), &segment, deadline, "the attach"));
+    uint64_t request_bytes, reply_bytes;
+    std::memcpy(&request_bytes, attach, 8);
+    std::memcpy(&reply_bytes, attach + 8, 8);
+    if (!segment.valid()) {
+      return Refuse(absl::InvalidArgumentError("the attach carried no request segment (a memfd, sent with SCM_RIGHTS)"));
+    }
+    // No request is longer than --max_message_bytes (and its lead): neither is a segment.
+    const uint64_t page = SharedSegment::PageBytes();
+    const uint64_t most =
+        (static_cast<uint64_t>(plane_->options_.max_message_bytes) + socket_plane::kMaxLead + page - 1) / page * page;
+    const std::string limit = absl::StrCat(" (summa-server --max_message_bytes=", plane_->options_.max_message_bytes, ")");
+    absl::StatusOr<SharedSegment> requests = SharedSegment::Adopt(
+        segment.release(), request_bytes, most, SharedSegment::Access::kReadWrite, "the request segment");
+    if (!requests.ok()) {
+      return Refuse(absl::Status(requests.status().code(), absl::StrCat(requests.status().message(),
+                                                                        absl::StrContains(requests.status().message(), "larger") ? limit : "")));
+    }
+    if (reply_bytes == 0 || reply_bytes > most) {
+      return Refuse(absl::InvalidArgumentError(
+          absl::StrCat("a reply segment of ", reply_bytes, " bytes asked for: from 1 to ", most, limit)));
+    }
+    absl::StatusOr<SharedSegment> replies =
+        SharedSegment::Create("summa-replies", reply_bytes, /*writable_by_others=*/false);
+    if (!replies.ok()) return Refuse(replies.status());
+    absl::StatusOr<int> read_only = replies->ReadOnlyDescriptor();
+    if (!read_only.ok()) return Refuse(read_only.status());
+    const socket_plane::OwnedFd sent(*read_only);
+    char answer[socket_plane::kHeaderBytes + socket_plane::kAttachBytes];
+    socket_plane::ReplyHeader header;
+    header.length = socket_plane::kAttachBytes;
+    socket_plane::EncodeReplyHeader(header, answer);
+    const uint64_t size = replies->size(), instance = plane_->options_.shm_instance;
+    std::memcpy(answer + socket_plane::kHeaderBytes, &size, 8);
+    std::memcpy(answer + socket_plane::kHeaderBytes + 8, &instance, 8);
+    SUMMA_RETURN_IF_ERROR(
+        socket_plane::SendWithFd(link_.fd(), answer, sizeof(answer), sent.get(), deadline, "the attach's answer"));
+    requests_ = *std::move(requests);
+    replies_ = *std::move(replies);
+    return absl::OkStatus();
+  }
+
   absl::Status ServeOne() {
     char head[socket_plane::kHeaderBytes];
     // Between calls a connection may stay idle for as long as its client likes.
     SUMMA_RETURN_IF_ERROR(link_.ReadFull(head, sizeof(head), absl::InfiniteFuture(), "a request's header"));
-    const socket_plane::RequestHeader header = socket_plane::DecodeRequestHeader(head);
+    socket_plane::RequestHeader header = socket_plane::DecodeRequestHeader(head);
+    // Only a connection with a request segment reads the flag; on any other it makes an unknown method.
+    const bool in_segment = requests_.valid() && (header.method & socket_plane::kInSegment) != 0;
+    if (in_segment) header.method &= ~socket_plane::kInSegment;
     const std::optional<DataMethod> method = DataMethodOfNumber(header.method);
     if (!method.has_value()) {
       return Refuse(absl::InvalidArgumentError(absl::StrCat("no data-path method numbered ", header.method)));
@@ -399,18 +467,32 @@ class SocketPlane::Connection {
           absl::StrCat("a request of ", header.length, " bytes: over the limit of ", plane_->options_.max_message_bytes,
                        " (summa-server --max_message_bytes)")));
     }
-    // A buffer from the plane's few: what the server holds of requests is bounded by them, not
-    // by its connections (the rest wait in the kernel's socket buffers, as HTTP/2's flow control
-    // would hold them).
-    BodyBuffers::Lease lease = plane_->bodies_->Take();
-    char* const lead = lease->Resize(header.lead + header.length);  // a 16-byte boundary
-    SUMMA_RETURN_IF_ERROR(
-        link_.ReadFull(lead, header.lead + header.length, absl::Now() + BodyTimeout(header.length), "a request"));
-    char* const body = lead + header.lead;
+    BodyBuffers::Lease lease;
+    char* body;
+    if (in_segment) {
+      // Read where the client placed it: the handler sums straight out of the segment.
+      if (header.lead + header.length > requests_.size()) {
+        return Refuse(absl::InvalidArgumentError(absl::StrCat("a request at bytes [", header.lead, ", ",
+                                                              header.lead + header.length, ") of a request segment of ",
+                                                              requests_.size())));
+      }
+      body = requests_.data() + header.lead;
+      plane_->requests_in_segments_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      // A buffer from the plane's few: what the server holds of requests is bounded by them, not
+      // by its connections (the rest wait in the kernel's socket buffers, as HTTP/2's flow control
+      // would hold them).
+      lease = plane_->bodies_->Take();
+      char* const lead = lease->Resize(header.lead + header.length);  // a 16-byte boundary
+      SUMMA_RETURN_IF_ERROR(
+          link_.ReadFull(lead, header.lead + header.length, absl::Now() + BodyTimeout(header.length), "a request"));
+      body = lead + header.lead;
+    }
     grpc::Slice slice(body, header.length, grpc::Slice::STATIC_SLICE);
     const grpc::ByteBuffer request(&slice, 1);
     grpc::ByteBuffer response;
-    SocketCall call(peer_, authorization_, absl::MakeSpan(body, header.length), request, &response, wake_.get());
+    SocketCall call(peer_, authorization_, absl::MakeSpan(body, header.length), request, &response, wake_.get(),
+                    in_segment);
     plane_->service_->ServeData(*method, &call);
     // The handler is done with the request (its values are summed, applied or copied before it
     // returns, as on gRPC's path, whose per-thread buffer the next call reuses).
@@ -442,6 +524,25 @@ class SocketPlane::Connection {
 
   absl::Status Reply(const grpc::Status& status, const grpc::ByteBuffer& response) {
     replied_ = true;
+    if (replies_.valid() && status.ok() && response.Valid() && response.Length() <= replies_.size()) {
+      // The shared-memory plane: the reply into the connection's reply segment (which the client
+      // read the last reply out of before it sent this call), only its header on the socket.
+      (void)response.Dump(&slices_);
+      char* to = replies_.data();
+      for (const grpc::Slice& s : slices_) {
+        if (s.size() > 0) std::memcpy(to, s.begin(), s.size());
+        to += s.size();
+      }
+      slices_.clear();
+      socket_plane::ReplyHeader header;
+      header.code = socket_plane::kInSegment;  // and OK
+      header.length = response.Length();
+      char head[socket_plane::kHeaderBytes];
+      socket_plane::EncodeReplyHeader(header, head);
+      plane_->replies_in_segments_.fetch_add(1, std::memory_order_relaxed);
+      iovec iov = {head, sizeof(head)};
+      return link_.WriteFull(&iov, 1, absl::Now() + kFrameTimeout, "a reply");
+    }
     return WriteReply(link_, status, response, absl::Now() + kFrameTimeout, slices_, iov_, details_ok_);
   }
 
@@ -462,6 +563,9 @@ class SocketPlane::Connection {
   bool replied_ = false;       // a reply was written (a refusal, the hello's): the thread's alone
   std::vector<grpc::Slice> slices_;
   std::vector<iovec> iov_;
+  // The shared-memory plane's (Attach): the client's requests, this connection's replies.
+  SharedSegment requests_;
+  SharedSegment replies_;
   std::thread thread_;
   std::atomic<bool> done_{false};
 };
@@ -471,7 +575,7 @@ absl::StatusOr<std::unique_ptr<SocketPlane>> SocketPlane::Start(const std::strin
                                                                 const TokenCheck* tokens,
                                                                 const SocketPlaneOptions& options) {
   std::unique_ptr<SocketPlane> plane(new SocketPlane(service, tokens, options));
-  if (options.tls.enabled()) {
+  if (options.tls.enabled() && options.shm_socket.empty()) {
     absl::StatusOr<std::unique_ptr<socket_plane::TlsContext>> tls =
         socket_plane::TlsContext::Create(options.tls, /*server=*/true);
     if (!tls.ok()) {
@@ -479,10 +583,14 @@ absl::StatusOr<std::unique_ptr<SocketPlane>> SocketPlane::Start(const std::strin
     }
     plane->tls_ = *std::move(tls);
   }
-  absl::StatusOr<OwnedFd> listener = socket_plane::Listen(address, &plane->port_);
+  absl::StatusOr<OwnedFd> listener = options.shm_socket.empty()
+                                          ? socket_plane::Listen(address, &plane->port_)
+                                          : socket_plane::ListenUnix(options.shm_socket, 0666);
   if (!listener.ok()) {
     return absl::Status(listener.status().code(),
-                        absl::StrCat("the data plane (--data_address): ", listener.status().message()));
+                        absl::StrCat(options.shm_socket.empty() ? "the data plane (--data_address): "
+                                                                : "the shared-memory plane (--shm_socket): ",
+                                     listener.status().message()));
   }
   plane->listener_ = *std::move(listener);
   plane->acceptor_ = std::thread([p = plane.get()] { p->AcceptLoop(); });
@@ -624,6 +732,7 @@ void SocketPlane::Stop() {
   }
   if (listener_.valid()) ::shutdown(listener_.get(), SHUT_RDWR);
   if (acceptor_.joinable()) acceptor_.join();
+  if (shm() && listener_.valid()) ::unlink(options_.shm_socket.c_str());
   // Reading ends first, so that an answer being written (the last ones, from the hub's and the
   // core's shutdown) still reaches its client; writes still going after a while are cut.
   for (auto& c : connections) c->Close(SHUT_RD);

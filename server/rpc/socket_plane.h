@@ -9,6 +9,10 @@
 // still in it are bounded, and past a bound an older one is evicted rather than the newcomer
 // refused (SocketPlaneOptions), so that connections without a token cannot shut members out.
 // Thread-safe.
+// The same class serves the shared-memory plane (SocketPlaneOptions::shm_socket): a Unix socket
+// instead of TCP, never TLS, each connection with two segments (common/shared_segment.h): the
+// client's, whose requests the handlers read in place (they sum straight out of it), and the
+// connection's reply segment, which the client maps read-only and reads its replies out of.
 // socket_plane.cc stays one file of about 590 lines: the acceptor and its connections share the
 // plane's private state (limits, buffers, the connection list) and each other's life cycle;
 // apart, each would read the other's internals. Which connection an eviction takes is a rule of
@@ -52,12 +56,17 @@ struct SocketPlaneOptions {
   // The gRPC port's TLS files: when set, the plane speaks TLS 1.3 with them (the same
   // certificate, and with a CA the same client certificates required), its hello inside.
   TlsFiles tls;
+  // When set: the shared-memory plane, on a Unix socket at this path (made with mode 0666: the
+  // hello's token admits, as on TCP; the segments no other user can open), instead of TCP; `tls`
+  // does not apply. `shm_instance` is the number attach answers carry.
+  std::string shm_socket;
+  uint64_t shm_instance = 0;
 };
 
 class SocketPlane {
  public:
-  // Listens on `address` ("127.0.0.1:0" picks a port). `service` and `tokens` are not owned and
-  // outlive the plane.
+  // Listens on `address` ("127.0.0.1:0" picks a port), or on options.shm_socket when set (then
+  // `address` is ignored). `service` and `tokens` are not owned and outlive the plane.
   static absl::StatusOr<std::unique_ptr<SocketPlane>> Start(const std::string& address,
                                                             ParameterServerService* service,
                                                             const TokenCheck* tokens,
@@ -65,6 +74,7 @@ class SocketPlane {
   ~SocketPlane();
 
   int port() const { return port_; }
+  bool shm() const { return !options_.shm_socket.empty(); }
   // Closes the listener and every connection and joins their threads. Calls still waiting must
   // have been answered first (the core's and the hub's Shutdown answer them all). Idempotent.
   void Stop();
@@ -77,6 +87,10 @@ class SocketPlane {
   uint64_t hellos_passed() const { return hellos_passed_.load(std::memory_order_relaxed); }
   uint64_t hellos_failed() const;
   uint64_t hello_evictions() const;
+  // The shared-memory plane's: calls whose request was read from a segment, and replies written
+  // into one.
+  uint64_t requests_in_segments() const { return requests_in_segments_.load(std::memory_order_relaxed); }
+  uint64_t replies_in_segments() const { return replies_in_segments_.load(std::memory_order_relaxed); }
 
   class Connection;
   class BodyBuffers;
@@ -110,6 +124,8 @@ class SocketPlane {
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::unique_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> hellos_passed_{0};
+  std::atomic<uint64_t> requests_in_segments_{0};
+  std::atomic<uint64_t> replies_in_segments_{0};
   const std::unique_ptr<Tally> hellos_failed_;
   const std::unique_ptr<Tally> evictions_;
 };

@@ -2,8 +2,9 @@
 promises (headless Service, StatefulSet with a checkpoint volume and gRPC probes, indexed worker
 Job, ConfigMap, NetworkPolicy, PodDisruptionBudget, one GPU per worker in the gpu overlay, the
 Secrets mounted read-only where the flags point, each worker's own rank's token under
-components/rank-tokens), and the cpu-demo, cpu-demo-sharded, cpu-demo-tls, cpu-demo-elastic and
-cpu-demo-rank-tokens overlays' exact command lines and environment train on this machine: the
+components/rank-tokens, server shards on nodes of their own under components/dedicated-servers,
+placed as a scheduler would), and the cpu-demo, cpu-demo-sharded, cpu-demo-dedicated-servers,
+cpu-demo-tls, cpu-demo-elastic and cpu-demo-rank-tokens overlays' exact command lines and environment train on this machine: the
 binaries run as the containers would, with the Service's DNS name and the listen addresses mapped
 to 127.0.0.1 (OS-chosen ports), the completion index as the rank, and each volume mapped to a
 directory of its own that holds what the kubelet would put there (the Secrets that
@@ -80,6 +81,54 @@ def pod_env(container, config, index):
             assert field == COMPLETION_INDEX, f"env {e['name']}: a fieldRef this test cannot resolve: {field}"
             env[e["name"]] = str(index)
     return env
+
+
+def schedule(pods, nodes):
+    """{pod name: node name or None}: each pod in turn on the first node that a scheduler's hard
+    rules admit (nodeSelector, NoSchedule taints against tolerations, required pod anti-affinity
+    on kubernetes.io/hostname, the pod's own terms and those of the pods already there), among
+    them the nodes its preferred anti-affinity does not count against, where there are any."""
+    def labels(pod):
+        return pod["metadata"]["labels"]
+
+    def selects(selector, pod):
+        for k, v in selector.get("matchLabels", {}).items():
+            if labels(pod).get(k) != v:
+                return False
+        for e in selector.get("matchExpressions", []):
+            assert e["operator"] == "In", e
+            if labels(pod).get(e["key"]) not in e["values"]:
+                return False
+        return True
+
+    def anti(pod, kind):
+        terms = pod["spec"].get("affinity", {}).get("podAntiAffinity", {}).get(kind, [])
+        terms = [t.get("podAffinityTerm", t) for t in terms]
+        assert all(t["topologyKey"] == "kubernetes.io/hostname" for t in terms)
+        return [t["labelSelector"] for t in terms]
+
+    def admits(node, pod, placed_here):
+        spec = pod["spec"]
+        if any(node["labels"].get(k) != v for k, v in spec.get("nodeSelector", {}).items()):
+            return False
+        for t in node["taints"]:
+            if not any(tol.get("key") == t["key"] and tol.get("effect") == t["effect"] and
+                       (tol.get("operator") == "Exists" or tol.get("value") == t["value"])
+                       for tol in spec.get("tolerations", [])):
+                return False
+        required = "requiredDuringSchedulingIgnoredDuringExecution"
+        return not any(selects(sel, other) for other in placed_here for sel in anti(pod, required)) and \
+            not any(selects(sel, pod) for other in placed_here for sel in anti(other, required))
+
+    placed, on = {}, {n["name"]: [] for n in nodes}
+    for name, pod in pods:
+        fits = [n["name"] for n in nodes if admits(n, pod, on[n["name"]])]
+        preferred = anti(pod, "preferredDuringSchedulingIgnoredDuringExecution")
+        free = [n for n in fits if not any(selects(sel, other) for other in on[n] for sel in preferred)]
+        placed[name] = (free or fits or [None])[0]
+        if placed[name]:
+            on[placed[name]].append(pod)
+    return placed
 
 
 class K8sManifestTest(unittest.TestCase):
@@ -192,7 +241,7 @@ class K8sManifestTest(unittest.TestCase):
         self.assertEqual(worker["resources"]["limits"]["nvidia.com/gpu"], 1)
 
     def test_base_overlays_speak_plaintext_with_tokens(self):
-        for overlay in ["cpu-demo", "cpu-demo-sharded", "gpu"]:
+        for overlay in ["cpu-demo", "cpu-demo-sharded", "cpu-demo-dedicated-servers", "gpu"]:
             objs = render(ARGS.source, overlay)
             server = objs[("StatefulSet", "summa-server")]["spec"]["template"]["spec"]["containers"][0]
             self.assertEqual(server["readinessProbe"]["grpc"]["port"], 50051)
@@ -278,6 +327,41 @@ class K8sManifestTest(unittest.TestCase):
         objs = render(ARGS.source, "cpu-demo-sharded")
         self.check_common(objs)
         self.assertEqual(objs[("StatefulSet", "summa-server")]["spec"]["replicas"], 2)
+        self.run_overlay(objs)
+
+    def test_cpu_demo_dedicated_servers_place_each_shard_on_a_node_of_its_own_and_train_here(self):
+        """components/dedicated-servers: placed by the rules a scheduler applies (nodeSelector,
+        taints, required pod anti-affinity both ways, on the hostname), k = 4 shards take the 4
+        nodes labelled and tainted summa.io/role=server, one each, and no worker lands on one; with
+        one such node fewer, a shard stays pending rather than share a node. Then the overlay's
+        command lines train on this machine (4 shard processes)."""
+        objs = render(ARGS.source, "cpu-demo-dedicated-servers")
+        env = self.check_common(objs)
+        sts = objs[("StatefulSet", "summa-server")]
+        self.assertEqual(sts["spec"]["replicas"], 4)
+        self.assertEqual(int(env["SUMMA_SHARDS"]), 4)
+        job = objs[("Job", "summa-worker")]
+        server_pod = sts["spec"]["template"]
+        worker_pod = job["spec"]["template"]
+        taint = {"key": "summa.io/role", "value": "server", "effect": "NoSchedule"}
+        servers = [(f"summa-server-{i}", server_pod) for i in range(sts["spec"]["replicas"])]
+        workers = [(f"summa-worker-{i}", worker_pod) for i in range(job["spec"]["completions"])]
+
+        def nodes(server_nodes, other_nodes):
+            return ([{"name": f"server-node-{i}", "labels": {"summa.io/role": "server"}, "taints": [taint]}
+                     for i in range(server_nodes)] +
+                    [{"name": f"node-{i}", "labels": {}, "taints": []} for i in range(other_nodes)])
+
+        placed = schedule(servers + workers, nodes(4, 2))
+        self.assertEqual(sorted(placed[name] for name, _ in servers), [f"server-node-{i}" for i in range(4)],
+                         "one shard on each server node")
+        for name, _ in workers:
+            self.assertTrue(placed[name].startswith("node-"), f"{name} on {placed[name]}")
+        self.assertNotEqual(placed["summa-worker-0"], placed["summa-worker-1"], "workers spread when they can")
+        short = schedule(servers + workers, nodes(3, 2))
+        self.assertEqual([name for name, _ in servers if short[name] is None], ["summa-server-3"],
+                         "a fourth shard waits for a fourth server node")
+        self.assertTrue(all(short[name] and short[name].startswith("node-") for name, _ in workers))
         self.run_overlay(objs)
 
     def test_cpu_demo_tls_command_lines_train_and_probe_on_this_machine(self):

@@ -9,6 +9,9 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <map>
+
+#include "absl/container/flat_hash_set.h"
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -25,7 +28,7 @@ struct SocketCalls::Connection {
   int shard = 0;
   bool busy = false;
   size_t tag = 0;
-  enum class Stage { kSend, kHead, kMessage, kBody } stage = Stage::kSend;
+  enum class Stage { kSend, kHead, kMessage, kPieceCount, kPieces, kBody } stage = Stage::kSend;
   char request_head[kHeaderBytes];
   std::vector<grpc::Slice> slices;  // the request's, while it is sent
   std::vector<iovec> iov;
@@ -40,6 +43,12 @@ struct SocketCalls::Connection {
   SharedSegment requests;
   SharedSegment replies;
   bool reply_in_segment = false;  // the reply being read is in `replies`
+  bool reply_pieces = false;      // ... and in the server's published segments
+  char piece_count[8];
+  std::string pieces;              // the reply's list (common/rpc/socket_frame.h)
+  std::vector<socket_plane::OwnedFd> passed;  // descriptors the server sent beside the reply
+  std::vector<grpc::Slice> reply_slices;
+  std::vector<uint64_t> reply_segments;  // the published segments the held reply names
   static constexpr size_t kNoTag = ~size_t{0};
   size_t reply_owner = kNoTag;  // the tag whose reply `replies` holds
 };
@@ -50,6 +59,7 @@ SocketCalls::SocketCalls(std::vector<Endpoint> shards, std::string authorization
       authorization_(std::move(authorization)),
       tls_(tls),
       segment_bytes_(segment_bytes),
+      published_(shards_.size()),
       caps_(shards_.size(), kMaxConnectionsPerShard),
       wake_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
 
@@ -160,6 +170,64 @@ absl::Status SocketCalls::Attach(const Endpoint& e, Connection& c, absl::Time de
   return absl::OkStatus();
 }
 
+absl::Status SocketCalls::AssemblePieces(Connection& c) {
+  std::map<uint64_t, SharedSegment>& published = published_[c.shard];
+  c.reply_slices.clear();
+  size_t next_fd = 0;
+  uint64_t total = 0;
+  const char* in = c.pieces.data();
+  for (size_t k = 0; k < c.pieces.size() / socket_plane::kPieceBytes; ++k) {
+    uint64_t v[4];
+    std::memcpy(v, in + k * socket_plane::kPieceBytes, sizeof(v));
+    const uint64_t segment = v[0], offset = v[1], length = v[2], size = v[3];
+    const SharedSegment* from = &c.replies;
+    if (segment != 0) {
+      // Every published piece comes with its segment's descriptor: mapped the first time, once.
+      if (next_fd >= c.passed.size()) return absl::DataLossError("a published piece came without its descriptor");
+      socket_plane::OwnedFd fd = std::move(c.passed[next_fd++]);
+      auto found = published.find(segment);
+      if (found == published.end()) {
+        if (published.size() >= kMaxPublished) ForgetPublished(c.shard);
+        SUMMA_ASSIGN_OR_RETURN(SharedSegment mapped, SharedSegment::Adopt(fd.release(), size, size,
+                                                                          SharedSegment::Access::kReadOnly,
+                                                                          "a published segment"));
+        found = published.emplace(segment, std::move(mapped)).first;
+      }
+      from = &found->second;
+    }
+    if (offset > from->size() || length > from->size() - offset) {
+      return absl::DataLossError(absl::StrCat("a piece at [", offset, ", +", length, ") of a segment of ", from->size()));
+    }
+    c.reply_slices.emplace_back(from->data() + offset, length, grpc::Slice::STATIC_SLICE);
+    total += length;
+  }
+  if (total != c.reply.length) {
+    return absl::DataLossError(absl::StrCat("pieces of ", total, " bytes for a reply of ", c.reply.length));
+  }
+  *calls_[c.tag].reply = grpc::ByteBuffer(c.reply_slices.data(), c.reply_slices.size());
+  c.reply_segments.clear();
+  for (size_t k = 0; k < c.pieces.size() / socket_plane::kPieceBytes; ++k) {
+    uint64_t segment;
+    std::memcpy(&segment, c.pieces.data() + k * socket_plane::kPieceBytes, 8);
+    if (segment != 0) c.reply_segments.push_back(segment);
+  }
+  return absl::OkStatus();
+}
+
+void SocketCalls::ForgetPublished(int shard) {
+  // The mappings no reply still held names go: the server made new segments since (a pool grew,
+  // a collective was forgotten), and the old ones would keep their memory alive here.
+  absl::flat_hash_set<uint64_t> held;
+  for (const auto& c : connections_) {
+    if (c->shard != shard || c->reply_owner == Connection::kNoTag) continue;
+    held.insert(c->reply_segments.begin(), c->reply_segments.end());
+  }
+  std::map<uint64_t, SharedSegment>& published = published_[shard];
+  for (auto it = published.begin(); it != published.end();) {
+    it = held.contains(it->first) ? std::next(it) : published.erase(it);
+  }
+}
+
 void SocketCalls::MoveReplyAside(Connection& c) {
   const size_t owner = c.reply_owner;
   c.reply_owner = Connection::kNoTag;
@@ -243,6 +311,7 @@ void SocketCalls::Begin(Connection& c, size_t tag) {
   const Call& call = calls_[tag];
   c.busy = true;
   c.tag = tag;
+  c.passed.clear();
   c.stage = Connection::Stage::kSend;
   c.request_cut = false;
   socket_plane::Gather(*call.request, c.request_head, sizeof(c.request_head), c.slices, c.iov);
@@ -280,7 +349,9 @@ void SocketCalls::Advance(Connection& c) {
   };
   // Receives into `to` up to `want` bytes; false when nothing more can be read now (or the call ended).
   auto receive = [&](char* to, uint64_t want) -> bool {
-    absl::StatusOr<size_t> n = c.link.Receive(to, want, &c.wait);
+    absl::StatusOr<size_t> n = c.requests.valid() ? socket_plane::ReceiveSome(c.link.fd(), to, want, &c.passed)
+                                                  : c.link.Receive(to, want, &c.wait);
+    if (c.requests.valid()) c.wait = POLLIN;
     if (!n.ok()) {
       failed(absl::IsUnavailable(n.status()) && absl::StrContains(n.status().message(), "closed")
                  ? "the server closed the connection"
@@ -318,9 +389,10 @@ void SocketCalls::Advance(Connection& c) {
         if (c.got < kHeaderBytes) continue;
         c.reply = socket_plane::DecodeReplyHeader(c.reply_head);
         c.reply_in_segment = c.replies.valid() && (c.reply.code & socket_plane::kInSegment) != 0;
+        c.reply_pieces = c.reply_in_segment && (c.reply.code & socket_plane::kPieces) != 0;
         if (c.reply_in_segment) {
-          c.reply.code &= ~socket_plane::kInSegment;
-          if (c.reply.length > c.replies.size()) {
+          c.reply.code &= ~(socket_plane::kInSegment | socket_plane::kPieces);
+          if (!c.reply_pieces && c.reply.length > c.replies.size()) {
             return End(c, absl::DataLossError(absl::StrCat("the shared-memory plane at ", e.shm_socket, " sent a reply of ",
                                                            c.reply.length, " bytes for a segment of ", c.replies.size())));
           }
@@ -341,9 +413,38 @@ void SocketCalls::Advance(Connection& c) {
           if (!receive(c.message.data() + c.got, c.message.size() - c.got)) return;
           continue;
         }
-        c.stage = Connection::Stage::kBody;
+        c.stage = c.reply_pieces ? Connection::Stage::kPieceCount : Connection::Stage::kBody;
         c.got = 0;
         break;
+      case Connection::Stage::kPieceCount: {
+        if (!receive(c.piece_count + c.got, sizeof(c.piece_count) - c.got)) return;
+        if (c.got < sizeof(c.piece_count)) continue;
+        uint32_t count;
+        std::memcpy(&count, c.piece_count, 4);
+        if (count == 0 || count > socket_plane::kMaxPieces) {
+          return End(c, absl::DataLossError(absl::StrCat("the shared-memory plane at ", e.shm_socket, " sent a reply of ",
+                                                         count, " pieces")));
+        }
+        c.pieces.resize(count * socket_plane::kPieceBytes);
+        c.stage = Connection::Stage::kPieces;
+        c.got = 0;
+        break;
+      }
+      case Connection::Stage::kPieces: {
+        if (c.got < c.pieces.size()) {
+          if (!receive(c.pieces.data() + c.got, c.pieces.size() - c.got)) return;
+          continue;
+        }
+        absl::Status assembled = AssemblePieces(c);
+        c.passed.clear();
+        if (!assembled.ok()) {
+          return End(c, absl::DataLossError(absl::StrCat("the shared-memory plane at ", e.shm_socket, ": ",
+                                                         assembled.message())));
+        }
+        c.reply_owner = c.tag;
+        reply_home_[c.tag] = &c;
+        return End(c, absl::OkStatus());
+      }
       case Connection::Stage::kBody:
         if (c.reply_in_segment) c.got = c.reply.length;  // there already
         if (c.got < c.reply.length) {

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -43,6 +44,9 @@ class SocketCalls final : public DataTransport {
   static constexpr uint64_t kMaxReplyBytes = uint64_t{4} << 30;
 
   struct Endpoint {
+    Endpoint() = default;
+    Endpoint(std::string host, int port, std::string shm_socket = "", uint64_t shm_instance = 0)
+        : host(std::move(host)), port(port), shm_socket(std::move(shm_socket)), shm_instance(shm_instance) {}
     std::string host;
     int port = 0;
     // The shared-memory plane's socket (DataPlaneResponse.shm_socket) and the instance its
@@ -103,6 +107,13 @@ class SocketCalls final : public DataTransport {
   // Copies the reply that `c`'s segment holds for its tag aside, into that tag's own memory, so
   // that `c` can take another call.
   void MoveReplyAside(Connection& c);
+  // Makes `c`'s reply from the pieces it listed (the reply segment's and published segments'),
+  // mapping a published segment the first time it comes.
+  absl::Status AssemblePieces(Connection& c);
+  // Unmaps `shard`'s published segments that no reply held now names.
+  void ForgetPublished(int shard);
+  // Published segments mapped per shard past which the unused ones are unmapped.
+  static constexpr size_t kMaxPublished = 1024;
   // Starts call `tag` on `c`.
   void Begin(Connection& c, size_t tag);
   // Moves `c`'s call on as far as its socket allows; ends it when done or failed.
@@ -122,6 +133,8 @@ class SocketCalls final : public DataTransport {
   const uint64_t segment_bytes_;
   // The shared-memory plane: the connection whose reply segment holds each tag's reply, if any.
   std::vector<Connection*> reply_home_;
+  // The shared-memory plane: per shard, the server's published segments mapped, by number.
+  std::vector<std::map<uint64_t, SharedSegment>> published_;
   std::deque<size_t> waiting_;  // tags started while their shard had no connection free
   std::deque<std::pair<size_t, absl::Status>> ended_;
   std::vector<pollfd> pollfds_;  // Next's, kept across calls

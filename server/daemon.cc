@@ -1,5 +1,7 @@
 #include "server/daemon.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <map>
@@ -45,6 +47,12 @@ absl::StatusOr<std::unique_ptr<SummaServer>> SummaServer::Start(const std::strin
                                                                 const std::string& data_address,
                                                                 const std::string& shm_socket) {
   if (absl::Status tls = ValidateTls(security.tls, /*server=*/true); !tls.ok()) return tls;
+  // Published snapshot buffers are memfds (server/core/snapshot.h), a descriptor each, besides
+  // the connections': as many as the hard limit allows.
+  if (rlimit files; ::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &files);
+  }
   options.follower = !coordinator.address.empty() && options.shard > 0;
   absl::Status valid = ValidateOptions(options);
   if (!valid.ok()) return valid;

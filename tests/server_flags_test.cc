@@ -110,7 +110,7 @@ const std::vector<std::pair<std::string, std::string>> kSentinels = {
 // all but --address empty by default there too).
 const std::set<std::string> kNoField = {
     "address",        "port_file",        "metrics_address", "metrics_port_file", "health_address",
-    "health_port_file", "data_address",   "data_port_file",  "trace_file",
+    "health_port_file", "data_address",   "data_port_file",  "shm_socket",      "trace_file",
     // --mode=diloco's outer optimizer: they fill `optimizer` then, in place of its own flags.
     "outer_optimizer", "outer_lr", "outer_momentum"};
 

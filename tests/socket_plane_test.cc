@@ -33,6 +33,7 @@
 #include "gtest/gtest.h"
 #include "server/core/all_reduce.h"
 #include "server/core/parameter_server.h"
+#include "server/core/snapshot.h"
 #include "server/rpc/service.h"
 #include "summa/v1/summa.pb.h"
 #include "tests/socket_frames.h"
@@ -530,24 +531,85 @@ TEST_F(ShmPlaneTest, WorkersInThreadsTakeExactSyncStepsWithTheirBytesInSegments)
   EXPECT_EQ(plane_->replies_in_segments(), 40u);
 }
 
-TEST_F(ShmPlaneTest, ARequestOrReplyLargerThanTheSegmentsGoesOnTheSocket) {
+TEST_F(ShmPlaneTest, AMessageLargerThanTheSegmentsGoesOnTheSocketAndASumInAPublishedSegmentIsNamed) {
   StartShm();
-  // Segments of one page: a 64 KiB AllReduce does not fit either way.
+  // Segments of one page. A 32 KiB AllReduce fits neither way: both on the socket. A 64 KiB one
+  // does not fit either, but its sum is a published segment (Snapshot::kSharedBytes): the reply
+  // names it.
   worker::SocketCalls calls({Endpoint()}, "", nullptr, /*segment_bytes=*/1);
-  std::vector<float> values(16 << 10);
-  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
-  grpc::Slice slice(AllReduceMessage("big", 1, 0, values));
-  grpc::ByteBuffer request(&slice, 1), reply;
-  calls.Start(0, 0, socket_plane::DataMethod::kAllReduce, &request, &reply, absl::Now() + absl::Seconds(10));
-  size_t tag = 99;
-  absl::Status status;
-  ASSERT_TRUE(calls.Next(&tag, &status));
-  ASSERT_TRUE(status.ok()) << status;
-  pb::AllReduceResponse response;
-  ASSERT_TRUE(response.ParseFromString(Flatten(reply)));
-  EXPECT_EQ(response.tensor().data(), std::string(reinterpret_cast<const char*>(values.data()), values.size() * 4));
-  EXPECT_EQ(plane_->requests_in_segments(), 0u);
-  EXPECT_EQ(plane_->replies_in_segments(), 0u);
+  uint64_t replies_in_segments = 0;
+  for (size_t floats : {8 << 10, 16 << 10}) {
+    SCOPED_TRACE(floats);
+    std::vector<float> values(floats);
+    for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
+    grpc::Slice slice(AllReduceMessage(absl::StrCat("big", floats), 1, 0, values));
+    grpc::ByteBuffer request(&slice, 1), reply;
+    calls.Start(0, 0, socket_plane::DataMethod::kAllReduce, &request, &reply, absl::Now() + absl::Seconds(10));
+    size_t tag = 99;
+    absl::Status status;
+    ASSERT_TRUE(calls.Next(&tag, &status));
+    ASSERT_TRUE(status.ok()) << status;
+    pb::AllReduceResponse response;
+    ASSERT_TRUE(response.ParseFromString(Flatten(reply)));
+    EXPECT_EQ(response.tensor().data(), std::string(reinterpret_cast<const char*>(values.data()), values.size() * 4));
+    EXPECT_EQ(plane_->requests_in_segments(), 0u);
+    if (floats * 4 >= static_cast<size_t>(Snapshot::kSharedBytes)) ++replies_in_segments;
+    EXPECT_EQ(plane_->replies_in_segments(), replies_in_segments);
+  }
+}
+
+TEST_F(ShmPlaneTest, PublishedWeightsAreReadStepAfterStepWhileTheServerWritesTheNextVersion) {
+  // Partitions of 64 KiB and more: every reply's weights are a published segment's, which the
+  // server writes a new version into only once no reply names it.
+  StartShm({}, /*world_size=*/2);
+  const size_t n = 32 << 10;  // 128 KiB of weights
+  std::vector<float> initial(n);
+  for (size_t i = 0; i < n; ++i) initial[i] = static_cast<float>(i % 1000);
+  const std::string initial_bytes(reinterpret_cast<const char*>(initial.data()), n * sizeof(float));
+  uint64_t sessions[2];
+  for (int rank : {0, 1}) {
+    JoinRequestView join;
+    join.rank = rank;
+    join.world_size = 2;
+    join.params = {{{"w", DType::kFloat32, {static_cast<int64_t>(n)}},
+                    rank == 0 ? absl::string_view(initial_bytes) : absl::string_view()}};
+    absl::StatusOr<JoinResult> joined = core_->Join(join);
+    ASSERT_TRUE(joined.ok()) << joined.status();
+    sessions[rank] = joined->session;
+  }
+  constexpr uint64_t kSteps = 10;
+  auto worker = [&](int rank) {
+    worker::SocketCalls calls({Endpoint()}, "");
+    const std::vector<float> gradient(n, rank + 1.0f);
+    for (uint64_t step = 0; step < kSteps; ++step) {
+      pb::PushRequest push;
+      push.set_rank(rank);
+      push.set_session(sessions[rank]);
+      push.set_step(step);
+      push.set_partition(0);
+      push.set_num_examples(1);
+      push.set_dtype(pb::DTYPE_FLOAT32);
+      push.set_data(gradient.data(), n * sizeof(float));
+      grpc::Slice slice(push.SerializeAsString());
+      grpc::ByteBuffer request(&slice, 1), reply;
+      calls.Start(0, 0, socket_plane::DataMethod::kPushPull, &request, &reply, absl::Now() + absl::Seconds(20));
+      size_t tag = 99;
+      absl::Status status;
+      ASSERT_TRUE(calls.Next(&tag, &status));
+      ASSERT_TRUE(status.ok()) << status;
+      pb::PullResponse response;
+      ASSERT_TRUE(response.ParseFromString(Flatten(reply)));
+      ASSERT_EQ(response.version(), step + 1);
+      std::vector<float> expected(n);
+      for (size_t i = 0; i < n; ++i) expected[i] = initial[i] - 0.75f * static_cast<float>(step + 1);
+      ASSERT_EQ(response.data(), std::string(reinterpret_cast<const char*>(expected.data()), n * sizeof(float)))
+          << "rank " << rank << ", step " << step;
+    }
+  };
+  std::thread a(worker, 0), b(worker, 1);
+  a.join();
+  b.join();
+  EXPECT_EQ(plane_->replies_in_segments(), 2 * kSteps);
 }
 
 TEST_F(ShmPlaneTest, RepliesHeldInSegmentsSurviveMoreCallsThanConnections) {
@@ -603,12 +665,16 @@ TEST_F(ShmPlaneTest, ASegmentUnsealedMissizedOrLargerThanAnyRequestIsRefusedWith
     const int segment = ::memfd_create("test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     ASSERT_GE(segment, 0);
     ASSERT_EQ(::ftruncate(segment, static_cast<off_t>(c.bytes)), 0);
-    if (c.sealed) ASSERT_EQ(::fcntl(segment, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+    if (c.sealed) {
+      ASSERT_EQ(::fcntl(segment, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+    }
     Answer a = Attach(fd.get(), c.declared, page, c.send ? segment : -1);
     ::close(segment);
     EXPECT_EQ(a.code, static_cast<uint32_t>(absl::StatusCode::kInvalidArgument));
     EXPECT_TRUE(absl::StrContains(a.message, c.says)) << a.message;
-    if (c.what == "too large") EXPECT_TRUE(absl::StrContains(a.message, "--max_message_bytes=1048576")) << a.message;
+    if (c.what == "too large") {
+      EXPECT_TRUE(absl::StrContains(a.message, "--max_message_bytes=1048576")) << a.message;
+    }
     EXPECT_FALSE(a.replies.valid());
     EXPECT_TRUE(ClosedByServer(fd.get()));
   }

@@ -246,8 +246,15 @@ absl::StatusOr<OwnedFd> ConnectUnix(const std::string& path, absl::Time deadline
 }
 
 absl::Status SendWithFd(int fd, const char* data, size_t size, int pass, absl::Time deadline, absl::string_view what) {
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  bool passed = pass < 0;
+  return SendWithFds(fd, data, size, pass < 0 ? absl::Span<const int>() : absl::Span<const int>(&pass, 1), deadline,
+                     what);
+}
+
+absl::Status SendWithFds(int fd, const char* data, size_t size, absl::Span<const int> pass, absl::Time deadline,
+                         absl::string_view what) {
+  if (pass.size() > kMaxPassedFds) return absl::InvalidArgumentError(absl::StrCat(what, ": too many descriptors"));
+  alignas(cmsghdr) char control[CMSG_SPACE(kMaxPassedFds * sizeof(int))] = {};
+  bool passed = pass.empty();
   for (size_t done = 0; done < size;) {
     iovec iov = {const_cast<char*>(data + done), size - done};
     msghdr message = {};
@@ -255,12 +262,12 @@ absl::Status SendWithFd(int fd, const char* data, size_t size, int pass, absl::T
     message.msg_iovlen = 1;
     if (!passed) {
       message.msg_control = control;
-      message.msg_controllen = sizeof(control);
+      message.msg_controllen = CMSG_SPACE(pass.size() * sizeof(int));
       cmsghdr* c = CMSG_FIRSTHDR(&message);
       c->cmsg_level = SOL_SOCKET;
       c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int));
-      std::memcpy(CMSG_DATA(c), &pass, sizeof(int));
+      c->cmsg_len = CMSG_LEN(pass.size() * sizeof(int));
+      std::memcpy(CMSG_DATA(c), pass.data(), pass.size() * sizeof(int));
     }
     const ssize_t n = ::sendmsg(fd, &message, MSG_NOSIGNAL);
     if (n < 0) {
@@ -312,6 +319,35 @@ absl::Status ReceiveWithFd(int fd, char* data, size_t size, OwnedFd* received, a
     done += static_cast<size_t>(n);
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<size_t> ReceiveSome(int fd, char* data, size_t size, std::vector<OwnedFd>* received) {
+  for (;;) {
+    alignas(cmsghdr) char control[CMSG_SPACE(kMaxPassedFds * sizeof(int))];
+    iovec iov = {data, size};
+    msghdr message = {};
+    message.msg_iov = &iov;
+    message.msg_iovlen = 1;
+    message.msg_control = control;
+    message.msg_controllen = sizeof(control);
+    const ssize_t n = ::recvmsg(fd, &message, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+      return ErrnoStatus(errno, "receive");
+    }
+    for (cmsghdr* c = CMSG_FIRSTHDR(&message); c != nullptr; c = CMSG_NXTHDR(&message, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t k = 0; k < count; ++k) {
+        int got;
+        std::memcpy(&got, CMSG_DATA(c) + k * sizeof(int), sizeof(int));
+        received->emplace_back(got);
+      }
+    }
+    if (n == 0 && size > 0) return absl::UnavailableError("the connection closed");
+    return static_cast<size_t>(n);
+  }
 }
 
 int PeerUid(int fd) {

@@ -38,7 +38,15 @@
 //                    (without the bit: on the socket, as above, for a message that does not fit)
 //   reply:           the code with kInSegment set: the reply message is at [0, length) of the
 //                    reply segment, only the status message follows the header (without the bit:
-//                    on the socket, as above)
+//                    on the socket, as above). With kPieces set too, the message is pieces of
+//                    segments, listed after the header: u32 count, u32 0, then count pieces of
+//                    u64 segment (0: the reply segment; else a segment the server publishes its
+//                    weights and sums in, common/shared_segment.h), u64 offset, u64 length, u64
+//                    the segment's size; the message is the pieces' bytes in order, and each piece
+//                    of a published segment comes with that segment's read-only descriptor
+//                    (SCM_RIGHTS, in the pieces' order, beside the header). A client maps a
+//                    published segment once and keeps it; the server does not write what a
+//                    reply names until the connection's next request.
 // A segment is the connection's, one call at a time: the client writes its request segment only
 // between calls, and reads a reply in the reply segment before its connection's next call.
 #ifndef SUMMA_COMMON_RPC_SOCKET_FRAME_H_
@@ -54,6 +62,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "absl/time/time.h"
 #include "common/rpc/data_method.h"
 #include "grpcpp/support/byte_buffer.h"
@@ -89,6 +98,9 @@ struct ReplyHeader {
 };
 // The shared-memory plane's flag, in a request header's method and a reply header's code.
 inline constexpr uint32_t kInSegment = uint32_t{1} << 31;
+inline constexpr uint32_t kPieces = uint32_t{1} << 30;  // a reply's code, with kInSegment
+inline constexpr size_t kPieceBytes = 32;
+inline constexpr uint32_t kMaxPieces = 64;
 // The attach and its answer's body.
 inline constexpr size_t kAttachBytes = 16;
 void EncodeRequestHeader(const RequestHeader& header, char out[kHeaderBytes]);
@@ -159,6 +171,13 @@ absl::StatusOr<OwnedFd> ListenUnix(const std::string& path, unsigned mode);
 absl::StatusOr<OwnedFd> ConnectUnix(const std::string& path, absl::Time deadline);
 // Writes `size` bytes with descriptor `pass` beside them (SCM_RIGHTS; -1: none), by `deadline`.
 absl::Status SendWithFd(int fd, const char* data, size_t size, int pass, absl::Time deadline, absl::string_view what);
+// The same with any number of descriptors (at most kMaxPassedFds) beside the bytes.
+inline constexpr size_t kMaxPassedFds = 64;
+absl::Status SendWithFds(int fd, const char* data, size_t size, absl::Span<const int> pass, absl::Time deadline,
+                         absl::string_view what);
+// Non-blocking: receives up to `size` bytes now, appending descriptors sent beside them to
+// `received`; 0 when none can be read now. UNAVAILABLE when the peer has closed.
+absl::StatusOr<size_t> ReceiveSome(int fd, char* data, size_t size, std::vector<OwnedFd>* received);
 // Reads exactly `size` bytes, as ReadFull, taking a descriptor sent beside them into `*received`
 // (the caller's to close; -1 when none came; any more are closed).
 absl::Status ReceiveWithFd(int fd, char* data, size_t size, OwnedFd* received, absl::Time deadline,

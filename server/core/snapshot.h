@@ -8,6 +8,11 @@
 // holds, allocating (and first touching) a new one only when every buffer is still being sent: in
 // steady state a step allocates nothing (two buffers: the one being sent and the one being filled).
 //
+// Buffers of kSharedBytes or more live in shared segments (memfds, common/shared_segment.h): the
+// shared-memory plane's replies name the segment and the bytes in it instead of copying them
+// (FindShared), and a worker on this host maps it read-only and reads the values out. A buffer
+// whose segment cannot be made (no descriptors left) lives on the heap instead.
+//
 // Thread-safety: Snapshot handles may be copied and dropped on any thread; a pool is not
 // thread-safe (its owner's lock guards it), and a buffer is written only between Acquire and the
 // first copy of its handle.
@@ -18,6 +23,8 @@
 #include <cstdint>
 #include <memory>
 #include <vector>
+
+#include "common/shared_segment.h"
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -51,11 +58,34 @@ class Snapshot {
   void* Lend() const;
   static void Return(void* token);
 
+  // The shared segment that the `bytes` bytes at `p` lie in, if they lie in one buffer's: its
+  // descriptor (the buffer's own: duplicate it to keep it), a number no other segment of this
+  // process has had, where the bytes start in it, and its size. The caller holds a reference to
+  // the buffer (a Snapshot, or a Lend) while it uses the answer. Thread-safe.
+  struct SharedView {
+    int fd = -1;
+    uint64_t id = 0;
+    uint64_t offset = 0;
+    uint64_t segment_bytes = 0;
+  };
+  static bool FindShared(const void* p, size_t bytes, SharedView* out);
+  // Buffers this size or larger are shared segments.
+  static constexpr int64_t kSharedBytes = 64 << 10;
+
  private:
   friend class SnapshotPool;
   struct Buffer {
+    Buffer() = default;
+    ~Buffer();
     std::atomic<int> refs{1};
-    std::vector<float> data;
+    float* data = nullptr;  // `length` floats, in `heap` or `shared`
+    int64_t length = 0;
+    std::vector<float> heap;
+    SharedSegment shared;
+    uint64_t id = 0;  // shared's number (FindShared)
+    // Room for `length` floats: the storage kept where it is large enough, else new storage.
+    void Resize(int64_t length);
+    int64_t capacity() const;
     absl::Mutex encode_mu;
     std::vector<uint16_t> halves[2] ABSL_GUARDED_BY(encode_mu);  // bf16, fp16
     bool halves_ready[2] ABSL_GUARDED_BY(encode_mu) = {false, false};

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <optional>
 #include <utility>
 #include <system_error>
 
@@ -23,6 +24,7 @@
 #include "common/status_macros.h"
 #include "common/rpc/wire.h"
 #include "common/shared_segment.h"
+#include "server/core/snapshot.h"
 #include "server/rpc/hello_evictions.h"
 
 namespace summa::server {
@@ -450,6 +452,8 @@ class SocketPlane::Connection {
     char head[socket_plane::kHeaderBytes];
     // Between calls a connection may stay idle for as long as its client likes.
     SUMMA_RETURN_IF_ERROR(link_.ReadFull(head, sizeof(head), absl::InfiniteFuture(), "a request's header"));
+    // The client is done with the last reply: what it named of the published segments may change.
+    held_.Clear();
     socket_plane::RequestHeader header = socket_plane::DecodeRequestHeader(head);
     // Only a connection with a request segment reads the flag; on any other it makes an unknown method.
     const bool in_segment = requests_.valid() && (header.method & socket_plane::kInSegment) != 0;
@@ -522,26 +526,71 @@ class SocketPlane::Connection {
     }
   }
 
-  absl::Status Reply(const grpc::Status& status, const grpc::ByteBuffer& response) {
-    replied_ = true;
-    if (replies_.valid() && status.ok() && response.Valid() && response.Length() <= replies_.size()) {
-      // The shared-memory plane: the reply into the connection's reply segment (which the client
-      // read the last reply out of before it sent this call), only its header on the socket.
-      (void)response.Dump(&slices_);
-      char* to = replies_.data();
-      for (const grpc::Slice& s : slices_) {
-        if (s.size() > 0) std::memcpy(to, s.begin(), s.size());
-        to += s.size();
+  // The shared-memory plane's OK reply (common/rpc/socket_frame.h): values that lie in a published
+  // segment (a snapshot's, server/core/snapshot.h) are named, not copied, and held until the
+  // client's next request; the rest is copied into the connection's reply segment, which the
+  // client read the last reply out of before it sent this call. Only the header (and the pieces)
+  // go on the socket. Nothing when the reply does not fit: it goes on the socket.
+  std::optional<absl::Status> ReplyInSegments(const grpc::ByteBuffer& response) {
+    (void)response.Dump(&slices_);
+    pieces_.clear();
+    published_fds_.clear();
+    uint64_t at = 0;
+    for (const grpc::Slice& s : slices_) {
+      if (s.size() == 0) continue;
+      Snapshot::SharedView shared;
+      if (s.size() >= static_cast<size_t>(Snapshot::kSharedBytes) && pieces_.size() < socket_plane::kMaxPieces &&
+          Snapshot::FindShared(s.begin(), s.size(), &shared)) {
+        pieces_.push_back({shared.id, shared.offset, s.size(), shared.segment_bytes});
+        published_fds_.push_back(shared.fd);
+        continue;
       }
-      slices_.clear();
-      socket_plane::ReplyHeader header;
-      header.code = socket_plane::kInSegment;  // and OK
-      header.length = response.Length();
+      if (at + s.size() > replies_.size() || pieces_.size() >= socket_plane::kMaxPieces) {
+        slices_.clear();
+        return std::nullopt;
+      }
+      std::memcpy(replies_.data() + at, s.begin(), s.size());
+      if (!pieces_.empty() && pieces_.back().segment == 0 && pieces_.back().offset + pieces_.back().length == at) {
+        pieces_.back().length += s.size();
+      } else {
+        pieces_.push_back({0, at, s.size(), replies_.size()});
+      }
+      at += s.size();
+    }
+    slices_.clear();
+    plane_->replies_in_segments_.fetch_add(1, std::memory_order_relaxed);
+    socket_plane::ReplyHeader header;
+    header.code = socket_plane::kInSegment;  // and OK
+    header.length = response.Length();
+    const absl::Time deadline = absl::Now() + kFrameTimeout;
+    if (published_fds_.empty()) {  // the whole message at [0, length) of the reply segment
       char head[socket_plane::kHeaderBytes];
       socket_plane::EncodeReplyHeader(header, head);
-      plane_->replies_in_segments_.fetch_add(1, std::memory_order_relaxed);
       iovec iov = {head, sizeof(head)};
-      return link_.WriteFull(&iov, 1, absl::Now() + kFrameTimeout, "a reply");
+      return link_.WriteFull(&iov, 1, deadline, "a reply");
+    }
+    header.code |= socket_plane::kPieces;
+    frame_.resize(socket_plane::kHeaderBytes + 8 + pieces_.size() * socket_plane::kPieceBytes);
+    socket_plane::EncodeReplyHeader(header, frame_.data());
+    char* out = frame_.data() + socket_plane::kHeaderBytes;
+    const uint32_t count = static_cast<uint32_t>(pieces_.size()), zero = 0;
+    std::memcpy(out, &count, 4);
+    std::memcpy(out + 4, &zero, 4);
+    out += 8;
+    for (const Piece& p : pieces_) {
+      for (uint64_t v : {p.segment, p.offset, p.length, p.segment_bytes}) {
+        std::memcpy(out, &v, 8);
+        out += 8;
+      }
+    }
+    held_ = response;  // the snapshots' references, until the next request
+    return socket_plane::SendWithFds(link_.fd(), frame_.data(), frame_.size(), published_fds_, deadline, "a reply");
+  }
+
+  absl::Status Reply(const grpc::Status& status, const grpc::ByteBuffer& response) {
+    replied_ = true;
+    if (replies_.valid() && status.ok() && response.Valid()) {
+      if (std::optional<absl::Status> sent = ReplyInSegments(response); sent.has_value()) return *sent;
     }
     return WriteReply(link_, status, response, absl::Now() + kFrameTimeout, slices_, iov_, details_ok_);
   }
@@ -566,6 +615,18 @@ class SocketPlane::Connection {
   // The shared-memory plane's (Attach): the client's requests, this connection's replies.
   SharedSegment requests_;
   SharedSegment replies_;
+  // ReplyInSegments': the last reply whose values the client reads out of published segments
+  // (held until its next request), and buffers kept across replies.
+  grpc::ByteBuffer held_;
+  struct Piece {
+    uint64_t segment;
+    uint64_t offset;
+    uint64_t length;
+    uint64_t segment_bytes;
+  };
+  std::vector<Piece> pieces_;
+  std::vector<int> published_fds_;
+  std::string frame_;
   std::thread thread_;
   std::atomic<bool> done_{false};
 };

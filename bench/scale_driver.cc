@@ -137,6 +137,7 @@ absl::StatusOr<ScaleRow> Benchmark::RunConfig(int shards, int workers) {
                    absl::StrCat("--barrier_deadline=", timeout), absl::StrCat("--shards=", shards),
                    absl::StrCat("--shard=", i)};
     if (o_.deterministic) server.argv.push_back("--deterministic");
+    if (o_.data_plane == "shm") server.argv.push_back("--shm_socket=" + RunPath(absl::StrCat(tag, "-shard", i, ".sock")));
     SUMMA_ASSIGN_OR_RETURN(std::unique_ptr<ChildProcess> process, ChildProcess::Start(server));
     SUMMA_ASSIGN_OR_RETURN(const std::string port, WaitForFile(port_file, *process, deadline));
     addresses.push_back("127.0.0.1:" + port);
@@ -364,8 +365,9 @@ absl::StatusOr<bool> Benchmark::Run() {
 }  // namespace
 
 absl::Status ValidateScaleOptions(const ScaleOptions& o) {
-  if (o.data_plane != "socket" && o.data_plane != "grpc") {
-    return absl::InvalidArgumentError(absl::StrCat("--data_plane must be socket or grpc, not '", o.data_plane, "'"));
+  if (o.data_plane != "socket" && o.data_plane != "grpc" && o.data_plane != "shm") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--data_plane must be socket, shm or grpc, not '", o.data_plane, "'"));
   }
   if (o.workers.empty()) return absl::InvalidArgumentError("--workers: name at least one worker count");
   for (int n : o.workers) {

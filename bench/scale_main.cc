@@ -36,7 +36,7 @@ ABSL_FLAG(bool, deterministic, false,
           "its cost in step time, server CPU and RSS against the default sum-on-arrival");
 ABSL_FLAG(std::string, data_plane, "socket",
           "the workers' transport for the data path: socket (the servers' socket data plane, "
-          "summa-server --data_address) or grpc");
+          "summa-server --data_address), shm (the shared-memory plane, summa-server --shm_socket) or grpc");
 ABSL_FLAG(double, reference_gbps, 0,
           "also show the PS model at this bandwidth B (GB/s each way), e.g. the raw-TCP exchange's "
           "from bench/results-allreduce.md; 0: only the B fitted to the 1-worker row");

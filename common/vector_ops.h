@@ -26,6 +26,12 @@ void AddInto(absl::Span<float> sum, absl::Span<const float> values);
 // The index of the first NaN or infinite value, or -1 when all are finite.
 int64_t FirstNonFinite(absl::Span<const float> values);
 
+// to[i] = values[i], and sum[i] += values[i], with NaN and infinite values taken as 0 (a push
+// under --nonfinite=zero, or one the sender may still rewrite: the shared-memory plane's).
+// Branch-free bit operations, vectorised.
+void CopyFiniteOrZero(absl::Span<float> to, absl::Span<const float> values);
+void AddFiniteOrZero(absl::Span<float> sum, absl::Span<const float> values);
+
 }  // namespace summa
 
 #endif  // SUMMA_COMMON_VECTOR_OPS_H_

@@ -12,15 +12,11 @@ namespace {
 // to = from (first) or to += from, NaN and infinity counted as zero when `zero_nonfinite`.
 void CopyOrAdd(absl::Span<const float> from, absl::Span<float> to, bool first, bool zero_nonfinite) {
   if (zero_nonfinite) {
-    float* s = to.data();
-    const float* g = from.data();
-    // Two loops, each a plain compare and select that the compiler vectorizes: the shared-memory
-    // plane sums every push this way (PushRequestView::shared).
-    const size_t n = to.size();
+    // The shared-memory plane sums every push this way (PushRequestView::shared).
     if (first) {
-      for (size_t i = 0; i < n; ++i) s[i] = std::isfinite(g[i]) ? g[i] : 0.0f;
+      CopyFiniteOrZero(to, from);
     } else {
-      for (size_t i = 0; i < n; ++i) s[i] += std::isfinite(g[i]) ? g[i] : 0.0f;
+      AddFiniteOrZero(to, from);
     }
   } else if (first) {
     std::memcpy(to.data(), from.data(), to.size() * sizeof(float));

@@ -60,7 +60,10 @@ MODELS = [("ResNet-18 shape (11.2 M)", "resnet", "python/examples/synthetic_resn
           ("GPT (23.2 M)", "gpt", "python/examples/synthetic_gpt.py")]
 PYTHON = os.environ.get("SUMMA_PYTHON", "/usr/bin/python3")
 # (row name, --runs key, the script's flags (None: DDP, no server), summa-server's extra flags)
+# scripts/launch.sh serves the shared-memory plane, which the processes take; "--shm_socket=" keeps
+# them on the socket data plane.
 RUNS = [("Summa, ParameterServerOptimizer", "ps", ["--optimizer=ps"], ""),
+        ("Summa, ParameterServerOptimizer, socket data plane", "ps-socket", ["--optimizer=ps"], "--shm_socket="),
         ("Summa, ParameterServerOptimizer, --no_overlap", "ps-no-overlap", ["--optimizer=ps", "--no_overlap"], ""),
         ("Summa, DistributedOptimizer", "distributed", ["--optimizer=distributed"], ""),
         ("Summa, DistributedOptimizer, --no_overlap", "distributed-no-overlap",
@@ -170,6 +173,7 @@ def exchange_role(args):
             result[what] = {"seconds": float(np.median(slowest)),
                             "correct": bool(gathered[i, :, args.iters].min() == 1)}
         result["on_socket_plane"] = client.on_socket_plane
+        result["on_shm_plane"] = client.on_shm_plane
         print("RESULT " + json.dumps(result), flush=True)
     summa.shutdown()
     return 0
@@ -184,21 +188,25 @@ def exchange_rows(args, work):
            "--run_dir", os.path.join(work, "exchange"), "--", "--role=exchange",
            f"--model_bytes={mib << 20}", *iters]
     r = run(cmd)
-    plane = "socket data plane" if r["on_socket_plane"] else "gRPC"
+    plane = ("shared-memory plane" if r.get("on_shm_plane") else
+             "socket data plane" if r["on_socket_plane"] else "gRPC")
     rows.append((f"push-pull of the whole model ({plane})", "Python, summa.Client", mib << 20,
                  r["push_pull"]["seconds"], r["push_pull"]["correct"], cmd))
     rows.append((f"AllReduce ({plane})", "Python, summa.Client", mib << 20,
                  r["allreduce"]["seconds"], r["allreduce"]["correct"], cmd))
 
     report = os.path.join(work, "allreduce.md")
-    cmd = [os.path.join(args.bin, "bench/summa-bench-allreduce"), "--sizes=16MiB,64MiB", "--ranks=2", "--impls=summa",
-           *iters, f"--out={report}"]
+    cmd = [os.path.join(args.bin, "bench/summa-bench-allreduce"), "--sizes=16MiB,64MiB", "--ranks=2",
+           "--impls=summa-shm,summa,memcpy", *iters, f"--out={report}"]
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=1800)
+    labels = {"summa-shm": ("AllReduce (shared-memory plane)", "C++, summa-bench-allreduce"),
+              "summa": ("AllReduce (socket data plane)", "C++, summa-bench-allreduce"),
+              "memcpy (1 thread)": ("memcpy of the tensor, one thread: the host's copy rate", "C++, memcpy")}
     for cells in markdown_rows(report):
-        if cells[0] == "summa" and cells[1] == "2":
+        if cells[0] in labels and cells[2] != "size":
             size = int(cells[2][:-3]) << 20  # "16MiB"
-            rows.append(("AllReduce (socket data plane)", "C++, summa-bench-allreduce", size,
-                         float(cells[3]) / 1e6, cells[6] == "yes", cmd))
+            what, client = labels[cells[0]]
+            rows.append((what, client, size, float(cells[3]) / 1e6, cells[6] == "yes", cmd))
 
     scale = os.path.join(args.bin, "bench/summa-bench-scale")
     if os.path.exists(scale):

@@ -4,7 +4,8 @@ Job, ConfigMap, NetworkPolicy, PodDisruptionBudget, one GPU per worker in the gp
 Secrets mounted read-only where the flags point, each worker's own rank's token under
 components/rank-tokens, server shards on nodes of their own under components/dedicated-servers,
 placed as a scheduler would), and the cpu-demo, cpu-demo-sharded, cpu-demo-dedicated-servers,
-cpu-demo-tls, cpu-demo-elastic and cpu-demo-rank-tokens overlays' exact command lines and environment train on this machine: the
+cpu-demo-tls, cpu-demo-elastic, cpu-demo-rank-tokens and cpu-demo-shm (workers beside the server
+on the shared-memory plane) overlays' exact command lines and environment train on this machine: the
 binaries run as the containers would, with the Service's DNS name and the listen addresses mapped
 to 127.0.0.1 (OS-chosen ports), the completion index as the rank, and each volume mapped to a
 directory of its own that holds what the kubelet would put there (the Secrets that
@@ -323,6 +324,27 @@ class K8sManifestTest(unittest.TestCase):
         self.assertEqual(self.images(objs), {"summa:cpu"}, "the image scripts/image.sh builds")
         self.run_overlay(objs)
 
+    def test_cpu_demo_shm_workers_beside_the_server_train_on_the_shared_memory_plane_here(self):
+        """components/shared-memory: the workers' pods need a node with a server pod on it, both
+        mount the node's /dev/shm where the server's socket (named after its pod) is, and the
+        workers, on that node here, take the shared-memory plane."""
+        objs = render(ARGS.source, "cpu-demo-shm")
+        self.check_common(objs)
+        sts = objs[("StatefulSet", "summa-server")]["spec"]["template"]["spec"]
+        job = objs[("Job", "summa-worker")]["spec"]["template"]["spec"]
+        for spec in (sts, job):
+            shm = [v for v in spec["volumes"] if v.get("hostPath", {}).get("path") == "/dev/shm"]
+            self.assertEqual(len(shm), 1, spec["volumes"])
+            mounts = [m["mountPath"] for m in spec["containers"][0]["volumeMounts"] if m["name"] == shm[0]["name"]]
+            self.assertEqual(mounts, ["/run/summa"])
+        self.assertEqual(flag(sts["containers"][0]["args"], "shm_socket"), "/run/summa/summa-$(POD_NAME).sock")
+        self.assertIn({"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                      sts["containers"][0]["env"])
+        terms = job["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        self.assertEqual(terms, [{"labelSelector": {"matchLabels": {"app": "summa-server"}},
+                                  "topologyKey": "kubernetes.io/hostname"}])
+        self.run_overlay(objs, plane="shared-memory plane")
+
     def test_cpu_demo_sharded_command_lines_train_on_two_shards_on_this_machine(self):
         objs = render(ARGS.source, "cpu-demo-sharded")
         self.check_common(objs)
@@ -455,7 +477,7 @@ class K8sManifestTest(unittest.TestCase):
             accs = [float(a) for a in re.findall(r"test acc ([0-9.]+)", g.log(pods[0]))]
             self.assertGreater(accs[-1], 0.3, "well above chance (0.1)")
 
-    def run_overlay(self, objs, health_port=None, rank_tokens=False):
+    def run_overlay(self, objs, health_port=None, rank_tokens=False, plane="socket data plane"):
         """Runs the overlay's server and workers on this host and sees the job train; with TLS,
         also probes as the kubelet would (plaintext, on the health port) and checks that the
         server's certificate names the address the workers dial; with rank_tokens, holds the
@@ -474,6 +496,7 @@ class K8sManifestTest(unittest.TestCase):
         self.assertEqual(env["SUMMA_SERVER"], ",".join(pods),
                          "workers reach every shard by its pod's DNS name, in shard order")
         with ProcessGroup() as g:
+            node = os.path.join(g.dir, "node")  # every pod runs on this one node (its hostPaths)
             if rank_tokens:
                 secrets = make_rank_secrets(os.path.join(g.dir, "secrets"), job["spec"]["completions"])
             else:
@@ -487,10 +510,12 @@ class K8sManifestTest(unittest.TestCase):
 
             for i in range(replicas):
                 # Pod summa-server-i: its own volumes, and the hostname its shard comes from.
-                mounts = pod_volumes(sts, server_container, secrets, os.path.join(g.dir, f"server{i}-pod"))
+                mounts = pod_volumes(sts, server_container, secrets, os.path.join(g.dir, f"server{i}-pod"), node)
                 port_file = os.path.join(g.dir, f"server{i}.port")
                 health_port_file = os.path.join(g.dir, f"health{i}.port")
-                server_args = [to_host(to_local(expand(x, env)), mounts,
+                # The pod's own env (the downward API's metadata.name), then the ConfigMap's.
+                pod_fields = {"POD_NAME": f"summa-server-{i}"}
+                server_args = [to_host(to_local(expand(x, {**env, **pod_fields})), mounts,
                                        {"address", "metrics_address", "health_address", "data_address"})
                                for x in server_container["args"]]
                 server_args.append(f"--port_file={port_file}")
@@ -512,7 +537,7 @@ class K8sManifestTest(unittest.TestCase):
                 """Pod `index` of the Job; its args expanded as pod `args_index`'s would be (the
                 same pod unless a test mismatches them)."""
                 args_env = pod_env(worker, env, index if args_index is None else args_index)
-                mounts = pod_volumes(worker_pod, worker, secrets, os.path.join(g.dir, f"{name}-pod"))
+                mounts = pod_volumes(worker_pod, worker, secrets, os.path.join(g.dir, f"{name}-pod"), node)
                 args = [to_host(to_local(expand(x, args_env)), mounts, {"status_address", "metrics_address"})
                         for x in worker["args"]]
                 # The Job controller's JOB_COMPLETION_INDEX, which summa-worker takes as its rank.
@@ -549,9 +574,10 @@ class K8sManifestTest(unittest.TestCase):
             self.assertEqual(len(accs), int(env["SUMMA_EPOCHS"]))
             self.assertGreater(accs[-1], 0.3, "well above chance (0.1)")
             # The workers found the socket data plane (with their token) and used it: in TLS
-            # under components/tls (the server says which suite).
+            # under components/tls (the server says which suite); the shared-memory plane under
+            # components/shared-memory.
             for w in workers:
-                self.assertIn("the data path goes over the socket data plane", g.log(w))
+                self.assertIn(f"the data path goes over the {plane}", g.log(w))
             for server in servers:
                 self.assertEqual("data plane: TLSv1.3" in g.log(server), health_port is not None)
 

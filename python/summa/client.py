@@ -502,6 +502,12 @@ class Client:
     def on_socket_plane(self):
         return self.native is not None and self.native.on_socket_plane
 
+    @property
+    def on_shm_plane(self):
+        """Whether the data path goes over the shared-memory plane (a server on this host with
+        summa-server --shm_socket; the C++ client only)."""
+        return self.native is not None and self.native.on_shm_plane
+
     def begin(self, step, num_examples, gradients, weights):
         """Starts `step`'s exchange, partition by partition as ready() names them; `gradients` and
         `weights` (the flat float32 buffers) are held until finish()."""

@@ -36,16 +36,25 @@ def make_secrets(source, directory):
             for d in yaml.safe_load_all(out) if d}
 
 
-def pod_volumes(pod_spec, container, secrets, root):
+def pod_volumes(pod_spec, container, secrets, root, node=None):
     """Writes what the kubelet would mount for `container` under root (root + mountPath) and
     returns {mountPath: directory}: a Secret's keys (its items only, when listed; a missing key
-    fails, as the kubelet's mount does) with the volume's mode; an empty directory for a claim."""
+    fails, as the kubelet's mount does) with the volume's mode; an empty directory for a claim;
+    for a hostPath, the one directory node + path that every pod of this node shares (a hostPath
+    without `node` fails: the test must say which node the pod is on)."""
     volumes = {v["name"]: v for v in pod_spec.get("volumes", [])}
     mounts = {}
     for m in container.get("volumeMounts", []):
+        volume = volumes.get(m["name"])
+        if volume is not None and "hostPath" in volume:
+            if node is None:
+                raise AssertionError(f"volume {m['name']} is a hostPath: the pod needs a node")
+            directory = node + volume["hostPath"]["path"]
+            os.makedirs(directory, exist_ok=True)
+            mounts[m["mountPath"]] = directory
+            continue
         directory = root + m["mountPath"]
         os.makedirs(directory)
-        volume = volumes.get(m["name"])
         if volume is not None and "secret" in volume:
             source = volume["secret"]
             data = secrets[source["secretName"]]["files"]

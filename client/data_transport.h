@@ -22,7 +22,9 @@ class DataTransport {
 
   // Starts call `tag` of `method` to `shard`, ended by `deadline` at the latest. `request` stays
   // alive and unchanged until the call ends; `reply` then holds the reply message, valid until
-  // call `tag` starts again. A tag is started again only after it ended.
+  // call `tag` starts again. A tag is started again only after it ended. The `reply` object
+  // itself outlives the transport or the tag's next start, whichever comes first: the
+  // shared-memory plane may rewrite it (the same message, moved out of a segment) meanwhile.
   virtual void Start(size_t tag, int shard, DataMethod method, const grpc::ByteBuffer* request,
                      grpc::ByteBuffer* reply, absl::Time deadline) = 0;
   // Waits for the next call to end: its tag and status. False when none is in flight. True

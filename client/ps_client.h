@@ -313,6 +313,10 @@ class ParameterClient final : public ParameterStore {
   std::vector<summa::v1::PullRequest> pull_requests_;
   std::vector<grpc::ByteBuffer> requests_;
   std::vector<grpc::ByteBuffer> replies_;
+  // AllReduce's, per chunk: members, as the other calls' are, because the shared-memory plane's
+  // transport may still write a reply it moves aside after the call that wanted it returned.
+  std::vector<grpc::ByteBuffer> allreduce_requests_;
+  std::vector<grpc::ByteBuffer> allreduce_replies_;
   std::vector<summa::v1::PullResponse> pull_headers_;
   std::vector<std::string> partition_names_;  // "partition <id>", for errors
   // The pushes in the job's wire format, and per partition a pull reply's 16-bit values before

@@ -51,7 +51,12 @@ absl::Status ParameterClient::AllReduceInto(const Collective& group, absl::Span<
     return chunks == 1 ? group.name : absl::StrCat(group.name, "/", k, "of", chunks);
   };
   auto range = [&](size_t k) { return plan.Range(static_cast<int64_t>(k)); };
-  std::vector<grpc::ByteBuffer> requests(chunks), replies(chunks);
+  if (allreduce_replies_.size() < chunks) {
+    allreduce_requests_.resize(chunks);
+    allreduce_replies_.resize(chunks);
+  }
+  std::vector<grpc::ByteBuffer>& requests = allreduce_requests_;
+  std::vector<grpc::ByteBuffer>& replies = allreduce_replies_;
   // The requests' values are read from `values` while the calls run: `sum` (which may be the
   // same memory) is written only after every call has completed.
   SUMMA_RETURN_IF_ERROR(ForEach(
@@ -83,6 +88,8 @@ absl::Status ParameterClient::AllReduceInto(const Collective& group, absl::Span<
         Exactly(reinterpret_cast<char*>(sum.data() + begin), count * sizeof(float), &got,
                 absl::StrCat("AllReduce '", name(k), "'")),
         &header));
+    replies[k].Clear();
+    requests[k].Clear();
     if (!got) return absl::DataLossError(absl::StrCat("AllReduce '", name(k), "' came back without values"));
   }
   return absl::OkStatus();

@@ -22,6 +22,23 @@ namespace summa::worker {
 
 using socket_plane::kHeaderBytes;
 
+namespace {
+
+// How errors name a shard's plane.
+std::string Where(const SocketCalls::Endpoint& e) {
+  return e.shm_socket.empty() ? absl::StrCat("the data plane at ", e.host, ":", e.port)
+                              : absl::StrCat("the shared-memory plane at ", e.shm_socket);
+}
+
+// A refusal's status, its message read from `link` after its header `answer`.
+absl::Status ReadRefusal(socket_plane::Link& link, const socket_plane::ReplyHeader& answer, absl::Time deadline) {
+  std::string message(std::min(answer.message_length, socket_plane::kMaxStatusMessageBytes), '\0');
+  link.ReadFull(message.data(), message.size(), deadline, "a refusal").IgnoreError();
+  return absl::Status(static_cast<absl::StatusCode>(answer.code), message);
+}
+
+}  // namespace
+
 struct SocketCalls::Connection {
   socket_plane::Link link;  // the socket, and TLS over it
   short wait = 0;           // what the link last said it waits for (TLS may read to write)
@@ -103,9 +120,19 @@ absl::Status SocketCalls::OpenOnce(int shard, absl::Time deadline, bool* connect
     return fd.status();
   }
   *connected = true;
-  const std::string what = shm ? absl::StrCat("the shared-memory plane at ", e.shm_socket)
-                               : absl::StrCat("the data plane at ", e.host, ":", e.port);
+  const std::string what = Where(e);
   socket_plane::Link link(*std::move(fd));
+  if (shm) {
+    // The server's first words: its instance, checked before the token goes out.
+    uint64_t instance = 0;
+    SUMMA_RETURN_IF_ERROR(link.ReadFull(reinterpret_cast<char*>(&instance), sizeof(instance), deadline,
+                                        absl::StrCat(what, ": its instance")));
+    if (instance != e.shm_instance) {
+      lost_ = true;  // ask the server where its plane is again
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, ": the socket belongs to another server than the one asked (its instance differs)"));
+    }
+  }
   if (tls_ != nullptr && !shm) {
     if (absl::Status s = link.StartTls(*tls_, e.host, deadline); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
@@ -119,9 +146,8 @@ absl::Status SocketCalls::OpenOnce(int shard, absl::Time deadline, bool* connect
   SUMMA_RETURN_IF_ERROR(link.ReadFull(head, sizeof(head), deadline, absl::StrCat(what, ": hello")));
   const socket_plane::ReplyHeader answer = socket_plane::DecodeReplyHeader(head);
   if (answer.code != 0) {
-    std::string message(std::min(answer.message_length, socket_plane::kMaxStatusMessageBytes), '\0');
-    link.ReadFull(message.data(), message.size(), deadline, what).IgnoreError();
-    return absl::Status(static_cast<absl::StatusCode>(answer.code), absl::StrCat(what, ": ", message));
+    const absl::Status refused = ReadRefusal(link, answer, deadline);
+    return absl::Status(refused.code(), absl::StrCat(what, ": ", refused.message()));
   }
   auto c = std::make_unique<Connection>();
   c->link = std::move(link);
@@ -141,15 +167,12 @@ absl::Status SocketCalls::Attach(const Endpoint& e, Connection& c, absl::Time de
   std::memcpy(attach + 8, &reply_bytes, 8);
   SUMMA_RETURN_IF_ERROR(
       socket_plane::SendWithFd(c.link.fd(), attach, sizeof(attach), c.requests.fd(), deadline, "the attach"));
+  c.requests.CloseDescriptor();  // sent once; the mapping stays
   char head[kHeaderBytes];
   socket_plane::OwnedFd segment;
   SUMMA_RETURN_IF_ERROR(socket_plane::ReceiveWithFd(c.link.fd(), head, sizeof(head), &segment, deadline, "the attach"));
   const socket_plane::ReplyHeader answer = socket_plane::DecodeReplyHeader(head);
-  if (answer.code != 0) {
-    std::string message(std::min(answer.message_length, socket_plane::kMaxStatusMessageBytes), '\0');
-    c.link.ReadFull(message.data(), message.size(), deadline, "the attach's refusal").IgnoreError();
-    return absl::Status(static_cast<absl::StatusCode>(answer.code), message);
-  }
+  if (answer.code != 0) return ReadRefusal(c.link, answer, deadline);
   char body[socket_plane::kAttachBytes];
   if (answer.length != sizeof(body) || answer.message_length != 0) {
     return absl::DataLossError("a malformed answer to the attach");
@@ -161,8 +184,8 @@ absl::Status SocketCalls::Attach(const Endpoint& e, Connection& c, absl::Time de
   std::memcpy(&size, body, 8);
   std::memcpy(&instance, body + 8, 8);
   if (instance != e.shm_instance) {
-    // Another process listens at that path on this host (the server is on another host).
-    return absl::FailedPreconditionError("the socket belongs to another server than the one asked (its instance differs)");
+    lost_ = true;
+    return absl::FailedPreconditionError("the attach's answer names another instance than the server's first words");
   }
   if (!segment.valid()) return absl::DataLossError("the attach's answer carried no reply segment");
   SUMMA_ASSIGN_OR_RETURN(c.replies, SharedSegment::Adopt(segment.release(), size, reply_bytes,
@@ -172,7 +195,10 @@ absl::Status SocketCalls::Attach(const Endpoint& e, Connection& c, absl::Time de
 
 absl::Status SocketCalls::AssemblePieces(Connection& c) {
   std::map<uint64_t, SharedSegment>& published = published_[c.shard];
+  // Before any of this reply's pieces is mapped: none of them can be forgotten.
+  if (published.size() >= kMaxPublished) ForgetPublished(c.shard);
   c.reply_slices.clear();
+  c.reply_segments.clear();
   size_t next_fd = 0;
   uint64_t total = 0;
   const char* in = c.pieces.data();
@@ -187,13 +213,13 @@ absl::Status SocketCalls::AssemblePieces(Connection& c) {
       socket_plane::OwnedFd fd = std::move(c.passed[next_fd++]);
       auto found = published.find(segment);
       if (found == published.end()) {
-        if (published.size() >= kMaxPublished) ForgetPublished(c.shard);
         SUMMA_ASSIGN_OR_RETURN(SharedSegment mapped, SharedSegment::Adopt(fd.release(), size, size,
                                                                           SharedSegment::Access::kReadOnly,
                                                                           "a published segment"));
         found = published.emplace(segment, std::move(mapped)).first;
       }
       from = &found->second;
+      c.reply_segments.push_back(segment);
     }
     if (offset > from->size() || length > from->size() - offset) {
       return absl::DataLossError(absl::StrCat("a piece at [", offset, ", +", length, ") of a segment of ", from->size()));
@@ -205,12 +231,6 @@ absl::Status SocketCalls::AssemblePieces(Connection& c) {
     return absl::DataLossError(absl::StrCat("pieces of ", total, " bytes for a reply of ", c.reply.length));
   }
   *calls_[c.tag].reply = grpc::ByteBuffer(c.reply_slices.data(), c.reply_slices.size());
-  c.reply_segments.clear();
-  for (size_t k = 0; k < c.pieces.size() / socket_plane::kPieceBytes; ++k) {
-    uint64_t segment;
-    std::memcpy(&segment, c.pieces.data() + k * socket_plane::kPieceBytes, 8);
-    if (segment != 0) c.reply_segments.push_back(segment);
-  }
   return absl::OkStatus();
 }
 
@@ -288,10 +308,20 @@ void SocketCalls::Start(size_t tag, int shard, socket_plane::DataMethod method, 
     bodies_.resize(tag + 1);
     reply_home_.resize(tag + 1, nullptr);
   }
-  // This tag's last reply is no longer wanted: its connection may take any call.
+  // This tag's last reply is no longer wanted: its connection may take any call, and the server
+  // may reuse the published buffers it named (told now: a connection left idle would hold them).
   if (Connection* home = reply_home_[tag]; home != nullptr) {
     home->reply_owner = Connection::kNoTag;
     reply_home_[tag] = nullptr;
+    if (!home->reply_segments.empty() && home->link.valid()) {
+      home->reply_segments.clear();
+      char release[kHeaderBytes];
+      socket_plane::EncodeRequestHeader({socket_plane::kReleaseReply, 0, 0}, release);
+      // 16 bytes on an idle connection: they fit its socket's buffer; if not, the next call's
+      // request releases the reply instead.
+      [[maybe_unused]] const ssize_t sent =
+          ::send(home->link.fd(), release, sizeof(release), MSG_DONTWAIT | MSG_NOSIGNAL);
+    }
   }
   calls_[tag] = Call{shard, method, request, reply, deadline};
   ++in_flight_;
@@ -344,9 +374,8 @@ void SocketCalls::Begin(Connection& c, size_t tag) {
 
 void SocketCalls::Advance(Connection& c) {
   const Endpoint& e = shards_[c.shard];
-  auto failed = [&](absl::string_view what) {
-    End(c, absl::UnavailableError(absl::StrCat("the data plane at ", e.host, ":", e.port, ": ", what)));
-  };
+  const std::string where = Where(e);
+  auto failed = [&](absl::string_view what) { End(c, absl::UnavailableError(absl::StrCat(where, ": ", what))); };
   // Receives into `to` up to `want` bytes; false when nothing more can be read now (or the call ended).
   auto receive = [&](char* to, uint64_t want) -> bool {
     absl::StatusOr<size_t> n = c.requests.valid() ? socket_plane::ReceiveSome(c.link.fd(), to, want, &c.passed)
@@ -393,14 +422,13 @@ void SocketCalls::Advance(Connection& c) {
         if (c.reply_in_segment) {
           c.reply.code &= ~(socket_plane::kInSegment | socket_plane::kPieces);
           if (!c.reply_pieces && c.reply.length > c.replies.size()) {
-            return End(c, absl::DataLossError(absl::StrCat("the shared-memory plane at ", e.shm_socket, " sent a reply of ",
+            return End(c, absl::DataLossError(absl::StrCat(where, " sent a reply of ",
                                                            c.reply.length, " bytes for a segment of ", c.replies.size())));
           }
         }
         if (c.reply.message_length > socket_plane::kMaxStatusMessageBytes || c.reply.length > kMaxReplyBytes ||
             (c.reply.code != 0 && c.reply.length > socket_plane::kMaxStatusMessageBytes)) {
-          return End(c, absl::DataLossError(absl::StrCat("the data plane at ", e.host, ":", e.port,
-                                                         " sent a malformed reply header")));
+          return End(c, absl::DataLossError(absl::StrCat(where, " sent a malformed reply header")));
         }
         c.message.resize(c.reply.message_length);
         c.body = c.reply_in_segment ? c.replies.data() : bodies_[c.tag].Resize(c.reply.length);
@@ -419,11 +447,11 @@ void SocketCalls::Advance(Connection& c) {
       case Connection::Stage::kPieceCount: {
         if (!receive(c.piece_count + c.got, sizeof(c.piece_count) - c.got)) return;
         if (c.got < sizeof(c.piece_count)) continue;
-        uint32_t count;
+        uint32_t count, reserved;
         std::memcpy(&count, c.piece_count, 4);
-        if (count == 0 || count > socket_plane::kMaxPieces) {
-          return End(c, absl::DataLossError(absl::StrCat("the shared-memory plane at ", e.shm_socket, " sent a reply of ",
-                                                         count, " pieces")));
+        std::memcpy(&reserved, c.piece_count + 4, 4);
+        if (count == 0 || count > socket_plane::kMaxPieces || reserved != 0 || c.reply.code != 0) {
+          return End(c, absl::DataLossError(absl::StrCat(where, " sent a malformed list of pieces (", count, ")")));
         }
         c.pieces.resize(count * socket_plane::kPieceBytes);
         c.stage = Connection::Stage::kPieces;
@@ -438,8 +466,7 @@ void SocketCalls::Advance(Connection& c) {
         absl::Status assembled = AssemblePieces(c);
         c.passed.clear();
         if (!assembled.ok()) {
-          return End(c, absl::DataLossError(absl::StrCat("the shared-memory plane at ", e.shm_socket, ": ",
-                                                         assembled.message())));
+          return End(c, absl::DataLossError(absl::StrCat(where, ": ", assembled.message())));
         }
         c.reply_owner = c.tag;
         reply_home_[c.tag] = &c;
@@ -493,6 +520,7 @@ bool SocketCalls::Next(size_t* tag, absl::Status* status) {
                                       [&](const std::unique_ptr<Connection>& c) {
                                         if (c->link.valid()) return false;
                                         caps_[c->shard] = kMaxConnectionsPerShard;  // room again
+                                        MoveReplyAside(*c);  // its segments go with it
                                         return true;
                                       }),
                        connections_.end());

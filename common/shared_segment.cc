@@ -1,8 +1,10 @@
 #include "common/shared_segment.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -74,8 +76,10 @@ absl::StatusOr<SharedSegment> SharedSegment::Adopt(int fd, uint64_t bytes, uint6
   s.fd_ = fd;  // closed by `s` on every path below
   struct stat st = {};
   if (::fstat(fd, &st) != 0) return Errno(absl::StrCat(what, ": fstat"));
-  if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " is not a memory file (memfd_create)"));
+  struct statfs fs = {};
+  if (!S_ISREG(st.st_mode) || ::fstatfs(fd, &fs) != 0 || fs.f_type != TMPFS_MAGIC) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " is not a memory file of ordinary pages (memfd_create without MFD_HUGETLB)"));
   }
   if (static_cast<uint64_t>(st.st_size) != bytes) {
     return absl::InvalidArgumentError(
@@ -97,13 +101,29 @@ absl::StatusOr<SharedSegment> SharedSegment::Adopt(int fd, uint64_t bytes, uint6
   const int prot = access == Access::kReadWrite ? PROT_READ | PROT_WRITE : PROT_READ;
   void* mapped = ::mmap(nullptr, bytes, prot, MAP_SHARED, fd, 0);
   if (mapped == MAP_FAILED) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " cannot be mapped ", access == Access::kReadWrite ? "read-write" : "read-only", ": ",
-        std::strerror(errno)));
+    const int error = errno;
+    const std::string message = absl::StrCat(what, " cannot be mapped ",
+                                             access == Access::kReadWrite ? "read-write" : "read-only", ": ",
+                                             std::strerror(error));
+    return error == ENOMEM ? absl::ResourceExhaustedError(message) : absl::InvalidArgumentError(message);
   }
   s.data_ = static_cast<char*>(mapped);
   s.size_ = bytes;
+  s.CloseDescriptor();
   return s;
+}
+
+void SharedSegment::CloseDescriptor() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+absl::Status SharedSegment::KeepReadOnlyDescriptor() {
+  absl::StatusOr<int> read_only = ReadOnlyDescriptor();
+  if (!read_only.ok()) return read_only.status();
+  CloseDescriptor();
+  fd_ = *read_only;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<int> SharedSegment::ReadOnlyDescriptor() const {

@@ -38,9 +38,11 @@ class SharedSegment {
   // excepted (a reply segment). RESOURCE_EXHAUSTED where memory or descriptors run out.
   static absl::StatusOr<SharedSegment> Create(absl::string_view name, uint64_t bytes, bool writable_by_others);
 
-  // Maps a segment another process sent: `fd` is taken over (closed on every path). Its size must
-  // be `bytes` (what the sender declared), at most `max_bytes`, and it must be sealed against
-  // shrinking; INVALID_ARGUMENT naming what is wrong otherwise (`what` names the segment).
+  // Maps a segment another process sent: `fd` is taken over (closed on every path: the mapping
+  // keeps the memory, so a process holds no descriptor per segment it reads). It must be a memfd
+  // of ordinary pages (tmpfs: hugetlb pages could be taken back from under the mapping), of the
+  // size `bytes` its sender declared, at most `max_bytes`, and sealed against shrinking;
+  // INVALID_ARGUMENT naming what is wrong otherwise (`what` names the segment).
   static absl::StatusOr<SharedSegment> Adopt(int fd, uint64_t bytes, uint64_t max_bytes, Access access,
                                              absl::string_view what);
 
@@ -48,6 +50,11 @@ class SharedSegment {
   // /proc/self/fd/N, read-only), for sending; the caller closes it. Falls back to a duplicate of
   // the descriptor where /proc is not mounted (the seals still refuse writes).
   absl::StatusOr<int> ReadOnlyDescriptor() const;
+  // Keeps only a read-only descriptor (ReadOnlyDescriptor's) in place of the one it made, for a
+  // segment whose descriptor is sent again and again (a published snapshot's).
+  absl::Status KeepReadOnlyDescriptor();
+  // Closes the descriptor; the mapping stays (a segment sent once, at attach).
+  void CloseDescriptor();
 
   char* data() const { return data_; }
   uint64_t size() const { return size_; }

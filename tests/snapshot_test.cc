@@ -1,5 +1,11 @@
 #include "server/core/snapshot.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <string>
+
 #include "gtest/gtest.h"
 
 namespace summa::server {
@@ -82,4 +88,36 @@ TEST(SnapshotTest, AVersionIsEncodedOnceForEveryReplyAndAReusedBufferIsEncodedAf
 }
 
 }  // namespace
+TEST(SnapshotPoolTest, ALargeBufferOfASharingProcessIsASegmentThatIsSentReadOnlyAndCannotBeWritten) {
+  SnapshotPool pool;
+  float* small_data;
+  const Snapshot small = pool.Acquire(Snapshot::kSharedBytes / sizeof(float) - 1, &small_data);
+  Snapshot::SharedView view;
+  Snapshot::ShareLargeBuffers();
+  float* data;
+  const int64_t n = Snapshot::kSharedBytes / sizeof(float);
+  const Snapshot big = pool.Acquire(n, &data);
+  for (int64_t i = 0; i < n; ++i) data[i] = static_cast<float>(i);
+  EXPECT_FALSE(Snapshot::FindShared(small_data, 4, &view)) << "a buffer made before sharing, and small";
+  ASSERT_TRUE(Snapshot::FindShared(data + 10, 40, &view));
+  EXPECT_EQ(view.offset, 40u);
+  EXPECT_GE(view.segment_bytes, static_cast<uint64_t>(n * sizeof(float)));
+  EXPECT_FALSE(Snapshot::FindShared(data + n - 1, 8, &view)) << "bytes past the buffer's";
+  ASSERT_TRUE(Snapshot::FindShared(data, 4, &view));
+  // The descriptor a worker gets reads, and nothing else, however it is opened again.
+  EXPECT_EQ(::fcntl(view.fd, F_GETFL) & O_ACCMODE, O_RDONLY);
+  void* read = ::mmap(nullptr, view.segment_bytes, PROT_READ, MAP_SHARED, view.fd, 0);
+  ASSERT_NE(read, MAP_FAILED);
+  EXPECT_EQ(static_cast<const float*>(read)[7], 7.0f);
+  ::munmap(read, view.segment_bytes);
+  EXPECT_EQ(::mmap(nullptr, view.segment_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, view.fd, 0), MAP_FAILED);
+  const std::string again = "/proc/self/fd/" + std::to_string(view.fd);
+  const int writable = ::open(again.c_str(), O_RDWR | O_CLOEXEC);
+  if (writable >= 0) {
+    EXPECT_EQ(::mmap(nullptr, view.segment_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, writable, 0), MAP_FAILED);
+    EXPECT_LT(::write(writable, "x", 1), 0);
+    ::close(writable);
+  }
+}
+
 }  // namespace summa::server

@@ -15,6 +15,7 @@
 #include <netinet/in.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -112,23 +113,26 @@ class SocketPlaneFixture : public ::testing::Test {
     return sum;
   }
 
-  // Ranks 0 and 1 join the core, rank 0 with `initial` (a tensor "w" of 4 floats); their sessions.
+  // Ranks 0 and 1 join the core, rank 0 with `initial` (the tensor "w"); their sessions.
   void JoinTwo(const std::vector<float>& initial, uint64_t sessions[2]) {
     const std::string initial_bytes(reinterpret_cast<const char*>(initial.data()), initial.size() * sizeof(float));
     for (int rank : {0, 1}) {
       JoinRequestView join;
       join.rank = rank;
       join.world_size = 2;
-      join.params = {{{"w", DType::kFloat32, {4}}, rank == 0 ? absl::string_view(initial_bytes) : absl::string_view()}};
+      join.params = {{{"w", DType::kFloat32, {static_cast<int64_t>(initial.size())}},
+                      rank == 0 ? absl::string_view(initial_bytes) : absl::string_view()}};
       absl::StatusOr<JoinResult> joined = core_->Join(join);
       ASSERT_TRUE(joined.ok()) << joined.status();
       sessions[rank] = joined->session;
     }
   }
 
-  // Two workers in threads take 20 sync steps of PushPull through SocketCalls to `endpoint`,
-  // each checking every step's weights; the core ends on the weights they imply.
-  void TwoWorkersStepExactly(const worker::SocketCalls::Endpoint& endpoint);
+  // Two workers in threads take kSteps sync steps of PushPull of a model of `floats` through
+  // SocketCalls to `endpoint`, each checking every step's weights; the core ends on the weights
+  // they imply.
+  static constexpr uint64_t kSteps = 20;
+  void TwoWorkersStepExactly(const worker::SocketCalls::Endpoint& endpoint, size_t floats = 4);
 
   // A connection that has passed its hello.
   socket_plane::OwnedFd Greeted() {
@@ -416,14 +420,20 @@ TEST_F(SocketPlaneTest, ARefusalCarriesItsReasonOnlyToAClientWhoseHelloAsksForIt
   }
 }
 
-void SocketPlaneFixture::TwoWorkersStepExactly(const worker::SocketCalls::Endpoint& endpoint) {
-  const std::vector<float> initial = {1, 2, 3, 4};
+void SocketPlaneFixture::TwoWorkersStepExactly(const worker::SocketCalls::Endpoint& endpoint, size_t floats) {
+  std::vector<float> initial(floats);
+  for (size_t i = 0; i < floats; ++i) initial[i] = static_cast<float>(i % 1000 + 1);
   uint64_t sessions[2];
   ASSERT_NO_FATAL_FAILURE(JoinTwo(initial, sessions));
-  constexpr uint64_t kSteps = 20;
+  // (1 + 2) / 2 examples at lr 0.5: every weight moves by 0.75 a step.
+  auto weights_at = [&](uint64_t version) {
+    std::vector<float> w(floats);
+    for (size_t i = 0; i < floats; ++i) w[i] = initial[i] - 0.75f * static_cast<float>(version);
+    return w;
+  };
   auto worker = [&](int rank) {
     worker::SocketCalls calls({endpoint}, "");
-    const std::vector<float> gradient(4, rank + 1.0f);
+    const std::vector<float> gradient(floats, rank + 1.0f);
     for (uint64_t step = 0; step < kSteps; ++step) {
       pb::PushRequest push;
       push.set_rank(rank);
@@ -432,7 +442,7 @@ void SocketPlaneFixture::TwoWorkersStepExactly(const worker::SocketCalls::Endpoi
       push.set_partition(0);
       push.set_num_examples(1);
       push.set_dtype(pb::DTYPE_FLOAT32);
-      push.set_data(gradient.data(), 16);
+      push.set_data(gradient.data(), floats * sizeof(float));
       grpc::Slice slice(push.SerializeAsString());
       grpc::ByteBuffer request(&slice, 1), reply;
       calls.Start(0, 0, socket_plane::DataMethod::kPushPull, &request, &reply, absl::Now() + absl::Seconds(20));
@@ -442,17 +452,16 @@ void SocketPlaneFixture::TwoWorkersStepExactly(const worker::SocketCalls::Endpoi
       ASSERT_TRUE(status.ok()) << status;
       pb::PullResponse response;
       ASSERT_TRUE(response.ParseFromString(Flatten(reply)));
-      EXPECT_EQ(response.version(), step + 1);
-      // (1 + 2) / 2 examples at lr 0.5: every weight moves by 0.75 a step.
-      std::vector<float> expected;
-      for (float w : initial) expected.push_back(w - 0.75f * static_cast<float>(step + 1));
-      EXPECT_EQ(response.data(), std::string(reinterpret_cast<const char*>(expected.data()), 16)) << "step " << step;
+      ASSERT_EQ(response.version(), step + 1);
+      const std::vector<float> expected = weights_at(step + 1);
+      ASSERT_EQ(response.data(), std::string(reinterpret_cast<const char*>(expected.data()), floats * sizeof(float)))
+          << "rank " << rank << ", step " << step;
     }
   };
   std::thread a(worker, 0), b(worker, 1);
   a.join();
   b.join();
-  EXPECT_EQ(server::ParameterServerPeer::Weights(*core_), (std::vector<float>{-14, -13, -12, -11}));
+  EXPECT_EQ(server::ParameterServerPeer::Weights(*core_), weights_at(kSteps));
 }
 
 TEST_F(SocketPlaneTest, WorkersInThreadsTakeExactSyncStepsThroughPushPull) {
@@ -480,6 +489,11 @@ class ShmPlaneTest : public SocketPlaneFixture {
     absl::StatusOr<socket_plane::OwnedFd> fd = socket_plane::ConnectUnix(path_, absl::Now() + absl::Seconds(10));
     EXPECT_TRUE(fd.ok()) << fd.status();
     if (!fd.ok()) return socket_plane::OwnedFd();
+    uint64_t instance = 0;  // the server's first words
+    EXPECT_TRUE(socket_plane::ReadFull(fd->get(), reinterpret_cast<char*>(&instance), sizeof(instance),
+                                       absl::Now() + absl::Seconds(10), "the instance")
+                    .ok());
+    EXPECT_EQ(instance, kInstance);
     SendHello(fd->get(), "");
     absl::StatusOr<RawReply> hello = ReadReply(fd->get());
     EXPECT_TRUE(hello.ok() && hello->header.code == 0) << (hello.ok() ? hello->message : hello.status().ToString());
@@ -559,56 +573,10 @@ TEST_F(ShmPlaneTest, AMessageLargerThanTheSegmentsGoesOnTheSocketAndASumInAPubli
 }
 
 TEST_F(ShmPlaneTest, PublishedWeightsAreReadStepAfterStepWhileTheServerWritesTheNextVersion) {
-  // Partitions of 64 KiB and more: every reply's weights are a published segment's, which the
-  // server writes a new version into only once no reply names it.
+  // A partition of 128 KiB (Snapshot::kSharedBytes and more): every reply's weights are a
+  // published segment's, which the server writes a new version into only once no reply names it.
   StartShm({}, /*world_size=*/2);
-  const size_t n = 32 << 10;  // 128 KiB of weights
-  std::vector<float> initial(n);
-  for (size_t i = 0; i < n; ++i) initial[i] = static_cast<float>(i % 1000);
-  const std::string initial_bytes(reinterpret_cast<const char*>(initial.data()), n * sizeof(float));
-  uint64_t sessions[2];
-  for (int rank : {0, 1}) {
-    JoinRequestView join;
-    join.rank = rank;
-    join.world_size = 2;
-    join.params = {{{"w", DType::kFloat32, {static_cast<int64_t>(n)}},
-                    rank == 0 ? absl::string_view(initial_bytes) : absl::string_view()}};
-    absl::StatusOr<JoinResult> joined = core_->Join(join);
-    ASSERT_TRUE(joined.ok()) << joined.status();
-    sessions[rank] = joined->session;
-  }
-  constexpr uint64_t kSteps = 10;
-  auto worker = [&](int rank) {
-    worker::SocketCalls calls({Endpoint()}, "");
-    const std::vector<float> gradient(n, rank + 1.0f);
-    for (uint64_t step = 0; step < kSteps; ++step) {
-      pb::PushRequest push;
-      push.set_rank(rank);
-      push.set_session(sessions[rank]);
-      push.set_step(step);
-      push.set_partition(0);
-      push.set_num_examples(1);
-      push.set_dtype(pb::DTYPE_FLOAT32);
-      push.set_data(gradient.data(), n * sizeof(float));
-      grpc::Slice slice(push.SerializeAsString());
-      grpc::ByteBuffer request(&slice, 1), reply;
-      calls.Start(0, 0, socket_plane::DataMethod::kPushPull, &request, &reply, absl::Now() + absl::Seconds(20));
-      size_t tag = 99;
-      absl::Status status;
-      ASSERT_TRUE(calls.Next(&tag, &status));
-      ASSERT_TRUE(status.ok()) << status;
-      pb::PullResponse response;
-      ASSERT_TRUE(response.ParseFromString(Flatten(reply)));
-      ASSERT_EQ(response.version(), step + 1);
-      std::vector<float> expected(n);
-      for (size_t i = 0; i < n; ++i) expected[i] = initial[i] - 0.75f * static_cast<float>(step + 1);
-      ASSERT_EQ(response.data(), std::string(reinterpret_cast<const char*>(expected.data()), n * sizeof(float)))
-          << "rank " << rank << ", step " << step;
-    }
-  };
-  std::thread a(worker, 0), b(worker, 1);
-  a.join();
-  b.join();
+  TwoWorkersStepExactly(Endpoint(), /*floats=*/32 << 10);
   EXPECT_EQ(plane_->replies_in_segments(), 2 * kSteps);
 }
 
@@ -753,6 +721,54 @@ TEST_F(ShmPlaneTest, AClientRefusesASocketThatAnotherServerAnswers) {
   EXPECT_TRUE(absl::StrContains(opened.message(), "belongs to another server")) << opened;
   worker::SocketCalls right({Endpoint()}, "");
   EXPECT_TRUE(right.Open(0, absl::Now() + absl::Seconds(10)).ok());
+}
+
+TEST_F(ShmPlaneTest, AClientSendsNoTokenToASocketThatDoesNotSayTheServersInstance) {
+  // Someone else's socket at the path (a world-writable directory on the worker's host): it says
+  // another instance, and the client goes without a byte of its hello.
+  absl::StatusOr<socket_plane::OwnedFd> impostor = socket_plane::ListenUnix(path_, 0666);
+  ASSERT_TRUE(impostor.ok()) << impostor.status();
+  std::string heard;
+  std::thread listen([&] {
+    const int fd = ::accept4(impostor->get(), nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) return;
+    const uint64_t wrong = kInstance + 1;
+    ::send(fd, &wrong, sizeof(wrong), MSG_NOSIGNAL);
+    char buffer[256];
+    for (ssize_t n; (n = ::recv(fd, buffer, sizeof(buffer), 0)) > 0;) heard.append(buffer, n);
+    ::close(fd);
+  });
+  auto calls = std::make_unique<worker::SocketCalls>(std::vector<worker::SocketCalls::Endpoint>{Endpoint()},
+                                                     "Bearer secret");
+  const absl::Status opened = calls->Open(0, absl::Now() + absl::Seconds(10));
+  EXPECT_TRUE(absl::IsFailedPrecondition(opened)) << opened;
+  EXPECT_TRUE(absl::StrContains(opened.message(), "belongs to another server")) << opened;
+  EXPECT_TRUE(calls->lost());  // the client asks where the plane is again
+  calls.reset();  // whatever it still held closes: the impostor's read ends
+  listen.join();
+  EXPECT_EQ(heard, "") << "the client said something to a socket that is not its server's";
+  ::unlink(path_.c_str());
+}
+
+TEST_F(ShmPlaneTest, ALiveServersSocketIsNotTakenAndAStaleOneIs) {
+  StartShm();
+  SocketPlaneOptions again;
+  again.shm_socket = path_;
+  absl::StatusOr<std::unique_ptr<SocketPlane>> second = SocketPlane::Start("", service_.get(), &tokens_, again);
+  EXPECT_TRUE(absl::IsUnavailable(second.status())) << second.status();
+  EXPECT_TRUE(absl::StrContains(second.status().message(), "another process listens there")) << second.status();
+  // A socket left by a server that died (bound, never closed by it, no one listening): taken.
+  plane_->Stop();
+  plane_.reset();
+  {
+    absl::StatusOr<socket_plane::OwnedFd> stale = socket_plane::ListenUnix(path_, 0600);
+    ASSERT_TRUE(stale.ok()) << stale.status();
+  }  // closed, the file left behind
+  struct stat st = {};
+  ASSERT_EQ(::lstat(path_.c_str(), &st), 0);
+  StartShm();
+  worker::SocketCalls calls({Endpoint()}, "");
+  EXPECT_TRUE(calls.Open(0, absl::Now() + absl::Seconds(10)).ok());
 }
 
 TEST_F(ShmPlaneTest, AHelloWithoutTheTokenGetsNoSegment) {

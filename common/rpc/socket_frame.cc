@@ -216,7 +216,13 @@ absl::StatusOr<OwnedFd> ListenUnix(const std::string& path, unsigned mode) {
     if (!S_ISSOCK(st.st_mode)) {
       return absl::UnavailableError(absl::StrCat("cannot listen on ", path, ": a file that is not a socket is there"));
     }
-    ::unlink(path.c_str());  // an earlier server's, left by a crash
+    // A socket nobody listens on is an earlier server's, left by a crash: it goes. One that
+    // takes a connection is a live server's.
+    OwnedFd probe(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (probe.valid() && ::connect(probe.get(), reinterpret_cast<const sockaddr*>(&*address), sizeof(*address)) == 0) {
+      return absl::UnavailableError(absl::StrCat("cannot listen on ", path, ": another process listens there"));
+    }
+    ::unlink(path.c_str());
   }
   OwnedFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd.valid()) return ErrnoStatus(errno, "a Unix socket");
@@ -285,39 +291,21 @@ absl::Status SendWithFds(int fd, const char* data, size_t size, absl::Span<const
 absl::Status ReceiveWithFd(int fd, char* data, size_t size, OwnedFd* received, absl::Time deadline,
                            absl::string_view what) {
   received->Reset();
+  std::vector<OwnedFd> passed;
   for (size_t done = 0; done < size;) {
-    alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))] = {};
-    iovec iov = {data + done, size - done};
-    msghdr message = {};
-    message.msg_iov = &iov;
-    message.msg_iovlen = 1;
-    message.msg_control = control;
-    message.msg_controllen = sizeof(control);
-    const ssize_t n = ::recvmsg(fd, &message, MSG_CMSG_CLOEXEC);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) return ErrnoStatus(errno, what);
+    absl::StatusOr<size_t> n = ReceiveSome(fd, data + done, size - done, &passed);
+    if (!n.ok()) {
+      return absl::Status(n.status().code(), absl::StrCat(what, ": ", n.status().message(), " after ", done, " of ",
+                                                          size, " bytes"));
+    }
+    if (*n == 0) {
       SUMMA_RETURN_IF_ERROR(Await(fd, POLLIN, deadline, what));
       continue;
     }
-    for (cmsghdr* c = CMSG_FIRSTHDR(&message); c != nullptr; c = CMSG_NXTHDR(&message, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t k = 0; k < count; ++k) {
-        int got;
-        std::memcpy(&got, CMSG_DATA(c) + k * sizeof(int), sizeof(int));
-        if (!received->valid()) {
-          *received = OwnedFd(got);
-        } else {
-          ::close(got);  // one descriptor is all a message carries
-        }
-      }
-    }
-    if (n == 0) {
-      return absl::UnavailableError(absl::StrCat(what, ": the connection closed after ", done, " of ", size, " bytes"));
-    }
-    done += static_cast<size_t>(n);
+    done += *n;
   }
+  // One descriptor is all these messages carry; any more are closed as `passed` goes.
+  if (!passed.empty()) *received = std::move(passed.front());
   return absl::OkStatus();
 }
 
@@ -344,6 +332,11 @@ absl::StatusOr<size_t> ReceiveSome(int fd, char* data, size_t size, std::vector<
         std::memcpy(&got, CMSG_DATA(c) + k * sizeof(int), sizeof(int));
         received->emplace_back(got);
       }
+    }
+    if (message.msg_flags & MSG_CTRUNC) {
+      // The kernel dropped descriptors sent beside these bytes: this process holds as many as
+      // its limit allows (RLIMIT_NOFILE), or more came than a message carries.
+      return absl::ResourceExhaustedError("descriptors sent beside the bytes were dropped (the open-file limit?)");
     }
     if (n == 0 && size > 0) return absl::UnavailableError("the connection closed");
     return static_cast<size_t>(n);

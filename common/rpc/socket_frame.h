@@ -24,7 +24,9 @@
 //
 // The shared-memory plane (a client on the server's host): the same frames on a Unix socket
 // (its path in the DataPlane reply), never TLS, with the large bytes in shared segments
-// (common/shared_segment.h) instead of on the socket. After the hello's answer:
+// (common/shared_segment.h) instead of on the socket. The server speaks first: u64 its instance
+// (DataPlaneResponse.shm_instance), which the client checks before its hello, so that a token
+// never goes to a socket someone else put at that path. After the hello's answer:
 //   attach (client): u64 request segment bytes, u64 reply segment bytes asked for, with the
 //                    request segment's memfd (SCM_RIGHTS): sealed against shrinking, its size
 //                    the one declared, at most the server's --max_message_bytes plus kMaxLead
@@ -47,8 +49,11 @@
 //                    (SCM_RIGHTS, in the pieces' order, beside the header). A client maps a
 //                    published segment once and keeps it; the server does not write what a
 //                    reply names until the connection's next request.
+//   release:         a request header with method kReleaseReply and nothing else: the client is
+//                    done with the last reply, the server may write what it named; no answer
 // A segment is the connection's, one call at a time: the client writes its request segment only
-// between calls, and reads a reply in the reply segment before its connection's next call.
+// between calls, and reads a reply in the reply segment before its connection's next call (or
+// release).
 #ifndef SUMMA_COMMON_RPC_SOCKET_FRAME_H_
 #define SUMMA_COMMON_RPC_SOCKET_FRAME_H_
 
@@ -101,8 +106,10 @@ inline constexpr uint32_t kInSegment = uint32_t{1} << 31;
 inline constexpr uint32_t kPieces = uint32_t{1} << 30;  // a reply's code, with kInSegment
 inline constexpr size_t kPieceBytes = 32;
 inline constexpr uint32_t kMaxPieces = 64;
-// The attach and its answer's body.
+// The attach and its answer's body; the server's first words.
 inline constexpr size_t kAttachBytes = 16;
+inline constexpr size_t kInstanceBytes = 8;
+inline constexpr uint32_t kReleaseReply = ~uint32_t{0};
 void EncodeRequestHeader(const RequestHeader& header, char out[kHeaderBytes]);
 RequestHeader DecodeRequestHeader(const char in[kHeaderBytes]);
 void EncodeReplyHeader(const ReplyHeader& header, char out[kHeaderBytes]);

@@ -23,6 +23,7 @@ std::map<uintptr_t, SharedEntry>& SharedByAddress() ABSL_EXCLUSIVE_LOCKS_REQUIRE
   return *by_address;
 }
 std::atomic<uint64_t> next_shared_id{1};
+std::atomic<bool> share_large_buffers{false};
 
 void Unregister(const SharedSegment& s) {
   if (!s.valid()) return;
@@ -44,9 +45,12 @@ void Snapshot::Buffer::Resize(int64_t n) {
     data = reinterpret_cast<float*>(shared.data());
     return;
   }
-  if (n * static_cast<int64_t>(sizeof(float)) >= kSharedBytes) {
+  if (n * static_cast<int64_t>(sizeof(float)) >= kSharedBytes && share_large_buffers.load(std::memory_order_relaxed)) {
     absl::StatusOr<SharedSegment> made = SharedSegment::Create("summa-weights", n * sizeof(float),
                                                                /*writable_by_others=*/false);
+    // Sent to every worker that reads it: a descriptor that can only read (the seals refuse
+    // writes whatever the descriptor).
+    if (made.ok()) (void)made->KeepReadOnlyDescriptor();
     if (made.ok()) {
       Unregister(shared);
       shared = *std::move(made);
@@ -67,6 +71,8 @@ void Snapshot::Buffer::Resize(int64_t n) {
   heap.resize(n);
   data = heap.data();
 }
+
+void Snapshot::ShareLargeBuffers() { share_large_buffers.store(true, std::memory_order_relaxed); }
 
 bool Snapshot::FindShared(const void* p, size_t bytes, SharedView* out) {
   const uintptr_t at = reinterpret_cast<uintptr_t>(p);

@@ -8,10 +8,11 @@
 // holds, allocating (and first touching) a new one only when every buffer is still being sent: in
 // steady state a step allocates nothing (two buffers: the one being sent and the one being filled).
 //
-// Buffers of kSharedBytes or more live in shared segments (memfds, common/shared_segment.h): the
-// shared-memory plane's replies name the segment and the bytes in it instead of copying them
-// (FindShared), and a worker on this host maps it read-only and reads the values out. A buffer
-// whose segment cannot be made (no descriptors left) lives on the heap instead.
+// In a process that serves the shared-memory plane (ShareLargeBuffers), buffers of kSharedBytes
+// or more live in shared segments (memfds, common/shared_segment.h): the plane's replies name the
+// segment and the bytes in it instead of copying them (FindShared), and a worker on this host
+// maps it read-only and reads the values out. A buffer whose segment cannot be made (no
+// descriptors left) lives on the heap instead, as every buffer does in other processes.
 //
 // Thread-safety: Snapshot handles may be copied and dropped on any thread; a pool is not
 // thread-safe (its owner's lock guards it), and a buffer is written only between Acquire and the
@@ -69,6 +70,9 @@ class Snapshot {
     uint64_t segment_bytes = 0;
   };
   static bool FindShared(const void* p, size_t bytes, SharedView* out);
+  // From now on, buffers of kSharedBytes or more that pools make (or grow) are shared segments.
+  // For the shared-memory plane, as it starts (server/rpc/socket_plane.h). Thread-safe.
+  static void ShareLargeBuffers();
   // Buffers this size or larger are shared segments.
   static constexpr int64_t kSharedBytes = 64 << 10;
 

@@ -62,12 +62,27 @@ class RequestValues {
 // (the core reads them as floats): read in place where the request is one piece of memory (the
 // socket data plane's), moved down over the fields already parsed where the sender did not pad
 // them onto a boundary; copied into `values` otherwise (gRPC's receive slices). The view lasts
-// while the handler runs.
+// while the handler runs. A request in memory its sender may still write (the shared-memory
+// plane's segment, DataCall::request_shared: mapped read-only) keeps its values there only with
+// `*shared` given, which is then set: for a handler that reads each value once, or checks and
+// sums so that a change between the two cannot matter (PushRequestView::shared); otherwise, and
+// where they are off a boundary, they are copied into `values`.
 absl::Status ParseRequest(DataCall& call, absl::Span<const int> path, Scratch* values, absl::string_view* view,
-                          google::protobuf::MessageLite* header) {
+                          google::protobuf::MessageLite* header, bool* shared = nullptr) {
+  if (shared != nullptr) *shared = false;
   if (std::optional<absl::Span<char>> whole = call.whole_request()) {
     SUMMA_RETURN_IF_ERROR(ParseInPlace(absl::string_view(whole->data(), whole->size()), path, view, header));
     const size_t off = reinterpret_cast<uintptr_t>(view->data()) % alignof(float);
+    if (call.request_shared()) {
+      if (shared != nullptr && off == 0) {
+        *shared = true;
+      } else if (!view->empty()) {
+        char* to = values->Resize(view->size());
+        std::memcpy(to, view->data(), view->size());
+        *view = absl::string_view(to, view->size());
+      }
+      return absl::OkStatus();
+    }
     if (off != 0) {
       // The bytes before the values are the message's own (at least `off` of them, the message
       // starting on a boundary), parsed already.
@@ -98,9 +113,10 @@ absl::StatusOr<PushRequestView> ParsePush(DataCall& call, pb::PushRequest* heade
   constexpr int kDataPath[] = {pb::PushRequest::kDataFieldNumber};
   absl::Status parsed;
   absl::string_view data;
+  bool shared = false;
   {
     TraceSpan span(tracer, "receive", "server");
-    parsed = ParseRequest(call, kDataPath, values, &data, header);
+    parsed = ParseRequest(call, kDataPath, values, &data, header, &shared);
   }
   if (!parsed.ok()) return parsed;
   PushRequestView v;
@@ -116,9 +132,17 @@ absl::StatusOr<PushRequestView> ParsePush(DataCall& call, pb::PushRequest* heade
         "gradients must be DTYPE_FLOAT32, DTYPE_BFLOAT16 or DTYPE_FLOAT16, not ", DTypeName(header->dtype())));
   }
   v.sparse = header->sparse();
+  if (shared && (v.sparse || *v.dtype != WireDType::kFloat32)) {
+    // Decoded before they are checked (positions bounds-checked, then written to): from a copy
+    // the sender cannot change. Small, being compressed.
+    char* to = values->Resize(data.size());
+    if (!data.empty()) std::memcpy(to, data.data(), data.size());
+    data = values->view();
+    shared = false;
+  }
   v.data = data;
   v.peer = call.peer();
-  v.shared = call.request_shared();
+  v.shared = shared;
   return v;
 }
 
@@ -220,7 +244,8 @@ void ParameterServerService::ServeInitialize(DataCall* call, const Caller& calle
   Scratch& values = request_values.scratch();
   constexpr int kDataPath[] = {pb::InitializeRequest::kDataFieldNumber};
   absl::string_view data;
-  absl::Status parsed = ParseRequest(*call, kDataPath, &values, &data, &header);
+  bool shared;  // read once (copied into the weights)
+  absl::Status parsed = ParseRequest(*call, kDataPath, &values, &data, &header, &shared);
   if (!parsed.ok()) return Done(call, parsed);
   if (absl::Status s = MayActAs(caller, DataMethod::kInitialize, header.rank()); !s.ok()) return Done(call, s);
   InitializeView view;
@@ -283,7 +308,8 @@ void ParameterServerService::ServeAllReduce(DataCall* call, const Caller& caller
   Scratch& values = request_values.scratch();
   constexpr int kDataPath[] = {pb::AllReduceRequest::kTensorFieldNumber, pb::Tensor::kDataFieldNumber};
   absl::string_view data;
-  absl::Status parsed = ParseRequest(*call, kDataPath, &values, &data, &header);
+  bool shared;  // read once (copied or added into the round's sum)
+  absl::Status parsed = ParseRequest(*call, kDataPath, &values, &data, &header, &shared);
   if (!parsed.ok()) return Done(call, parsed);
   if (absl::Status s = MayActAs(caller, DataMethod::kAllReduce, header.rank()); !s.ok()) return Done(call, s);
   absl::StatusOr<TensorSpec> spec = SpecFromProto(header.tensor());

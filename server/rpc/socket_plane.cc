@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -359,6 +360,14 @@ class SocketPlane::Connection {
     char fixed[socket_plane::kHelloBytes];
     const absl::Time deadline = hello_deadline_;
     if (plane_->tls_ != nullptr) SUMMA_RETURN_IF_ERROR(StartTls(deadline));
+    if (plane_->shm()) {
+      // The shared-memory plane speaks first: its instance, which a client checks before it
+      // sends its token (a socket at that path may be anyone's on the client's host).
+      char instance[socket_plane::kInstanceBytes];
+      std::memcpy(instance, &plane_->options_.shm_instance, sizeof(instance));
+      iovec iov = {instance, sizeof(instance)};
+      SUMMA_RETURN_IF_ERROR(link_.WriteFull(&iov, 1, deadline, "the instance"));
+    }
     SUMMA_RETURN_IF_ERROR(link_.ReadFull(fixed, sizeof(fixed), deadline, "the hello"));
     absl::StatusOr<uint32_t> length = socket_plane::DecodeHello(fixed);
     if (!length.ok()) return Refuse(length.status());
@@ -418,8 +427,10 @@ class SocketPlane::Connection {
     const uint64_t most =
         (static_cast<uint64_t>(plane_->options_.max_message_bytes) + socket_plane::kMaxLead + page - 1) / page * page;
     const std::string limit = absl::StrCat(" (summa-server --max_message_bytes=", plane_->options_.max_message_bytes, ")");
+    // Read-only: the server never writes the worker's memory (ParseRequest copies values off a
+    // 4-byte boundary instead of moving them there).
     absl::StatusOr<SharedSegment> requests = SharedSegment::Adopt(
-        segment.release(), request_bytes, most, SharedSegment::Access::kReadWrite, "the request segment");
+        segment.release(), request_bytes, most, SharedSegment::Access::kReadOnly, "the request segment");
     if (!requests.ok()) {
       return Refuse(absl::Status(requests.status().code(), absl::StrCat(requests.status().message(),
                                                                         absl::StrContains(requests.status().message(), "larger") ? limit : "")));
@@ -443,6 +454,7 @@ class SocketPlane::Connection {
     std::memcpy(answer + socket_plane::kHeaderBytes + 8, &instance, 8);
     SUMMA_RETURN_IF_ERROR(
         socket_plane::SendWithFd(link_.fd(), answer, sizeof(answer), sent.get(), deadline, "the attach's answer"));
+    replies->CloseDescriptor();  // sent once; the mapping stays
     requests_ = *std::move(requests);
     replies_ = *std::move(replies);
     return absl::OkStatus();
@@ -455,6 +467,7 @@ class SocketPlane::Connection {
     // The client is done with the last reply: what it named of the published segments may change.
     held_.Clear();
     socket_plane::RequestHeader header = socket_plane::DecodeRequestHeader(head);
+    if (requests_.valid() && header.method == socket_plane::kReleaseReply) return absl::OkStatus();
     // Only a connection with a request segment reads the flag; on any other it makes an unknown method.
     const bool in_segment = requests_.valid() && (header.method & socket_plane::kInSegment) != 0;
     if (in_segment) header.method &= ~socket_plane::kInSegment;
@@ -644,6 +657,16 @@ absl::StatusOr<std::unique_ptr<SocketPlane>> SocketPlane::Start(const std::strin
     }
     plane->tls_ = *std::move(tls);
   }
+  if (!options.shm_socket.empty()) {
+    // The seals the plane relies on (F_SEAL_FUTURE_WRITE: Linux 5.1), tried now rather than at
+    // a worker's first attach.
+    if (absl::StatusOr<SharedSegment> tried = SharedSegment::Create("summa-probe", 1, /*writable_by_others=*/false);
+        !tried.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the shared-memory plane (--shm_socket) needs sealed memfds (Linux 5.1 or later): ", tried.status().message()));
+    }
+    Snapshot::ShareLargeBuffers();
+  }
   absl::StatusOr<OwnedFd> listener = options.shm_socket.empty()
                                           ? socket_plane::Listen(address, &plane->port_)
                                           : socket_plane::ListenUnix(options.shm_socket, 0666);
@@ -654,6 +677,9 @@ absl::StatusOr<std::unique_ptr<SocketPlane>> SocketPlane::Start(const std::strin
                                      listener.status().message()));
   }
   plane->listener_ = *std::move(listener);
+  if (struct stat bound = {}; plane->shm() && ::stat(options.shm_socket.c_str(), &bound) == 0) {
+    plane->socket_inode_ = {bound.st_dev, bound.st_ino};
+  }
   plane->acceptor_ = std::thread([p = plane.get()] { p->AcceptLoop(); });
   return plane;
 }
@@ -793,7 +819,11 @@ void SocketPlane::Stop() {
   }
   if (listener_.valid()) ::shutdown(listener_.get(), SHUT_RDWR);
   if (acceptor_.joinable()) acceptor_.join();
-  if (shm() && listener_.valid()) ::unlink(options_.shm_socket.c_str());
+  // The socket goes, unless another server has put its own at the path since.
+  if (struct stat now = {}; shm() && listener_.valid() && ::lstat(options_.shm_socket.c_str(), &now) == 0 &&
+                            std::make_pair(now.st_dev, now.st_ino) == socket_inode_) {
+    ::unlink(options_.shm_socket.c_str());
+  }
   // Reading ends first, so that an answer being written (the last ones, from the hub's and the
   // core's shutdown) still reaches its client; writes still going after a while are cut.
   for (auto& c : connections) c->Close(SHUT_RD);

@@ -20,10 +20,13 @@
 #ifndef SUMMA_SERVER_RPC_SOCKET_PLANE_H_
 #define SUMMA_SERVER_RPC_SOCKET_PLANE_H_
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -119,6 +122,7 @@ class SocketPlane {
   std::atomic<bool> tls_noted_{false};
   socket_plane::OwnedFd listener_;
   int port_ = 0;
+  std::pair<dev_t, ino_t> socket_inode_ = {0, 0};  // the shared-memory plane's socket, as bound
   std::thread acceptor_;
   mutable absl::Mutex mu_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;

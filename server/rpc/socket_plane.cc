@@ -26,6 +26,7 @@
 #include "common/rpc/wire.h"
 #include "common/shared_segment.h"
 #include "server/core/snapshot.h"
+#include "server/rpc/shm_segments.h"
 #include "server/rpc/hello_evictions.h"
 
 namespace summa::server {
@@ -295,7 +296,11 @@ class SocketPlane::Connection {
     if (!hello.ok()) return HelloFailed(hello);
     plane_->hellos_passed_.fetch_add(1, std::memory_order_relaxed);
     if (plane_->shm()) {
-      if (const absl::Status attached = Attach(); !attached.ok()) {
+      absl::Status refusal;
+      absl::Status attached = shm_.Attach(link_.fd(), plane_->options_.max_message_bytes, plane_->options_.shm_instance,
+                                          absl::Now() + plane_->options_.hello_timeout, &refusal);
+      if (attached.ok() && !refusal.ok()) attached = Refuse(refusal);
+      if (!attached.ok()) {
         if (!absl::IsUnavailable(attached)) {
           SUMMA_LOG(WARNING) << "shared-memory plane: " << peer_ << ": " << attached.message();
           Linger();
@@ -408,68 +413,16 @@ class SocketPlane::Connection {
     return absl::OkStatus();
   }
 
-  // The shared-memory plane's attach (common/rpc/socket_frame.h): the client's request segment
-  // taken and checked, the connection's reply segment made and sent read-only.
-  absl::Status Attach() {
-    const absl::Time deadline = absl::Now() + plane_->options_.hello_timeout;
-    char attach[socket_plane::kAttachBytes];
-    socket_plane::OwnedFd segment;
-    SUMMA_RETURN_IF_ERROR(
-        socket_plane::ReceiveWithFd(link_.fd(), attach, sizeof(attach), &segment, deadline, "the attach"));
-    uint64_t request_bytes, reply_bytes;
-    std::memcpy(&request_bytes, attach, 8);
-    std::memcpy(&reply_bytes, attach + 8, 8);
-    if (!segment.valid()) {
-      return Refuse(absl::InvalidArgumentError("the attach carried no request segment (a memfd, sent with SCM_RIGHTS)"));
-    }
-    // No request is longer than --max_message_bytes (and its lead): neither is a segment.
-    const uint64_t page = SharedSegment::PageBytes();
-    const uint64_t most =
-        (static_cast<uint64_t>(plane_->options_.max_message_bytes) + socket_plane::kMaxLead + page - 1) / page * page;
-    const std::string limit = absl::StrCat(" (summa-server --max_message_bytes=", plane_->options_.max_message_bytes, ")");
-    // Read-only: the server never writes the worker's memory (ParseRequest copies values off a
-    // 4-byte boundary instead of moving them there).
-    absl::StatusOr<SharedSegment> requests = SharedSegment::Adopt(
-        segment.release(), request_bytes, most, SharedSegment::Access::kReadOnly, "the request segment");
-    if (!requests.ok()) {
-      return Refuse(absl::Status(requests.status().code(), absl::StrCat(requests.status().message(),
-                                                                        absl::StrContains(requests.status().message(), "larger") ? limit : "")));
-    }
-    if (reply_bytes == 0 || reply_bytes > most) {
-      return Refuse(absl::InvalidArgumentError(
-          absl::StrCat("a reply segment of ", reply_bytes, " bytes asked for: from 1 to ", most, limit)));
-    }
-    absl::StatusOr<SharedSegment> replies =
-        SharedSegment::Create("summa-replies", reply_bytes, /*writable_by_others=*/false);
-    if (!replies.ok()) return Refuse(replies.status());
-    absl::StatusOr<int> read_only = replies->ReadOnlyDescriptor();
-    if (!read_only.ok()) return Refuse(read_only.status());
-    const socket_plane::OwnedFd sent(*read_only);
-    char answer[socket_plane::kHeaderBytes + socket_plane::kAttachBytes];
-    socket_plane::ReplyHeader header;
-    header.length = socket_plane::kAttachBytes;
-    socket_plane::EncodeReplyHeader(header, answer);
-    const uint64_t size = replies->size(), instance = plane_->options_.shm_instance;
-    std::memcpy(answer + socket_plane::kHeaderBytes, &size, 8);
-    std::memcpy(answer + socket_plane::kHeaderBytes + 8, &instance, 8);
-    SUMMA_RETURN_IF_ERROR(
-        socket_plane::SendWithFd(link_.fd(), answer, sizeof(answer), sent.get(), deadline, "the attach's answer"));
-    replies->CloseDescriptor();  // sent once; the mapping stays
-    requests_ = *std::move(requests);
-    replies_ = *std::move(replies);
-    return absl::OkStatus();
-  }
-
   absl::Status ServeOne() {
     char head[socket_plane::kHeaderBytes];
     // Between calls a connection may stay idle for as long as its client likes.
     SUMMA_RETURN_IF_ERROR(link_.ReadFull(head, sizeof(head), absl::InfiniteFuture(), "a request's header"));
     // The client is done with the last reply: what it named of the published segments may change.
-    held_.Clear();
+    shm_.ReleaseReply();
     socket_plane::RequestHeader header = socket_plane::DecodeRequestHeader(head);
-    if (requests_.valid() && header.method == socket_plane::kReleaseReply) return absl::OkStatus();
+    if (shm_.attached() && header.method == socket_plane::kReleaseReply) return absl::OkStatus();
     // Only a connection with a request segment reads the flag; on any other it makes an unknown method.
-    const bool in_segment = requests_.valid() && (header.method & socket_plane::kInSegment) != 0;
+    const bool in_segment = shm_.attached() && (header.method & socket_plane::kInSegment) != 0;
     if (in_segment) header.method &= ~socket_plane::kInSegment;
     const std::optional<DataMethod> method = DataMethodOfNumber(header.method);
     if (!method.has_value()) {
@@ -488,12 +441,9 @@ class SocketPlane::Connection {
     char* body;
     if (in_segment) {
       // Read where the client placed it: the handler sums straight out of the segment.
-      if (header.lead + header.length > requests_.size()) {
-        return Refuse(absl::InvalidArgumentError(absl::StrCat("a request at bytes [", header.lead, ", ",
-                                                              header.lead + header.length, ") of a request segment of ",
-                                                              requests_.size())));
-      }
-      body = requests_.data() + header.lead;
+      absl::StatusOr<absl::Span<char>> request = shm_.Request(header);
+      if (!request.ok()) return Refuse(request.status());
+      body = request->data();
       plane_->requests_in_segments_.fetch_add(1, std::memory_order_relaxed);
     } else {
       // A buffer from the plane's few: what the server holds of requests is bounded by them, not
@@ -539,71 +489,14 @@ class SocketPlane::Connection {
     }
   }
 
-  // The shared-memory plane's OK reply (common/rpc/socket_frame.h): values that lie in a published
-  // segment (a snapshot's, server/core/snapshot.h) are named, not copied, and held until the
-  // client's next request; the rest is copied into the connection's reply segment, which the
-  // client read the last reply out of before it sent this call. Only the header (and the pieces)
-  // go on the socket. Nothing when the reply does not fit: it goes on the socket.
-  std::optional<absl::Status> ReplyInSegments(const grpc::ByteBuffer& response) {
-    (void)response.Dump(&slices_);
-    pieces_.clear();
-    published_fds_.clear();
-    uint64_t at = 0;
-    for (const grpc::Slice& s : slices_) {
-      if (s.size() == 0) continue;
-      Snapshot::SharedView shared;
-      if (s.size() >= static_cast<size_t>(Snapshot::kSharedBytes) && pieces_.size() < socket_plane::kMaxPieces &&
-          Snapshot::FindShared(s.begin(), s.size(), &shared)) {
-        pieces_.push_back({shared.id, shared.offset, s.size(), shared.segment_bytes});
-        published_fds_.push_back(shared.fd);
-        continue;
-      }
-      if (at + s.size() > replies_.size() || pieces_.size() >= socket_plane::kMaxPieces) {
-        slices_.clear();
-        return std::nullopt;
-      }
-      std::memcpy(replies_.data() + at, s.begin(), s.size());
-      if (!pieces_.empty() && pieces_.back().segment == 0 && pieces_.back().offset + pieces_.back().length == at) {
-        pieces_.back().length += s.size();
-      } else {
-        pieces_.push_back({0, at, s.size(), replies_.size()});
-      }
-      at += s.size();
-    }
-    slices_.clear();
-    plane_->replies_in_segments_.fetch_add(1, std::memory_order_relaxed);
-    socket_plane::ReplyHeader header;
-    header.code = socket_plane::kInSegment;  // and OK
-    header.length = response.Length();
-    const absl::Time deadline = absl::Now() + kFrameTimeout;
-    if (published_fds_.empty()) {  // the whole message at [0, length) of the reply segment
-      char head[socket_plane::kHeaderBytes];
-      socket_plane::EncodeReplyHeader(header, head);
-      iovec iov = {head, sizeof(head)};
-      return link_.WriteFull(&iov, 1, deadline, "a reply");
-    }
-    header.code |= socket_plane::kPieces;
-    frame_.resize(socket_plane::kHeaderBytes + 8 + pieces_.size() * socket_plane::kPieceBytes);
-    socket_plane::EncodeReplyHeader(header, frame_.data());
-    char* out = frame_.data() + socket_plane::kHeaderBytes;
-    const uint32_t count = static_cast<uint32_t>(pieces_.size()), zero = 0;
-    std::memcpy(out, &count, 4);
-    std::memcpy(out + 4, &zero, 4);
-    out += 8;
-    for (const Piece& p : pieces_) {
-      for (uint64_t v : {p.segment, p.offset, p.length, p.segment_bytes}) {
-        std::memcpy(out, &v, 8);
-        out += 8;
-      }
-    }
-    held_ = response;  // the snapshots' references, until the next request
-    return socket_plane::SendWithFds(link_.fd(), frame_.data(), frame_.size(), published_fds_, deadline, "a reply");
-  }
-
   absl::Status Reply(const grpc::Status& status, const grpc::ByteBuffer& response) {
     replied_ = true;
-    if (replies_.valid() && status.ok() && response.Valid()) {
-      if (std::optional<absl::Status> sent = ReplyInSegments(response); sent.has_value()) return *sent;
+    if (shm_.attached() && status.ok() && response.Valid()) {
+      if (std::optional<absl::Status> sent = shm_.Reply(link_.fd(), response, absl::Now() + kFrameTimeout);
+          sent.has_value()) {
+        plane_->replies_in_segments_.fetch_add(1, std::memory_order_relaxed);
+        return *sent;
+      }
     }
     return WriteReply(link_, status, response, absl::Now() + kFrameTimeout, slices_, iov_, details_ok_);
   }
@@ -625,21 +518,7 @@ class SocketPlane::Connection {
   bool replied_ = false;       // a reply was written (a refusal, the hello's): the thread's alone
   std::vector<grpc::Slice> slices_;
   std::vector<iovec> iov_;
-  // The shared-memory plane's (Attach): the client's requests, this connection's replies.
-  SharedSegment requests_;
-  SharedSegment replies_;
-  // ReplyInSegments': the last reply whose values the client reads out of published segments
-  // (held until its next request), and buffers kept across replies.
-  grpc::ByteBuffer held_;
-  struct Piece {
-    uint64_t segment;
-    uint64_t offset;
-    uint64_t length;
-    uint64_t segment_bytes;
-  };
-  std::vector<Piece> pieces_;
-  std::vector<int> published_fds_;
-  std::string frame_;
+  ShmSegments shm_;  // the shared-memory plane's: attached after the hello
   std::thread thread_;
   std::atomic<bool> done_{false};
 };

@@ -13,10 +13,11 @@
 // instead of TCP, never TLS, each connection with two segments (common/shared_segment.h): the
 // client's, whose requests the handlers read in place (they sum straight out of it), and the
 // connection's reply segment, which the client maps read-only and reads its replies out of.
-// socket_plane.cc stays one file of about 590 lines: the acceptor and its connections share the
+// socket_plane.cc stays one file of about 720 lines: the acceptor and its connections share the
 // plane's private state (limits, buffers, the connection list) and each other's life cycle;
 // apart, each would read the other's internals. Which connection an eviction takes is a rule of
-// its own (server/rpc/hello_evictions.h).
+// its own (server/rpc/hello_evictions.h), and a shared-memory connection's segments are a class
+// of their own (server/rpc/shm_segments.h).
 #ifndef SUMMA_SERVER_RPC_SOCKET_PLANE_H_
 #define SUMMA_SERVER_RPC_SOCKET_PLANE_H_
 

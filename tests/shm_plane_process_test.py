@@ -7,7 +7,7 @@ calls there with their bytes in memory segments shared with the server.
   the weights of an undisturbed job on the socket plane, bit for bit; with --deterministic and
   three workers, one of them always last, the same.
 - A process of another user cannot open a segment, the server's or a worker's (through
-  /proc/PID/fd, the only name a memfd has).
+  /proc/PID/fd or /proc/PID/map_files, the only names a memfd has).
 - A worker whose host cannot see the socket (another network namespace and another mount of the
   socket's directory: another host, as far as the worker can tell) takes the socket plane under
   --data_plane=auto, beside a worker on the shared-memory plane, and both finish.
@@ -29,15 +29,18 @@ SHM_LOG = "the data path goes over the shared-memory plane"
 
 
 def memfds(pid, name):
-    """The descriptors of process `pid` that are memfds called `name` (memfd:NAME)."""
+    """The names under /proc/PID of the memfds called `name` (memfd:NAME) that process `pid`
+    holds: its descriptors (fd/N) and its mappings (map_files/RANGE; a segment read or sent once
+    keeps no descriptor, only its mapping)."""
     found = []
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith(f"/memfd:{name}"):
-            found.append(f"/proc/{pid}/fd/{fd}")
+    for where in ("fd", "map_files"):
+        for entry in os.listdir(f"/proc/{pid}/{where}"):
+            try:
+                target = os.readlink(f"/proc/{pid}/{where}/{entry}")
+            except OSError:
+                continue
+            if target.startswith(f"/memfd:{name}"):
+                found.append(f"/proc/{pid}/{where}/{entry}")
     return found
 
 
@@ -119,7 +122,9 @@ class ShmPlaneProcessTest(JobCases, unittest.TestCase):
             worker = job.start_worker(0, "--data_plane=shm", "--epochs=30")
             wait_until("the worker's segments", lambda: memfds(worker.pid, "summa-requests"))
             job.wait_version(2)
-            for pid, name in ((job.server.pid, "summa-replies"), (worker.pid, "summa-requests")):
+            for pid, name in ((job.server.pid, "summa-replies"), (job.server.pid, "summa-requests"),
+                              (job.server.pid, "summa-weights"), (worker.pid, "summa-requests"),
+                              (worker.pid, "summa-replies"), (worker.pid, "summa-weights")):
                 paths = memfds(pid, name)
                 self.assertTrue(paths, f"no {name} segment in process {pid}")
                 for path in paths:

@@ -75,7 +75,8 @@ absl::StatusOr<absl::Span<char>> ShmSegments::Request(const socket_plane::Reques
   return absl::Span<char>(requests_.data() + header.lead, header.length);
 }
 
-std::optional<absl::Status> ShmSegments::Reply(int fd, const grpc::ByteBuffer& response, absl::Time deadline) {
+std::optional<absl::Status> ShmSegments::Reply(int fd, const grpc::ByteBuffer& response, absl::Time deadline,
+                                               std::atomic<uint64_t>* counted) {
   (void)response.Dump(&slices_);
   pieces_.clear();
   published_fds_.clear();
@@ -102,6 +103,7 @@ std::optional<absl::Status> ShmSegments::Reply(int fd, const grpc::ByteBuffer& r
     at += s.size();
   }
   slices_.clear();
+  counted->fetch_add(1, std::memory_order_relaxed);
   socket_plane::ReplyHeader header;
   header.code = socket_plane::kInSegment;  // and OK
   header.length = response.Length();

@@ -8,6 +8,7 @@
 #ifndef SUMMA_SERVER_RPC_SHM_SEGMENTS_H_
 #define SUMMA_SERVER_RPC_SHM_SEGMENTS_H_
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -46,7 +47,9 @@ class ShmSegments {
   // and held until ReleaseReply; the rest is copied into the reply segment, which the worker read
   // the last reply out of before it sent this call. Only the header (and the pieces) go on the
   // socket. Nothing when the reply does not fit: it goes on the socket as on the TCP plane.
-  std::optional<absl::Status> Reply(int fd, const grpc::ByteBuffer& response, absl::Time deadline);
+  // `*counted` is incremented before the reply is written (a worker that has it sees it counted).
+  std::optional<absl::Status> Reply(int fd, const grpc::ByteBuffer& response, absl::Time deadline,
+                                    std::atomic<uint64_t>* counted);
 
  private:
   struct Piece {

@@ -492,9 +492,9 @@ class SocketPlane::Connection {
   absl::Status Reply(const grpc::Status& status, const grpc::ByteBuffer& response) {
     replied_ = true;
     if (shm_.attached() && status.ok() && response.Valid()) {
-      if (std::optional<absl::Status> sent = shm_.Reply(link_.fd(), response, absl::Now() + kFrameTimeout);
+      if (std::optional<absl::Status> sent =
+              shm_.Reply(link_.fd(), response, absl::Now() + kFrameTimeout, &plane_->replies_in_segments_);
           sent.has_value()) {
-        plane_->replies_in_segments_.fetch_add(1, std::memory_order_relaxed);
         return *sent;
       }
     }

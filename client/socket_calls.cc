@@ -2,6 +2,8 @@
 
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -45,12 +47,14 @@ struct SocketCalls::Connection {
   int shard = 0;
   bool busy = false;
   size_t tag = 0;
-  enum class Stage { kSend, kHead, kMessage, kPieceCount, kPieces, kBody } stage = Stage::kSend;
+  // kQueued: its request waits for its shard's calls started earlier to go out (Begin).
+  enum class Stage { kQueued, kSend, kHead, kMessage, kPieceCount, kPieces, kBody } stage = Stage::kSend;
   char request_head[kHeaderBytes];
   std::vector<grpc::Slice> slices;  // the request's, while it is sent
   std::vector<iovec> iov;
   size_t iov_at = 0;
   bool request_cut = false;  // the reply came before the whole request went out
+  bool counted = false;      // its request's sending counts in its shard's sending_
   char reply_head[kHeaderBytes];
   socket_plane::ReplyHeader reply;
   std::string message;
@@ -77,6 +81,8 @@ SocketCalls::SocketCalls(std::vector<Endpoint> shards, std::string authorization
       tls_(tls),
       segment_bytes_(segment_bytes),
       published_(shards_.size()),
+      sending_(shards_.size(), 0),
+      send_queue_(shards_.size()),
       caps_(shards_.size(), kMaxConnectionsPerShard),
       wake_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
 
@@ -120,6 +126,13 @@ absl::Status SocketCalls::OpenOnce(int shard, absl::Time deadline, bool* connect
     return fd.status();
   }
   *connected = true;
+  if (!shm) {
+    // A request counts as sent (kSendsPerShard) once its bytes are on their way, not once they
+    // sit in a send buffer that autotuning grows to megabytes: the kernel holds at most this
+    // much unsent, and the next request waits until less is left.
+    const int unsent = kMaxUnsentBytes;
+    ::setsockopt(fd->get(), IPPROTO_TCP, TCP_NOTSENT_LOWAT, &unsent, sizeof(unsent));
+  }
   const std::string what = Where(e);
   socket_plane::Link link(*std::move(fd));
   if (shm) {
@@ -369,7 +382,40 @@ void SocketCalls::Begin(Connection& c, size_t tag) {
   socket_plane::EncodeRequestHeader({static_cast<uint32_t>(call.method), length, lead}, c.request_head);
   if (lead > 0) c.iov.insert(c.iov.begin() + 1, {const_cast<char*>(kZeros), lead});
   c.iov_at = 0;
+  if (sending_[c.shard] >= kSendsPerShard) {
+    c.stage = Connection::Stage::kQueued;  // Next sends it when the one ahead has gone out
+    send_queue_[c.shard].push_back(&c);
+    return;
+  }
+  ++sending_[c.shard];
+  c.counted = true;
   Advance(c);  // most requests go out at once
+}
+
+void SocketCalls::LeaveSend(Connection& c) {
+  if (c.counted) --sending_[c.shard];
+  c.counted = false;
+  if (c.stage == Connection::Stage::kQueued) {
+    std::deque<Connection*>& queue = send_queue_[c.shard];
+    queue.erase(std::find(queue.begin(), queue.end(), &c));
+  }
+  c.slices.clear();
+  c.stage = Connection::Stage::kHead;
+  c.got = 0;
+}
+
+void SocketCalls::SendQueued() {
+  for (size_t shard = 0; shard < send_queue_.size(); ++shard) {
+    std::deque<Connection*>& queue = send_queue_[shard];
+    while (!queue.empty() && sending_[shard] < kSendsPerShard) {
+      Connection& c = *queue.front();
+      queue.pop_front();
+      c.stage = Connection::Stage::kSend;
+      ++sending_[shard];
+      c.counted = true;
+      Advance(c);
+    }
+  }
 }
 
 void SocketCalls::Advance(Connection& c) {
@@ -408,11 +454,11 @@ void SocketCalls::Advance(Connection& c) {
           v.iov_len -= n;
           continue;
         }
-        c.slices.clear();
-        c.stage = Connection::Stage::kHead;
-        c.got = 0;
+        LeaveSend(c);
         break;
       }
+      case Connection::Stage::kQueued:
+        return;
       case Connection::Stage::kHead: {
         if (!receive(c.reply_head + c.got, kHeaderBytes - c.got)) return;
         if (c.got < kHeaderBytes) continue;
@@ -496,6 +542,7 @@ void SocketCalls::Advance(Connection& c) {
 
 void SocketCalls::End(Connection& c, absl::Status status) {
   ended_.emplace_back(c.tag, status);
+  if (c.stage == Connection::Stage::kSend || c.stage == Connection::Stage::kQueued) LeaveSend(c);
   c.busy = false;
   c.slices.clear();
   // A failed call leaves its connection mid-frame (or the server closed it), and so does one
@@ -540,12 +587,15 @@ bool SocketCalls::Next(size_t* tag, absl::Status* status) {
     absl::Time deadline = absl::InfiniteFuture();
     fds.clear();
     polled.clear();
+    SendQueued();
+    if (!ended_.empty()) continue;
     for (auto& c : connections_) {
       if (!c->busy) continue;
+      deadline = std::min(deadline, calls_[c->tag].deadline);
+      if (c->stage == Connection::Stage::kQueued) continue;  // nothing to read or write yet
       const short events = c->stage == Connection::Stage::kSend ? POLLOUT | POLLIN : POLLIN;
       fds.push_back({c->link.fd(), static_cast<short>(events | c->wait), 0});
       polled.push_back(c.get());
-      deadline = std::min(deadline, calls_[c->tag].deadline);
     }
     for (size_t t : waiting_) deadline = std::min(deadline, calls_[t].deadline);
     fds.push_back({wake_.get(), POLLIN, 0});  // last, with no connection in polled
@@ -567,9 +617,7 @@ bool SocketCalls::Next(size_t* tag, absl::Status* status) {
           // A reply before the whole request went out is a refusal (a request over the
           // server's limit): read it rather than push the rest at a server that reads no more.
           // (Not when the write itself waits to read: TLS may have to, to go on sending.)
-          c.slices.clear();
-          c.stage = Connection::Stage::kHead;
-          c.got = 0;
+          LeaveSend(c);
           c.request_cut = true;
         }
         Advance(c);

@@ -2,7 +2,8 @@
 // DataTransport (client/data_transport.h). It keeps
 // connections to each shard's plane, opened as calls need them (at most
 // kMaxConnectionsPerShard; later calls wait for one to come free) and kept across calls. Every
-// call started is in flight at once, each on a connection of its own, and the calling thread
+// call started is in flight at once, each on a connection of its own (their requests sent one
+// after another per shard, in the order they started: kSendsPerShard), and the calling thread
 // drives them all (poll) in Next, which hands them back in the order they end: no thread of
 // gRPC's, no hand-over between threads. A call past its deadline has its connection closed
 // (which cancels it on the server). Not thread-safe.
@@ -114,8 +115,21 @@ class SocketCalls final : public DataTransport {
   void ForgetPublished(int shard);
   // Published segments mapped per shard past which the unused ones are unmapped.
   static constexpr size_t kMaxPublished = 1024;
-  // Starts call `tag` on `c`.
+  // Starts call `tag` on `c`: its request goes out now, or on the socket data plane after those
+  // of its shard's calls started earlier (kSendsPerShard at a time).
   void Begin(Connection& c, size_t tag);
+  // A request on the socket data plane goes out while at most this many others of its shard's
+  // do: the calls' requests leave in the order the calls started (the partitions' order), so
+  // that the first is whole at the server, summed and its reply on the way down while later
+  // ones still go up. All at once, a link's streams share it and every request arrives at
+  // the end: a link carries the pushes, then the pulls (bench/results-cluster.md).
+  static constexpr int kSendsPerShard = 1;
+  // A socket data plane connection's unsent bytes in its kernel buffer (TCP_NOTSENT_LOWAT).
+  static constexpr int kMaxUnsentBytes = 256 << 10;
+  // `c` has sent its request (or stops sending it): the next queued may go.
+  void LeaveSend(Connection& c);
+  // Sends the queued requests that may go now.
+  void SendQueued();
   // Moves `c`'s call on as far as its socket allows; ends it when done or failed.
   void Advance(Connection& c);
   // Ends `c`'s call with `status`; a failed call's connection is closed.
@@ -136,6 +150,10 @@ class SocketCalls final : public DataTransport {
   // The shared-memory plane: per shard, the server's published segments mapped, by number.
   std::vector<std::map<uint64_t, SharedSegment>> published_;
   std::deque<size_t> waiting_;  // tags started while their shard had no connection free
+  // Per shard: connections whose request is going out (at most kSendsPerShard), and those
+  // whose request waits its turn, in the order their calls started.
+  std::vector<int> sending_;
+  std::vector<std::deque<Connection*>> send_queue_;
   std::deque<std::pair<size_t, absl::Status>> ended_;
   std::vector<pollfd> pollfds_;  // Next's, kept across calls
   std::vector<Connection*> polled_;

@@ -5,6 +5,7 @@
 #include "client/socket_calls.h"
 
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <grpcpp/grpcpp.h>
@@ -15,6 +16,8 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/rpc/grpc_status.h"
 #include "common/rpc/socket_frame.h"
 #include "common/status_reason.h"
@@ -231,6 +234,89 @@ TEST(SocketCallsTest, AConnectionClosedBeforeItsHelloIsAnsweredIsOpenedAgainAFew
   opened = OpenAFakePlaneThatCloses(0, absl::StatusCode::kUnauthenticated);
   EXPECT_EQ(opened.status.code(), absl::StatusCode::kUnauthenticated) << opened.status;
   EXPECT_EQ(opened.connections, 1);
+}
+
+// Whether `fd` has bytes to read within `wait`.
+bool Readable(int fd, absl::Duration wait) {
+  pollfd p = {fd, POLLIN, 0};
+  return ::poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(wait))) > 0 && (p.revents & POLLIN);
+}
+
+TEST(SocketCallsTest, AShardsRequestsGoOutOneAfterAnotherInTheOrderTheCallsStarted) {
+  // Three calls to one shard, each request far larger than what the fake's small receive buffer
+  // and the client's unsent bytes (kMaxUnsentBytes) hold: while the fake reads none of the first,
+  // the second and third send nothing; then the second goes, and only after it the third.
+  constexpr int kCalls = 3;
+  constexpr size_t kRequestBytes = 4 << 20;
+  int port = 0;
+  absl::StatusOr<socket_plane::OwnedFd> listener = socket_plane::Listen("127.0.0.1:0", &port);
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  const int small = 64 << 10;  // the accepted connections' receive buffers (inherited)
+  ASSERT_EQ(::setsockopt(listener->get(), SOL_SOCKET, SO_RCVBUF, &small, sizeof(small)), 0);
+  std::vector<std::string> order;  // what the fake saw, in the order it saw it
+  std::thread fake([&] {
+    std::vector<socket_plane::OwnedFd> conns;
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    for (int k = 0; k < kCalls; ++k) {
+      const int fd = ::accept(listener->get(), nullptr, nullptr);
+      if (fd < 0) return;
+      conns.emplace_back(fd);
+      char hello[socket_plane::kHelloBytes];
+      if (!socket_plane::ReadFull(fd, hello, sizeof(hello), deadline, "hello").ok()) return;
+      char ok[socket_plane::kHeaderBytes];
+      socket_plane::EncodeReplyHeader({0, 0, 0}, ok);
+      SendBytes(fd, std::string(ok, sizeof(ok)));
+    }
+    std::string body(kRequestBytes + 64, '\0');
+    for (int k = 0; k < kCalls; ++k) {
+      // The calls after this one have sent nothing yet.
+      for (int later = k + 1; later < kCalls; ++later) {
+        if (Readable(conns[later].get(), absl::Milliseconds(later == k + 1 ? 200 : 0))) {
+          order.push_back(absl::StrCat("call ", later, " sent before call ", k));
+        }
+      }
+      const int fd = conns[k].get();
+      char head[socket_plane::kHeaderBytes];
+      if (!socket_plane::ReadFull(fd, head, sizeof(head), deadline, "request").ok()) return;
+      const socket_plane::RequestHeader request = socket_plane::DecodeRequestHeader(head);
+      if (request.length + request.lead > body.size() ||
+          !socket_plane::ReadFull(fd, body.data(), request.lead + request.length, deadline, "body").ok()) {
+        return;
+      }
+      order.push_back(absl::StrCat("call ", k, ": ", request.length, " bytes"));
+    }
+    for (int k = 0; k < kCalls; ++k) {
+      char ok[socket_plane::kHeaderBytes];
+      socket_plane::EncodeReplyHeader({0, 0, 0}, ok);
+      SendBytes(conns[k].get(), std::string(ok, sizeof(ok)));
+    }
+    for (int k = 0; k < kCalls; ++k) {
+      char byte;  // until the client closes
+      socket_plane::ReadFull(conns[k].get(), &byte, 1, deadline, "end").IgnoreError();
+    }
+  });
+  {
+    worker::SocketCalls calls({{"127.0.0.1", port}}, "");
+    ASSERT_TRUE(calls.Open(0, absl::Now() + absl::Seconds(10)).ok());
+    std::vector<grpc::ByteBuffer> requests, replies(kCalls);
+    for (int k = 0; k < kCalls; ++k) {
+      grpc::Slice slice(std::string(kRequestBytes, static_cast<char>('a' + k)));
+      requests.emplace_back(&slice, 1);
+    }
+    for (int k = 0; k < kCalls; ++k) {
+      calls.Start(k, 0, socket_plane::DataMethod::kPush, &requests[k], &replies[k], absl::Now() + absl::Seconds(30));
+    }
+    for (int k = 0; k < kCalls; ++k) {
+      size_t tag = 99;
+      absl::Status status;
+      ASSERT_TRUE(calls.Next(&tag, &status));
+      EXPECT_TRUE(status.ok()) << tag << ": " << status;
+    }
+  }  // closes the connections: the fake ends
+  fake.join();
+  const std::string want = absl::StrCat("call 0: ", kRequestBytes, " bytes|call 1: ", kRequestBytes,
+                                        " bytes|call 2: ", kRequestBytes, " bytes");
+  EXPECT_EQ(absl::StrJoin(order, "|"), want);
 }
 
 TEST(SocketFrameTest, AListenerOnEveryAddressTakesIpv4AndIpv6) {

@@ -2,8 +2,6 @@
 
 #include <poll.h>
 #include <sys/eventfd.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -126,13 +124,6 @@ absl::Status SocketCalls::OpenOnce(int shard, absl::Time deadline, bool* connect
     return fd.status();
   }
   *connected = true;
-  if (!shm) {
-    // A request counts as sent (kSendsPerShard) once its bytes are on their way, not once they
-    // sit in a send buffer that autotuning grows to megabytes: the kernel holds at most this
-    // much unsent, and the next request waits until less is left.
-    const int unsent = kMaxUnsentBytes;
-    ::setsockopt(fd->get(), IPPROTO_TCP, TCP_NOTSENT_LOWAT, &unsent, sizeof(unsent));
-  }
   const std::string what = Where(e);
   socket_plane::Link link(*std::move(fd));
   if (shm) {

@@ -123,9 +123,8 @@ class SocketCalls final : public DataTransport {
   // that the first is whole at the server, summed and its reply on the way down while later
   // ones still go up. All at once, a link's streams share it and every request arrives at
   // the end: a link carries the pushes, then the pulls (bench/results-cluster.md).
+  // A request counts as sent once its bytes are on their way (socket_plane::SetUnsentLimit).
   static constexpr int kSendsPerShard = 1;
-  // A socket data plane connection's unsent bytes in its kernel buffer (TCP_NOTSENT_LOWAT).
-  static constexpr int kMaxUnsentBytes = 256 << 10;
   // `c` has sent its request (or stops sending it): the next queued may go.
   void LeaveSend(Connection& c);
   // Sends the queued requests that may go now.

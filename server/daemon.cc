@@ -196,6 +196,7 @@ absl::StatusOr<std::unique_ptr<SummaServer>> SummaServer::Start(const std::strin
     plane_options.max_connections_in_hello_per_source = l.max_data_plane_connections_in_hello_per_source;
     plane_options.hello_timeout = l.data_plane_hello_timeout;
     plane_options.tls = security.tls;
+    plane_options.tracer = options.tracer;
     if (!data_address.empty()) {
       absl::StatusOr<std::unique_ptr<SocketPlane>> plane =
           SocketPlane::Start(data_address, &server->service_, &server->tokens_, plane_options);

@@ -19,7 +19,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <functional>
 #include <memory>
 #include <string>
@@ -31,6 +34,7 @@
 #include "client/socket_calls.h"
 #include "common/rpc/socket_frame.h"
 #include "common/shared_segment.h"
+#include "common/trace.h"
 #include "gtest/gtest.h"
 #include "server/core/all_reduce.h"
 #include "server/core/parameter_server.h"
@@ -76,6 +80,7 @@ class SocketPlaneFixture : public ::testing::Test {
     o.world_size = world_size;
     o.optimizer.learning_rate = 0.5;
     o.barrier_deadline = absl::Seconds(20);
+    if (configure_) configure_(o);
     core_ = std::make_unique<ParameterServer>(o);
     hub_ = std::make_unique<AllReduceHub>(o.barrier_deadline, o.clock, &core_->membership(), o.limits);
     tokens_ = std::move(tokens);
@@ -157,6 +162,7 @@ class SocketPlaneFixture : public ::testing::Test {
     EXPECT_TRUE(ClosedByServer(fd.get()));
   }
 
+  std::function<void(ServerOptions&)> configure_;  // the core's options, changed before it starts
   std::unique_ptr<ParameterServer> core_;
   std::unique_ptr<AllReduceHub> hub_;
   TokenCheck tokens_;
@@ -467,6 +473,83 @@ void SocketPlaneFixture::TwoWorkersStepExactly(const worker::SocketCalls::Endpoi
 TEST_F(SocketPlaneTest, WorkersInThreadsTakeExactSyncStepsThroughPushPull) {
   StartPlane({}, {}, /*world_size=*/2);
   TwoWorkersStepExactly({"127.0.0.1", plane_->port()});
+}
+
+// The partitions of each event named `name` in a Chrome trace's JSON, in the file's order.
+std::vector<int64_t> TracedPartitions(const std::string& json, const std::string& name) {
+  std::vector<int64_t> partitions;
+  const std::string event = absl::StrCat("\"name\": \"", name, "\"");
+  const std::string partition = "\"partition\": ";
+  for (size_t at = json.find(event); at != std::string::npos; at = json.find(event, at + 1)) {
+    const size_t p = json.find(partition, at);
+    if (p == std::string::npos) break;
+    partitions.push_back(std::strtoll(json.c_str() + p + partition.size(), nullptr, 10));
+  }
+  return partitions;
+}
+
+TEST_F(SocketPlaneTest, AWorkersRepliesOfValuesAreWrittenTheEarliestPartitionFirst) {
+  // Four partitions of 1 MiB. Rank 1 pushes each; then rank 0 push-pulls partitions 3, 2, 1 and 0,
+  // each on a connection of its own that it does not read yet (a small receive buffer): each
+  // completes its step as it arrives, 3's reply is written first and stalls, and 2, 1 and 0 wait
+  // for their turn. Read at last, the replies must be written 3, 0, 1, 2 (in the order they
+  // were ready: 3, 2, 1, 0), as the server's trace shows.
+  constexpr int kPartitions = 4;
+  constexpr size_t kFloats = (1 << 20) / sizeof(float);
+  configure_ = [](ServerOptions& o) { o.partition_bytes = kFloats * sizeof(float); };
+  const std::string trace_path = ::testing::TempDir() + "/reply_order_trace.json";
+  absl::StatusOr<std::unique_ptr<Tracer>> tracer = Tracer::Open(trace_path, "summa-server");
+  ASSERT_TRUE(tracer.ok()) << tracer.status();
+  SocketPlaneOptions options;
+  options.tracer = tracer->get();
+  StartPlane(options, {}, /*world_size=*/2);
+  uint64_t sessions[2];
+  ASSERT_NO_FATAL_FAILURE(JoinTwo(std::vector<float>(kPartitions * kFloats, 1.0f), sessions));
+  const std::vector<float> gradient(kFloats, 1.0f);
+  auto push = [&](int rank, int partition) {
+    pb::PushRequest push;
+    push.set_rank(rank);
+    push.set_session(sessions[rank]);
+    push.set_step(0);
+    push.set_partition(partition);
+    push.set_num_examples(1);
+    push.set_dtype(pb::DTYPE_FLOAT32);
+    push.set_data(gradient.data(), kFloats * sizeof(float));
+    return push.SerializeAsString();
+  };
+  const uint32_t kPush = static_cast<uint32_t>(socket_plane::DataMethod::kPush);
+  const uint32_t kPushPull = static_cast<uint32_t>(socket_plane::DataMethod::kPushPull);
+  socket_plane::OwnedFd pusher = Greeted();
+  for (int p = 0; p < kPartitions; ++p) {
+    SendRequest(pusher.get(), kPush, push(1, p));
+    absl::StatusOr<RawReply> pushed = ReadReply(pusher.get());
+    ASSERT_TRUE(pushed.ok() && pushed->header.code == 0) << pushed.status();
+  }
+  std::vector<socket_plane::OwnedFd> conns(kPartitions);
+  for (int p = kPartitions - 1; p >= 0; --p) {
+    conns[p] = Greeted();
+    const int small = 16 << 10;
+    ASSERT_EQ(::setsockopt(conns[p].get(), SOL_SOCKET, SO_RCVBUF, &small, sizeof(small)), 0);
+    SendRequest(conns[p].get(), kPushPull, push(0, p));
+    // Ready (its step complete) before the next is sent: the first writes, the rest wait.
+    const int64_t waiting = kPartitions - 1 - p;
+    ASSERT_TRUE(Eventually([&] { return plane_->replies_waiting_turn() == (p == kPartitions - 1 ? 0 : waiting); }))
+        << plane_->replies_waiting_turn();
+  }
+  std::vector<std::thread> readers;
+  std::vector<absl::Status> read(kPartitions);
+  for (int p = 0; p < kPartitions; ++p) {
+    readers.emplace_back([&, p] {
+      absl::StatusOr<RawReply> reply = ReadReply(conns[p].get());
+      read[p] = reply.ok() && reply->header.code != 0 ? absl::InternalError(reply->message) : reply.status();
+    });
+  }
+  for (std::thread& t : readers) t.join();
+  for (int p = 0; p < kPartitions; ++p) EXPECT_TRUE(read[p].ok()) << p << ": " << read[p];
+  ASSERT_TRUE((*tracer)->Close().ok());
+  std::ifstream in(trace_path);
+  const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(TracedPartitions(json, "reply"), (std::vector<int64_t>{3, 0, 1, 2})) << json;
 }
 
 // The shared-memory plane: the same class on a Unix socket, with segments.

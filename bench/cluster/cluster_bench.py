@@ -487,8 +487,10 @@ def main():
     ap.add_argument("--delay", help="netem delay on what each host sends (needs netem; said and left out where missing)")
     ap.add_argument("--loss", help="netem loss on what each host sends (needs netem; as --delay)")
     ap.add_argument("--model", type=parse_size, default=64 << 20, help="the model for the throughput runs (default 64MiB)")
-    ap.add_argument("--partition_bytes", type=parse_size, default=4 << 20,
-                    help="summa-server --partition_bytes (default 4MiB: a 64MiB model in 16, enough for 8 shards)")
+    ap.add_argument("--partition_bytes", type=parse_size, default=1 << 20,
+                    help="summa-server --partition_bytes (default 1MiB: a 64MiB model in 64, 8 per shard at k=8; "
+                         "a step's first push and last pull, which no other partition's traffic overlaps, "
+                         "take a partition each)")
     ap.add_argument("--workers", type=int_list, default=[2, 4, 8],
                     help="the N axis: worker hosts, each run with k = N server hosts, colocated, gloo, mpi (default 2,4,8)")
     ap.add_argument("--shards", type=int_list, default=[1, 2, 4],

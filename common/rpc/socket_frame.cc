@@ -355,6 +355,11 @@ void SetNoDelay(int fd) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
+void SetUnsentLimit(int fd) {
+  const int unsent = kMaxUnsentBytes;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &unsent, sizeof(unsent));
+}
+
 absl::StatusOr<OwnedFd> Listen(const std::string& address, int* port) {
   std::string host;
   int wanted = 0;
@@ -414,6 +419,7 @@ absl::StatusOr<OwnedFd> Connect(const std::string& host, int port, absl::Time de
       continue;
     }
     SetNoDelay(fd.get());
+    SetUnsentLimit(fd.get());
     if (::connect(fd.get(), a->ai_addr, a->ai_addrlen) != 0) {
       if (errno != EINPROGRESS) {
         last = ErrnoStatus(errno, what);

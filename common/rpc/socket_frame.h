@@ -195,6 +195,14 @@ int PeerUid(int fd);
 // Turns TCP's small-write delay off (a call's frame header and its message are separate writes).
 void SetNoDelay(int fd);
 
+// Holds at most kMaxUnsentBytes unsent in `fd`'s kernel buffer (TCP_NOTSENT_LOWAT): a write
+// that has returned has its bytes on their way, not queued behind megabytes that buffer
+// autotuning allows. Both ends of the plane send their frames in an order (a shard's requests
+// in the order of their calls, a worker's replies the earliest partition first), and that
+// order is the order on the link only when the kernel does not hold much of each at once.
+void SetUnsentLimit(int fd);
+inline constexpr int kMaxUnsentBytes = 256 << 10;
+
 // The host of a "host:port" address (a bracketed IPv6 host without its brackets), or
 // INVALID_ARGUMENT.
 absl::StatusOr<std::string> HostOf(absl::string_view address);

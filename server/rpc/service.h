@@ -90,6 +90,16 @@ class DataCall : public Answerable {
     if (parked != nullptr) Cancel(*parked);
   }
 
+  // A reply of values to a worker (a PeerKey) from one partition, set by the Pull and PushPull
+  // handlers on the thread that serves the call: the data planes write a worker's such replies
+  // one at a time, the earliest partition first (server/rpc/reply_turns.h). Empty worker: none.
+  void OrderReply(std::string worker, int64_t partition) {
+    reply_worker_ = std::move(worker);
+    reply_partition_ = partition;
+  }
+  const std::string& reply_worker() const { return reply_worker_; }
+  int64_t reply_partition() const { return reply_partition_; }
+
  private:
   static void Cancel(ParkedCall& parked) {
     if (parked.Claim()) parked.Finish(absl::CancelledError("cancelled by the client"));
@@ -98,6 +108,8 @@ class DataCall : public Answerable {
   absl::Mutex parked_mu_;
   std::weak_ptr<ParkedCall> parked_ ABSL_GUARDED_BY(parked_mu_);
   bool cancelled_ ABSL_GUARDED_BY(parked_mu_) = false;
+  std::string reply_worker_;
+  int64_t reply_partition_ = -1;
 };
 
 // ParameterServer::Export, retried for up to two seconds while the partitions are between

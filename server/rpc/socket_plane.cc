@@ -465,7 +465,13 @@ class SocketPlane::Connection {
     // returns, as on gRPC's path, whose per-thread buffer the next call reuses).
     lease = BodyBuffers::Lease();
     AwaitAnswer(call);
-    return Reply(call.status(), response);
+    const grpc::Status status = call.status();
+    // A reply of values waits for its worker's turn (ReplyTurns); a refusal goes at once.
+    const bool ordered = status.ok() && !call.reply_worker().empty();
+    ReplyTurns::Turn turn;
+    if (ordered) turn = plane_->turns_.Take(call.reply_worker(), call.reply_partition());
+    TraceSpan span(ordered ? plane_->options_.tracer : nullptr, "reply", "server", call.reply_partition());
+    return Reply(status, response);
   }
 
   // Waits for `call`'s answer; a client that closes its connection meanwhile cancels the call
@@ -597,6 +603,7 @@ void SocketPlane::AcceptLoop() {
     }
     OwnedFd accepted(fd);
     socket_plane::SetNoDelay(fd);
+    socket_plane::SetUnsentLimit(fd);
     const int one = 1;
     // A worker host that vanishes is noticed (its connection's thread and slot go).
     ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));

@@ -35,7 +35,9 @@
 #include "common/rpc/socket_frame.h"
 #include "common/rpc/socket_tls.h"
 #include "common/rpc/transport.h"
+#include "common/trace.h"
 #include "server/core/limits.h"
+#include "server/rpc/reply_turns.h"
 #include "server/rpc/service.h"
 
 namespace summa::server {
@@ -65,6 +67,9 @@ struct SocketPlaneOptions {
   // does not apply. `shm_instance` is the number attach answers carry.
   std::string shm_socket;
   uint64_t shm_instance = 0;
+  // Where each reply of values to a worker is traced ("reply", with its partition: the order of
+  // ReplyTurns). Not owned; may be null.
+  Tracer* tracer = nullptr;
 };
 
 class SocketPlane {
@@ -95,6 +100,8 @@ class SocketPlane {
   // into one.
   uint64_t requests_in_segments() const { return requests_in_segments_.load(std::memory_order_relaxed); }
   uint64_t replies_in_segments() const { return replies_in_segments_.load(std::memory_order_relaxed); }
+  // Replies of values waiting for their worker's turn (ReplyTurns) now.
+  int64_t replies_waiting_turn() const { return turns_.waiting(); }
 
   class Connection;
   class BodyBuffers;
@@ -131,6 +138,7 @@ class SocketPlane {
   std::atomic<uint64_t> hellos_passed_{0};
   std::atomic<uint64_t> requests_in_segments_{0};
   std::atomic<uint64_t> replies_in_segments_{0};
+  ReplyTurns turns_;  // a worker's replies of values, the earliest partition first
   const std::unique_ptr<Tally> hellos_failed_;
   const std::unique_ptr<Tally> evictions_;
 };

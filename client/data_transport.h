@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/rpc/data_method.h"
+#include "common/shared_segment.h"
 #include "grpcpp/support/byte_buffer.h"
 
 namespace summa::worker {
@@ -40,6 +41,9 @@ class DataTransport {
   virtual bool socket_plane() const = 0;
   // Whether it is the shared-memory plane, to every shard.
   virtual bool shm() const { return false; }
+  // The shared-memory plane: a request whose values lie in `values` (a segment of the caller's,
+  // alive until this transport goes) names them there instead of copying them. Others ignore it.
+  virtual void ShareValues(const SharedSegment* values) {}
   // True once a connection could not be opened (the plane moved or went away, as when its
   // server restarted on another port): the client should ask where it is again.
   virtual bool lost() const { return false; }

@@ -102,6 +102,11 @@ class ParameterStore {
   // client/step_exchange.h) while the trainer computes, or null (the default) where the store
   // exchanges whole steps only: a test's store, or one that wraps the client.
   virtual ParameterClient* staged_client() { return nullptr; }
+
+  // After Join: a flat buffer of `floats` that pushes from copy nothing (the shared-memory
+  // plane's values segment, ParameterClient::SharedValues), or null (the default) where there
+  // is none: gradients then go from the caller's own memory.
+  virtual absl::StatusOr<float*> SharedValues(size_t floats) { return nullptr; }
 };
 
 }  // namespace summa::worker

@@ -101,7 +101,19 @@ absl::Status ParameterClient::ChooseDataPlane() {
   if (!socket.ok()) return socket.status();
   plane_chosen_ = !ask_again;
   if (*socket != nullptr) transport_ = *std::move(socket);
+  if (values_.valid()) transport_->ShareValues(&values_);
   return absl::OkStatus();
+}
+
+absl::StatusOr<float*> ParameterClient::SharedValues(size_t floats) {
+  if (rank_ < 0) return absl::FailedPreconditionError("SharedValues before Join");
+  if (values_.valid()) return absl::FailedPreconditionError("the client's shared values were made already");
+  SUMMA_RETURN_IF_ERROR(ChooseDataPlane());
+  if (!on_shm_plane() || floats == 0) return nullptr;
+  SUMMA_ASSIGN_OR_RETURN(values_, SharedSegment::Create("summa-values", floats * sizeof(float),
+                                                        /*writable_by_others=*/false));
+  transport_->ShareValues(&values_);
+  return reinterpret_cast<float*>(values_.data());
 }
 
 absl::StatusOr<std::unique_ptr<DataTransport>> ParameterClient::OpenSocketPlane(

@@ -184,6 +184,11 @@ class ParameterClient final : public ParameterStore {
   bool on_socket_plane() const { return transport_ != nullptr && transport_->socket_plane(); }
   // Whether they go over the shared-memory plane (every shard's).
   bool on_shm_plane() const { return transport_ != nullptr && transport_->shm(); }
+  // On the shared-memory plane (chosen now if not yet): `floats` zeroed floats in a segment the
+  // shards map read-only (common/shared_segment.h), which lives as long as this client. Gradients
+  // pushed from them are named there, not copied (the caller's flat buffer: a push from it
+  // copies nothing). nullptr on any other plane. Once per client; FAILED_PRECONDITION asked again.
+  absl::StatusOr<float*> SharedValues(size_t floats) override;
 
  private:
   std::unique_ptr<grpc::ClientContext> NewContext() const;
@@ -301,6 +306,7 @@ class ParameterClient final : public ParameterStore {
   std::vector<std::unique_ptr<Shard>> shards_;
   // The data path's calls: on gRPC or the socket data plane (ChooseDataPlane). Declared after
   // shards_, whose stubs the gRPC transport borrows: it goes first.
+  SharedSegment values_;  // SharedValues'; every shared-memory transport is given it (outlives them)
   std::unique_ptr<DataTransport> transport_;
   std::vector<absl::Time> call_begun_;  // ForEach's calls, when traced
   int rank_ = -1;

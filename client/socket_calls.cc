@@ -15,6 +15,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/rpc/grpc_status.h"
 #include "common/status_macros.h"
 
@@ -53,6 +54,7 @@ struct SocketCalls::Connection {
   size_t iov_at = 0;
   bool request_cut = false;  // the reply came before the whole request went out
   bool counted = false;      // its request's sending counts in its shard's sending_
+  const SharedSegment* values = nullptr;  // the values segment the server has of this connection
   char reply_head[kHeaderBytes];
   socket_plane::ReplyHeader reply;
   std::string message;
@@ -79,6 +81,7 @@ SocketCalls::SocketCalls(std::vector<Endpoint> shards, std::string authorization
       tls_(tls),
       segment_bytes_(segment_bytes),
       published_(shards_.size()),
+      values_refused_(shards_.size(), 0),
       sending_(shards_.size(), 0),
       send_queue_(shards_.size()),
       caps_(shards_.size(), kMaxConnectionsPerShard),
@@ -194,6 +197,31 @@ absl::Status SocketCalls::Attach(const Endpoint& e, Connection& c, absl::Time de
   if (!segment.valid()) return absl::DataLossError("the attach's answer carried no reply segment");
   SUMMA_ASSIGN_OR_RETURN(c.replies, SharedSegment::Adopt(segment.release(), size, reply_bytes,
                                                          SharedSegment::Access::kReadOnly, "the reply segment"));
+  return absl::OkStatus();
+}
+
+absl::Status SocketCalls::AttachValues(Connection& c, absl::Time deadline) {
+  const std::string what = absl::StrCat(Where(shards_[c.shard]), ": the values segment");
+  SUMMA_ASSIGN_OR_RETURN(const int read_only, values_->ReadOnlyDescriptor());
+  const socket_plane::OwnedFd sent(read_only);
+  char head[kHeaderBytes];
+  socket_plane::EncodeRequestHeader({socket_plane::kAttachValues, values_->size(), 0}, head);
+  SUMMA_RETURN_IF_ERROR(socket_plane::SendWithFd(c.link.fd(), head, sizeof(head), sent.get(), deadline, what));
+  SUMMA_RETURN_IF_ERROR(c.link.ReadFull(head, sizeof(head), deadline, what));
+  const socket_plane::ReplyHeader answer = socket_plane::DecodeReplyHeader(head);
+  if (answer.message_length > socket_plane::kMaxStatusMessageBytes ||
+      answer.length > socket_plane::kMaxStatusMessageBytes || (answer.code == 0 && answer.length != 0)) {
+    return absl::DataLossError(absl::StrCat(what, ": a malformed answer"));
+  }
+  std::string said(answer.message_length + answer.length, '\0');  // the message, and any details
+  SUMMA_RETURN_IF_ERROR(c.link.ReadFull(said.data(), said.size(), deadline, what));
+  if (answer.code != 0) {
+    values_refused_[c.shard] = 1;
+    SUMMA_LOG(WARNING) << what << " was refused (" << said.substr(0, answer.message_length)
+                       << "): requests to this shard copy their values";
+    return absl::OkStatus();
+  }
+  c.values = values_;
   return absl::OkStatus();
 }
 
@@ -354,6 +382,38 @@ void SocketCalls::Begin(Connection& c, size_t tag) {
   static constexpr char kZeros[socket_plane::kMaxLead] = {};
   const uint64_t length = call.request->Length();
   const uint32_t lead = c.slices.size() >= 2 ? socket_plane::LeadFor(length - c.slices.back().size()) : 0;
+  if (c.requests.valid() && values_ != nullptr && c.values != values_ && !values_refused_[c.shard]) {
+    if (absl::Status s = AttachValues(c, call.deadline); !s.ok()) return End(c, s);
+  }
+  if (c.requests.valid() && c.values == values_ && values_ != nullptr && c.iov.size() >= 3) {
+    // Values in the values segment: named there; only the message before them is copied.
+    const iovec& v = c.iov.back();
+    const char* from = static_cast<const char*>(v.iov_base);
+    uint64_t before = 0;
+    for (size_t k = 1; k + 1 < c.iov.size(); ++k) before += c.iov[k].iov_len;
+    if (from >= values_->data() && v.iov_len <= values_->size() &&
+        from - values_->data() <= static_cast<ptrdiff_t>(values_->size() - v.iov_len) &&
+        (from - values_->data()) % alignof(float) == 0 && socket_plane::kValuesPlaceBytes + before <= c.requests.size()) {
+      const uint64_t place[2] = {static_cast<uint64_t>(from - values_->data()), v.iov_len};
+      char* to = c.requests.data();
+      std::memcpy(to, place, sizeof(place));
+      to += sizeof(place);
+      for (size_t k = 1; k + 1 < c.iov.size(); ++k) {
+        std::memcpy(to, c.iov[k].iov_base, c.iov[k].iov_len);
+        to += c.iov[k].iov_len;
+      }
+      c.iov.resize(1);
+      c.slices.clear();
+      socket_plane::EncodeRequestHeader({static_cast<uint32_t>(call.method) | socket_plane::kInSegment |
+                                             socket_plane::kValuesElsewhere,
+                                         socket_plane::kValuesPlaceBytes + before, 0},
+                                        c.request_head);
+      c.iov_at = 0;
+      ++values_shared_;
+      Advance(c);
+      return;
+    }
+  }
   if (c.requests.valid() && lead + length <= c.requests.size()) {
     // The shared-memory plane: the request into this connection's segment (the server is done
     // with the last one: it answered it), only the header on the socket.

@@ -87,6 +87,11 @@ class SocketCalls final : public DataTransport {
   // plane could not be opened); call before any connection to it is open.
   void UseSocketPlane(int shard) { shards_[shard].shm_socket.clear(); }
   const Endpoint& endpoint(int shard) const { return shards_[shard]; }
+  // Each shared-memory connection sends `values` (read-only) before its first call after this;
+  // a server that refuses it gets its requests' values copied, as before.
+  void ShareValues(const SharedSegment* values) override { values_ = values; }
+  // Calls whose values went by reference to the values segment, not copied.
+  uint64_t values_shared() const { return values_shared_; }
 
   // True once a connection could not be opened (the plane moved or went away, as when its
   // server restarted on another port): the caller should ask where it is again.
@@ -105,6 +110,9 @@ class SocketCalls final : public DataTransport {
   absl::Status OpenOnce(int shard, absl::Time deadline, bool* connected);
   // The shared-memory plane's attach on a connection whose hello passed.
   absl::Status Attach(const Endpoint& e, Connection& c, absl::Time deadline);
+  // Sends values_ on `c` (idle) and reads the answer; a refusal turns the sharing off for c's
+  // shard (logged), a failure to send or read is the result.
+  absl::Status AttachValues(Connection& c, absl::Time deadline);
   // Copies the reply that `c`'s segment holds for its tag aside, into that tag's own memory, so
   // that `c` can take another call.
   void MoveReplyAside(Connection& c);
@@ -148,6 +156,11 @@ class SocketCalls final : public DataTransport {
   std::vector<Connection*> reply_home_;
   // The shared-memory plane: per shard, the server's published segments mapped, by number.
   std::vector<std::map<uint64_t, SharedSegment>> published_;
+  // The caller's values segment (ShareValues), per shard whether its server refused it, and the
+  // calls that named it.
+  const SharedSegment* values_ = nullptr;
+  std::vector<char> values_refused_;
+  uint64_t values_shared_ = 0;
   std::deque<size_t> waiting_;  // tags started while their shard had no connection free
   // Per shard: connections whose request is going out (at most kSendsPerShard), and those
   // whose request waits its turn, in the order their calls started.

@@ -118,6 +118,9 @@ absl::StatusOr<std::unique_ptr<SummaServer>> SummaServer::Start(const std::strin
     m.shm_connections = &e.Gauge("summa_server_shm_plane_connections", "Shared-memory plane connections open");
     m.shm_requests = &e.Counter("summa_server_shm_plane_requests_total",
                                 "Shared-memory plane requests read in place from a worker's segment");
+    m.shm_values = &e.Counter("summa_server_shm_plane_values_in_place_total",
+                              "Shared-memory plane requests whose values were read where the worker's flat "
+                              "buffer holds them (its values segment), not copied into a request");
     m.shm_replies = &e.Counter("summa_server_shm_plane_replies_total",
                                "Shared-memory plane replies written into a connection's reply segment");
     m.step_seconds = &e.StepHistogram("summa_server_step_seconds", "Time between consecutive step completions");
@@ -197,6 +200,8 @@ absl::StatusOr<std::unique_ptr<SummaServer>> SummaServer::Start(const std::strin
     plane_options.hello_timeout = l.data_plane_hello_timeout;
     plane_options.tls = security.tls;
     plane_options.tracer = options.tracer;
+    // A worker's gradient buffers: two (one a step's exchange reads while backward fills the other).
+    plane_options.max_values_segment_bytes = uint64_t{2} * static_cast<uint64_t>(l.max_model_bytes) + (64 << 10);
     if (!data_address.empty()) {
       absl::StatusOr<std::unique_ptr<SocketPlane>> plane =
           SocketPlane::Start(data_address, &server->service_, &server->tokens_, plane_options);
@@ -336,6 +341,7 @@ void SummaServer::UpdateMetrics() {
     m_.shm_connections->Set(shm_plane_->connections());
     AdvanceCounter(*m_.shm_requests, static_cast<double>(shm_plane_->requests_in_segments()));
     AdvanceCounter(*m_.shm_replies, static_cast<double>(shm_plane_->replies_in_segments()));
+    AdvanceCounter(*m_.shm_values, static_cast<double>(shm_plane_->values_in_place()));
   }
   m_.checkpoint_age->Set(s.checkpoint.written == absl::InfinitePast()
                              ? -1

@@ -132,6 +132,7 @@ class SummaServer {
     // segments (requests read from the workers', replies written into the connections').
     prometheus::Gauge* shm_connections;
     prometheus::Counter* shm_requests;
+    prometheus::Counter* shm_values;
     prometheus::Counter* shm_replies;
   };
   std::unique_ptr<MetricsEndpoint> metrics_;  // null without metrics

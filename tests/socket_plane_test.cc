@@ -33,6 +33,7 @@
 #include "absl/time/time.h"
 #include "client/socket_calls.h"
 #include "common/rpc/socket_frame.h"
+#include "common/rpc/wire.h"
 #include "common/shared_segment.h"
 #include "common/trace.h"
 #include "gtest/gtest.h"
@@ -136,8 +137,12 @@ class SocketPlaneFixture : public ::testing::Test {
   // Two workers in threads take kSteps sync steps of PushPull of a model of `floats` through
   // SocketCalls to `endpoint`, each checking every step's weights; the core ends on the weights
   // they imply.
+  // With `values_segment`, each worker's gradient lies in a values segment of its own
+  // (SocketCalls::ShareValues) and its pushes carry it as a slice of their own, as
+  // ParameterClient's do.
   static constexpr uint64_t kSteps = 20;
-  void TwoWorkersStepExactly(const worker::SocketCalls::Endpoint& endpoint, size_t floats = 4);
+  void TwoWorkersStepExactly(const worker::SocketCalls::Endpoint& endpoint, size_t floats = 4,
+                             bool values_segment = false);
 
   // A connection that has passed its hello.
   socket_plane::OwnedFd Greeted() {
@@ -426,7 +431,8 @@ TEST_F(SocketPlaneTest, ARefusalCarriesItsReasonOnlyToAClientWhoseHelloAsksForIt
   }
 }
 
-void SocketPlaneFixture::TwoWorkersStepExactly(const worker::SocketCalls::Endpoint& endpoint, size_t floats) {
+void SocketPlaneFixture::TwoWorkersStepExactly(const worker::SocketCalls::Endpoint& endpoint, size_t floats,
+                                               bool values_segment) {
   std::vector<float> initial(floats);
   for (size_t i = 0; i < floats; ++i) initial[i] = static_cast<float>(i % 1000 + 1);
   uint64_t sessions[2];
@@ -439,7 +445,20 @@ void SocketPlaneFixture::TwoWorkersStepExactly(const worker::SocketCalls::Endpoi
   };
   auto worker = [&](int rank) {
     worker::SocketCalls calls({endpoint}, "");
-    const std::vector<float> gradient(floats, rank + 1.0f);
+    std::vector<float> gradient(floats, rank + 1.0f);
+    SharedSegment values;
+    const float* pushed = gradient.data();
+    if (values_segment) {
+      absl::StatusOr<SharedSegment> made =
+          SharedSegment::Create("test-values", (floats + 8) * sizeof(float), /*writable_by_others=*/false);
+      ASSERT_TRUE(made.ok()) << made.status();
+      values = *std::move(made);
+      // At an offset: the place named is the values', not the segment's start.
+      float* at = reinterpret_cast<float*>(values.data()) + 8;
+      std::copy(gradient.begin(), gradient.end(), at);
+      pushed = at;
+      calls.ShareValues(&values);
+    }
     for (uint64_t step = 0; step < kSteps; ++step) {
       pb::PushRequest push;
       push.set_rank(rank);
@@ -448,9 +467,14 @@ void SocketPlaneFixture::TwoWorkersStepExactly(const worker::SocketCalls::Endpoi
       push.set_partition(0);
       push.set_num_examples(1);
       push.set_dtype(pb::DTYPE_FLOAT32);
-      push.set_data(gradient.data(), floats * sizeof(float));
-      grpc::Slice slice(push.SerializeAsString());
-      grpc::ByteBuffer request(&slice, 1), reply;
+      grpc::ByteBuffer request, reply;
+      if (values_segment) {
+        request = EncodeWithBytes(push, pb::PushRequest::kDataFieldNumber, BorrowedSlice(pushed, floats * sizeof(float)));
+      } else {
+        push.set_data(pushed, floats * sizeof(float));
+        grpc::Slice slice(push.SerializeAsString());
+        request = grpc::ByteBuffer(&slice, 1);
+      }
       calls.Start(0, 0, socket_plane::DataMethod::kPushPull, &request, &reply, absl::Now() + absl::Seconds(20));
       size_t tag = 99;
       absl::Status status;
@@ -626,6 +650,81 @@ TEST_F(ShmPlaneTest, WorkersInThreadsTakeExactSyncStepsWithTheirBytesInSegments)
   // Every push and every reply went through the segments, none on the socket.
   EXPECT_EQ(plane_->requests_in_segments(), 40u);
   EXPECT_EQ(plane_->replies_in_segments(), 40u);
+}
+
+TEST_F(ShmPlaneTest, PushesFromAValuesSegmentAreSummedWhereTheyLieAndStepExactly) {
+  StartShm({}, /*world_size=*/2);
+  TwoWorkersStepExactly(Endpoint(), /*floats=*/4096, /*values_segment=*/true);
+  EXPECT_EQ(plane_->requests_in_segments(), 2 * kSteps);
+  EXPECT_EQ(plane_->values_in_place(), 2 * kSteps);
+}
+
+TEST_F(ShmPlaneTest, AValuesSegmentTooLargeIsRefusedAndPushesCopyTheirValues) {
+  SocketPlaneOptions options;
+  options.max_values_segment_bytes = 64 << 10;
+  StartShm(options, /*world_size=*/2);
+  // A segment larger than the plane takes: refused (the worker logs it), and the steps go on,
+  // their values copied into the request segments.
+  TwoWorkersStepExactly(Endpoint(), /*floats=*/32 << 10, /*values_segment=*/true);
+  EXPECT_EQ(plane_->values_in_place(), 0u);
+}
+
+TEST_F(ShmPlaneTest, ValuesNamedOutsideTheValuesSegmentOrWithoutOneAreRefused) {
+  StartShm();
+  socket_plane::OwnedFd fd = UnixGreeted();
+  absl::StatusOr<SharedSegment> requests =
+      SharedSegment::Create("test-requests", SharedSegment::PageBytes(), /*writable_by_others=*/true);
+  ASSERT_TRUE(requests.ok()) << requests.status();
+  Answer attached = Attach(fd.get(), requests->size(), requests->size(), requests->fd());
+  ASSERT_EQ(attached.code, 0u) << attached.message;
+  // A request naming values [offset, +length) in the values segment, then its answer.
+  auto call = [&](uint64_t offset, uint64_t length) {
+    const uint64_t place[2] = {offset, length};
+    std::memcpy(requests->data(), place, sizeof(place));
+    char head[socket_plane::kHeaderBytes];
+    socket_plane::EncodeRequestHeader(
+        {static_cast<uint32_t>(socket_plane::DataMethod::kPush) | socket_plane::kInSegment |
+             socket_plane::kValuesElsewhere,
+         socket_plane::kValuesPlaceBytes, 0},
+        head);
+    SendBytes(fd.get(), std::string(head, sizeof(head)));
+    return ReadReply(fd.get());
+  };
+  absl::StatusOr<RawReply> refused = call(0, 16);
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_EQ(refused->header.code, static_cast<uint32_t>(absl::StatusCode::kInvalidArgument));
+  EXPECT_TRUE(absl::StrContains(refused->message, "never sent")) << refused->message;
+  // With a values segment of a page: past its end, and off a float's boundary.
+  fd = UnixGreeted();
+  attached = Attach(fd.get(), requests->size(), requests->size(), requests->fd());
+  ASSERT_EQ(attached.code, 0u) << attached.message;
+  absl::StatusOr<SharedSegment> values =
+      SharedSegment::Create("test-values", SharedSegment::PageBytes(), /*writable_by_others=*/false);
+  ASSERT_TRUE(values.ok()) << values.status();
+  char head[socket_plane::kHeaderBytes];
+  socket_plane::EncodeRequestHeader({socket_plane::kAttachValues, values->size(), 0}, head);
+  ASSERT_TRUE(socket_plane::SendWithFd(fd.get(), head, sizeof(head), values->fd(), absl::Now() + absl::Seconds(10),
+                                       "the values segment")
+                  .ok());
+  absl::StatusOr<RawReply> taken = ReadReply(fd.get());
+  ASSERT_TRUE(taken.ok() && taken->header.code == 0) << (taken.ok() ? taken->message : taken.status().ToString());
+  const uint64_t page = values->size();
+  for (auto [offset, length] : {std::pair<uint64_t, uint64_t>{page - 8, 16}, {0, page + 4}, {2, 8}, {~uint64_t{0} - 3, 8}}) {
+    SCOPED_TRACE(absl::StrCat(offset, " +", length));
+    fd = UnixGreeted();  // a refused request closes its connection
+    attached = Attach(fd.get(), requests->size(), requests->size(), requests->fd());
+    ASSERT_EQ(attached.code, 0u) << attached.message;
+    ASSERT_TRUE(socket_plane::SendWithFd(fd.get(), head, sizeof(head), values->fd(),
+                                         absl::Now() + absl::Seconds(10), "the values segment")
+                    .ok());
+    taken = ReadReply(fd.get());
+    ASSERT_TRUE(taken.ok() && taken->header.code == 0);
+    refused = call(offset, length);
+    ASSERT_TRUE(refused.ok()) << refused.status();
+    EXPECT_EQ(refused->header.code, static_cast<uint32_t>(absl::StatusCode::kInvalidArgument)) << refused->message;
+    EXPECT_TRUE(absl::StrContains(refused->message, "of a values segment of")) << refused->message;
+  }
+  EXPECT_EQ(plane_->values_in_place(), 0u);
 }
 
 TEST_F(ShmPlaneTest, AMessageLargerThanTheSegmentsGoesOnTheSocketAndASumInAPublishedSegmentIsNamed) {

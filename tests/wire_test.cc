@@ -87,6 +87,46 @@ TEST(WireTest, APrefixAndAValuesSliceAreTheMessageProtobufWouldEncode) {
   EXPECT_EQ(parsed.SerializeAsString(), whole.SerializeAsString());
 }
 
+TEST(WireTest, AMessageWhoseValuesLieElsewhereParsesAsTheWholeAndOnlyWithExactlyThoseBytes) {
+  // A push as a client sends it: its fields, then the values field's tag and length, then the
+  // values, which are elsewhere (another piece of memory).
+  pb::PushRequest fields;
+  fields.set_rank(1);
+  fields.set_step(9);
+  fields.set_partition(3);
+  const std::string there = Bytes({1.5f, -2, 3, 4e20f, 5});
+  std::string prefix = fields.SerializeAsString();
+  AppendFieldHeader(pb::PushRequest::kDataFieldNumber, there.size(), &prefix);
+  constexpr int kData[] = {pb::PushRequest::kDataFieldNumber};
+  absl::string_view values;
+  pb::PushRequest header;
+  ASSERT_TRUE(ParseInPlaceWithValues(prefix, there, kData, &values, &header).ok());
+  EXPECT_EQ(values.data(), there.data());  // not copied
+  EXPECT_EQ(values.size(), there.size());
+  EXPECT_EQ(header.SerializeAsString(), fields.SerializeAsString());
+  // Nested (an AllReduce's tensor.data), built as the client builds it.
+  pb::AllReduceRequest outer = SampleRequest();
+  outer.clear_tensor();
+  outer.clear_round();  // fields after the tensor would follow the values
+  pb::Tensor tensor = SampleRequest().tensor();
+  tensor.clear_data();
+  std::string tensor_prefix = tensor.SerializeAsString();
+  AppendFieldHeader(pb::Tensor::kDataFieldNumber, there.size(), &tensor_prefix);
+  std::string nested = outer.SerializeAsString();
+  AppendFieldHeader(pb::AllReduceRequest::kTensorFieldNumber, tensor_prefix.size() + there.size(), &nested);
+  nested += tensor_prefix;
+  pb::AllReduceRequest all_reduce;
+  ASSERT_TRUE(ParseInPlaceWithValues(nested, there, kTensorData, &values, &all_reduce).ok());
+  EXPECT_EQ(values.data(), there.data());
+  EXPECT_EQ(all_reduce.tensor().shape(0), 5);
+  // Bytes elsewhere that are not exactly the values field: one short, one over, the field cut
+  // a byte later (its first value's byte in the prefix), and values for a message with none.
+  EXPECT_FALSE(ParseInPlaceWithValues(prefix, there.substr(1), kData, &values, &header).ok());
+  EXPECT_FALSE(ParseInPlaceWithValues(prefix, there + "x", kData, &values, &header).ok());
+  EXPECT_FALSE(ParseInPlaceWithValues(prefix + there.substr(0, 1), there.substr(1), kData, &values, &header).ok());
+  EXPECT_FALSE(ParseInPlaceWithValues(fields.SerializeAsString(), there, kData, &values, &header).ok());
+}
+
 TEST(WireTest, BadMessagesAreRefusedAndAbsentValuesNeverAskForMemory) {
   const std::string encoded = SampleRequest().SerializeAsString();
   Scratch values;

@@ -180,7 +180,10 @@ absl::StatusOr<SyntheticResult> RunSynthetic(const SyntheticOptions& options, Pa
   LeaseKeeper leases(store);
   leases.Start(rank, joined.lease);
   SUMMA_RETURN_IF_ERROR(store->PullAll(joined.version, weights.get()).status());
-  std::fill(gradient.get(), gradient.get() + params, static_cast<float>(rank + 1));
+  // On the shared-memory plane the gradient lives where the server sums it: pushes copy nothing.
+  SUMMA_ASSIGN_OR_RETURN(float* const shared, store->SharedValues(static_cast<size_t>(params)));
+  float* const pushed = shared != nullptr ? shared : gradient.get();
+  std::fill(pushed, pushed + params, static_cast<float>(rank + 1));
   const int64_t examples = SyntheticExamples(rank, options.world_size);
 
   SyntheticResult result;
@@ -193,7 +196,7 @@ absl::StatusOr<SyntheticResult> RunSynthetic(const SyntheticOptions& options, Pa
   std::vector<int> live;
   for (int64_t step = 0; step < options.steps; ++step) {
     const absl::Time start = absl::Now();
-    SUMMA_RETURN_IF_ERROR(store->PushPull(step, examples, gradient.get(), weights.get(), &live).status());
+    SUMMA_RETURN_IF_ERROR(store->PushPull(step, examples, pushed, weights.get(), &live).status());
     const double us = absl::ToDoubleMicroseconds(absl::Now() - start);
     result.step_us.push_back(us);
     std::fprintf(out, "%s\n", FormatSyntheticStep(rank, step, us).c_str());

@@ -110,6 +110,17 @@ inline constexpr uint32_t kMaxPieces = 64;
 inline constexpr size_t kAttachBytes = 16;
 inline constexpr size_t kInstanceBytes = 8;
 inline constexpr uint32_t kReleaseReply = ~uint32_t{0};
+// The values segment: a request header with this method (length: the segment's size, no body)
+// carries a memfd beside it, a worker's flat buffer of values that its later requests on this
+// connection may name instead of copying (kValuesElsewhere). Answered OK, or refused (the
+// connection stays, and its requests carry their values as before).
+inline constexpr uint32_t kAttachValues = ~uint32_t{0} - 1;
+// A request's method flag, with kInSegment: the message's values are not in the request segment
+// but in the values segment. The request segment holds, at the lead, the values' offset and
+// length there (u64 each, kValuesPlaceBytes), then the message up to its values (which are its
+// last bytes: the values field's tag and length end it).
+inline constexpr uint32_t kValuesElsewhere = uint32_t{1} << 29;
+inline constexpr size_t kValuesPlaceBytes = 16;
 void EncodeRequestHeader(const RequestHeader& header, char out[kHeaderBytes]);
 RequestHeader DecodeRequestHeader(const char in[kHeaderBytes]);
 void EncodeReplyHeader(const ReplyHeader& header, char out[kHeaderBytes]);

@@ -1,7 +1,10 @@
 #include "common/rpc/wire.h"
 
+#include "common/status_macros.h"
+
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/wire_format_lite.h"
 #include "grpcpp/support/proto_buffer_reader.h"
@@ -10,7 +13,10 @@ namespace summa {
 namespace {
 
 using google::protobuf::internal::WireFormatLite;
+using google::protobuf::io::ArrayInputStream;
 using google::protobuf::io::CodedInputStream;
+using google::protobuf::io::ConcatenatingInputStream;
+using google::protobuf::io::ZeroCopyInputStream;
 using google::protobuf::io::CodedOutputStream;
 using google::protobuf::io::StringOutputStream;
 
@@ -215,6 +221,33 @@ absl::Status ParseInPlace(absl::string_view message, absl::Span<const int> path,
         return nullptr;
       },
       header);
+}
+
+absl::Status ParseInPlaceWithValues(absl::string_view prefix, absl::string_view values_there,
+                                    absl::Span<const int> path, absl::string_view* values,
+                                    google::protobuf::MessageLite* header) {
+  if (prefix.size() + values_there.size() > static_cast<size_t>(INT32_MAX)) return Malformed("a message over 2 GiB");
+  ArrayInputStream first(prefix.data(), static_cast<int>(prefix.size()));
+  ArrayInputStream second(values_there.data(), static_cast<int>(values_there.size()));
+  ZeroCopyInputStream* parts[2] = {&first, &second};
+  ConcatenatingInputStream joined(parts, 2);
+  CodedInputStream in(&joined);
+  *values = absl::string_view();
+  bool found = false;
+  SUMMA_RETURN_IF_ERROR(ParseStream(
+      in, prefix.size() + values_there.size(), path,
+      [&](uint64_t length) -> absl::StatusOr<char*> {
+        // Stepped over, never read: the values must be exactly the bytes elsewhere.
+        if (found || static_cast<uint64_t>(in.CurrentPosition()) != prefix.size() || length != values_there.size()) {
+          return Malformed("the values are not the bytes the request places elsewhere");
+        }
+        found = true;
+        *values = values_there;
+        return nullptr;
+      },
+      header));
+  if (!found && !values_there.empty()) return Malformed("a message without values names values elsewhere");
+  return absl::OkStatus();
 }
 
 char* Scratch::Resize(size_t size) {

@@ -41,6 +41,14 @@ absl::Status ParseWithBytes(const grpc::ByteBuffer& buffer, absl::Span<const int
 absl::Status ParseInPlace(absl::string_view message, absl::Span<const int> path, absl::string_view* values,
                           google::protobuf::MessageLite* header);
 
+// ParseInPlace of a message whose last bytes, its values (the bytes field at `path`, with
+// nothing after it), lie elsewhere: `prefix` is the message up to them, ending with that field's
+// tag and length, and `values_there` holds them. `*values` is `values_there`;
+// INVALID_ARGUMENT when the message's values field is not exactly there.
+absl::Status ParseInPlaceWithValues(absl::string_view prefix, absl::string_view values_there,
+                                    absl::Span<const int> path, absl::string_view* values,
+                                    google::protobuf::MessageLite* header);
+
 // Bytes that grow without being zeroed first (a std::string's resize writes every new byte: a
 // wasted pass over a partition) and keep their capacity across uses. Not thread-safe.
 class Scratch {

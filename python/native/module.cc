@@ -3,6 +3,7 @@
 // buffer protocol without a copy (NumPy arrays; a torch CPU tensor's .numpy() shares its
 // memory), the GIL is released for every call that waits on the network, and a step's
 // overlapped exchange runs on StepExchange's thread (client/step_exchange.h).
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -277,6 +278,20 @@ class NativeClient {
   bool on_socket_plane() const { return client_->on_socket_plane(); }
   bool on_shm_plane() const { return client_->on_shm_plane(); }
 
+  // `floats` zeroed float32 values in the shared-memory plane's values segment, as a numpy array
+  // that keeps this client alive (ParameterClient::SharedValues): gradients pushed from it are
+  // not copied. None on any other plane.
+  py::object SharedFloats(size_t floats) {
+    absl::StatusOr<float*> values;
+    {
+      py::gil_scoped_release release;
+      values = client_->SharedValues(floats);
+    }
+    Check(values.status());
+    if (*values == nullptr) return py::none();
+    return py::array_t<float>({floats}, {sizeof(float)}, *values, py::cast(this, py::return_value_policy::reference));
+  }
+
   // The overlapped step (client/step_exchange.h). The buffers are held until Finish.
   void Begin(uint64_t step, int64_t num_examples, const py::buffer& gradients, const py::buffer& weights) {
     const float* g = FloatBuffer(gradients, false, floats_, "gradients").data;
@@ -390,6 +405,7 @@ PYBIND11_MODULE(_native, m) {
       .def("close", &NativeClient::Close)
       .def_property_readonly("on_socket_plane", &NativeClient::on_socket_plane)
       .def_property_readonly("on_shm_plane", &NativeClient::on_shm_plane)
+      .def("shared_floats", &NativeClient::SharedFloats, py::arg("floats"))
       .def("begin", &NativeClient::Begin)
       .def("ready", &NativeClient::Ready)
       .def("ready_all", &NativeClient::ReadyAll)

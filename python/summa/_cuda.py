@@ -7,6 +7,7 @@ come back host-to-device on the same side stream, each partition when the first 
 needs it is about to run (the module's stream waits for that copy alone).
 """
 import queue
+import sys
 import threading
 
 import torch
@@ -74,6 +75,24 @@ class DeviceStaging:
             device_weights[offset:offset + length].copy_(self.host_weights[offset:offset + length], non_blocking=True)
             copied.record(self.stream)
         torch.cuda.current_stream(self.device).wait_event(copied)
+
+    def move_host_gradients(self, shared, buffers):
+        """The host gradient buffers become `buffers`, slices of `shared` (the shared-memory plane's
+        values segment), registered with CUDA as pinned memory so that the copies from the device
+        land straight in the memory the server sums. Kept as they are where CUDA refuses."""
+        cudart = torch.cuda.cudart()
+        if not hasattr(cudart, "cudaHostRegister"):
+            return
+        try:
+            torch.cuda.check_error(cudart.cudaHostRegister(shared.data_ptr(), shared.numel() * shared.element_size(), 0))
+        except RuntimeError as e:
+            print(f"summa: the shared gradient buffers could not be pinned ({e}); the exchange copies them",
+                  file=sys.stderr)
+            return
+        self._registered = shared  # pinned for the process's life
+        for new, old in zip(buffers, self.host_grads):
+            new.copy_(old)
+        self.host_grads = buffers
 
     def upload_all(self, device_weights):
         device_weights.copy_(self.host_weights)

@@ -502,6 +502,15 @@ class Client:
     def on_socket_plane(self):
         return self.native is not None and self.native.on_socket_plane
 
+    def shared_floats(self, floats):
+        """On the shared-memory plane, `floats` zeroed float32 values (a numpy array) in a segment
+        the server maps read-only: gradients pushed from them are not copied. None on any other
+        plane, or without the native client. Once per client."""
+        if self.native is None:
+            return None
+        self._require_join("shared_floats")
+        return self._native_call("shared floats", self.native.shared_floats, int(floats))
+
     @property
     def on_shm_plane(self):
         """Whether the data path goes over the shared-memory plane (a server on this host with

@@ -77,6 +77,16 @@ class _FlatBuffers:
                 p.grad = self.grads[a:a + n].view_as(p)
         self.weights_np = self.weights.numpy() if self.device.type == "cpu" else None  # shares memory
 
+    def move_gradients(self, buffers):
+        """The gradient buffers become `buffers` (as many, each of the model's size), their values
+        copied and the .grad views moved."""
+        for new, old in zip(buffers, self.buffers):
+            new.copy_(old)
+        self.grads = buffers[next(i for i, b in enumerate(self.buffers) if b is self.grads)]
+        self.buffers = buffers
+        for p, a, n in zip(self.params, self.offsets, self.sizes):
+            p.grad = self.grads[a:a + n].view_as(p)
+
     @property
     def grads_np(self):
         return self.grads.numpy()
@@ -289,6 +299,7 @@ class ParameterServerOptimizer:
             self._share_from_leader()
         else:
             self._join()
+            self._share_gradients()
         self._hooks = None
         if self.overlap:
             ranges = [(p.offset, p.length) for p in self.partitions]
@@ -326,6 +337,25 @@ class ParameterServerOptimizer:
             self.staging.upload_all(self.flat.weights)
         self.next_step = joined.next_step
         return joined
+
+    def _share_gradients(self):
+        """On the shared-memory plane, the gradient buffers move into the segment the server sums
+        straight out of (Client.shared_floats): a push copies nothing. On a GPU the host buffers
+        the gradients are copied down into move there, registered as pinned memory."""
+        total = self.flat.weights.numel()
+        if total == 0 or self.tables:
+            return
+        count = len(self.flat.buffers) if self.staging is None else len(self.staging.host_grads)
+        shared_floats = getattr(self.client, "shared_floats", None)  # a summa.Client's
+        shared = shared_floats(total * count) if shared_floats is not None else None
+        if shared is None:
+            return
+        shared = torch.from_numpy(shared)
+        buffers = [shared[i * total:(i + 1) * total] for i in range(count)]
+        if self.staging is None:
+            self.flat.move_gradients(buffers)
+        else:
+            self.staging.move_host_gradients(shared, buffers)
 
     def _share_from_leader(self):
         """The leader's step, version and weights to the host's other processes."""

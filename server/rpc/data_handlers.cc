@@ -71,7 +71,12 @@ absl::Status ParseRequest(DataCall& call, absl::Span<const int> path, Scratch* v
                           google::protobuf::MessageLite* header, bool* shared = nullptr) {
   if (shared != nullptr) *shared = false;
   if (std::optional<absl::Span<char>> whole = call.whole_request()) {
-    SUMMA_RETURN_IF_ERROR(ParseInPlace(absl::string_view(whole->data(), whole->size()), path, view, header));
+    const absl::string_view message(whole->data(), whole->size());
+    if (std::optional<absl::string_view> elsewhere = call.values_elsewhere()) {
+      SUMMA_RETURN_IF_ERROR(ParseInPlaceWithValues(message, *elsewhere, path, view, header));
+    } else {
+      SUMMA_RETURN_IF_ERROR(ParseInPlace(message, path, view, header));
+    }
     const size_t off = reinterpret_cast<uintptr_t>(view->data()) % alignof(float);
     if (call.request_shared()) {
       if (shared != nullptr && off == 0) {

@@ -65,6 +65,10 @@ class DataCall : public Answerable {
   // Whether whole_request() is memory its sender may still write while the handler reads it (the
   // shared-memory plane's segments): values are then checked and summed in one read, never two.
   virtual bool request_shared() const { return false; }
+  // Where whole_request() is the message up to its values, which are its last bytes: those values
+  // (the shared-memory plane's values segment, which its sender may write too). Unset: the message
+  // is whole.
+  virtual std::optional<absl::string_view> values_elsewhere() const { return std::nullopt; }
   virtual grpc::ByteBuffer* response() = 0;
 
   // The parked call that answers this one, set by the handler before the core sees it: a client

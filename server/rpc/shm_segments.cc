@@ -75,6 +75,25 @@ absl::StatusOr<absl::Span<char>> ShmSegments::Request(const socket_plane::Reques
   return absl::Span<char>(requests_.data() + header.lead, header.length);
 }
 
+absl::Status ShmSegments::AttachValues(int fd, uint64_t bytes, uint64_t max_bytes) {
+  if (fd < 0) return absl::InvalidArgumentError("the values segment's frame carried no memfd (SCM_RIGHTS)");
+  SUMMA_ASSIGN_OR_RETURN(values_, SharedSegment::Adopt(fd, bytes, max_bytes, SharedSegment::Access::kReadOnly,
+                                                       "the values segment"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<absl::string_view> ShmSegments::Values(absl::Span<const char> place) const {
+  if (!values_.valid()) return absl::InvalidArgumentError("a request names values in a values segment it never sent");
+  uint64_t offset, length;
+  std::memcpy(&offset, place.data(), 8);  // once: the worker may write its segment meanwhile
+  std::memcpy(&length, place.data() + 8, 8);
+  if (length > values_.size() || offset > values_.size() - length || offset % alignof(float) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("values at bytes [", offset, ", +", length,
+                                                   ") of a values segment of ", values_.size()));
+  }
+  return absl::string_view(values_.data() + offset, length);
+}
+
 std::optional<absl::Status> ShmSegments::Reply(int fd, const grpc::ByteBuffer& response, absl::Time deadline,
                                                std::atomic<uint64_t>* counted) {
   (void)response.Dump(&slices_);

@@ -39,6 +39,15 @@ class ShmSegments {
   // it lies outside.
   absl::StatusOr<absl::Span<char>> Request(const socket_plane::RequestHeader& header) const;
 
+  // Takes the values segment a kAttachValues frame carried (`fd`, taken over; -1 if none came):
+  // of `bytes`, at most `max_bytes`, checked as the request segment is and mapped read-only. It
+  // replaces the last one. INVALID_ARGUMENT saying what is wrong (the old one then stays).
+  absl::Status AttachValues(int fd, uint64_t bytes, uint64_t max_bytes);
+  // The values a kValuesElsewhere request names: `place` is the request's first
+  // kValuesPlaceBytes (offset and length, read once here). INVALID_ARGUMENT when there is no
+  // values segment, or they lie outside it or off a 4-byte boundary.
+  absl::StatusOr<absl::string_view> Values(absl::Span<const char> place) const;
+
   // The worker is done with the last reply (its next request came, or a release): the published
   // buffers it named may be reused.
   void ReleaseReply() { held_.Clear(); }
@@ -52,6 +61,7 @@ class ShmSegments {
                                     std::atomic<uint64_t>* counted);
 
  private:
+  SharedSegment values_;  // the worker's flat buffer of values (kAttachValues), read-only
   struct Piece {
     uint64_t segment;
     uint64_t offset;

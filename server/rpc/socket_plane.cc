@@ -102,9 +102,10 @@ absl::Status WriteReply(socket_plane::Link& link, const grpc::Status& status, co
 class SocketCall final : public DataCall {
  public:
   SocketCall(const std::string& peer, const std::string& authorization, absl::Span<char> whole,
-             const grpc::ByteBuffer& request, grpc::ByteBuffer* response, int wake, bool shared)
+             const grpc::ByteBuffer& request, grpc::ByteBuffer* response, int wake, bool shared,
+             std::optional<absl::string_view> values_elsewhere)
       : peer_(peer), authorization_(authorization), whole_(whole), request_(request), response_(response),
-        wake_(wake), shared_(shared) {}
+        wake_(wake), shared_(shared), values_elsewhere_(values_elsewhere) {}
 
   std::string peer() const override { return peer_; }
   absl::StatusOr<Caller> Identify(const TokenCheck& tokens, Role role) const override {
@@ -113,6 +114,7 @@ class SocketCall final : public DataCall {
   const grpc::ByteBuffer& request() const override { return request_; }
   std::optional<absl::Span<char>> whole_request() override { return whole_; }
   bool request_shared() const override { return shared_; }
+  std::optional<absl::string_view> values_elsewhere() const override { return values_elsewhere_; }
   grpc::ByteBuffer* response() override { return response_; }
   void Answer(const grpc::Status& status) override {
     int wake;
@@ -140,6 +142,7 @@ class SocketCall final : public DataCall {
   grpc::ByteBuffer* const response_;
   const int wake_;
   const bool shared_;  // `whole_` is in the client's segment
+  const std::optional<absl::string_view> values_elsewhere_;
   absl::Mutex mu_;
   grpc::Status status_ ABSL_GUARDED_BY(mu_);
 };
@@ -416,14 +419,24 @@ class SocketPlane::Connection {
   absl::Status ServeOne() {
     char head[socket_plane::kHeaderBytes];
     // Between calls a connection may stay idle for as long as its client likes.
-    SUMMA_RETURN_IF_ERROR(link_.ReadFull(head, sizeof(head), absl::InfiniteFuture(), "a request's header"));
+    socket_plane::OwnedFd passed;  // a values segment, beside its frame (closed if anything else)
+    SUMMA_RETURN_IF_ERROR(shm_.attached() ? socket_plane::ReceiveWithFd(link_.fd(), head, sizeof(head), &passed,
+                                                                        absl::InfiniteFuture(), "a request's header")
+                                          : link_.ReadFull(head, sizeof(head), absl::InfiniteFuture(), "a request's header"));
     // The client is done with the last reply: what it named of the published segments may change.
     shm_.ReleaseReply();
     socket_plane::RequestHeader header = socket_plane::DecodeRequestHeader(head);
     if (shm_.attached() && header.method == socket_plane::kReleaseReply) return absl::OkStatus();
-    // Only a connection with a request segment reads the flag; on any other it makes an unknown method.
+    if (shm_.attached() && header.method == socket_plane::kAttachValues) {
+      // Refused, the connection stays: its requests carry their values themselves.
+      const absl::Status taken =
+          shm_.AttachValues(passed.release(), header.length, plane_->options_.max_values_segment_bytes);
+      return Reply(ToGrpcStatus(taken), grpc::ByteBuffer());
+    }
+    // Only a connection with a request segment reads the flags; on any other they make an unknown method.
     const bool in_segment = shm_.attached() && (header.method & socket_plane::kInSegment) != 0;
-    if (in_segment) header.method &= ~socket_plane::kInSegment;
+    const bool values_elsewhere = in_segment && (header.method & socket_plane::kValuesElsewhere) != 0;
+    if (in_segment) header.method &= ~(socket_plane::kInSegment | socket_plane::kValuesElsewhere);
     const std::optional<DataMethod> method = DataMethodOfNumber(header.method);
     if (!method.has_value()) {
       return Refuse(absl::InvalidArgumentError(absl::StrCat("no data-path method numbered ", header.method)));
@@ -439,10 +452,22 @@ class SocketPlane::Connection {
     }
     BodyBuffers::Lease lease;
     char* body;
+    std::optional<absl::string_view> elsewhere;  // the message's values, in the values segment
     if (in_segment) {
       // Read where the client placed it: the handler sums straight out of the segment.
       absl::StatusOr<absl::Span<char>> request = shm_.Request(header);
       if (!request.ok()) return Refuse(request.status());
+      if (values_elsewhere) {
+        if (request->size() < socket_plane::kValuesPlaceBytes) {
+          return Refuse(absl::InvalidArgumentError("a request naming values elsewhere without their place"));
+        }
+        absl::StatusOr<absl::string_view> values = shm_.Values(request->subspan(0, socket_plane::kValuesPlaceBytes));
+        if (!values.ok()) return Refuse(values.status());
+        elsewhere = *values;
+        plane_->values_in_place_.fetch_add(1, std::memory_order_relaxed);
+        *request = request->subspan(socket_plane::kValuesPlaceBytes);
+        header.length -= socket_plane::kValuesPlaceBytes;
+      }
       body = request->data();
       plane_->requests_in_segments_.fetch_add(1, std::memory_order_relaxed);
     } else {
@@ -459,7 +484,7 @@ class SocketPlane::Connection {
     const grpc::ByteBuffer request(&slice, 1);
     grpc::ByteBuffer response;
     SocketCall call(peer_, authorization_, absl::MakeSpan(body, header.length), request, &response, wake_.get(),
-                    in_segment);
+                    in_segment, elsewhere);
     plane_->service_->ServeData(*method, &call);
     // The handler is done with the request (its values are summed, applied or copied before it
     // returns, as on gRPC's path, whose per-thread buffer the next call reuses).

@@ -67,6 +67,8 @@ struct SocketPlaneOptions {
   // does not apply. `shm_instance` is the number attach answers carry.
   std::string shm_socket;
   uint64_t shm_instance = 0;
+  // The largest values segment a worker may attach (kAttachValues): its flat buffers.
+  uint64_t max_values_segment_bytes = uint64_t{4} * LimitOptions().max_model_bytes;
   // Where each reply of values to a worker is traced ("reply", with its partition: the order of
   // ReplyTurns). Not owned; may be null.
   Tracer* tracer = nullptr;
@@ -100,6 +102,8 @@ class SocketPlane {
   // into one.
   uint64_t requests_in_segments() const { return requests_in_segments_.load(std::memory_order_relaxed); }
   uint64_t replies_in_segments() const { return replies_in_segments_.load(std::memory_order_relaxed); }
+  // ... and requests whose values were read in the worker's values segment (kValuesElsewhere).
+  uint64_t values_in_place() const { return values_in_place_.load(std::memory_order_relaxed); }
   // Replies of values waiting for their worker's turn (ReplyTurns) now.
   int64_t replies_waiting_turn() const { return turns_.waiting(); }
 
@@ -138,6 +142,7 @@ class SocketPlane {
   std::atomic<uint64_t> hellos_passed_{0};
   std::atomic<uint64_t> requests_in_segments_{0};
   std::atomic<uint64_t> replies_in_segments_{0};
+  std::atomic<uint64_t> values_in_place_{0};
   ReplyTurns turns_;  // a worker's replies of values, the earliest partition first
   const std::unique_ptr<Tally> hellos_failed_;
   const std::unique_ptr<Tally> evictions_;

@@ -12,6 +12,7 @@ import os
 import socket
 import sys
 import unittest
+import urllib.request
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -19,7 +20,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "tools"))
-from procs import ProcessGroup  # noqa: E402
+from procs import ProcessGroup, wait_until  # noqa: E402
 
 ARGS = None
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools", "overlap_child.py")
@@ -38,8 +39,8 @@ class PythonOverlapTest(unittest.TestCase):
         """`world` processes of the child against a new server; rank 0's weights (and records)."""
         server_world = 1 if local else world
         tag = len(g.procs)
-        _, port = g.start_server(ARGS.server, f"--workers={server_world}", *SERVER, *server_flags,
-                                 name=f"server{tag}")
+        self.server, port = g.start_server(ARGS.server, f"--workers={server_world}", *SERVER, *server_flags,
+                                           name=f"server{tag}")
         dumps = [os.path.join(g.dir, f"w{tag}-{r}.npy") for r in range(world)]
         records = [os.path.join(g.dir, f"r{tag}-{r}.json") for r in range(world)]
         gloo = [f"--local_group={free_port()}"] if local else []
@@ -107,6 +108,29 @@ class PythonOverlapTest(unittest.TestCase):
                             f"bf16: max difference {np.abs(plain16 - overlapped16).max()}")
             self.assertFalse(np.array_equal(plain16, plain), "the wire was not bf16")
             self.assertTrue(np.all((plain16.view(np.uint32) & 0xFFFF) == 0), "weights not pulled as bf16")
+
+    def test_on_the_shm_plane_pushes_go_from_the_gradient_buffers_in_place_and_end_on_the_same_weights(self):
+        with ProcessGroup() as g:
+            plain = self.run_job(g, 2, "--overlap=0", "--steps=20")  # the socket plane
+            for overlap in (0, 1):
+                tag = f"shm{overlap}"
+                metrics_port = os.path.join(g.dir, f"{tag}.metrics.port")
+                shm = [f"--shm_socket={os.path.join(g.dir, tag + '.sock')}", "--metrics_address=127.0.0.1:0",
+                       f"--metrics_port_file={metrics_port}"]
+                got = self.run_job(g, 2, f"--overlap={overlap}", "--steps=20", "--data_plane=shm", server_flags=shm)
+                self.assertTrue(np.array_equal(plain, got), f"overlap {overlap}: max difference {np.abs(plain - got).max()}")
+                # Every push of every step (2 processes, 20 steps, 6 partitions) read where the
+                # process's gradient buffer holds it: the optimizer's buffers are in its values segment.
+                port = int(g.wait_for_file(metrics_port, self.server))
+
+                def in_place():
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                        for line in r.read().decode().splitlines():
+                            if line.startswith("summa_server_shm_plane_values_in_place_total "):
+                                return float(line.split()[1])
+                    return None
+
+                wait_until("the pushes read in place in the metrics", lambda: in_place() == 2 * 20 * 6, 10)
 
     def test_partitions_go_during_backward_last_layers_first_and_each_forward_waits_for_its_own(self):
         with ProcessGroup() as g:

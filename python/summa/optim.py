@@ -343,7 +343,7 @@ class ParameterServerOptimizer:
         straight out of (Client.shared_floats): a push copies nothing. On a GPU the host buffers
         the gradients are copied down into move there, registered as pinned memory."""
         total = self.flat.weights.numel()
-        if total == 0 or self.tables:
+        if total == 0:
             return
         count = len(self.flat.buffers) if self.staging is None else len(self.staging.host_grads)
         shared_floats = getattr(self.client, "shared_floats", None)  # a summa.Client's

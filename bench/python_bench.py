@@ -140,7 +140,11 @@ def exchange_role(args):
     rank = client.rank
     weights = np.empty(n, np.float32)
     client.pull(joined.version, weights)
-    gradients = np.zeros(n, np.float32)
+    # On the shared-memory plane the gradients live where the server sums them (as
+    # ParameterServerOptimizer's do): the push copies nothing.
+    gradients = client.shared_floats(n)
+    if gradients is None:
+        gradients = np.zeros(n, np.float32)
     correct, times = {"push_pull": True, "allreduce": True}, {"push_pull": [], "allreduce": []}
     for k in range(args.warmup + args.iters):
         weights.fill(-1)  # so that a call that writes nothing is caught

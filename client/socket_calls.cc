@@ -1,7 +1,9 @@
 #include "client/socket_calls.h"
 
 #include <poll.h>
+#include <linux/sockios.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -46,8 +48,10 @@ struct SocketCalls::Connection {
   int shard = 0;
   bool busy = false;
   size_t tag = 0;
-  // kQueued: its request waits for its shard's calls started earlier to go out (Begin).
-  enum class Stage { kQueued, kSend, kHead, kMessage, kPieceCount, kPieces, kBody } stage = Stage::kSend;
+  // kQueued: its request waits for its shard's calls started earlier to go out (Begin). kDrain:
+  // its request is written, and the next one waits until the peer has most of it (the socket's
+  // unacknowledged bytes at most kMaxUnackedBytes) or the reply comes.
+  enum class Stage { kQueued, kSend, kDrain, kHead, kMessage, kPieceCount, kPieces, kBody } stage = Stage::kSend;
   char request_head[kHeaderBytes];
   std::vector<grpc::Slice> slices;  // the request's, while it is sent
   std::vector<iovec> iov;
@@ -505,6 +509,20 @@ void SocketCalls::Advance(Connection& c) {
           v.iov_len -= n;
           continue;
         }
+        if (c.counted) {
+          c.stage = Connection::Stage::kDrain;
+          continue;
+        }
+        LeaveSend(c);
+        break;
+      }
+      case Connection::Stage::kDrain: {
+        int unacked = 0;
+        if (::ioctl(c.link.fd(), SIOCOUTQ, &unacked) != 0) unacked = 0;
+        if (unacked > kMaxUnackedBytes) {
+          pollfd reply = {c.link.fd(), POLLIN, 0};
+          if (::poll(&reply, 1, 0) <= 0) return;  // Next looks again within a millisecond
+        }
         LeaveSend(c);
         break;
       }
@@ -593,7 +611,10 @@ void SocketCalls::Advance(Connection& c) {
 
 void SocketCalls::End(Connection& c, absl::Status status) {
   ended_.emplace_back(c.tag, status);
-  if (c.stage == Connection::Stage::kSend || c.stage == Connection::Stage::kQueued) LeaveSend(c);
+  if (c.stage == Connection::Stage::kSend || c.stage == Connection::Stage::kDrain ||
+      c.stage == Connection::Stage::kQueued) {
+    LeaveSend(c);
+  }
   c.busy = false;
   c.slices.clear();
   // A failed call leaves its connection mid-frame (or the server closed it), and so does one
@@ -640,10 +661,12 @@ bool SocketCalls::Next(size_t* tag, absl::Status* status) {
     polled.clear();
     SendQueued();
     if (!ended_.empty()) continue;
+    bool draining = false;
     for (auto& c : connections_) {
       if (!c->busy) continue;
       deadline = std::min(deadline, calls_[c->tag].deadline);
       if (c->stage == Connection::Stage::kQueued) continue;  // nothing to read or write yet
+      draining = draining || c->stage == Connection::Stage::kDrain;
       const short events = c->stage == Connection::Stage::kSend ? POLLOUT | POLLIN : POLLIN;
       fds.push_back({c->link.fd(), static_cast<short>(events | c->wait), 0});
       polled.push_back(c.get());
@@ -654,16 +677,19 @@ bool SocketCalls::Next(size_t* tag, absl::Status* status) {
     if (deadline != absl::InfiniteFuture()) {
       timeout = static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(deadline - absl::Now()) + 1, 0, 1 << 30));
     }
+    // No event says that the peer acknowledged bytes: a draining request is looked at each
+    // millisecond (while its shard's next request waits, the link carries the rest of it).
+    if (draining && (timeout < 0 || timeout > 1)) timeout = 1;
     const int ready = ::poll(fds.data(), fds.size(), timeout);
     bool woken = false;
     if (ready > 0 && fds.back().revents != 0) {
       uint64_t count;
       woken = ::read(wake_.get(), &count, sizeof(count)) == sizeof(count);
     }
-    if (ready > 0) {
+    if (ready > 0 || draining) {
       for (size_t k = 0; k < polled.size(); ++k) {
         Connection& c = *polled[k];
-        if (fds[k].revents == 0 || !c.busy) continue;
+        if (!c.busy || (fds[k].revents == 0 && c.stage != Connection::Stage::kDrain)) continue;
         if (c.stage == Connection::Stage::kSend && (fds[k].revents & POLLIN) && c.wait != POLLIN) {
           // A reply before the whole request went out is a refusal (a request over the
           // server's limit): read it rather than push the rest at a server that reads no more.

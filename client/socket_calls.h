@@ -131,8 +131,12 @@ class SocketCalls final : public DataTransport {
   // that the first is whole at the server, summed and its reply on the way down while later
   // ones still go up. All at once, a link's streams share it and every request arrives at
   // the end: a link carries the pushes, then the pulls (bench/results-cluster.md).
-  // A request counts as sent once its bytes are on their way (socket_plane::SetUnsentLimit).
+  // A request counts as sent once its peer has all but kMaxUnackedBytes of it (SIOCOUTQ: what
+  // the socket still holds, unsent or unacknowledged): neither the send buffer, which TCP
+  // autotuning grows to megabytes, nor the bytes in flight, a bandwidth-delay product and a
+  // queue's worth, are allowed to hold several requests of a shard at once.
   static constexpr int kSendsPerShard = 1;
+  static constexpr int kMaxUnackedBytes = 128 << 10;
   // `c` has sent its request (or stops sending it): the next queued may go.
   void LeaveSend(Connection& c);
   // Sends the queued requests that may go now.

@@ -204,29 +204,38 @@ absl::Status SocketCalls::Attach(const Endpoint& e, Connection& c, absl::Time de
   return absl::OkStatus();
 }
 
-absl::Status SocketCalls::AttachValues(Connection& c, absl::Time deadline) {
+bool SocketCalls::AttachValues(Connection& c, absl::Time deadline) {
   const std::string what = absl::StrCat(Where(shards_[c.shard]), ": the values segment");
-  SUMMA_ASSIGN_OR_RETURN(const int read_only, values_->ReadOnlyDescriptor());
-  const socket_plane::OwnedFd sent(read_only);
+  auto refused = [&](absl::string_view why) {
+    values_refused_[c.shard] = 1;
+    SUMMA_LOG(WARNING) << what << " was refused (" << why << "): requests to this shard copy their values";
+  };
+  absl::StatusOr<int> read_only = values_->ReadOnlyDescriptor();
+  if (!read_only.ok()) {  // nothing sent: the connection goes on, copying
+    refused(read_only.status().message());
+    return true;
+  }
+  const socket_plane::OwnedFd sent(*read_only);
   char head[kHeaderBytes];
   socket_plane::EncodeRequestHeader({socket_plane::kAttachValues, values_->size(), 0}, head);
-  SUMMA_RETURN_IF_ERROR(socket_plane::SendWithFd(c.link.fd(), head, sizeof(head), sent.get(), deadline, what));
-  SUMMA_RETURN_IF_ERROR(c.link.ReadFull(head, sizeof(head), deadline, what));
+  absl::Status s = socket_plane::SendWithFd(c.link.fd(), head, sizeof(head), sent.get(), deadline, what);
+  if (s.ok()) s = c.link.ReadFull(head, sizeof(head), deadline, what);
+  if (!s.ok()) return false;
   const socket_plane::ReplyHeader answer = socket_plane::DecodeReplyHeader(head);
   if (answer.message_length > socket_plane::kMaxStatusMessageBytes ||
       answer.length > socket_plane::kMaxStatusMessageBytes || (answer.code == 0 && answer.length != 0)) {
-    return absl::DataLossError(absl::StrCat(what, ": a malformed answer"));
+    return false;
   }
   std::string said(answer.message_length + answer.length, '\0');  // the message, and any details
-  SUMMA_RETURN_IF_ERROR(c.link.ReadFull(said.data(), said.size(), deadline, what));
+  if (!c.link.ReadFull(said.data(), said.size(), deadline, what).ok()) return false;
   if (answer.code != 0) {
-    values_refused_[c.shard] = 1;
-    SUMMA_LOG(WARNING) << what << " was refused (" << said.substr(0, answer.message_length)
-                       << "): requests to this shard copy their values";
-    return absl::OkStatus();
+    // A server that does not know the frame refuses it as an unknown method and closes the
+    // connection: a new one, without the segment, takes the call.
+    refused(said.substr(0, answer.message_length));
+    return false;
   }
   c.values = values_;
-  return absl::OkStatus();
+  return true;
 }
 
 absl::Status SocketCalls::AssemblePieces(Connection& c) {
@@ -386,8 +395,14 @@ void SocketCalls::Begin(Connection& c, size_t tag) {
   static constexpr char kZeros[socket_plane::kMaxLead] = {};
   const uint64_t length = call.request->Length();
   const uint32_t lead = c.slices.size() >= 2 ? socket_plane::LeadFor(length - c.slices.back().size()) : 0;
-  if (c.requests.valid() && values_ != nullptr && c.values != values_ && !values_refused_[c.shard]) {
-    if (absl::Status s = AttachValues(c, call.deadline); !s.ok()) return End(c, s);
+  if (c.requests.valid() && values_ != nullptr && c.values != values_ && !values_refused_[c.shard] &&
+      !AttachValues(c, call.deadline)) {
+    // The connection goes; the call waits for another (a new one, or an error if none opens).
+    c.link.Reset();
+    c.busy = false;
+    c.slices.clear();
+    waiting_.push_front(tag);
+    return;
   }
   if (c.requests.valid() && c.values == values_ && values_ != nullptr && c.iov.size() >= 3) {
     // Values in the values segment: named there; only the message before them is copied.
@@ -666,7 +681,7 @@ bool SocketCalls::Next(size_t* tag, absl::Status* status) {
       if (!c->busy) continue;
       deadline = std::min(deadline, calls_[c->tag].deadline);
       if (c->stage == Connection::Stage::kQueued) continue;  // nothing to read or write yet
-      draining = draining || c->stage == Connection::Stage::kDrain;
+      draining = draining || (c->stage == Connection::Stage::kDrain && !send_queue_[c->shard].empty());
       const short events = c->stage == Connection::Stage::kSend ? POLLOUT | POLLIN : POLLIN;
       fds.push_back({c->link.fd(), static_cast<short>(events | c->wait), 0});
       polled.push_back(c.get());

@@ -110,9 +110,10 @@ class SocketCalls final : public DataTransport {
   absl::Status OpenOnce(int shard, absl::Time deadline, bool* connected);
   // The shared-memory plane's attach on a connection whose hello passed.
   absl::Status Attach(const Endpoint& e, Connection& c, absl::Time deadline);
-  // Sends values_ on `c` (idle) and reads the answer; a refusal turns the sharing off for c's
-  // shard (logged), a failure to send or read is the result.
-  absl::Status AttachValues(Connection& c, absl::Time deadline);
+  // Sends values_ on `c` (idle) and reads the answer. A refusal turns the sharing off for c's
+  // shard (logged). False when `c` cannot go on (refused: an older server closes it; or it
+  // failed): the caller closes it.
+  bool AttachValues(Connection& c, absl::Time deadline);
   // Copies the reply that `c`'s segment holds for its tag aside, into that tag's own memory, so
   // that `c` can take another call.
   void MoveReplyAside(Connection& c);

@@ -11,6 +11,7 @@
 #include "tests/parameter_server_peer.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <linux/tcp.h>
 #include <netinet/in.h>
 #include <sys/mman.h>
@@ -444,9 +445,9 @@ void SocketPlaneFixture::TwoWorkersStepExactly(const worker::SocketCalls::Endpoi
     return w;
   };
   auto worker = [&](int rank) {
+    SharedSegment values;  // outlives the transport given it
     worker::SocketCalls calls({endpoint}, "");
     std::vector<float> gradient(floats, rank + 1.0f);
-    SharedSegment values;
     const float* pushed = gradient.data();
     if (values_segment) {
       absl::StatusOr<SharedSegment> made =
@@ -555,10 +556,15 @@ TEST_F(SocketPlaneTest, AWorkersRepliesOfValuesAreWrittenTheEarliestPartitionFir
     const int small = 16 << 10;
     ASSERT_EQ(::setsockopt(conns[p].get(), SOL_SOCKET, SO_RCVBUF, &small, sizeof(small)), 0);
     SendRequest(conns[p].get(), kPushPull, push(0, p));
-    // Ready (its step complete) before the next is sent: the first writes, the rest wait.
+    // Ready (its step complete) before the next is sent: the first is being written (its bytes
+    // arrive), the rest wait for their turn.
+    if (p == kPartitions - 1) {
+      pollfd first = {conns[p].get(), POLLIN, 0};
+      ASSERT_EQ(::poll(&first, 1, 10000), 1) << "the first reply is not being written";
+      continue;
+    }
     const int64_t waiting = kPartitions - 1 - p;
-    ASSERT_TRUE(Eventually([&] { return plane_->replies_waiting_turn() == (p == kPartitions - 1 ? 0 : waiting); }))
-        << plane_->replies_waiting_turn();
+    ASSERT_TRUE(Eventually([&] { return plane_->replies_waiting_turn() == waiting; })) << plane_->replies_waiting_turn();
   }
   std::vector<std::thread> readers;
   std::vector<absl::Status> read(kPartitions);

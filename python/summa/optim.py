@@ -347,7 +347,10 @@ class ParameterServerOptimizer:
             return
         count = len(self.flat.buffers) if self.staging is None else len(self.staging.host_grads)
         shared_floats = getattr(self.client, "shared_floats", None)  # a summa.Client's
-        shared = shared_floats(total * count) if shared_floats is not None else None
+        try:
+            shared = shared_floats(total * count) if shared_floats is not None else None
+        except SummaError:
+            shared = None  # another optimizer on this client has the segment: this one copies
         if shared is None:
             return
         shared = torch.from_numpy(shared)

@@ -285,7 +285,7 @@ void ParameterServerService::ServePull(DataCall* call, const Caller& caller) {
   const std::string peer = PeerKey(r.rank(), call->peer());
   absl::StatusOr<PeerBudget::Hold> parked = parked_.Take(peer, 1);
   if (!parked.ok()) return Done(call, parked.status());
-  call->OrderReply(peer, r.partition());
+  if (r.rank() >= 0) call->OrderReply(absl::StrCat("rank ", r.rank(), " session ", r.session()), r.partition());
   core_->Pull(r.rank(), r.session(), r.partition(), r.min_version(),
               PullCall(core_, call, r.partition(), *dtype, {*std::move(parked), {}}));
 }
@@ -303,7 +303,7 @@ void ParameterServerService::ServePushPull(DataCall* call, const Caller& caller)
   if (!bytes.ok()) return Done(call, bytes.status());
   absl::StatusOr<PeerBudget::Hold> parked = parked_.Take(peer, 1);
   if (!parked.ok()) return Done(call, parked.status());
-  call->OrderReply(peer, header.partition());
+  if (view->rank >= 0) call->OrderReply(absl::StrCat("rank ", view->rank, " session ", view->session), header.partition());
   // The reply comes in the dtype the push came in (a float32 push when the push's is unknown:
   // the push is refused, and the reply carries only that status).
   core_->PushPull(*view, PullCall(core_, call, header.partition(), view->dtype.value_or(WireDType::kFloat32),

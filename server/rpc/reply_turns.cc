@@ -21,7 +21,15 @@ ReplyTurns::Turn ReplyTurns::Take(const std::string& worker, int64_t partition) 
   const std::pair<int64_t, uint64_t> mine = {partition, arrivals_++};
   q.waiting.insert(mine);
   ++waiting_;
-  while (q.writing || *q.waiting.begin() != mine) turned_.Wait(&mu_);
+  const absl::Time deadline = absl::Now() + kLongestWait;
+  while (q.writing || *q.waiting.begin() != mine) {
+    if (turned_.WaitWithDeadline(&mu_, deadline) && (q.writing || *q.waiting.begin() != mine)) {
+      q.waiting.erase(mine);  // out of order: the queue stays (another holds or waits for it)
+      --waiting_;
+      turned_.SignalAll();  // the next earliest may be free to go now
+      return Turn();
+    }
+  }
   q.waiting.erase(q.waiting.begin());
   --waiting_;
   q.writing = true;

@@ -16,6 +16,7 @@
 
 #include "absl/container/node_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace summa::server {
 
@@ -37,10 +38,13 @@ class ReplyTurns {
     std::string worker_;
   };
 
-  // Waits until no other reply to `worker` (a PeerKey: its rank) is being written and none of an
-  // earlier partition (then none that came earlier of the same) waits; its turn then. A turn is
-  // held for one reply's write, which has a deadline: waits end.
+  // Waits until no other reply to `worker` (its rank and session) is being written and none of an
+  // earlier partition (then none that came earlier of the same) waits; its turn then. Waits at
+  // most kLongestWait: a reply stalled ahead (a worker that stopped reading) keeps the worker's
+  // others out of order then, not waiting for its write's own deadline. The turn returned after
+  // such a wait is empty (it orders nothing).
   Turn Take(const std::string& worker, int64_t partition);
+  static constexpr absl::Duration kLongestWait = absl::Seconds(2);
 
   // Replies waiting for their turn, over every worker.
   int64_t waiting() const;

@@ -94,7 +94,7 @@ class DataCall : public Answerable {
     if (parked != nullptr) Cancel(*parked);
   }
 
-  // A reply of values to a worker (a PeerKey) from one partition, set by the Pull and PushPull
+  // A reply of values to a worker (its rank and session) from one partition, set by the Pull and PushPull
   // handlers on the thread that serves the call: the data planes write a worker's such replies
   // one at a time, the earliest partition first (server/rpc/reply_turns.h). Empty worker: none.
   void OrderReply(std::string worker, int64_t partition) {

@@ -26,6 +26,10 @@ import fault_job  # noqa: E402
 from procs import ProcessGroup, wait_until  # noqa: E402
 
 SHM_LOG = "the data path goes over the shared-memory plane"
+# A worker on the CPU pushes its gradients where they lie (its flat buffer in the values
+# segment); one on a GPU (--device=auto where there is one) keeps its pinned host buffer.
+VALUES_LOG = "gradients are pushed where they lie, in the shared-memory plane's values segment"
+ON_CPU = not os.path.exists("/dev/nvidia0")
 
 
 def memfds(pid, name):
@@ -85,6 +89,8 @@ class ShmPlaneProcessTest(JobCases, unittest.TestCase):
             outs = self.finish(g, job)
             for log in outs.values():
                 self.assertIn(SHM_LOG, log)
+                if ON_CPU:
+                    self.assertIn(VALUES_LOG, log)
             self.assertRegex(outs[1], r"joined at step [1-9]")
             self.assertEqual(int(job.status()["version"]), STEPS)
             self.assertEqual(job.weights(), baseline_weights, "a killed worker on shm changed the job's weights")

@@ -72,6 +72,7 @@ class FaultInjectingStore final : public ParameterStore {
     return inner_->Push(step, num_examples, gradients);
   }
   absl::Status Heartbeat(int rank) const override { return inner_->Heartbeat(rank); }
+  absl::StatusOr<float*> SharedValues(size_t floats) override { return inner_->SharedValues(floats); }
   absl::Status Leave(int rank) override { return inner_->Leave(rank); }
   absl::StatusOr<std::vector<float>> AllReduce(const Collective& group,
                                                const std::vector<float>& values) override;

@@ -248,6 +248,28 @@ absl::Status Trainer::PlanOverlap(const JoinInfo& joined) {
   return overlap_->Plan();
 }
 
+namespace {
+
+// Host memory of another owner's (the store's shared values), as a DeviceBuffer.
+class HostView final : public DeviceBuffer {
+ public:
+  HostView(float* data, int64_t size) : DeviceBuffer(data, size) {}
+};
+
+}  // namespace
+
+absl::Status Trainer::ShareGradients() {
+  // Once, before anything holds the buffer's address (the overlap's LayerExchange takes it).
+  if (gradients_asked_ || overlap_ != nullptr || !backends_[0]->host_memory()) return absl::OkStatus();
+  gradients_asked_ = true;
+  SUMMA_ASSIGN_OR_RETURN(float* const shared, store_->SharedValues(static_cast<size_t>(gradients_->size())));
+  if (shared == nullptr) return absl::OkStatus();
+  std::copy(gradients_->data(), gradients_->data() + gradients_->size(), shared);
+  gradients_ = std::make_unique<HostView>(shared, gradients_->size());
+  SUMMA_LOG(INFO) << "gradients are pushed where they lie, in the shared-memory plane's values segment";
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoining) {
   const int64_t n = train_->count;
   const int64_t batch = options_.batch_size;
@@ -284,6 +306,7 @@ absl::Status Trainer::JoinAndTrain(const std::vector<float>& initial, bool rejoi
   leases_.Start(rank_, joined.lease);
   SUMMA_ASSIGN_OR_RETURN(const uint64_t pulled, store_->PullAll(joined.version, weights_->data()));
   SUMMA_RETURN_IF_ERROR(LoadWeights());
+  SUMMA_RETURN_IF_ERROR(ShareGradients());
   SUMMA_RETURN_IF_ERROR(PlanOverlap(joined));
   uint64_t step = joined.next_step;
   // With backup workers the others need not wait for this rank: its weights may be of a later

@@ -129,6 +129,10 @@ class Trainer {
                                       int64_t* global_examples);
   // Whether this attempt's steps overlap their exchange (overlapping_), after its Join.
   absl::Status PlanOverlap(const JoinInfo& joined);
+  // After the first Join, on a backend whose memory is the host's: the flat gradient buffer
+  // moves into the store's shared values (ParameterStore::SharedValues: the shared-memory
+  // plane's values segment), which the server sums straight out of. Once; nothing elsewhere.
+  absl::Status ShareGradients();
   // Makes `order` (this epoch's order of the training set) every device's row indices.
   absl::Status SetOrder(const std::vector<int64_t>& order);
   // The summed loss of every device's steps since the last call (waits for the devices).
@@ -185,6 +189,7 @@ class Trainer {
   std::unique_ptr<LocalOptimizer> local_;
   std::unique_ptr<LayerExchange> overlap_;  // made at the first Join that can overlap
   bool overlapping_ = false;                // this attempt's steps go through overlap_
+  bool gradients_asked_ = false;            // ShareGradients ran
   LeaseKeeper leases_;
 };
 

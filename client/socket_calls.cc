@@ -382,6 +382,20 @@ void SocketCalls::Start(size_t tag, int shard, socket_plane::DataMethod method, 
   Begin(*c, tag);
 }
 
+bool SocketCalls::PlaceOfValues(const std::vector<iovec>& iov, uint64_t place[2]) const {
+  if (iov.size() < 3) return false;  // the header, the fields, the values
+  const char* from = static_cast<const char*>(iov.back().iov_base);
+  const uint64_t length = iov.back().iov_len;
+  if (from < values_->data() || length > values_->size() ||
+      static_cast<uint64_t>(from - values_->data()) > values_->size() - length ||
+      (from - values_->data()) % alignof(float) != 0) {
+    return false;
+  }
+  place[0] = static_cast<uint64_t>(from - values_->data());
+  place[1] = length;
+  return true;
+}
+
 void SocketCalls::Begin(Connection& c, size_t tag) {
   const Call& call = calls_[tag];
   c.busy = true;
@@ -404,50 +418,34 @@ void SocketCalls::Begin(Connection& c, size_t tag) {
     waiting_.push_front(tag);
     return;
   }
-  if (c.requests.valid() && c.values == values_ && values_ != nullptr && c.iov.size() >= 3) {
-    // Values in the values segment: named there; only the message before them is copied.
-    const iovec& v = c.iov.back();
-    const char* from = static_cast<const char*>(v.iov_base);
-    uint64_t before = 0;
-    for (size_t k = 1; k + 1 < c.iov.size(); ++k) before += c.iov[k].iov_len;
-    if (from >= values_->data() && v.iov_len <= values_->size() &&
-        from - values_->data() <= static_cast<ptrdiff_t>(values_->size() - v.iov_len) &&
-        (from - values_->data()) % alignof(float) == 0 && socket_plane::kValuesPlaceBytes + before <= c.requests.size()) {
-      const uint64_t place[2] = {static_cast<uint64_t>(from - values_->data()), v.iov_len};
-      char* to = c.requests.data();
-      std::memcpy(to, place, sizeof(place));
-      to += sizeof(place);
-      for (size_t k = 1; k + 1 < c.iov.size(); ++k) {
+  if (c.requests.valid()) {
+    // The shared-memory plane: the request into this connection's segment (the server is done
+    // with the last one: it answered it), only the header on the socket. Values that lie in the
+    // values segment are named there (their place first, then the message before them), not copied.
+    uint64_t place[2];
+    const bool elsewhere = c.values != nullptr && c.values == values_ && PlaceOfValues(c.iov, place);
+    const size_t copied = elsewhere ? c.iov.size() - 1 : c.iov.size();  // iov[1, copied) go in
+    const uint32_t at = elsewhere ? 0 : lead;
+    uint64_t bytes = elsewhere ? sizeof(place) : 0;
+    for (size_t k = 1; k < copied; ++k) bytes += c.iov[k].iov_len;
+    if (at + bytes <= c.requests.size()) {
+      char* to = c.requests.data() + at;
+      if (elsewhere) {
+        std::memcpy(to, place, sizeof(place));
+        to += sizeof(place);
+      }
+      for (size_t k = 1; k < copied; ++k) {
         std::memcpy(to, c.iov[k].iov_base, c.iov[k].iov_len);
         to += c.iov[k].iov_len;
       }
       c.iov.resize(1);
       c.slices.clear();
-      socket_plane::EncodeRequestHeader({static_cast<uint32_t>(call.method) | socket_plane::kInSegment |
-                                             socket_plane::kValuesElsewhere,
-                                         socket_plane::kValuesPlaceBytes + before, 0},
-                                        c.request_head);
+      const uint32_t flags = socket_plane::kInSegment | (elsewhere ? socket_plane::kValuesElsewhere : 0);
+      socket_plane::EncodeRequestHeader({static_cast<uint32_t>(call.method) | flags, bytes, at}, c.request_head);
       c.iov_at = 0;
-      ++values_shared_;
       Advance(c);
       return;
     }
-  }
-  if (c.requests.valid() && lead + length <= c.requests.size()) {
-    // The shared-memory plane: the request into this connection's segment (the server is done
-    // with the last one: it answered it), only the header on the socket.
-    char* to = c.requests.data() + lead;
-    for (size_t k = 1; k < c.iov.size(); ++k) {
-      std::memcpy(to, c.iov[k].iov_base, c.iov[k].iov_len);
-      to += c.iov[k].iov_len;
-    }
-    c.iov.resize(1);
-    c.slices.clear();
-    socket_plane::EncodeRequestHeader({static_cast<uint32_t>(call.method) | socket_plane::kInSegment, length, lead},
-                                      c.request_head);
-    c.iov_at = 0;
-    Advance(c);
-    return;
   }
   socket_plane::EncodeRequestHeader({static_cast<uint32_t>(call.method), length, lead}, c.request_head);
   if (lead > 0) c.iov.insert(c.iov.begin() + 1, {const_cast<char*>(kZeros), lead});

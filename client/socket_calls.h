@@ -90,8 +90,6 @@ class SocketCalls final : public DataTransport {
   // Each shared-memory connection sends `values` (read-only) before its first call after this;
   // a server that refuses it gets its requests' values copied, as before.
   void ShareValues(const SharedSegment* values) override { values_ = values; }
-  // Calls whose values went by reference to the values segment, not copied.
-  uint64_t values_shared() const { return values_shared_; }
 
   // True once a connection could not be opened (the plane moved or went away, as when its
   // server restarted on another port): the caller should ask where it is again.
@@ -114,6 +112,9 @@ class SocketCalls final : public DataTransport {
   // shard (logged). False when `c` cannot go on (refused: an older server closes it; or it
   // failed): the caller closes it.
   bool AttachValues(Connection& c, absl::Time deadline);
+  // Where a request's values (`iov`'s last piece, after the header and the fields) lie in values_:
+  // their offset and length into `place`; false when they are not all in it, on a float's boundary.
+  bool PlaceOfValues(const std::vector<iovec>& iov, uint64_t place[2]) const;
   // Copies the reply that `c`'s segment holds for its tag aside, into that tag's own memory, so
   // that `c` can take another call.
   void MoveReplyAside(Connection& c);
@@ -161,11 +162,9 @@ class SocketCalls final : public DataTransport {
   std::vector<Connection*> reply_home_;
   // The shared-memory plane: per shard, the server's published segments mapped, by number.
   std::vector<std::map<uint64_t, SharedSegment>> published_;
-  // The caller's values segment (ShareValues), per shard whether its server refused it, and the
-  // calls that named it.
+  // The caller's values segment (ShareValues), and per shard whether its server refused it.
   const SharedSegment* values_ = nullptr;
   std::vector<char> values_refused_;
-  uint64_t values_shared_ = 0;
   std::deque<size_t> waiting_;  // tags started while their shard had no connection free
   // Per shard: connections whose request is going out (at most kSendsPerShard), and those
   // whose request waits its turn, in the order their calls started.
